@@ -1,0 +1,148 @@
+"""EngineConfig: every engine setting and speedup switch in one frozen dataclass.
+
+Each field carries its CLI flag, its `TPSERVE_*` environment variable and a one-line help in
+its metadata; the CLI parser and the switch table in docs/switches.md are generated from it.
+Precedence: explicit keyword / CLI flag > environment variable > default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def _opt(default: Any, help: str, *, switch: bool = False, flag: str | None = None,
+         choices: tuple[str, ...] | None = None) -> Any:
+    return field(default=default, metadata={"help": help, "switch": switch, "flag": flag,
+                                            "choices": choices})
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str | None = _opt(None, "checkpoint directory (default: the built-in tiny model)")
+    device: str = _opt("auto", "cpu, cuda or auto (cuda when available)",
+                       choices=("auto", "cpu", "cuda"))
+    dtype: str = _opt("auto", "weight/activation dtype: auto (bfloat16 on cuda, float32 on cpu), "
+                      "float32, bfloat16, float16",
+                      choices=("auto", "float32", "bfloat16", "float16"))
+    seed: int = _opt(0, "seed of the engine's sampler (requests may bring their own)")
+    skip_tokenizer_init: bool = _opt(False, "work on token ids only; no tokenizer is loaded")
+    tensor_parallel_size: int = _opt(1, "number of tensor-parallel ranks", flag="--tp")
+    max_model_len: int | None = _opt(None, "longest prompt + output (default: the checkpoint's)")
+    max_num_seqs: int = _opt(64, "most requests running at once")
+    max_num_batched_tokens: int = _opt(2048, "most tokens in one forward step (prefill chunk size)")
+    max_waiting: int = _opt(1024, "most requests waiting; beyond this the server answers 503")
+    block_size: int = _opt(64, "tokens per cache block (a multiple of index_kpool)")
+    kv_cache_memory: float | None = _opt(
+        None, "bytes for the MLA/indexer block pool (accepts 2GiB, 512MiB ...); default: "
+        "from --gpu-memory-utilization on cuda, 256MiB on cpu")
+    gpu_memory_utilization: float = _opt(0.85, "fraction of GPU memory the engine may use")
+    # ---- speedup switches (docs/switches.md) ----
+    kda_backend: str = _opt("auto", "KDA kernels: fla (fla-core Triton, cuda only), torch, or "
+                            "auto (fla on cuda)", switch=True, choices=("auto", "fla", "torch"))
+    sequence_parallel: bool = _opt(True, "split the residual stream across ranks for forwards of "
+                                   "at least --sp-min-tokens tokens (TP>1 only)", switch=True,
+                                   flag="--sp")
+    sp_min_tokens: int = _opt(1024, "token count from which sequence parallelism is used",
+                              switch=True)
+    custom_allreduce: bool = _opt(True, "workspace all-reduce / all-gather / reduce-scatter over "
+                                  "peer memory where the size table says it wins", switch=True)
+    allreduce_workspace_mb: int = _opt(8, "per-rank workspace of the custom collectives (MiB)",
+                                       switch=True)
+    collective_table: str | None = _opt(None, "size table JSON from `tpserve tune collectives` "
+                                        "(default: the tuned cache, else the shipped table)",
+                                        switch=True)
+
+    def __post_init__(self) -> None:
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
+        if self.block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.sp_min_tokens < 1:
+            raise ValueError(f"sp_min_tokens must be >= 1, got {self.sp_min_tokens}")
+        for f in dataclasses.fields(self):
+            choices = f.metadata.get("choices")
+            if choices and getattr(self, f.name) not in choices:
+                raise ValueError(f"{f.name} must be one of {choices}, got {getattr(self, f.name)!r}")
+
+    # ------------------------------------------------------------------ sources
+    @staticmethod
+    def env_name(name: str) -> str:
+        return "TPSERVE_" + name.upper()
+
+    @staticmethod
+    def flag_name(f: dataclasses.Field) -> str:
+        return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None, **overrides: Any) -> "EngineConfig":
+        """Defaults, overridden by TPSERVE_* variables, overridden by keyword arguments."""
+        environ = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            key = cls.env_name(f.name)
+            if key in environ:
+                values[f.name] = _parse_value(f, environ[key], key)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        unknown = set(values) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise TypeError(f"unknown engine option(s): {sorted(unknown)}")
+        if isinstance(values.get("kv_cache_memory"), str):
+            values["kv_cache_memory"] = parse_bytes(values["kv_cache_memory"])
+        return cls(**values)
+
+
+def parse_bytes(text: str | float | int) -> float:
+    """'2GiB', '512MB', '1e9' -> bytes."""
+    if isinstance(text, (int, float)):
+        return float(text)
+    units = {"k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12, "kib": 2**10, "mib": 2**20, "gib": 2**30,
+             "tib": 2**40, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "b": 1, "": 1}
+    s = text.strip().lower()
+    num = s.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = s[len(num):]
+    if unit not in units or not num:
+        raise ValueError(f"kv_cache_memory: cannot read {text!r} as a size (try 2GiB or 512MiB)")
+    return float(num) * units[unit]
+
+
+def _parse_value(f: dataclasses.Field, raw: str, source: str) -> Any:
+    kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+    try:
+        if kind.startswith("bool"):
+            low = raw.strip().lower()
+            if low in ("1", "true", "yes", "on"):
+                return True
+            if low in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(raw)
+        if kind.startswith("int"):
+            return int(raw)
+        if kind.startswith("float"):
+            return parse_bytes(raw) if f.name == "kv_cache_memory" else float(raw)
+        return raw
+    except ValueError:
+        raise ValueError(f"{source}: cannot read {raw!r} as {kind}") from None
+
+
+def switch_table_markdown() -> str:
+    """The switch table (docs/switches.md), generated from EngineConfig's metadata."""
+    rows = ["| switch | CLI flag | environment | default | what it does |",
+            "| --- | --- | --- | --- | --- |"]
+    for f in dataclasses.fields(EngineConfig):
+        if not f.metadata.get("switch"):
+            continue
+        flag = EngineConfig.flag_name(f)
+        if f.type.startswith("bool"):
+            flag = f"{flag} / --no-{flag[2:]}"
+        rows.append(f"| `{f.name}` | `{flag}` | `{EngineConfig.env_name(f.name)}` | "
+                    f"`{f.default}` | {f.metadata['help']} |")
+    return "\n".join(rows) + "\n"
