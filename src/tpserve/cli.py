@@ -1,0 +1,48 @@
+"""`tpserve` entry point. Each tool module registers its own subcommands.
+
+A tool module exposes `register(sub, bench, tune)`: `sub` holds the top-level commands
+(`tpserve serve ...`), `bench` and `tune` the subcommands of `tpserve bench` / `tpserve tune`.
+Each parser sets `func=<callable(args) -> int>`. Modules import heavy packages inside `func`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+TOOL_MODULES = (
+    "tpserve.tools.serve",
+    "tpserve.tools.generate",
+    "tpserve.tools.make_tiny",
+    "tpserve.tools.doctor",
+    "tpserve.tools.collectives",
+    "tpserve.tools.bench_engine",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tpserve", description="Serve GLM-5.3-Flash with tensor parallelism.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench_command", required=True,
+                                                                       metavar="WHAT")
+    tune = sub.add_parser("tune", help="tuning").add_subparsers(dest="tune_command", required=True,
+                                                                 metavar="WHAT")
+    for name in TOOL_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:  # a tool not written yet must not break the others
+            if exc.name != name:
+                raise
+            continue
+        module.register(sub, bench=bench, tune=tune)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
