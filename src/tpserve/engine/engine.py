@@ -1,0 +1,222 @@
+"""LLMEngine: requests in, tokens out, one scheduler step at a time (synchronous core)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+import torch
+
+from tpserve.config import EngineConfig
+from tpserve.engine import sampler
+from tpserve.engine.detokenize import Detokenizer
+from tpserve.engine.executor import EngineDeadError, make_executor
+from tpserve.engine.outputs import CompletionOutput, RequestOutput
+from tpserve.engine.request import Sequence, Status
+from tpserve.engine.runner import StepPlan
+from tpserve.engine.scheduler import Scheduled, Scheduler
+from tpserve.engine.cache import BlockPool, SlotPool
+from tpserve.engine.setup import resolve_runtime
+from tpserve.model.config import ModelConfig
+from tpserve.sampling_params import SamplingParams
+
+log = logging.getLogger("tpserve.engine")
+
+
+class LLMEngine:
+    def __init__(self, ecfg: EngineConfig):
+        rt = resolve_runtime(ecfg)
+        self.ecfg, self.model_dir, self.device, self.dtype = ecfg, rt.model_dir, rt.device, rt.dtype
+        self.model_config = ModelConfig.from_file(self.model_dir)
+        self.tokenizer = None
+        if not ecfg.skip_tokenizer_init:
+            from transformers import AutoTokenizer
+
+            self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+        self.eos_ids = frozenset(self._eos_ids())
+        self.executor = make_executor(ecfg, str(self.model_dir), self.model_config, self.device, self.dtype,
+                                      rt.kda_backend)
+        shape = self.executor.cache_shape
+        self.max_model_len = self._max_model_len(shape.num_blocks * shape.block_size)
+        self.block_pool, self.slot_pool = BlockPool(shape.num_blocks), SlotPool(shape.num_slots)
+        self.scheduler = Scheduler(self.block_pool, self.slot_pool, block_size=shape.block_size,
+                                   max_num_seqs=ecfg.max_num_seqs, max_num_batched_tokens=ecfg.max_num_batched_tokens)
+        self.generator = torch.Generator(self.device).manual_seed(ecfg.seed)
+        self.requests: dict[str, tuple[list[Sequence], str | None, float]] = {}
+        self.dead: str | None = None
+        self.step_count = 0
+        log.info("engine ready: %s on %s (%s), TP=%d, %d cache blocks of %d tokens, %d slots, max_model_len %d",
+                 self.model_dir, self.device, self.dtype, ecfg.tensor_parallel_size, shape.num_blocks,
+                 shape.block_size, shape.num_slots, self.max_model_len)
+
+    # ------------------------------------------------------------------ setup
+    def _eos_ids(self) -> list[int]:
+        ids = set(self.model_config.eos_token_id)
+        gen = Path(self.model_dir) / "generation_config.json"
+        if gen.is_file():
+            eos = json.loads(gen.read_text()).get("eos_token_id")
+            ids |= set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+        if not ids and self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+            ids.add(self.tokenizer.eos_token_id)
+        return sorted(ids)
+
+    def _max_model_len(self, cache_tokens: int) -> int:
+        limit = min(self.model_config.max_position_embeddings, cache_tokens)
+        want = self.ecfg.max_model_len
+        if want is None:
+            return limit
+        if want > self.model_config.max_position_embeddings:
+            raise ValueError(f"max_model_len ({want}) exceeds the model's max_position_embeddings "
+                             f"({self.model_config.max_position_embeddings})")
+        if want > cache_tokens:
+            raise ValueError(f"max_model_len ({want}) does not fit in the KV cache ({cache_tokens} tokens); "
+                             "raise --kv-cache-memory / --gpu-memory-utilization or lower --max-model-len")
+        return want
+
+    # --------------------------------------------------------------- requests
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                    prompt: str | None = None) -> None:
+        if self.dead:
+            raise EngineDeadError(self.dead)
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        if not prompt_token_ids:
+            raise ValueError("prompt: the prompt is empty (at least one token is needed)")
+        vocab = self.model_config.vocab_size
+        bad = [t for t in prompt_token_ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"prompt_token_ids: {bad[:3]} out of range for vocab_size {vocab}")
+        n = len(prompt_token_ids)
+        if n >= self.max_model_len:
+            raise ValueError(f"prompt is {n} tokens, max_model_len is {self.max_model_len}: no room to generate")
+        room = self.max_model_len - n
+        if params.max_tokens is not None and params.max_tokens > room:
+            raise ValueError(f"prompt ({n} tokens) plus max_tokens ({params.max_tokens}) exceeds max_model_len "
+                             f"({self.max_model_len})")
+        if params.stop_list and self.tokenizer is None:
+            raise ValueError("stop: stop strings need a tokenizer (the engine runs with skip_tokenizer_init)")
+        max_tokens = params.max_tokens or room
+        seqs = []
+        for i in range(params.n):
+            child = params.child(i) if params.n > 1 else params
+            seq = Sequence(request_id, i, list(prompt_token_ids), child, max_tokens, self.eos_ids)
+            if child.seed is not None:
+                seq.generator = torch.Generator(self.device).manual_seed(child.seed)
+            if child.logprobs is not None:
+                seq.logprobs = []
+            seq.detok = Detokenizer(self.tokenizer, child) if self.tokenizer is not None else None
+            seqs.append(seq)
+        self.requests[request_id] = (seqs, prompt, time.monotonic())
+        for seq in seqs:
+            self.scheduler.add(seq)
+
+    def abort(self, request_id: str) -> bool:
+        entry = self.requests.pop(request_id, None)
+        if entry is None:
+            return False
+        for seq in entry[0]:
+            if not seq.is_finished:
+                self.scheduler.finish(seq, "abort")
+        return True
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_work()
+
+    # ------------------------------------------------------------------- step
+    def step(self) -> list[RequestOutput]:
+        if self.dead:
+            raise EngineDeadError(self.dead)
+        scheduled = self.scheduler.schedule()
+        if not scheduled:
+            return []
+        plan = self._plan(scheduled)
+        try:
+            logits = self.executor.execute(plan)
+        except Exception as exc:
+            self.dead = f"engine step failed: {type(exc).__name__}: {exc}"
+            raise EngineDeadError(self.dead) from exc
+        self.step_count += 1
+        sampled = [s for s in scheduled if s.completes]
+        for s in scheduled:
+            s.seq.num_computed += s.num_tokens
+        touched = {s.seq.request_id for s in sampled}
+        if sampled:
+            results = sampler.sample(logits, [s.seq for s in sampled], self.generator)
+            now = time.monotonic()
+            for s, res in zip(sampled, results):
+                self._append(s.seq, res, now)
+        return [self._output(rid) for rid in touched if rid in self.requests]
+
+    def _plan(self, scheduled: list[Scheduled]) -> StepPlan:
+        ids, pos, cu, ctx, slots, tables, logits_idx = [], [], [0], [], [], [], []
+        for s in scheduled:
+            seq, start = s.seq, s.seq.num_computed
+            for p in range(start, start + s.num_tokens):
+                ids.append(seq.token_at(p))
+                pos.append(p)
+            cu.append(cu[-1] + s.num_tokens)
+            ctx.append(start)
+            slots.append(seq.slot)
+            tables.append(list(seq.blocks))
+            if s.completes:
+                logits_idx.append(cu[-1] - 1)
+        sp = (self.ecfg.sequence_parallel and self.ecfg.tensor_parallel_size > 1
+              and cu[-1] >= self.ecfg.sp_min_tokens)
+        return StepPlan(ids, pos, cu, ctx, slots, tables, logits_idx, self.scheduler.take_fresh_slots(), sp)
+
+    def _append(self, seq: Sequence, res: sampler.SampleResult, now: float) -> None:
+        if seq.first_token_time is None:
+            seq.first_token_time = now
+        seq.last_token_time = now
+        seq.output_ids.append(res.token)
+        if seq.logprobs is not None:
+            seq.logprobs.append(res.top)
+            seq.cumulative_logprob += res.logprob
+        p, tok = seq.params, res.token
+        reason, stop_reason = None, None
+        if tok in (p.stop_token_ids or ()) and len(seq.output_ids) > p.min_tokens:
+            reason, stop_reason = "stop", tok
+        elif tok in seq.eos_ids and not p.ignore_eos and len(seq.output_ids) > p.min_tokens:
+            reason = "stop"
+        if seq.detok is not None:
+            hit = seq.detok.update(seq.output_ids, final=reason is not None)
+            if hit is not None and reason is None and len(seq.output_ids) >= p.min_tokens:
+                reason, stop_reason = "stop", hit
+            seq.text = seq.detok.text
+        if reason is None and (len(seq.output_ids) >= seq.max_tokens or seq.num_tokens >= self.max_model_len):
+            reason = "length"
+        if reason is not None:
+            seq.stop_reason = stop_reason
+            self.scheduler.finish(seq, reason)
+            if seq.detok is not None:
+                seq.detok.update(seq.output_ids, final=True)
+                seq.text = seq.detok.text
+
+    def _output(self, request_id: str) -> RequestOutput:
+        seqs, prompt, _ = self.requests[request_id]
+        outs = [CompletionOutput(s.index, s.text, list(s.output_ids),
+                                 s.cumulative_logprob if s.logprobs is not None else None,
+                                 list(s.logprobs) if s.logprobs is not None else None,
+                                 s.finish_reason, s.stop_reason) for s in seqs]
+        finished = all(s.is_finished for s in seqs)
+        out = RequestOutput(request_id, prompt, seqs[0].prompt_ids, outs, finished)
+        if finished:
+            del self.requests[request_id]
+        return out
+
+    def sequences(self, request_id: str) -> list[Sequence]:
+        return self.requests[request_id][0] if request_id in self.requests else []
+
+    def stats(self) -> dict:
+        return {"running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting),
+                "blocks_total": self.block_pool.num_blocks, "blocks_free": self.block_pool.num_free,
+                "slots_total": self.slot_pool.num_blocks, "slots_free": self.slot_pool.num_free,
+                "preemptions": self.scheduler.num_preemptions}
+
+    def shutdown(self) -> None:
+        self.executor.shutdown()
+
+
+__all__ = ["LLMEngine", "EngineDeadError", "Status"]

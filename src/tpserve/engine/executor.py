@@ -1,0 +1,81 @@
+"""Executors run a StepPlan on every rank: in this process (TP=1) or over worker processes.
+
+`make_executor` picks one. Both size the cache the same way (`plan_cache`).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from tpserve.config import EngineConfig
+from tpserve.engine.cache import bytes_per_block, bytes_per_slot
+from tpserve.engine.runner import CacheShape, ModelRunner, StepPlan
+from tpserve.model.config import ModelConfig
+from tpserve.model.layers import ShardContext
+
+log = logging.getLogger("tpserve.executor")
+
+CPU_DEFAULT_CACHE = 256 * 2**20
+ACTIVATION_RESERVE = 4 * 2**30  # CUDA: left free for activations of a max_num_batched_tokens step
+
+
+class EngineDeadError(RuntimeError):
+    """The engine can no longer run steps (a worker died or a step failed)."""
+
+
+def cache_budget(ecfg: EngineConfig, cfg: ModelConfig, device: torch.device, dtype: torch.dtype,
+                 world: int) -> CacheShape:
+    """How many blocks and slots this rank can hold."""
+    bs = ecfg.block_size
+    if bs % cfg.index_kpool:
+        raise ValueError(f"block_size ({bs}) must be a multiple of index_kpool ({cfg.index_kpool})")
+    slots = ecfg.max_num_seqs
+    slot_bytes = slots * bytes_per_slot(cfg, world, dtype)
+    if ecfg.kv_cache_memory is not None:
+        budget = int(ecfg.kv_cache_memory)
+    elif device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        budget = int(total * ecfg.gpu_memory_utilization) - (total - free) - ACTIVATION_RESERVE
+    else:
+        budget = CPU_DEFAULT_CACHE
+    per_block = bytes_per_block(cfg, bs, dtype)
+    if per_block == 0:  # no MLA layer: blocks cost nothing, give every slot a full-length table
+        return CacheShape(num_blocks=slots * -(-cfg.max_position_embeddings // bs), num_slots=slots, block_size=bs)
+    blocks = (budget - slot_bytes) // per_block
+    if blocks < 1:
+        raise ValueError(f"kv cache budget of {budget / 2**20:.1f} MiB leaves no room for cache blocks after "
+                         f"{slot_bytes / 2**20:.1f} MiB of KDA state for max_num_seqs={slots}; raise "
+                         "--kv-cache-memory / --gpu-memory-utilization or lower --max-num-seqs")
+    return CacheShape(num_blocks=int(blocks), num_slots=slots, block_size=bs)
+
+
+class LocalExecutor:
+    """Tensor parallel size 1: the runner lives in this process."""
+
+    world_size = 1
+
+    def __init__(self, ecfg: EngineConfig, model_dir: str, cfg: ModelConfig, device: torch.device,
+                 dtype: torch.dtype, kda_backend: str):
+        self.runner = ModelRunner(model_dir, cfg, ShardContext.single(dtype, device), device, kda_backend)
+        self.cache_shape = cache_budget(ecfg, cfg, device, dtype, 1)
+        self.runner.allocate_cache(self.cache_shape)
+
+    def execute(self, plan: StepPlan) -> torch.Tensor:
+        return self.runner.execute(plan)
+
+    def check_alive(self) -> None:
+        pass
+
+    def shutdown(self) -> None:
+        pass
+
+
+def make_executor(ecfg: EngineConfig, model_dir: str, cfg: ModelConfig, device: torch.device,
+                  dtype: torch.dtype, kda_backend: str):
+    if ecfg.tensor_parallel_size == 1:
+        return LocalExecutor(ecfg, model_dir, cfg, device, dtype, kda_backend)
+    from tpserve.dist.group import TPExecutor
+
+    return TPExecutor(ecfg, model_dir, cfg, device, dtype, kda_backend)

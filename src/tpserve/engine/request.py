@@ -1,0 +1,59 @@
+"""A Sequence: one sample being generated (a request with n > 1 owns n of them)."""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from dataclasses import dataclass, field
+
+import torch
+
+from tpserve.engine.outputs import Logprob
+from tpserve.sampling_params import SamplingParams
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+_ORDER = itertools.count()
+
+
+@dataclass(eq=False)
+class Sequence:
+    request_id: str
+    index: int                       # which of the request's n samples
+    prompt_ids: list[int]
+    params: SamplingParams
+    max_tokens: int                  # resolved against max_model_len
+    eos_ids: frozenset[int]
+    arrival: int = field(default_factory=lambda: next(_ORDER))
+    output_ids: list[int] = field(default_factory=list)
+    status: Status = Status.WAITING
+    num_computed: int = 0            # tokens whose state is in the cache
+    blocks: list[int] = field(default_factory=list)
+    slot: int | None = None
+    generator: torch.Generator | None = None
+    logprobs: list[dict[int, Logprob]] | None = None
+    cumulative_logprob: float = 0.0
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    text: str = ""                   # detokenized output (stop strings applied)
+    num_preemptions: int = 0
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+    detok: object | None = None      # engine.detokenize.Detokenizer when a tokenizer is loaded
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    def token_at(self, pos: int) -> int:
+        n = len(self.prompt_ids)
+        return self.prompt_ids[pos] if pos < n else self.output_ids[pos - n]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is Status.FINISHED

@@ -1,0 +1,84 @@
+"""ModelRunner: one rank's model, cache tensors and forward step.
+
+Rank 0 turns the scheduler's decisions into a StepPlan (plain lists, cheap to send to the other
+ranks); every rank turns the same plan into a ForwardBatch on its device and runs the forward.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from tpserve.engine import cache as cache_mod
+from tpserve.model.batch import ForwardBatch
+from tpserve.model.config import ModelConfig
+from tpserve.model.glm5_next import Glm5NextModel
+from tpserve.model.layers import ShardContext
+from tpserve.model.loader import load_weights
+
+log = logging.getLogger("tpserve.runner")
+
+
+@dataclass
+class StepPlan:
+    input_ids: list[int]
+    positions: list[int]
+    cu_seqlens: list[int]
+    context_lens: list[int]
+    slots: list[int]
+    block_tables: list[list[int]]
+    logits_indices: list[int]
+    reset_slots: list[int]
+    sequence_parallel: bool = False
+
+
+@dataclass(frozen=True)
+class CacheShape:
+    num_blocks: int
+    num_slots: int
+    block_size: int
+
+
+class ModelRunner:
+    def __init__(self, model_dir: str, cfg: ModelConfig, ctx: ShardContext, device: torch.device,
+                 kda_backend: str, progress: bool | None = None):
+        self.cfg, self.ctx, self.device = cfg, ctx, device
+        with torch.device(device):
+            self.model = Glm5NextModel(ctx, cfg, kda_backend)
+        load_weights(self.model, model_dir, rank=ctx.rank, world=ctx.world, num_layers=cfg.num_hidden_layers,
+                     progress=progress)
+        self.model.eval()
+        self.cache = None
+        self.cache_shape: CacheShape | None = None
+
+    def weight_bytes(self) -> int:
+        return sum(p.numel() * p.element_size() for p in self.model.parameters())
+
+    def allocate_cache(self, shape: CacheShape) -> None:
+        self.cache_shape = shape
+        self.cache = cache_mod.allocate_cache(self.cfg, num_blocks=shape.num_blocks, block_size=shape.block_size,
+                                              num_slots=shape.num_slots, world=self.ctx.world,
+                                              dtype=self.ctx.dtype, device=self.device)
+
+    def build_batch(self, plan: StepPlan) -> ForwardBatch:
+        dev, bs = self.device, self.cache_shape.block_size
+        width = max((len(t) for t in plan.block_tables), default=1) or 1
+        tables = torch.zeros(len(plan.block_tables), width, dtype=torch.long)
+        for i, t in enumerate(plan.block_tables):
+            tables[i, :len(t)] = torch.tensor(t, dtype=torch.long)
+        positions = torch.tensor(plan.positions, dtype=torch.long)
+        owner = torch.repeat_interleave(torch.arange(len(plan.context_lens)),
+                                        torch.tensor(plan.cu_seqlens[1:]) - torch.tensor(plan.cu_seqlens[:-1]))
+        slot_mapping = tables[owner, positions // bs] * bs + positions % bs
+        return ForwardBatch(
+            input_ids=torch.tensor(plan.input_ids, dtype=torch.long, device=dev),
+            positions=positions.to(dev), cu_seqlens=list(plan.cu_seqlens), context_lens=list(plan.context_lens),
+            slots=torch.tensor(plan.slots, dtype=torch.long, device=dev), block_tables=tables.to(dev),
+            slot_mapping=slot_mapping.to(dev), logits_indices=torch.tensor(plan.logits_indices, device=dev),
+            sequence_parallel=plan.sequence_parallel)
+
+    def execute(self, plan: StepPlan) -> torch.Tensor:
+        cache_mod.reset_slots(self.cache, plan.reset_slots)
+        return self.model(self.build_batch(plan), self.cache)

@@ -1,0 +1,123 @@
+"""Scheduler: continuous batching with chunked prefill, admission control and preemption.
+
+Each step gets a token budget (max_num_batched_tokens). Running sequences go first, in arrival
+order: a decode takes one token, an unfinished prefill takes the next chunk. Then waiting
+sequences are admitted (FIFO) while budget, a KDA slot, blocks and max_num_seqs allow. When a
+running sequence needs a block and none is free, the latest-arrived running sequence is
+preempted: its blocks and slot are freed and it goes back to the front of the queue, to be
+recomputed from its prompt and the tokens it already generated.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from tpserve.engine.cache import BlockPool, SlotPool
+from tpserve.engine.request import Sequence, Status
+
+
+@dataclass
+class Scheduled:
+    seq: Sequence
+    num_tokens: int  # tokens computed this step, starting at seq.num_computed
+
+    @property
+    def completes(self) -> bool:
+        """After this chunk every known token is in the cache: sample the next one."""
+        return self.seq.num_computed + self.num_tokens == self.seq.num_tokens
+
+
+class Scheduler:
+    def __init__(self, blocks: BlockPool, slots: SlotPool, *, block_size: int, max_num_seqs: int,
+                 max_num_batched_tokens: int):
+        self.blocks, self.slots, self.block_size = blocks, slots, block_size
+        self.max_num_seqs, self.token_budget = max_num_seqs, max_num_batched_tokens
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.fresh_slots: list[int] = []  # slots handed out since the last step (to be zeroed)
+        self.num_preemptions = 0
+
+    # ------------------------------------------------------------------ queue
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """End a sequence (stop, length or abort) and give back everything it holds."""
+        if seq.status is Status.RUNNING:
+            self.running.remove(seq)
+        elif seq.status is Status.WAITING and seq in self.waiting:
+            self.waiting.remove(seq)
+        self._release(seq)
+        seq.status, seq.finish_reason = Status.FINISHED, reason
+
+    def _release(self, seq: Sequence) -> None:
+        if seq.blocks:
+            self.blocks.free(seq.blocks)
+            seq.blocks = []
+        if seq.slot is not None:
+            self.slots.free([seq.slot])
+            if seq.slot in self.fresh_slots:
+                self.fresh_slots.remove(seq.slot)
+            seq.slot = None
+        seq.num_computed = 0
+
+    # ------------------------------------------------------------------- step
+    def schedule(self) -> list[Scheduled]:
+        budget = self.token_budget
+        out: list[Scheduled] = []
+        for seq in list(self.running):
+            if budget == 0:
+                break
+            if seq.status is not Status.RUNNING:  # preempted below while making room
+                continue
+            n = min(seq.num_tokens - seq.num_computed, budget)
+            if not self._grow(seq, seq.num_computed + n):
+                continue
+            out.append(Scheduled(seq, n))
+            budget -= n
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and self.slots.num_free:
+            seq = self.waiting[0]
+            n = min(seq.num_tokens, budget)
+            need = self._blocks_for(n)
+            if need > self.blocks.num_free:
+                break
+            self.waiting.popleft()
+            seq.blocks = self.blocks.allocate(need)
+            seq.slot = self.slots.allocate(1)[0]
+            self.fresh_slots.append(seq.slot)
+            seq.status = Status.RUNNING
+            self.running.append(seq)
+            out.append(Scheduled(seq, n))
+            budget -= n
+        return out
+
+    def take_fresh_slots(self) -> list[int]:
+        fresh, self.fresh_slots = self.fresh_slots, []
+        return fresh
+
+    def _blocks_for(self, tokens: int) -> int:
+        return -(-tokens // self.block_size)
+
+    def _grow(self, seq: Sequence, tokens: int) -> bool:
+        """Give `seq` blocks for `tokens` tokens, preempting later arrivals if needed."""
+        need = self._blocks_for(tokens) - len(seq.blocks)
+        while need > self.blocks.num_free:
+            victim = self.running[-1]
+            self._preempt(victim)
+            if victim is seq:
+                return False
+        if need > 0:
+            seq.blocks.extend(self.blocks.allocate(need))
+        return True
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self._release(seq)
+        seq.status = Status.WAITING
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)

@@ -1,0 +1,76 @@
+"""Resolve what an EngineConfig leaves to `auto`: model directory, device, dtype, KDA backend."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from tpserve.config import EngineConfig
+
+log = logging.getLogger("tpserve.setup")
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+TINY_NAME = "tiny-glm5-next-v1"
+
+
+@dataclass(frozen=True)
+class Runtime:
+    model_dir: Path
+    device: torch.device
+    dtype: torch.dtype
+    kda_backend: str
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("TPSERVE_CACHE_DIR")
+    if root:
+        return Path(root)
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tpserve"
+
+
+def builtin_tiny_model() -> Path:
+    """The built-in small checkpoint, made with make-tiny on first use (atomically)."""
+    target = cache_dir() / TINY_NAME
+    if (target / "model.safetensors").is_file():
+        return target
+    from tpserve.model.tiny import make_tiny
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".tiny-", dir=target.parent))
+    make_tiny(tmp, seed=0)
+    try:
+        tmp.rename(target)
+        log.info("made the built-in tiny model at %s", target)
+    except OSError:  # another process made it first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def resolve_runtime(ecfg: EngineConfig) -> Runtime:
+    model_dir = Path(ecfg.model) if ecfg.model else builtin_tiny_model()
+    if not model_dir.is_dir():
+        raise FileNotFoundError(f"model: {model_dir} is not a directory (a local checkpoint is needed)")
+    if ecfg.device == "auto":
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    elif ecfg.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device: cuda was asked for but no CUDA device is available")
+    else:
+        device = torch.device(ecfg.device)
+    if ecfg.dtype == "auto":
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    else:
+        dtype = DTYPES[ecfg.dtype]
+    backend = ecfg.kda_backend
+    if backend == "auto":
+        from tpserve.kernels.kda import fla_available
+
+        backend = "fla" if device.type == "cuda" and fla_available() else "torch"
+    elif backend == "fla" and device.type != "cuda":
+        raise ValueError("kda_backend: fla needs a CUDA device (use torch on cpu)")
+    return Runtime(model_dir, device, dtype, backend)

@@ -1,0 +1,84 @@
+"""The offline API, shaped like vLLM's: `LLM(model=...).generate(prompts, sampling_params)`."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence as Seq
+from typing import Any
+
+from tpserve.config import EngineConfig
+from tpserve.engine.engine import LLMEngine
+from tpserve.engine.outputs import RequestOutput
+from tpserve.sampling_params import SamplingParams
+
+
+class LLM:
+    def __init__(self, model: str | None = None, *, device: str = "auto", dtype: str = "auto",
+                 tensor_parallel_size: int = 1, skip_tokenizer_init: bool = False, seed: int = 0,
+                 **engine_options: Any):
+        self.config = EngineConfig.from_env(model=model, device=device, dtype=dtype,
+                                            tensor_parallel_size=tensor_parallel_size,
+                                            skip_tokenizer_init=skip_tokenizer_init, seed=seed, **engine_options)
+        self.engine = LLMEngine(self.config)
+        self._ids = itertools.count()
+
+    def get_tokenizer(self):
+        return self.engine.tokenizer
+
+    def generate(self, prompts: str | dict | Seq[str | dict],
+                 sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
+                 use_tqdm: bool = False) -> list[RequestOutput]:
+        """One RequestOutput per prompt, in order. Prompts are strings or {"prompt_token_ids": [...]}."""
+        if isinstance(prompts, (str, dict)):
+            prompts = [prompts]
+        prompts = list(prompts)
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        params = list(sampling_params) if isinstance(sampling_params, Seq) else [sampling_params] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"sampling_params: {len(params)} given for {len(prompts)} prompts")
+        ids = []
+        try:
+            for prompt, p in zip(prompts, params):
+                token_ids, text = self._tokens(prompt)
+                rid = f"offline-{next(self._ids)}"
+                self.engine.add_request(rid, token_ids, p, prompt=text)
+                ids.append(rid)
+        except Exception:
+            for rid in ids:
+                self.engine.abort(rid)
+            raise
+        done: dict[str, RequestOutput] = {}
+        from tqdm import tqdm
+
+        with tqdm(total=len(ids), desc="generating", disable=not use_tqdm) as bar:
+            while len(done) < len(ids):
+                for out in self.engine.step():
+                    if out.finished:
+                        done[out.request_id] = out
+                        bar.update(1)
+        return [done[r] for r in ids]
+
+    def _tokens(self, prompt: str | dict) -> tuple[list[int], str | None]:
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                return list(prompt["prompt_token_ids"]), prompt.get("prompt")
+            if "prompt" in prompt:
+                prompt = prompt["prompt"]
+            else:
+                raise ValueError("prompt: a dict prompt needs 'prompt_token_ids' or 'prompt'")
+        if not isinstance(prompt, str):
+            raise ValueError(f"prompt: expected a string or a dict, got {type(prompt).__name__}")
+        if self.engine.tokenizer is None:
+            raise ValueError("prompt: text prompts need a tokenizer; with skip_tokenizer_init=True pass "
+                             "{'prompt_token_ids': [...]}")
+        return self.engine.tokenizer.encode(prompt), prompt
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()

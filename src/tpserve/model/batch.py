@@ -1,0 +1,55 @@
+"""What one forward step reads: the flattened tokens of every scheduled sequence and the cache.
+
+The engine builds a ForwardBatch per step (prefill chunks and decodes together); the model
+only reads it. Tokens are flattened: sequence i owns rows cu_seqlens[i]:cu_seqlens[i+1].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class CacheTensors:
+    """Per-layer cache tensors (shapes as in DESIGN.md; this rank's share of heads)."""
+
+    block_size: int
+    latent: dict[int, torch.Tensor] = field(default_factory=dict)      # [blocks, bs, kv_lora]
+    index_k: dict[int, torch.Tensor] = field(default_factory=dict)     # [blocks, bs, idx_dim]
+    index_gate: dict[int, torch.Tensor] = field(default_factory=dict)  # [blocks, bs, idx_dim]
+    pool_k: dict[int, torch.Tensor] = field(default_factory=dict)      # [blocks, bs/kpool, idx_dim]
+    kda_state: dict[int, torch.Tensor] = field(default_factory=dict)   # [slots, H_local, K, V] fp32
+    conv_state: dict[int, torch.Tensor] = field(default_factory=dict)  # [slots, conv_local, k-1]
+
+
+@dataclass
+class ForwardBatch:
+    input_ids: torch.Tensor          # [T] long
+    positions: torch.Tensor          # [T] long, position of each token in its sequence
+    cu_seqlens: list[int]            # [B+1] host offsets into the flattened tokens
+    context_lens: list[int]          # [B] tokens already in the cache before this step
+    slots: torch.Tensor              # [B] long, KDA state slot of each sequence
+    block_tables: torch.Tensor       # [B, max_blocks] long, -1 padded
+    slot_mapping: torch.Tensor       # [T] long, flat cache row (block * bs + offset) per token
+    logits_indices: torch.Tensor     # [N] long, rows whose next-token logits are wanted
+    sequence_parallel: bool = False  # split the residual stream across ranks this step
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.context_lens)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.cu_seqlens[-1]
+
+    @property
+    def is_decode(self) -> bool:
+        return self.num_tokens == self.num_seqs
+
+    def seq_len(self, i: int) -> int:
+        return self.cu_seqlens[i + 1] - self.cu_seqlens[i]
+
+    def total_len(self, i: int) -> int:
+        return self.context_lens[i] + self.seq_len(i)

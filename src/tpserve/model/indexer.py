@@ -1,0 +1,149 @@
+"""DSA indexer with k-pools (transformers' Glm5NextTextIndexer), replicated on every rank.
+
+Per token it caches a key (LayerNorm(wk x)) and a gate vector (x @ compress_gate^T). When a
+pool of `index_kpool` tokens fills, its pooled key (softmax(gate + ape) over the pool's tokens,
+per channel, times the keys) is computed once and cached. A query scores every complete pool
+it can see, keeps the best `index_topk / index_kpool` pools, expands them to token positions
+and appends its unfinished tail. The selection is returned as positions [T, W] (-1 = none).
+
+Why replicated: the indexer is small (wq_b 1536 -> 32x128, wk 4096 -> 128) and every rank
+must attend to the same positions; computing it everywhere costs less than broadcasting it.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tpserve.model.batch import CacheTensors, ForwardBatch
+from tpserve.model.config import ModelConfig
+from tpserve.model.layers import ShardContext, replicated
+from tpserve.model.weights import REPLICATED, declare
+
+
+class LayerNorm(nn.Module):
+    def __init__(self, ctx: ShardContext, dim: int, eps: float):
+        super().__init__()
+        declare(self, "weight", (dim,), REPLICATED, dtype=ctx.dtype, world=ctx.world)
+        declare(self, "bias", (dim,), REPLICATED, dtype=ctx.dtype, world=ctx.world)
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)
+
+
+def selection_width(cfg: ModelConfig) -> int:
+    return cfg.index_topk + (cfg.index_kpool - 1 if cfg.index_kpool_always_select_tail else 0)
+
+
+def cache_rows(block_tables: torch.Tensor, positions: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Flat cache rows of token `positions` [B, N] (-1 allowed) through block tables [B, nb]."""
+    safe = positions.clamp(min=0)
+    blocks = block_tables.gather(1, safe // block_size)
+    return blocks * block_size + safe % block_size
+
+
+class Indexer(nn.Module):
+    def __init__(self, ctx: ShardContext, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.layer = layer
+        self.n_heads, self.head_dim, self.kpool = cfg.index_n_heads, cfg.index_head_dim, cfg.index_kpool
+        self.pools_to_keep = cfg.index_topk // cfg.index_kpool
+        self.tail = cfg.index_kpool_always_select_tail
+        self.width = selection_width(cfg)
+        self.wq_b = replicated(ctx, cfg.q_lora_rank, self.n_heads * self.head_dim)
+        self.wk = replicated(ctx, cfg.hidden_size, self.head_dim)
+        self.k_norm = LayerNorm(ctx, self.head_dim, 1e-6)
+        self.weights_proj = replicated(ctx, cfg.hidden_size, self.n_heads)
+        declare(self, "index_kpool_compress_ape", (self.kpool, self.head_dim), REPLICATED, dtype=ctx.dtype,
+                world=ctx.world)
+        declare(self, "index_kpool_compress_gate", (self.head_dim, cfg.hidden_size), REPLICATED,
+                dtype=ctx.dtype, world=ctx.world)
+
+    @torch.no_grad()
+    def forward(self, x: torch.Tensor, q_resid: torch.Tensor, batch: ForwardBatch,
+                cache: CacheTensors) -> torch.Tensor:
+        """-> selected positions [T, W] (long, -1 padded)."""
+        keys_flat = cache.index_k[self.layer].view(-1, self.head_dim)
+        gates_flat = cache.index_gate[self.layer].view(-1, self.head_dim)
+        keys_flat[batch.slot_mapping] = self.k_norm(self.wk(x)).to(keys_flat.dtype)
+        gates_flat[batch.slot_mapping] = F.linear(x, self.index_kpool_compress_gate).to(gates_flat.dtype)
+        self._fill_pools(batch, cache)
+        q = self.wq_b(q_resid).view(x.shape[0], self.n_heads, self.head_dim)
+        w = self.weights_proj(x).float() * (self.n_heads ** -0.5)
+        if batch.is_decode:
+            return self._select_decode(q, w, batch, cache)
+        out = torch.full((x.shape[0], self.width), -1, dtype=torch.long, device=x.device)
+        for i in range(batch.num_seqs):
+            a, b = batch.cu_seqlens[i], batch.cu_seqlens[i + 1]
+            pos = batch.positions[a:b]
+            n_pools = batch.total_len(i) // self.kpool
+            pool_keys = self._pool_keys(batch.block_tables[i:i + 1], n_pools, cache)[0]
+            scores = self._scores(q[a:b], w[a:b], pool_keys)                       # [n, P]
+            visible = (torch.arange(n_pools, device=x.device) + 1) * self.kpool <= pos.unsqueeze(-1) + 1
+            out[a:b] = self._expand(scores, visible, pos)
+        return out
+
+    # ------------------------------------------------------------------ pools
+    def _fill_pools(self, batch: ForwardBatch, cache: CacheTensors) -> None:
+        """Compute the pooled key of every pool that this step completes."""
+        seq_idx, first_pos = [], []
+        for i in range(batch.num_seqs):
+            lo, hi = batch.context_lens[i] // self.kpool, batch.total_len(i) // self.kpool
+            for p in range(lo, hi):
+                seq_idx.append(i)
+                first_pos.append(p * self.kpool)
+        if not seq_idx:
+            return
+        dev = batch.block_tables.device
+        seq_t = torch.tensor(seq_idx, device=dev)
+        pos = torch.tensor(first_pos, device=dev).unsqueeze(-1) + torch.arange(self.kpool, device=dev)
+        rows = cache_rows(batch.block_tables[seq_t], pos, cache.block_size)        # [N, kpool]
+        keys = cache.index_k[self.layer].view(-1, self.head_dim)[rows]
+        gates = cache.index_gate[self.layer].view(-1, self.head_dim)[rows]
+        probs = (gates.float() + self.index_kpool_compress_ape.float()).softmax(dim=1).to(keys.dtype)
+        pooled = (probs * keys).sum(dim=1)
+        pool_rows = rows[:, 0] // self.kpool      # block * (bs / kpool) + offset / kpool
+        cache.pool_k[self.layer].view(-1, self.head_dim)[pool_rows] = pooled.to(cache.pool_k[self.layer].dtype)
+
+    def _pool_keys(self, block_tables: torch.Tensor, n_pools: int, cache: CacheTensors) -> torch.Tensor:
+        """Pooled keys of pools 0..n_pools-1 for each row of block_tables -> [B, n_pools, dim]."""
+        starts = (torch.arange(n_pools, device=block_tables.device) * self.kpool).expand(block_tables.shape[0], -1)
+        rows = cache_rows(block_tables, starts, cache.block_size) // self.kpool
+        return cache.pool_k[self.layer].view(-1, self.head_dim)[rows]
+
+    # -------------------------------------------------------------- scoring
+    def _scores(self, q: torch.Tensor, w: torch.Tensor, pool_keys: torch.Tensor) -> torch.Tensor:
+        """q [n, H, d], w [n, H], pool_keys [.., P, d] -> index scores [n, P] (fp32)."""
+        s = torch.matmul(q.float(), pool_keys.transpose(-1, -2).float())           # [n, H, P]
+        s = F.relu(s * self.head_dim ** -0.5)
+        return torch.matmul(w.unsqueeze(-2), s).squeeze(-2)
+
+    def _expand(self, scores: torch.Tensor, visible: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """Top pools among the visible ones, as token positions, plus the tail -> [n, W]."""
+        n, n_pools = scores.shape
+        out = torch.full((n, self.width), -1, dtype=torch.long, device=scores.device)
+        k = min(self.pools_to_keep, n_pools)
+        if k > 0:
+            masked = scores.masked_fill(~visible, torch.finfo(scores.dtype).min)
+            chosen = masked.topk(k, dim=-1).indices                                 # [n, k]
+            ok = visible.gather(-1, chosen)
+            toks = (chosen * self.kpool).unsqueeze(-1) + torch.arange(self.kpool, device=scores.device)
+            toks = toks.masked_fill(~ok.unsqueeze(-1), -1).flatten(-2)
+            out[:, :toks.shape[1]] = toks
+        if self.tail and self.kpool > 1:
+            count = (pos + 1) % self.kpool
+            offs = torch.arange(self.kpool - 1, device=scores.device)
+            tail = (pos + 1 - count).unsqueeze(-1) + offs
+            out[:, self.pools_to_keep * self.kpool:] = tail.masked_fill(offs >= count.unsqueeze(-1), -1)
+        return out
+
+    def _select_decode(self, q: torch.Tensor, w: torch.Tensor, batch: ForwardBatch,
+                       cache: CacheTensors) -> torch.Tensor:
+        lens = batch.positions + 1                                                   # [B]
+        n_pools = max(batch.total_len(i) for i in range(batch.num_seqs)) // self.kpool
+        pool_keys = self._pool_keys(batch.block_tables, n_pools, cache)             # [B, P, d]
+        scores = self._scores(q.unsqueeze(1), w.unsqueeze(1), pool_keys.unsqueeze(1)).squeeze(1)
+        visible = (torch.arange(n_pools, device=q.device) + 1) * self.kpool <= lens.unsqueeze(-1)
+        return self._expand(scores, visible, batch.positions)

@@ -1,0 +1,109 @@
+"""KDA linear-attention layer (transformers' Glm5NextTextLinearAttention), heads split across ranks.
+
+State lives in slots (CacheTensors.kda_state / conv_state), one per running sequence. A chunk of
+several tokens runs the chunked form, a single token the recurrent form. On CUDA with
+kda_backend "fla" the recurrences run in fla-core's Triton kernels over all sequences at once.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from tpserve.kernels import conv, kda as kda_ops
+from tpserve.model.batch import CacheTensors, ForwardBatch
+from tpserve.model.config import ModelConfig
+from tpserve.model.layers import GatedRMSNorm, ShardContext, column, replicated, row
+from tpserve.model.weights import Shard, add_source, declare
+
+
+class KdaAttention(nn.Module):
+    def __init__(self, ctx: ShardContext, cfg: ModelConfig, layer: int, backend: str):
+        super().__init__()
+        d, dh, qkv = cfg.hidden_size, cfg.linear_head_dim, cfg.linear_qkv_dim
+        self.layer, self.head_dim, self.backend = layer, dh, backend
+        self.heads = ctx.split(cfg.linear_num_heads, "linear_num_heads")
+        self.q_proj, self.k_proj, self.v_proj = (column(ctx, d, qkv) for _ in range(3))
+        local, k = qkv // ctx.world, cfg.linear_conv_kernel_dim
+        self.conv_weight = nn.Parameter(torch.empty(3 * local, 1, k), requires_grad=False)  # fp32: q|k|v
+        for i, name in enumerate(("q_conv1d.weight", "k_conv1d.weight", "v_conv1d.weight")):
+            add_source(self, name, (qkv, 1, k), Shard(dim=0), "conv_weight",
+                       (slice(i * local, (i + 1) * local), Ellipsis), ctx.world)
+        self.f_a_proj = replicated(ctx, d, dh)
+        self.f_b_proj = column(ctx, dh, qkv)
+        declare(self, "dt_bias", (qkv,), Shard(dim=0), dtype=ctx.dtype, world=ctx.world, fp32=True)
+        declare(self, "A_log", (cfg.linear_num_heads,), Shard(dim=0), dtype=ctx.dtype, world=ctx.world, fp32=True)
+        self.lower_bound = cfg.linear_lower_bound
+        self.b_proj = column(ctx, d, cfg.linear_num_heads)
+        self.g_a_proj = replicated(ctx, d, dh)
+        self.g_b_proj = column(ctx, dh, qkv)
+        self.o_norm = GatedRMSNorm(ctx, dh, cfg.rms_norm_eps)
+        self.o_proj = row(ctx, qkv, d)
+
+    def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: CacheTensors) -> torch.Tensor:
+        t, h, dh = x.shape[0], self.heads, self.head_dim
+        mixed = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
+        mixed = self._conv(mixed, batch, cache.conv_state[self.layer])
+        q, k, v = (y.reshape(t, h, dh) for y in mixed.split(h * dh, dim=-1))
+        g = self._forget_gate(x)
+        beta = torch.sigmoid(self.b_proj(x))
+        states = cache.kda_state[self.layer]
+        if self.backend == "fla":
+            out = self._fla(q, k, v, g, beta, batch, states)
+        else:
+            out = self._torch(q, k, v, g, beta, batch, states)
+        gate = self.g_b_proj(self.g_a_proj(x)).view(t, h, dh)
+        return self.o_proj(self.o_norm(out, gate).reshape(t, h * dh))
+
+    def _forget_gate(self, x: torch.Tensor) -> torch.Tensor:
+        """x [T, D] -> log decay g [T, H_local, K] (fp32)."""
+        g = self.f_b_proj(self.f_a_proj(x)).float() + self.dt_bias.float()
+        g = g.view(x.shape[0], -1, self.head_dim)
+        rate = self.A_log.float().exp().view(1, -1, 1)
+        if self.lower_bound is not None:
+            return self.lower_bound * torch.sigmoid(rate * g)
+        return -rate * torch.where(g > 20.0, g, torch.log1p(torch.exp(g)))
+
+    def _conv(self, mixed: torch.Tensor, batch: ForwardBatch, conv_states: torch.Tensor) -> torch.Tensor:
+        weight = self.conv_weight.squeeze(1)
+        if batch.is_decode:
+            out, new = conv.causal_conv_step(mixed, conv_states[batch.slots], weight)
+            conv_states[batch.slots] = new.to(conv_states.dtype)
+            return out
+        out = torch.empty_like(mixed)
+        for i in range(batch.num_seqs):
+            a, b = batch.cu_seqlens[i], batch.cu_seqlens[i + 1]
+            slot = batch.slots[i]
+            out[a:b], new = conv.causal_conv_seq(mixed[a:b], conv_states[slot], weight)
+            conv_states[slot] = new.to(conv_states.dtype)
+        return out
+
+    def _torch(self, q, k, v, g, beta, batch: ForwardBatch, states: torch.Tensor) -> torch.Tensor:
+        if batch.is_decode:
+            out, new = kda_ops.kda_recurrent_batched(q, k, v, g, beta, states[batch.slots])
+            states[batch.slots] = new
+            return out
+        out = torch.empty_like(v)
+        for i in range(batch.num_seqs):
+            a, b = batch.cu_seqlens[i], batch.cu_seqlens[i + 1]
+            slot = batch.slots[i]
+            fn = kda_ops.kda_recurrent if b - a == 1 else kda_ops.kda_chunked
+            out[a:b], states[slot] = fn(q[a:b], k[a:b], v[a:b], g[a:b], beta[a:b], states[slot])
+        return out
+
+    def _fla(self, q, k, v, g, beta, batch: ForwardBatch, states: torch.Tensor) -> torch.Tensor:
+        from fla.ops.kda import chunk_kda, fused_recurrent_kda
+
+        init = states[batch.slots]
+        if batch.is_decode:
+            out, final = fused_recurrent_kda(q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1), g.unsqueeze(1),
+                                             beta.unsqueeze(1), initial_state=init, output_final_state=True,
+                                             use_qk_l2norm_in_kernel=True)
+            states[batch.slots] = final
+            return out.squeeze(1)
+        cu = torch.tensor(batch.cu_seqlens, dtype=torch.long, device=q.device)
+        out, final = chunk_kda(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), g.unsqueeze(0), beta.unsqueeze(0),
+                               initial_state=init, output_final_state=True, use_qk_l2norm_in_kernel=True,
+                               cu_seqlens=cu)
+        states[batch.slots] = final
+        return out.squeeze(0)

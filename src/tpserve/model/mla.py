@@ -1,0 +1,91 @@
+"""MLA with NoPE and DSA sparse selection (transformers' Glm5NextTextAttention), heads split.
+
+Only the normalised 512-wide latent is cached (replicated on every rank, paged in blocks).
+Prefill chunks expand the latent of the whole context into per-head keys/values and run SDPA
+under the selection mask; decode steps absorb kv_b_proj into the query and attend over the
+selected latent rows only.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tpserve.model.batch import CacheTensors, ForwardBatch
+from tpserve.model.config import ModelConfig
+from tpserve.model.indexer import Indexer, cache_rows
+from tpserve.model.layers import RMSNorm, ShardContext, column, replicated, row
+
+
+class MlaAttention(nn.Module):
+    def __init__(self, ctx: ShardContext, cfg: ModelConfig, layer: int):
+        super().__init__()
+        d, bias = cfg.hidden_size, cfg.attention_bias
+        self.layer = layer
+        self.heads = ctx.split(cfg.num_attention_heads, "num_attention_heads")
+        self.nope, self.v_dim, self.rank = cfg.qk_nope_head_dim, cfg.v_head_dim, cfg.kv_lora_rank
+        self.scaling = cfg.qk_head_dim ** -0.5
+        self.q_a_proj = replicated(ctx, d, cfg.q_lora_rank, bias=bias)
+        self.q_a_layernorm = RMSNorm(ctx, cfg.q_lora_rank, cfg.rms_norm_eps)
+        self.q_b_proj = column(ctx, cfg.q_lora_rank, cfg.num_attention_heads * cfg.qk_head_dim)
+        self.kv_a_proj_with_mqa = replicated(ctx, d, cfg.kv_lora_rank + cfg.qk_rope_head_dim, bias=bias)
+        self.kv_a_layernorm = RMSNorm(ctx, cfg.kv_lora_rank, cfg.rms_norm_eps)
+        self.kv_b_proj = column(ctx, cfg.kv_lora_rank, cfg.num_attention_heads * (self.nope + self.v_dim))
+        self.o_proj = row(ctx, cfg.num_attention_heads * self.v_dim, d, bias=bias)
+        self.indexer = Indexer(ctx, cfg, layer) if cfg.indexer_is_full(layer) else None
+
+    def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: CacheTensors,
+                prev_selection: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (partial output [T, D], selection [T, W] used here)."""
+        t = x.shape[0]
+        q_resid = self.q_a_layernorm(self.q_a_proj(x))
+        q = self.q_b_proj(q_resid).view(t, self.heads, self.nope)
+        latent = self.kv_a_layernorm(self.kv_a_proj_with_mqa(x)[..., :self.rank])
+        latent_flat = cache.latent[self.layer].view(-1, self.rank)
+        latent_flat[batch.slot_mapping] = latent.to(latent_flat.dtype)
+        if self.indexer is not None:
+            selection = self.indexer(x, q_resid, batch, cache)
+        elif prev_selection is None:
+            raise ValueError(f"layer {self.layer}: a shared indexer layer needs the previous layer's selection")
+        else:
+            selection = prev_selection
+        if batch.is_decode:
+            out = self._decode(q, selection, batch, latent_flat, cache.block_size)
+        else:
+            out = torch.empty(t, self.heads * self.v_dim, dtype=x.dtype, device=x.device)
+            for i in range(batch.num_seqs):
+                a, b = batch.cu_seqlens[i], batch.cu_seqlens[i + 1]
+                out[a:b] = self._prefill_seq(q[a:b], selection[a:b], batch.block_tables[i:i + 1],
+                                             batch.total_len(i), latent_flat, cache.block_size)
+        return self.o_proj(out), selection
+
+    def _kv_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+        w = self.kv_b_proj.weight.view(self.heads, self.nope + self.v_dim, self.rank)
+        return w[:, :self.nope], w[:, self.nope:]
+
+    def _prefill_seq(self, q: torch.Tensor, sel: torch.Tensor, block_table: torch.Tensor, total: int,
+                     latent_flat: torch.Tensor, block_size: int) -> torch.Tensor:
+        n = q.shape[0]
+        rows = cache_rows(block_table, torch.arange(total, device=q.device).unsqueeze(0), block_size)[0]
+        kv = self.kv_b_proj(latent_flat[rows].to(q.dtype)).view(total, self.heads, self.nope + self.v_dim)
+        k, v = kv.split([self.nope, self.v_dim], dim=-1)
+        mask = torch.zeros(n, total + 1, dtype=torch.bool, device=q.device)
+        mask.scatter_(1, torch.where(sel >= 0, sel, total), True)
+        mask = mask[:, :total]
+        out = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0),
+                                             v.transpose(0, 1).unsqueeze(0), attn_mask=mask[None, None],
+                                             scale=self.scaling)
+        return out[0].transpose(0, 1).reshape(n, self.heads * self.v_dim)
+
+    def _decode(self, q: torch.Tensor, sel: torch.Tensor, batch: ForwardBatch,
+                latent_flat: torch.Tensor, block_size: int) -> torch.Tensor:
+        w_uk, w_uv = self._kv_weights()
+        rows = cache_rows(batch.block_tables, sel, block_size)
+        lat = latent_flat[rows].to(q.dtype)                                          # [B, W, c]
+        q_lat = torch.einsum("bhd,hdc->bhc", q, w_uk)
+        scores = torch.einsum("bhc,bwc->bhw", q_lat, lat).float() * self.scaling
+        scores = scores.masked_fill((sel < 0).unsqueeze(1), float("-inf"))
+        probs = scores.softmax(dim=-1).to(q.dtype)
+        o_lat = torch.einsum("bhw,bwc->bhc", probs, lat)
+        return torch.einsum("bhc,hvc->bhv", o_lat, w_uv).reshape(q.shape[0], self.heads * self.v_dim)

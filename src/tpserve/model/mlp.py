@@ -1,0 +1,21 @@
+"""Dense SwiGLU MLP (clamped), column/row parallel. Returns this rank's partial sum."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from tpserve.model.layers import ShardContext, clamped_swiglu, column, row
+
+
+class DenseMLP(nn.Module):
+    def __init__(self, ctx: ShardContext, hidden: int, intermediate: int, limit: float):
+        super().__init__()
+        ctx.split(intermediate, "MLP intermediate size")
+        self.gate_proj = column(ctx, hidden, intermediate)
+        self.up_proj = column(ctx, hidden, intermediate)
+        self.down_proj = row(ctx, intermediate, hidden)
+        self.limit = limit
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(clamped_swiglu(self.gate_proj(x), self.up_proj(x), self.limit))

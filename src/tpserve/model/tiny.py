@@ -1,0 +1,99 @@
+"""`tpserve make-tiny`: a small random glm5_next checkpoint (weights, config, tokenizer, template).
+
+The tensors are written under the names transformers 5.23.0 writes, so the same directory loads
+in transformers (the oracle) and in tpserve. Values are random but not degenerate: the router,
+the gates, the indexer's pooling weights and the mHC projections all get random values, so
+routing and sparse selection are exercised (transformers' own init leaves several at zero).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+from tpserve.model.config import ModelConfig
+from tpserve.model.layers import ShardContext
+from tpserve.model.loader import checkpoint_name
+
+TINY_TEXT: dict[str, Any] = dict(
+    vocab_size=512, hidden_size=64, intermediate_size=96, moe_intermediate_size=48, num_hidden_layers=4,
+    num_attention_heads=6, num_key_value_heads=6, n_shared_experts=1, n_routed_experts=8, num_experts_per_tok=2,
+    n_group=1, topk_group=1, kv_lora_rank=32, q_lora_rank=48, qk_rope_head_dim=0, qk_nope_head_dim=16,
+    v_head_dim=16, index_topk=16, index_head_dim=16, index_n_heads=8, index_kpool=4, linear_head_dim=16,
+    linear_num_heads=6, linear_conv_kernel_dim=4, hc_mult=4, max_position_embeddings=4096,
+    rms_norm_eps=1e-5, routed_scaling_factor=2.5, swiglu_limit=10.0, tie_word_embeddings=False,
+)
+TINY_VISION: dict[str, Any] = dict(depth=1, hidden_size=32, num_heads=2, intermediate_size=32, out_hidden_size=64,
+                                   projection_intermediate_size=32)
+
+
+def _random_tensor(name: str, shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
+    randn = lambda: torch.randn(shape, generator=gen)  # noqa: E731
+    if name.endswith("A_log"):
+        return torch.empty(shape).uniform_(1.0, 16.0, generator=gen).log()
+    if name.endswith("dt_bias"):
+        dt = torch.empty(shape).uniform_(math.log(1e-3), math.log(1e-1), generator=gen).exp()
+        return dt + torch.log(-torch.expm1(-dt))
+    if name.endswith("k_norm.bias"):
+        return 0.1 * randn()
+    if name.endswith("norm.weight") or name.endswith("layernorm.weight"):
+        return 1.0 + 0.1 * randn()
+    if name.endswith("hc.base"):
+        return 0.5 * randn()
+    if name.endswith("hc.scale"):
+        return 1.0 + 0.2 * randn()
+    if name.endswith("e_score_correction_bias"):
+        return 0.05 * randn()
+    if name.endswith("index_kpool_compress_ape"):
+        return randn()
+    if "conv" in name:
+        return 0.5 * randn()
+    if name.startswith("embed_tokens"):
+        return randn()
+    return randn() / math.sqrt(shape[-1])  # linear weights [out, in]: unit-variance outputs
+
+
+def tiny_config_dict(layers: int = 4, **overrides: Any) -> dict[str, Any]:
+    text = dict(TINY_TEXT, num_hidden_layers=layers)
+    text.update(overrides)
+    return {"architectures": ["Glm5NextForConditionalGeneration"], "model_type": "glm5_next",
+            "text_config": text, "vision_config": dict(TINY_VISION), "tie_word_embeddings": False}
+
+
+def random_state_dict(cfg: ModelConfig, seed: int, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    """Random tensors for every checkpoint name the model expects (transformers' names)."""
+    from tpserve.model.glm5_next import Glm5NextModel
+    from tpserve.model.weights import checkpoint_sources
+
+    with torch.device("meta"):
+        model = Glm5NextModel(ShardContext.single(torch.float32, "meta"), cfg)
+    gen = torch.Generator().manual_seed(seed)
+    out = {}
+    for name, (_, src) in sorted(checkpoint_sources(model).items()):
+        out[checkpoint_name(name)] = _random_tensor(name, src.full_shape, gen).to(dtype).contiguous()
+    return out
+
+
+def make_tiny(out_dir: str | Path, *, seed: int = 0, layers: int = 4, dtype: torch.dtype = torch.float32,
+              **overrides: Any) -> Path:
+    """Write a tiny random glm5_next checkpoint (with tokenizer and chat template) into out_dir."""
+    from tpserve.model.tiny_tokenizer import write_tiny_tokenizer
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    raw = tiny_config_dict(layers, **overrides)
+    tok = write_tiny_tokenizer(out, raw["text_config"]["vocab_size"])
+    eos = list(tok["eos_token_ids"])
+    raw["text_config"].setdefault("eos_token_id", eos)
+    raw["text_config"].setdefault("pad_token_id", tok["pad_token_id"])
+    cfg = ModelConfig.from_dict(raw)
+    (out / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
+    gen_cfg = {"eos_token_id": eos, "pad_token_id": tok["pad_token_id"], "do_sample": False}
+    (out / "generation_config.json").write_text(json.dumps(gen_cfg, indent=2) + "\n")
+    save_file(random_state_dict(cfg, seed, dtype), str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out
