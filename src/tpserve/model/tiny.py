@@ -88,7 +88,7 @@ def make_tiny(out_dir: str | Path, *, seed: int = 0, layers: int = 4, dtype: tor
     out.mkdir(parents=True, exist_ok=True)
     raw = tiny_config_dict(layers, **overrides)
     tok = write_tiny_tokenizer(out, raw["text_config"]["vocab_size"])
-    eos = list(tok["eos_token_ids"])
+    eos = list(tok["eos_token_id"])
     raw["text_config"].setdefault("eos_token_id", eos)
     raw["text_config"].setdefault("pad_token_id", tok["pad_token_id"])
     cfg = ModelConfig.from_dict(raw)

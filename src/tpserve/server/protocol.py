@@ -1,0 +1,381 @@
+"""Pydantic models for the OpenAI API subset tpserve serves, plus error bodies.
+
+Requests ignore unknown fields (OpenAI clients send some). Wrong types and out-of-range
+values raise pydantic's ValidationError; `validation_error_to_body` turns one into OpenAI's
+error shape with `param` naming the field (the server answers 400). `to_sampling_params()`
+gives the engine's sampling parameters as a plain dict. Responses are in `responses.py`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from tpserve.server.chat import REASONING_EFFORTS, ParamError, normalize_messages
+from tpserve.server.responses import *  # noqa: F403  (re-exported: one import for the app)
+from tpserve.server.responses import __all__ as _response_names
+
+__all__ = [
+    "ChatCompletionRequest",
+    "CompletionRequest",
+    "DetokenizeRequest",
+    "FunctionDefinition",
+    "NamedToolChoice",
+    "ParamError",
+    "SamplingRequest",
+    "StreamOptions",
+    "TokenizeRequest",
+    "ToolDefinition",
+    "error_body",
+    "parse_request",
+    "validation_error_to_body",
+    *_response_names,
+]
+
+MAX_N = 16
+MAX_TOP_LOGPROBS = 20
+MAX_COMPLETION_LOGPROBS = 5
+# Used for fields the request leaves unset and `defaults` does not give.
+SAMPLING_FALLBACKS = {
+    "temperature": 1.0,
+    "top_p": 1.0,
+    "top_k": 0,  # 0 = disabled (-1 is accepted as disabled too)
+    "min_p": 0.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "repetition_penalty": 1.0,
+}
+_FIELD_NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
+# pydantic puts the member of a union that failed into `loc`; those are not field names
+_UNION_TAGS = frozenset({"str", "int", "float", "bool", "bytes", "dict", "list", "none"})
+
+TokenId = Annotated[StrictInt, Field(ge=0)]
+
+
+def error_body(
+    message: str,
+    type: str = "BadRequestError",
+    param: str | None = None,
+    code: int | str | None = 400,
+) -> dict:
+    """OpenAI's error JSON: {"error": {"message", "type", "param", "code"}}."""
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+def _loc_to_param(loc: tuple) -> str | None:
+    """("messages", 0, "content") -> "messages[0].content"; union member tags are skipped."""
+    param = ""
+    for part in loc:
+        if isinstance(part, int):
+            param += f"[{part}]"
+        elif _FIELD_NAME.match(part) and part not in _UNION_TAGS:
+            param += f".{part}" if param else part
+    return param or None
+
+
+def validation_error_to_body(exc: ValidationError) -> dict:
+    """The OpenAI error body (code 400) for a request that failed validation."""
+    messages: list[str] = []
+    first_param: str | None = None
+    for err in exc.errors():
+        cause = (err.get("ctx") or {}).get("error")
+        param = getattr(cause, "param", None) or _loc_to_param(err["loc"])
+        text = str(cause) if cause is not None else err["msg"]
+        if not text.startswith(param or "\0"):
+            text = f"{param}: {text}" if param else text
+        if first_param is None:
+            first_param = param
+        if text not in messages:
+            messages.append(text)
+        if len(messages) == 3:
+            break
+    return error_body("; ".join(messages) or "invalid request", param=first_param)
+
+
+class OpenAIModel(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class FunctionDefinition(OpenAIModel):
+    name: str = Field(min_length=1, max_length=128, pattern=r"^[^\s<>]+$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolDefinition(OpenAIModel):
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class NamedFunction(OpenAIModel):
+    name: str
+
+
+class NamedToolChoice(OpenAIModel):
+    type: Literal["function"] = "function"
+    function: NamedFunction
+
+
+class StreamOptions(OpenAIModel):
+    include_usage: bool = False
+
+
+class SamplingRequest(OpenAIModel):
+    """Fields shared by chat and legacy completions."""
+
+    model: str | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int = Field(1, ge=1, le=MAX_N)
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=-1)
+    min_p: float | None = Field(None, ge=0, le=1)
+    seed: int | None = Field(None, ge=-(2**63), lt=2**64)
+    stop: str | list[str] | None = None
+    stop_token_ids: list[TokenId] | None = None
+    ignore_eos: bool = False
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    repetition_penalty: float | None = Field(None, gt=0)
+    user: str | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_not_empty(cls, value: str | list[str] | None) -> str | list[str] | None:
+        for s in [value] if isinstance(value, str) else value or ():
+            if not s:
+                raise ValueError("stop strings must not be empty")
+        return value
+
+    @field_validator("stream_options")
+    @classmethod
+    def _stream_options_need_stream(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is not None and not info.data.get("stream"):
+            raise ValueError("stream_options is only allowed when stream is true")
+        return value
+
+    def stop_list(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+    def effective_max_tokens(self) -> int | None:
+        return self.max_tokens
+
+    def logprobs_count(self) -> int | None:
+        return None
+
+    def to_sampling_params(self, defaults: Mapping[str, Any] | None = None) -> dict:
+        """The engine's sampling parameters as a plain dict.
+
+        Keys: temperature, top_p, top_k (0 = off), min_p, seed, max_tokens (None: up to
+        max_model_len), stop (list), stop_token_ids, ignore_eos, presence_penalty,
+        frequency_penalty, repetition_penalty, logprobs (None: off; k: k top logprobs,
+        0 = only the sampled token), n. Unset fields come from `defaults` (e.g. the model's
+        generation_config: temperature, top_p, top_k, max_tokens...) or SAMPLING_FALLBACKS.
+        """
+        defaults = defaults or {}
+        params = {
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "min_p": self.min_p,
+            "seed": self.seed,
+            "max_tokens": self.effective_max_tokens(),
+            "stop": self.stop_list(),
+            "stop_token_ids": list(self.stop_token_ids or []),
+            "ignore_eos": self.ignore_eos,
+            "presence_penalty": self.presence_penalty,
+            "frequency_penalty": self.frequency_penalty,
+            "repetition_penalty": self.repetition_penalty,
+            "logprobs": self.logprobs_count(),
+            "n": self.n,
+        }
+        for key in ("temperature", "top_p", "top_k", "min_p", "max_tokens", "presence_penalty",
+                    "frequency_penalty", "repetition_penalty"):
+            if params[key] is None:
+                params[key] = defaults.get(key, SAMPLING_FALLBACKS.get(key))
+        if params["top_k"] is not None and params["top_k"] < 0:
+            params["top_k"] = 0
+        return params
+
+
+class ChatCompletionRequest(SamplingRequest):
+    """POST /v1/chat/completions. `messages` are checked by chat.normalize_messages."""
+
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    tools: list[ToolDefinition] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None  # accepted, not enforced
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    reasoning_effort: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    add_generation_prompt: bool = True
+
+    @field_validator("messages")
+    @classmethod
+    def _check_messages(cls, value: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        normalize_messages(value)  # raises ParamError naming e.g. messages[1].content
+        return value
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _check_tool_choice(cls, value: Any, info: ValidationInfo) -> Any:
+        if "tools" not in info.data:  # tools itself failed validation
+            return value
+        names = [t.function.name for t in info.data["tools"] or ()]
+        if value == "required" and not names:
+            raise ParamError("tool_choice", "tool_choice 'required' needs a non-empty tools list")
+        if isinstance(value, NamedToolChoice) and value.function.name not in names:
+            raise ParamError(
+                "tool_choice",
+                f"tool_choice names function {value.function.name!r}, which is not in tools",
+            )
+        return value
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _top_logprobs_need_logprobs(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value and not info.data.get("logprobs"):
+            raise ValueError("top_logprobs is only allowed when logprobs is true")
+        return value
+
+    @field_validator("reasoning_effort")
+    @classmethod
+    def _check_effort(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        key = value.strip().lower()
+        if key not in REASONING_EFFORTS:
+            raise ValueError(f"reasoning_effort must be one of {', '.join(REASONING_EFFORTS)}")
+        return key
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _check_template_kwargs(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        thinking = (value or {}).get("enable_thinking")
+        if thinking is not None and not isinstance(thinking, bool):
+            raise ParamError(
+                "chat_template_kwargs.enable_thinking",
+                "chat_template_kwargs.enable_thinking must be a boolean",
+            )
+        return value
+
+    def enable_thinking(self) -> bool | None:
+        """chat_template_kwargs.enable_thinking (None when not given)."""
+        return (self.chat_template_kwargs or {}).get("enable_thinking")
+
+    def effective_max_tokens(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+    def logprobs_count(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+
+class CompletionRequest(SamplingRequest):
+    """POST /v1/completions (legacy). echo, suffix and best_of > 1 are rejected."""
+
+    prompt: str | list[str] | list[TokenId] | list[list[TokenId]]
+    logprobs: int | None = Field(None, ge=0, le=MAX_COMPLETION_LOGPROBS)
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt_not_empty(cls, value: Any) -> Any:
+        items = [value] if isinstance(value, str) else value
+        if not items or any(isinstance(p, (str, list)) and len(p) == 0 for p in items):
+            raise ValueError("prompt must not be empty")
+        return value
+
+    @field_validator("echo")
+    @classmethod
+    def _no_echo(cls, value: bool) -> bool:
+        if value:
+            raise ValueError("echo is not supported")
+        return value
+
+    @field_validator("suffix")
+    @classmethod
+    def _no_suffix(cls, value: str | None) -> str | None:
+        if value:
+            raise ValueError("suffix is not supported")
+        return value
+
+    @field_validator("best_of")
+    @classmethod
+    def _no_best_of(cls, value: int | None) -> int | None:
+        if value is not None and value > 1:
+            raise ValueError("best_of > 1 is not supported")
+        return value
+
+    def prompts(self) -> list[str | list[int]]:
+        """The prompt(s) as a list: each a string or a list of token ids."""
+        if isinstance(self.prompt, str):
+            return [self.prompt]
+        if all(isinstance(p, int) for p in self.prompt):
+            return [list(self.prompt)]
+        return [p if isinstance(p, str) else list(p) for p in self.prompt]
+
+    def logprobs_count(self) -> int | None:
+        return self.logprobs
+
+
+class TokenizeRequest(OpenAIModel):
+    """POST /tokenize (vLLM shape): either `prompt` or `messages` (rendered by the template)."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[dict[str, Any]] | None = None
+    tools: list[ToolDefinition] | None = None
+    add_generation_prompt: bool = True
+    add_special_tokens: bool | None = None  # default: True for prompt, False for messages
+    reasoning_effort: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    return_token_strs: bool = False
+
+    @model_validator(mode="after")
+    def _prompt_or_messages(self) -> TokenizeRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise ParamError("prompt", "give exactly one of prompt or messages")
+        if self.messages is not None:
+            normalize_messages(self.messages)
+        return self
+
+    def special_tokens(self) -> bool:
+        if self.add_special_tokens is not None:
+            return self.add_special_tokens
+        return self.prompt is not None
+
+
+class DetokenizeRequest(OpenAIModel):
+    """POST /detokenize: {"tokens": [...]} -> {"prompt": "..."}."""
+
+    model: str | None = None
+    tokens: list[TokenId]
+
+
+def parse_request(model: type[BaseModel], body: Any) -> tuple[BaseModel | None, dict | None]:
+    """(request, None) or (None, OpenAI error body) for a decoded JSON body."""
+    if not isinstance(body, dict):
+        return None, error_body("request body must be a JSON object")
+    try:
+        return model.model_validate(body), None
+    except ValidationError as exc:
+        return None, validation_error_to_body(exc)

@@ -1,0 +1,23 @@
+"""`tpserve make-tiny DIR`: write a small random glm5_next checkpoint."""
+
+from __future__ import annotations
+
+
+def register(sub, bench, tune) -> None:
+    p = sub.add_parser("make-tiny", help="write a tiny random glm5_next checkpoint (tests, demos)")
+    p.add_argument("dir", help="output directory")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--layers", type=int, default=4, help="number of layers (KDA x3 then MLA, repeating)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from tpserve.engine.setup import DTYPES
+    from tpserve.model.tiny import make_tiny
+
+    if args.layers < 1:
+        raise SystemExit("make-tiny: --layers must be at least 1")
+    out = make_tiny(args.dir, seed=args.seed, layers=args.layers, dtype=DTYPES[args.dtype])
+    print(f"wrote a tiny glm5_next checkpoint to {out}")
+    return 0

@@ -1,0 +1,34 @@
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from helpers import TINY_CONFIGS, make_checkpoint  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_root(tmp_path_factory):
+    return tmp_path_factory.mktemp("tiny")
+
+
+@pytest.fixture(scope="session")
+def tiny(tiny_root):
+    """name -> checkpoint dir, made on first use."""
+    made = {}
+
+    def get(name: str = "default") -> Path:
+        if name not in made:
+            made[name] = make_checkpoint(tiny_root, name)
+        return made[name]
+
+    return get
+
+
+@pytest.fixture(scope="session", autouse=True)
+def isolated_cache(tmp_path_factory):
+    """The built-in tiny model goes to a temporary cache dir, not the user's."""
+    import os
+
+    os.environ.setdefault("TPSERVE_CACHE_DIR", str(tmp_path_factory.mktemp("tpserve-cache")))

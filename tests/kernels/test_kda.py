@@ -1,0 +1,65 @@
+"""KDA kernels: chunked == recurrent == transformers' references; conv step == conv over a sequence."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tpserve.kernels import conv, kda
+
+
+def _inputs(t, h=3, d=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(t, h, d, generator=g) for _ in range(3))
+    gate = -5.0 * torch.sigmoid(torch.randn(t, h, d, generator=g))
+    beta = torch.sigmoid(torch.randn(t, h, generator=g))
+    state = 0.1 * torch.randn(h, d, d, generator=g)
+    return q, k, v, gate, beta, state
+
+
+@pytest.mark.parametrize("t", [1, 5, 64, 100])
+def test_chunked_equals_recurrent(t):
+    q, k, v, g, beta, s0 = _inputs(t)
+    o1, s1 = kda.kda_recurrent(q, k, v, g, beta, s0)
+    o2, s2 = kda.kda_chunked(q, k, v, g, beta, s0, chunk=16)
+    torch.testing.assert_close(o1, o2, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(s1, s2, atol=1e-5, rtol=1e-5)
+
+
+def test_batched_step_equals_recurrent():
+    q, k, v, g, beta, s0 = _inputs(4)
+    states = s0.unsqueeze(0).repeat(4, 1, 1, 1)
+    out, new = kda.kda_recurrent_batched(q, k, v, g, beta, states)
+    for b in range(4):
+        o, s = kda.kda_recurrent(q[b:b + 1], k[b:b + 1], v[b:b + 1], g[b:b + 1], beta[b:b + 1], s0)
+        torch.testing.assert_close(out[b], o[0])
+        torch.testing.assert_close(new[b], s)
+
+
+def test_matches_transformers_reference():
+    from transformers.models.glm5_next import modeling_glm5_next as ref
+
+    q, k, v, g, beta, s0 = _inputs(70)
+    args = [x.unsqueeze(0) for x in (q, k, v)]
+    o_ref, s_ref = ref.chunk_kimi_delta_attention(*args, g=g.unsqueeze(0), beta=beta.unsqueeze(0),
+                                                  initial_state=s0.unsqueeze(0), output_final_state=True,
+                                                  use_qk_l2norm_in_kernel=True)
+    o, s = kda.kda_chunked(q, k, v, g, beta, s0)
+    torch.testing.assert_close(o, o_ref[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(s, s_ref[0], atol=1e-5, rtol=1e-5)
+
+
+def test_conv_step_equals_sequence():
+    g = torch.Generator().manual_seed(0)
+    c, kern, t = 6, 4, 9
+    x = torch.randn(t, c, generator=g)
+    w = torch.randn(c, kern, generator=g)
+    state = torch.randn(c, kern - 1, generator=g)
+    full, full_state = conv.causal_conv_seq(x, state, w)
+    s = state.unsqueeze(0)
+    for i in range(t):
+        out, s = conv.causal_conv_step(x[i:i + 1], s, w)
+        torch.testing.assert_close(out[0], full[i], atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(s[0], full_state)
+    # zero state == causal zero padding
+    ref = F.silu(F.conv1d(x.t().unsqueeze(0), w.unsqueeze(1), padding=kern - 1, groups=c)[0, :, :t]).t()
+    torch.testing.assert_close(conv.causal_conv_seq(x, torch.zeros(c, kern - 1), w)[0], ref)

@@ -1,0 +1,229 @@
+"""OpenAI request validation, error bodies, sampling params and response shapes."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from tpserve.server.protocol import (
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatCompletionStreamResponse,
+    ChatCompletionChoice,
+    ChatCompletionStreamChoice,
+    ChatChoiceLogprobs,
+    ChatLogprobToken,
+    ChatMessage,
+    ChatTopLogprob,
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionRequest,
+    CompletionResponse,
+    DeltaMessage,
+    DetokenizeRequest,
+    ErrorResponse,
+    ModelCard,
+    ModelList,
+    TokenizeRequest,
+    TokenizeResponse,
+    UsageInfo,
+    error_body,
+    parse_request,
+    validation_error_to_body,
+)
+from tpserve.server.parsers import merge_deltas
+
+MSGS = [{"role": "user", "content": "hi"}]
+TOOLS = [{"type": "function", "function": {"name": "get_time", "parameters": {}}}]
+
+
+def error_of(model, body: dict) -> dict:
+    with pytest.raises(ValidationError) as info:
+        model.model_validate(body)
+    err = validation_error_to_body(info.value)["error"]
+    assert err["type"] == "BadRequestError" and err["code"] == 400
+    ErrorResponse.model_validate({"error": err})
+    return err
+
+
+@pytest.mark.parametrize(
+    "extra,param",
+    [
+        ({"temperature": 2.5}, "temperature"),
+        ({"temperature": -0.1}, "temperature"),
+        ({"temperature": "hot"}, "temperature"),
+        ({"top_p": 0}, "top_p"),
+        ({"top_p": 1.01}, "top_p"),
+        ({"top_k": -2}, "top_k"),
+        ({"min_p": 1.5}, "min_p"),
+        ({"n": 0}, "n"),
+        ({"n": 17}, "n"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_completion_tokens": 0}, "max_completion_tokens"),
+        ({"presence_penalty": 2.1}, "presence_penalty"),
+        ({"frequency_penalty": -3}, "frequency_penalty"),
+        ({"repetition_penalty": 0}, "repetition_penalty"),
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+        ({"top_logprobs": 2}, "top_logprobs"),
+        ({"stop": ""}, "stop"),
+        ({"stop": [1]}, "stop"),
+        ({"stop_token_ids": [-1]}, "stop_token_ids[0]"),
+        ({"stream_options": {"include_usage": True}}, "stream_options"),
+        ({"reasoning_effort": "extreme"}, "reasoning_effort"),
+        ({"chat_template_kwargs": {"enable_thinking": "yes"}},
+         "chat_template_kwargs.enable_thinking"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"tool_choice": "sometimes", "tools": TOOLS}, "tool_choice"),
+        ({"tool_choice": {"type": "function", "function": {"name": "other"}}, "tools": TOOLS},
+         "tool_choice"),
+        ({"tools": [{"type": "function", "function": {"name": "has space"}}]},
+         "tools[0].function.name"),
+        ({"tools": [{"type": "retrieval"}]}, "tools[0].type"),
+        ({"messages": []}, "messages"),
+        ({"messages": [{"role": "user"}]}, "messages[0].content"),
+        ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
+    ],
+)
+def test_chat_request_errors_name_the_field(extra, param):
+    err = error_of(ChatCompletionRequest, {"model": "m", "messages": MSGS, **extra})
+    assert err["param"] == param
+    assert param.split("[")[0].split(".")[0] in err["message"]
+
+
+def test_chat_request_valid_and_sampling_params():
+    req = ChatCompletionRequest.model_validate({
+        "model": "glm", "messages": MSGS, "temperature": 0.3, "top_p": 0.9, "top_k": -1,
+        "seed": 7, "stop": "END", "stop_token_ids": [5], "max_tokens": 10,
+        "max_completion_tokens": 20, "logprobs": True, "top_logprobs": 4, "n": 2,
+        "presence_penalty": 0.5, "unknown_field": {"ignored": True}, "tools": TOOLS,
+        "tool_choice": {"type": "function", "function": {"name": "get_time"}},
+        "chat_template_kwargs": {"enable_thinking": False}, "reasoning_effort": " High ",
+        "stream": True, "stream_options": {"include_usage": True},
+    })
+    assert req.reasoning_effort == "high" and req.enable_thinking() is False
+    assert req.to_sampling_params() == {
+        "temperature": 0.3, "top_p": 0.9, "top_k": 0, "min_p": 0.0, "seed": 7,
+        "max_tokens": 20, "stop": ["END"], "stop_token_ids": [5], "ignore_eos": False,
+        "presence_penalty": 0.5, "frequency_penalty": 0.0, "repetition_penalty": 1.0,
+        "logprobs": 4, "n": 2,
+    }
+
+
+def test_sampling_defaults():
+    req = ChatCompletionRequest.model_validate({"messages": MSGS, "logprobs": True})
+    params = req.to_sampling_params({"temperature": 0.6, "top_p": 0.95, "max_tokens": 99})
+    assert params["temperature"] == 0.6 and params["top_p"] == 0.95
+    assert params["max_tokens"] == 99 and params["logprobs"] == 0 and params["stop"] == []
+    assert ChatCompletionRequest.model_validate({"messages": MSGS}).to_sampling_params()[
+        "logprobs"] is None
+    assert ChatCompletionRequest.model_validate({"messages": MSGS}).to_sampling_params()[
+        "max_tokens"] is None
+
+
+@pytest.mark.parametrize(
+    "prompt,expected",
+    [
+        ("hello", ["hello"]),
+        (["a", "b"], ["a", "b"]),
+        ([1, 2, 3], [[1, 2, 3]]),
+        ([[1, 2], [3]], [[1, 2], [3]]),
+    ],
+)
+def test_completion_prompt_forms(prompt, expected):
+    req = CompletionRequest.model_validate({"prompt": prompt, "logprobs": 5})
+    assert req.prompts() == expected
+    assert req.to_sampling_params()["logprobs"] == 5
+
+
+@pytest.mark.parametrize(
+    "body,param",
+    [
+        ({}, "prompt"),
+        ({"prompt": ""}, "prompt"),
+        ({"prompt": []}, "prompt"),
+        ({"prompt": [[]]}, "prompt"),
+        ({"prompt": [1, "a"]}, "prompt"),
+        ({"prompt": [-1]}, "prompt"),
+        ({"prompt": "x", "logprobs": 6}, "logprobs"),
+        ({"prompt": "x", "echo": True}, "echo"),
+        ({"prompt": "x", "suffix": "tail"}, "suffix"),
+        ({"prompt": "x", "best_of": 3}, "best_of"),
+    ],
+)
+def test_completion_errors(body, param):
+    err = error_of(CompletionRequest, body)
+    assert err["param"].startswith(param)
+
+
+def test_tokenize_requests():
+    by_prompt = TokenizeRequest.model_validate({"model": "m", "prompt": "hi"})
+    assert by_prompt.special_tokens() is True
+    by_chat = TokenizeRequest.model_validate({"model": "m", "messages": MSGS})
+    assert by_chat.special_tokens() is False and by_chat.add_generation_prompt
+    assert error_of(TokenizeRequest, {"model": "m"})["param"] == "prompt"
+    assert error_of(TokenizeRequest, {"prompt": "x", "messages": MSGS})["param"] == "prompt"
+    bad = {"messages": [{"role": "user", "content": None}]}
+    assert error_of(TokenizeRequest, bad)["param"] == "messages[0].content"
+    assert DetokenizeRequest.model_validate({"tokens": [1, 2]}).tokens == [1, 2]
+    assert error_of(DetokenizeRequest, {"tokens": [1, -5]})["param"] == "tokens[1]"
+    out = TokenizeResponse(tokens=[1, 2], count=2, max_model_len=128).model_dump()
+    assert out == {"tokens": [1, 2], "count": 2, "max_model_len": 128, "token_strs": None}
+
+
+def test_error_body_and_parse_request():
+    assert error_body("boom") == {
+        "error": {"message": "boom", "type": "BadRequestError", "param": None, "code": 400}
+    }
+    assert error_body("x", type="NotFoundError", param="model", code=404)["error"]["code"] == 404
+    req, err = parse_request(ChatCompletionRequest, {"messages": MSGS})
+    assert err is None and isinstance(req, ChatCompletionRequest)
+    req, err = parse_request(ChatCompletionRequest, ["not", "an", "object"])
+    assert req is None and err["error"]["code"] == 400
+    req, err = parse_request(ChatCompletionRequest, {"messages": MSGS, "n": "many"})
+    assert req is None and err["error"]["param"] == "n"
+
+
+def test_response_shapes():
+    usage = UsageInfo.of(prompt_tokens=5, completion_tokens=3, cached_tokens=2)
+    assert usage.model_dump() == {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8,
+                                  "prompt_tokens_details": {"cached_tokens": 2}}
+    assert UsageInfo().model_dump()["prompt_tokens_details"] == {"cached_tokens": 0}
+    resp = ChatCompletionResponse(
+        model="glm",
+        choices=[ChatCompletionChoice(index=0, message=ChatMessage(content="hey"),
+                                      finish_reason="stop")],
+        usage=usage,
+    ).model_dump()
+    assert resp["object"] == "chat.completion" and resp["id"].startswith("chatcmpl-")
+    assert resp["choices"][0]["message"] == {"role": "assistant", "content": "hey",
+                                             "reasoning_content": None, "tool_calls": []}
+    delta = DeltaMessage.from_parser(merge_deltas([
+        {"reasoning_content": "r"},
+        {"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
+                         "function": {"name": "f", "arguments": ""}}]},
+        {"tool_calls": [{"index": 0, "function": {"arguments": "{}"}}]},
+    ]))
+    assert delta.tool_calls[0].function.arguments == "{}" and delta.reasoning_content == "r"
+    chunk = ChatCompletionStreamResponse(
+        id="chatcmpl-1", model="glm",
+        choices=[ChatCompletionStreamChoice(index=0, delta=delta)],
+    ).model_dump()
+    assert chunk["object"] == "chat.completion.chunk" and chunk["usage"] is None
+    legacy = CompletionResponse(
+        model="glm",
+        choices=[CompletionChoice(index=0, text="x", finish_reason="length",
+                                  logprobs=CompletionLogprobs(tokens=["x"], token_logprobs=[-0.1],
+                                                              top_logprobs=[{"x": -0.1}],
+                                                              text_offset=[0]))],
+    ).model_dump()
+    assert legacy["object"] == "text_completion"
+    assert set(legacy["choices"][0]["logprobs"]) == {"tokens", "token_logprobs", "top_logprobs",
+                                                     "text_offset"}
+    top = ChatTopLogprob(token="x", logprob=-0.1, bytes=[120])
+    chat_lp = ChatChoiceLogprobs(content=[ChatLogprobToken(token="x", logprob=-0.1, bytes=[120],
+                                                           top_logprobs=[top])]).model_dump()
+    assert chat_lp == {"content": [{"token": "x", "logprob": -0.1, "bytes": [120],
+                                    "top_logprobs": [{"token": "x", "logprob": -0.1,
+                                                      "bytes": [120]}]}]}
+    models = ModelList(data=[ModelCard(id="glm", max_model_len=4096)]).model_dump()
+    assert models["object"] == "list" and models["data"][0]["object"] == "model"

@@ -1,0 +1,37 @@
+from pathlib import Path
+
+import pytest
+
+from tpserve.config import EngineConfig, parse_bytes, switch_table_markdown
+
+
+def test_switch_table_is_current():
+    text = (Path(__file__).parents[1] / "docs" / "switches.md").read_text()
+    assert switch_table_markdown() in text
+
+
+def test_env_then_keyword_precedence():
+    cfg = EngineConfig.from_env({"TPSERVE_SP_MIN_TOKENS": "2048", "TPSERVE_SEQUENCE_PARALLEL": "off"})
+    assert cfg.sp_min_tokens == 2048 and cfg.sequence_parallel is False
+    cfg = EngineConfig.from_env({"TPSERVE_SP_MIN_TOKENS": "2048"}, sp_min_tokens=64)
+    assert cfg.sp_min_tokens == 64
+
+
+@pytest.mark.parametrize("env,match", [({"TPSERVE_MAX_NUM_SEQS": "lots"}, "TPSERVE_MAX_NUM_SEQS"),
+                                       ({"TPSERVE_KDA_BACKEND": "cuda"}, "kda_backend"),
+                                       ({"TPSERVE_TENSOR_PARALLEL_SIZE": "0"}, "tensor_parallel_size")])
+def test_bad_values_name_the_field(env, match):
+    with pytest.raises(ValueError, match=match):
+        EngineConfig.from_env(env)
+
+
+def test_unknown_option_is_refused():
+    with pytest.raises(TypeError, match="bogus"):
+        EngineConfig.from_env({}, bogus=1)
+
+
+def test_parse_bytes():
+    assert parse_bytes("2GiB") == 2 * 2**30
+    assert parse_bytes("512MB") == 512e6
+    with pytest.raises(ValueError, match="kv_cache_memory"):
+        parse_bytes("lots")
