@@ -76,7 +76,7 @@ class ModelRunner:
             input_ids=torch.tensor(plan.input_ids, dtype=torch.long, device=dev),
             positions=positions.to(dev), cu_seqlens=list(plan.cu_seqlens), context_lens=list(plan.context_lens),
             slots=torch.tensor(plan.slots, dtype=torch.long, device=dev), block_tables=tables.to(dev),
-            slot_mapping=slot_mapping.to(dev), logits_indices=torch.tensor(plan.logits_indices, device=dev),
+            slot_mapping=slot_mapping.to(dev), logits_indices=torch.tensor(plan.logits_indices, dtype=torch.long, device=dev),
             sequence_parallel=plan.sequence_parallel)
 
     def execute(self, plan: StepPlan) -> torch.Tensor:

@@ -135,6 +135,7 @@ class ChatMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
     reasoning_content: str | None = None
+    reasoning: str | None = None  # the same text as reasoning_content (newer clients read this)
     tool_calls: list[ToolCall] = Field(default_factory=list)
 
 
@@ -172,12 +173,16 @@ class DeltaMessage(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
     reasoning_content: str | None = None
+    reasoning: str | None = None
     tool_calls: list[DeltaToolCall] = Field(default_factory=list)
 
     @classmethod
     def from_parser(cls, delta: dict[str, Any] | None) -> DeltaMessage:
         """From a parsers.merge_deltas result (None -> an empty delta)."""
-        return cls.model_validate(delta or {})
+        delta = dict(delta or {})
+        if delta.get("reasoning_content"):
+            delta["reasoning"] = delta["reasoning_content"]
+        return cls.model_validate(delta)
 
 
 class ChatCompletionStreamChoice(BaseModel):

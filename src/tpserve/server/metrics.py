@@ -1,0 +1,67 @@
+"""Prometheus metrics of one server (its own registry: no global state)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+                   7.5, 10.0, 20.0, 40.0, 80.0)
+
+
+class ServerMetrics:
+    def __init__(self, stats_fn):
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self._stats_fn = stats_fn
+        self.running = Gauge("tpserve:num_requests_running", "Sequences running in the engine", registry=r)
+        self.waiting = Gauge("tpserve:num_requests_waiting", "Sequences waiting to be scheduled", registry=r)
+        self.cache_usage = Gauge("tpserve:kv_cache_usage_perc", "Fraction of cache blocks in use (0-1)",
+                                 registry=r)
+        self.slot_usage = Gauge("tpserve:kda_slot_usage_perc", "Fraction of KDA state slots in use (0-1)",
+                                registry=r)
+        self.preemptions = Gauge("tpserve:num_preemptions", "Sequences preempted so far", registry=r)
+        self.ttft = Histogram("tpserve:time_to_first_token_seconds", "Time to first token", registry=r,
+                              buckets=LATENCY_BUCKETS)
+        self.itl = Histogram("tpserve:inter_token_latency_seconds", "Time between output tokens", registry=r,
+                             buckets=LATENCY_BUCKETS)
+        self.e2e = Histogram("tpserve:e2e_request_latency_seconds", "Request latency", registry=r,
+                             buckets=LATENCY_BUCKETS)
+        self.prompt_tokens = Counter("tpserve:prompt_tokens", "Prompt tokens processed", registry=r)
+        self.generation_tokens = Counter("tpserve:generation_tokens", "Tokens generated", registry=r)
+        self.requests = Counter("tpserve:request_success", "Finished requests", ["finished_reason"], registry=r)
+
+    def render(self) -> bytes:
+        s = self._stats_fn()
+        self.running.set(s["running"])
+        self.waiting.set(s["waiting"])
+        self.cache_usage.set(1 - s["blocks_free"] / max(s["blocks_total"], 1))
+        self.slot_usage.set(1 - s["slots_free"] / max(s["slots_total"], 1))
+        self.preemptions.set(s["preemptions"])
+        return generate_latest(self.registry)
+
+
+class RequestTimer:
+    """Feeds TTFT / inter-token latency / token counters from one request's outputs."""
+
+    def __init__(self, metrics: ServerMetrics, arrival: float, prompt_tokens: int):
+        self.metrics, self.arrival, self.last = metrics, arrival, None
+        self.tokens = 0
+        metrics.prompt_tokens.inc(prompt_tokens)
+
+    def tokens_seen(self, total: int, now: float) -> None:
+        new = total - self.tokens
+        if new <= 0:
+            return
+        if self.last is None:
+            self.metrics.ttft.observe(now - self.arrival)
+        else:
+            gap = (now - self.last) / new
+            for _ in range(new):
+                self.metrics.itl.observe(gap)
+        self.metrics.generation_tokens.inc(new)
+        self.tokens, self.last = total, now
+
+    def done(self, reasons: list[str | None], now: float) -> None:
+        self.metrics.e2e.observe(now - self.arrival)
+        for reason in reasons:
+            self.metrics.requests.labels(finished_reason=reason or "unknown").inc()

@@ -1,0 +1,118 @@
+"""POST /v1/chat/completions: GLM chat template, reasoning and tool-call parsing, streaming."""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from tpserve.server.api import ApiError, ServerState, until_disconnect
+from tpserve.server.chat import ParamError, apply_chat_template, thinking_enabled
+from tpserve.server.metrics import RequestTimer
+from tpserve.server.parsers import (ChatOutputParser, chat_finish_reason, merge_deltas, parse_chat_output,
+                                    reasoning_mode_for_prompt, resolve_tool_choice)
+from tpserve.server.protocol import ChatCompletionRequest
+from tpserve.server.responses import (ChatCompletionChoice, ChatCompletionResponse, ChatCompletionStreamChoice,
+                                      ChatCompletionStreamResponse, ChatMessage, DeltaMessage, UsageInfo)
+from tpserve.server.serving_common import chat_logprobs, merged, request_id, sampling_params, sse, sse_error
+
+
+async def chat_completions(state: ServerState, request: Request, req: ChatCompletionRequest):
+    model = state.check_model(req.model)
+    tok = state.need_tokenizer("chat completions")
+    try:
+        policy = resolve_tool_choice(req.tools, req.tool_choice)
+        prompt = apply_chat_template(tok, req.messages, policy.template_tools, reasoning_effort=req.reasoning_effort,
+                                     enable_thinking=req.enable_thinking(), chat_template_kwargs=req.chat_template_kwargs,
+                                     add_generation_prompt=req.add_generation_prompt)
+    except ParamError as exc:
+        raise ApiError(400, str(exc), param=exc.param) from None
+    except ValueError as exc:
+        raise ApiError(400, str(exc), param="tool_choice" if "tool_choice" in str(exc) else None) from None
+    ids = tok.encode(prompt, add_special_tokens=False)
+    params = sampling_params(req, state.sampling_defaults)
+    rid = request_id("chatcmpl")
+    stream = state.engine.add(rid, ids, params, prompt)
+    timer = RequestTimer(state.metrics, stream.arrival, len(ids))
+    mode = reasoning_mode_for_prompt(prompt, thinking_enabled(req.reasoning_effort, req.enable_thinking()))
+    k = req.logprobs_count()
+
+    def new_parser() -> ChatOutputParser:
+        return ChatOutputParser(mode, policy.template_tools, parse_tools=policy.parse_tools,
+                                allowed_names=policy.allowed_names)
+
+    if req.stream:
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        return StreamingResponse(_stream(state, rid, model, stream, timer, new_parser, params.n, len(ids), k, include_usage),
+                                 media_type="text/event-stream")
+
+    async def collect():
+        final = None
+        async for _, out in merged([stream], [timer]):
+            final = out
+        return final
+
+    final = await until_disconnect(request, collect())
+    choices = []
+    for c in final.outputs:
+        msg = parse_chat_output(c.text, mode, policy.template_tools, parse_tools=policy.parse_tools,
+                                allowed_names=policy.allowed_names)
+        calls = msg.get("tool_calls", [])
+        message = ChatMessage(content=msg["content"], reasoning_content=msg["reasoning_content"],
+                              reasoning=msg["reasoning_content"], tool_calls=calls)
+        logprobs = chat_logprobs(tok, c.token_ids, c.logprobs, k) if k is not None else None
+        choices.append(ChatCompletionChoice(index=c.index, message=message, logprobs=logprobs,
+                                            finish_reason=chat_finish_reason(c.finish_reason, calls),
+                                            stop_reason=c.stop_reason))
+    usage = UsageInfo.of(len(ids), sum(len(c.token_ids) for c in final.outputs))
+    return JSONResponse(ChatCompletionResponse(id=rid, model=model, choices=choices, usage=usage).model_dump())
+
+
+async def _stream(state, rid, model, stream, timer, new_parser, n, prompt_len, k, include_usage):
+    tok = state.tokenizer
+    created = int(time.time())
+    parsers = [new_parser() for _ in range(n)]
+    sent_text, sent_tokens, done = [0] * n, [0] * n, [False] * n
+    completion_tokens = 0
+
+    def chunk(choices, usage=None):
+        return sse(ChatCompletionStreamResponse(id=rid, model=model, created=created, choices=choices, usage=usage))
+
+    yield chunk([ChatCompletionStreamChoice(index=i, delta=DeltaMessage(role="assistant", content=""))
+                 for i in range(n)])
+    try:
+        async for _, out in merged([stream], [timer]):
+            choices = []
+            for c in out.outputs:
+                i = c.index
+                if done[i]:
+                    continue
+                deltas = parsers[i].feed(c.text[sent_text[i]:])
+                sent_text[i] = len(c.text)
+                new_tokens = c.token_ids[sent_tokens[i]:]
+                logprobs = None
+                if k is not None and new_tokens:
+                    logprobs = chat_logprobs(tok, new_tokens, c.logprobs[sent_tokens[i]:], k)
+                sent_tokens[i] = len(c.token_ids)
+                finish = None
+                if c.finish_reason is not None:
+                    deltas += parsers[i].finish()
+                    finish = chat_finish_reason(c.finish_reason, parsers[i].tool_calls)
+                    done[i] = True
+                    completion_tokens += len(c.token_ids)
+                delta = merge_deltas(deltas)
+                if delta is None and logprobs is None and finish is None:
+                    continue
+                choices.append(ChatCompletionStreamChoice(index=i, delta=DeltaMessage.from_parser(delta),
+                                                          logprobs=logprobs, finish_reason=finish,
+                                                          stop_reason=c.stop_reason if finish else None))
+            if choices:
+                yield chunk(choices)
+    except Exception as exc:  # the engine died mid-stream: tell the client, then end the stream
+        yield sse_error(f"generation failed: {exc}", 503, "ServiceUnavailableError")
+        yield sse("[DONE]")
+        return
+    if include_usage:
+        yield chunk([], usage=UsageInfo.of(prompt_len, completion_tokens))
+    yield sse("[DONE]")

@@ -1,0 +1,107 @@
+"""Pieces shared by the chat and completion handlers: sampling params, merged streams, SSE,
+per-token logprobs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+from pydantic import BaseModel
+
+from tpserve.engine.async_engine import RequestStream
+from tpserve.engine.outputs import Logprob, RequestOutput
+from tpserve.sampling_params import SamplingParams
+from tpserve.server.metrics import RequestTimer
+
+
+def sampling_params(req, defaults: dict) -> SamplingParams:
+    return SamplingParams(**req.to_sampling_params(defaults))
+
+
+def request_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def sse(payload: BaseModel | str) -> str:
+    data = payload if isinstance(payload, str) else payload.model_dump_json(exclude_none=True)
+    return f"data: {data}\n\n"
+
+
+def sse_error(message: str, status: int = 500, type: str = "InternalServerError") -> str:
+    return sse(json.dumps({"error": {"message": message, "type": type, "param": None, "code": status}}))
+
+
+async def merged(streams: list[RequestStream], timers: list[RequestTimer]) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """Outputs of several request streams as they come, tagged with the stream's index."""
+    if len(streams) == 1:
+        async for out in streams[0]:
+            _time(timers[0], out)
+            yield 0, out
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(k: int, stream: RequestStream) -> None:
+        try:
+            async for out in stream:
+                await queue.put((k, out))
+        except BaseException as exc:  # noqa: BLE001 - forwarded to the consumer
+            await queue.put((k, exc))
+        await queue.put((k, None))
+
+    tasks = [asyncio.ensure_future(pump(k, s)) for k, s in enumerate(streams)]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            k, item = await queue.get()
+            if item is None:
+                remaining -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                _time(timers[k], item)
+                yield k, item
+    finally:
+        for t in tasks:
+            t.cancel()
+
+
+def _time(timer: RequestTimer, out: RequestOutput) -> None:
+    now = time.monotonic()
+    timer.tokens_seen(sum(len(c.token_ids) for c in out.outputs), now)
+    if out.finished:
+        timer.done([c.finish_reason for c in out.outputs], now)
+
+
+def token_text(tokenizer, token: int) -> str:
+    return tokenizer.decode([token]) if tokenizer is not None else f"token_id:{token}"
+
+
+def ranked(top: dict[int, Logprob], k: int) -> list[tuple[int, Logprob]]:
+    return sorted(((t, lp) for t, lp in top.items() if lp.rank is not None and lp.rank <= k),
+                  key=lambda item: item[1].rank)[:k]
+
+
+def chat_logprobs(tokenizer, tokens: list[int], entries: list[dict[int, Logprob]], k: int) -> dict:
+    content = []
+    for tok, top in zip(tokens, entries):
+        text = token_text(tokenizer, tok)
+        content.append({"token": text, "logprob": top[tok].logprob, "bytes": list(text.encode()),
+                        "top_logprobs": [{"token": (s := token_text(tokenizer, t)), "logprob": lp.logprob,
+                                          "bytes": list(s.encode())} for t, lp in ranked(top, k)]})
+    return {"content": content}
+
+
+def completion_logprobs(tokenizer, tokens: list[int], entries: list[dict[int, Logprob]], k: int,
+                        offset: int) -> dict:
+    out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for tok, top in zip(tokens, entries):
+        text = token_text(tokenizer, tok)
+        out["tokens"].append(text)
+        out["token_logprobs"].append(top[tok].logprob)
+        out["top_logprobs"].append({token_text(tokenizer, t): lp.logprob for t, lp in ranked(top, k)} or None)
+        out["text_offset"].append(offset)
+        offset += len(text)
+    return out
