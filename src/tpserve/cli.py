@@ -17,7 +17,8 @@ TOOL_MODULES = (
     "tpserve.tools.make_tiny",
     "tpserve.tools.doctor",
     "tpserve.tools.collectives",
-    "tpserve.tools.bench_engine",
+    "tpserve.tools.bench_serve",
+    "tpserve.tools.bench_model",
 )
 
 

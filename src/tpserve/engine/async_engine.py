@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import queue
 import threading
 import time
 
@@ -51,11 +52,16 @@ class RequestStream:
 
 
 class AsyncEngine:
+    """Only the engine thread touches the LLMEngine; the event loop sends it commands (add, abort)
+    through a queue, so a busy engine never blocks the server."""
+
     def __init__(self, engine: LLMEngine, max_waiting: int = 1024):
         self.engine, self.max_waiting = engine, max_waiting
-        self._lock = threading.Lock()
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
         self._streams: dict[str, RequestStream] = {}
+        self._queued = 0  # adds sent but not yet taken by the engine thread (under _count_lock)
+        self._count_lock = threading.Lock()
         self._stopping = False
         self._thread = threading.Thread(target=self._loop, name="tpserve-engine", daemon=True)
         self._thread.start()
@@ -74,26 +80,28 @@ class AsyncEngine:
 
     def add(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
             prompt: str | None = None) -> RequestStream:
+        """Validate and queue a request (raises ValueError / QueueFullError / EngineDeadError at once)."""
         if self.dead_reason:
             raise EngineDeadError(self.dead_reason)
+        if len(self.engine.scheduler.waiting) + self._queued >= self.max_waiting:
+            raise QueueFullError(f"the server is busy: {self.max_waiting} requests are already waiting; "
+                                 "retry later")
+        self.engine.validate_request(prompt_token_ids, params)
         stream = RequestStream(self, request_id, asyncio.get_running_loop())
-        with self._lock:
-            if len(self.engine.scheduler.waiting) >= self.max_waiting:
-                raise QueueFullError(f"the server is busy: {self.max_waiting} requests are already waiting; "
-                                     "retry later")
-            self.engine.add_request(request_id, prompt_token_ids, params, prompt)
-            self._streams[request_id] = stream
+        self._streams[request_id] = stream
+        with self._count_lock:
+            self._queued += 1
+        self._commands.put(("add", (request_id, prompt_token_ids, params, prompt)))
         self._wake.set()
         return stream
 
     def abort(self, request_id: str) -> None:
-        with self._lock:
-            self._streams.pop(request_id, None)
-            self.engine.abort(request_id)
+        self._streams.pop(request_id, None)
+        self._commands.put(("abort", request_id))
+        self._wake.set()
 
     def stats(self) -> dict:
-        with self._lock:
-            return self.engine.stats()
+        return self.engine.stats()
 
     def shutdown(self) -> None:
         self._stopping = True
@@ -102,30 +110,51 @@ class AsyncEngine:
         self.engine.shutdown()
 
     # ------------------------------------------------------------ the thread
+    def _drain_commands(self) -> None:
+        while True:
+            try:
+                cmd, arg = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if cmd == "abort":
+                self.engine.abort(arg)
+                continue
+            with self._count_lock:
+                self._queued -= 1
+            rid = arg[0]
+            stream = self._streams.get(rid)
+            if stream is None:  # aborted before it was added
+                continue
+            try:
+                self.engine.add_request(*arg)
+            except Exception as exc:  # noqa: BLE001 - handed to the waiting client
+                self._streams.pop(rid, None)
+                stream.push(exc)
+
     def _loop(self) -> None:
         while not self._stopping:
+            self._drain_commands()
             if not self.engine.has_unfinished():
                 self._wake.wait(timeout=0.5)
                 self._wake.clear()
                 self._check_workers()
                 continue
-            with self._lock:
-                try:
-                    outputs = self.engine.step()
-                except EngineDeadError as exc:
-                    self._fail_all(exc)
-                    return
-                except Exception as exc:  # a bug in a step: the engine cannot go on safely
-                    log.exception("engine step failed")
-                    self.engine.dead = f"engine step failed: {exc}"
-                    self._fail_all(EngineDeadError(self.engine.dead))
-                    return
-                for out in outputs:
-                    stream = self._streams.get(out.request_id)
-                    if stream is not None:
-                        stream.push(out)
-                        if out.finished:
-                            del self._streams[out.request_id]
+            try:
+                outputs = self.engine.step()
+            except EngineDeadError as exc:
+                self._fail_all(exc)
+                return
+            except Exception as exc:  # a bug in a step: the engine cannot go on safely
+                log.exception("engine step failed")
+                self.engine.dead = f"engine step failed: {exc}"
+                self._fail_all(EngineDeadError(self.engine.dead))
+                return
+            for out in outputs:
+                stream = self._streams.get(out.request_id)
+                if stream is not None:
+                    stream.push(out)
+                    if out.finished:
+                        self._streams.pop(out.request_id, None)
 
     def _check_workers(self) -> None:
         try:
@@ -134,6 +163,6 @@ class AsyncEngine:
             self.engine.dead = str(exc)
 
     def _fail_all(self, exc: BaseException) -> None:
-        for stream in self._streams.values():
+        for stream in list(self._streams.values()):
             stream.push(exc)
         self._streams.clear()

@@ -76,12 +76,10 @@ class LLMEngine:
         return want
 
     # --------------------------------------------------------------- requests
-    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    prompt: str | None = None) -> None:
+    def validate_request(self, prompt_token_ids: list[int], params: SamplingParams) -> int:
+        """Check a request without touching engine state; returns its resolved max_tokens."""
         if self.dead:
             raise EngineDeadError(self.dead)
-        if request_id in self.requests:
-            raise ValueError(f"request id {request_id!r} is already in use")
         if not prompt_token_ids:
             raise ValueError("prompt: the prompt is empty (at least one token is needed)")
         vocab = self.model_config.vocab_size
@@ -97,7 +95,13 @@ class LLMEngine:
                              f"({self.max_model_len})")
         if params.stop_list and self.tokenizer is None:
             raise ValueError("stop: stop strings need a tokenizer (the engine runs with skip_tokenizer_init)")
-        max_tokens = params.max_tokens or room
+        return params.max_tokens or room
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                    prompt: str | None = None) -> None:
+        max_tokens = self.validate_request(prompt_token_ids, params)
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
         seqs = []
         for i in range(params.n):
             child = params.child(i) if params.n > 1 else params

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from tpserve.engine.async_engine import AsyncEngine, QueueFullError
@@ -112,15 +112,16 @@ def build_app(state: ServerState) -> FastAPI:
     app.state.tpserve = state
     state.metrics = state.metrics or ServerMetrics(state.engine.stats)
 
-    @app.middleware("http")
-    async def auth_and_errors(request: Request, call_next):
-        if state.api_key and request.url.path.startswith("/v1"):
+    async def check_key(request: Request) -> None:
+        # a dependency, not a middleware: BaseHTTPMiddleware would hide client disconnects
+        if state.api_key:
             header = request.headers.get("authorization", "")
             token = header[7:] if header.lower().startswith("bearer ") else ""
             if not secrets.compare_digest(token.encode(), state.api_key.encode()):
-                return ApiError(401, "Incorrect API key provided.", type="AuthenticationError",
-                                code="invalid_api_key").response()
-        return await call_next(request)
+                raise ApiError(401, "Incorrect API key provided.", type="AuthenticationError",
+                               code="invalid_api_key")
+
+    v1 = APIRouter(prefix="/v1", dependencies=[Depends(check_key)])
 
     @app.exception_handler(ApiError)
     async def api_error(_: Request, exc: ApiError):
@@ -155,19 +156,21 @@ def build_app(state: ServerState) -> FastAPI:
     async def metrics():
         return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
 
-    @app.get("/v1/models")
+    @v1.get("/models")
     async def models():
         cards = [ModelCard(id=name, root=str(state.engine.engine.model_dir), max_model_len=state.max_model_len)
                  for name in state.served_model_names]
         return JSONResponse(ModelList(data=cards).model_dump())
 
-    @app.post("/v1/chat/completions")
+    @v1.post("/chat/completions")
     async def chat(request: Request):
         return await chat_completions(state, request, await read_json(request, ChatCompletionRequest))
 
-    @app.post("/v1/completions")
+    @v1.post("/completions")
     async def complete(request: Request):
         return await completions(state, request, await read_json(request, CompletionRequest))
+
+    app.include_router(v1)
 
     @app.post("/tokenize")
     async def tokenize(request: Request):

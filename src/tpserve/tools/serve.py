@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 
 from tpserve.tools.common import add_engine_args, engine_config_from_args
 
@@ -51,8 +52,17 @@ def run(args) -> int:
                             timeout_graceful_shutdown=args.drain_timeout)
     server = uvicorn.Server(config)
     log.info("serving %s as %s", engine.model_dir, names)
+    # uvicorn drains on SIGTERM, then re-raises the signal with the handler that was there before
+    # it started: make that one a clean exit, so the engine (and its TP workers) shut down too.
+    signal.signal(signal.SIGTERM, _exit_cleanly)
     try:
         server.run()
+    except SystemExit:
+        log.info("SIGTERM: requests drained, shutting down")
     finally:
         async_engine.shutdown()
     return 0
+
+
+def _exit_cleanly(signum, frame) -> None:
+    raise SystemExit(0)
