@@ -29,6 +29,8 @@ class EngineConfig:
                       choices=("auto", "float32", "bfloat16", "float16"))
     seed: int = _opt(0, "seed of the engine's sampler (requests may bring their own)")
     skip_tokenizer_init: bool = _opt(False, "work on token ids only; no tokenizer is loaded")
+    load_format: str = _opt("auto", "auto: read the safetensors weights; dummy: random weights (benchmarks; "
+                            "only config.json is needed)", choices=("auto", "dummy"))
     tensor_parallel_size: int = _opt(1, "number of tensor-parallel ranks", flag="--tp")
     max_model_len: int | None = _opt(None, "longest prompt + output (default: the checkpoint's)")
     max_num_seqs: int = _opt(64, "most requests running at once")

@@ -1,6 +1,7 @@
 """Greedy tokens and prefill logits against transformers 5.23.0 (fp32, CPU)."""
 
 import pytest
+import torch
 
 from helpers import TINY_CONFIGS, prefill_logits, random_prompts, reference_greedy, reference_logits
 from tpserve import LLM, SamplingParams
@@ -23,3 +24,14 @@ def test_greedy_and_logits_match_transformers(tiny, name):
     assert diff < 1e-4
     assert llm.engine.block_pool.num_free == llm.engine.block_pool.num_blocks
     assert llm.engine.slot_pool.num_free == llm.engine.slot_pool.num_blocks
+
+
+def test_query_blocking_does_not_change_logits(tiny, monkeypatch):
+    from tpserve.model import indexer, mla
+
+    llm = LLM(str(tiny("default")), device="cpu", kv_cache_memory="8MiB", block_size=16)
+    prompt = random_prompts([90], seed=3)[0]
+    whole = prefill_logits(llm, prompt)
+    monkeypatch.setattr(mla, "QUERY_BLOCK", 7)
+    monkeypatch.setattr(indexer, "QUERY_BLOCK", 5)
+    torch.testing.assert_close(prefill_logits(llm, prompt), whole, atol=1e-6, rtol=1e-6)

@@ -196,7 +196,7 @@ def test_response_shapes():
     ).model_dump()
     assert resp["object"] == "chat.completion" and resp["id"].startswith("chatcmpl-")
     assert resp["choices"][0]["message"] == {"role": "assistant", "content": "hey",
-                                             "reasoning_content": None, "tool_calls": []}
+                                             "reasoning_content": None, "reasoning": None, "tool_calls": []}
     delta = DeltaMessage.from_parser(merge_deltas([
         {"reasoning_content": "r"},
         {"tool_calls": [{"index": 0, "id": "call_1", "type": "function",

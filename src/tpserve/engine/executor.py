@@ -58,7 +58,8 @@ class LocalExecutor:
 
     def __init__(self, ecfg: EngineConfig, model_dir: str, cfg: ModelConfig, device: torch.device,
                  dtype: torch.dtype, kda_backend: str):
-        self.runner = ModelRunner(model_dir, cfg, ShardContext.single(dtype, device), device, kda_backend)
+        self.runner = ModelRunner(model_dir, cfg, ShardContext.single(dtype, device), device, kda_backend,
+                                  load_format=ecfg.load_format)
         self.cache_shape = cache_budget(ecfg, cfg, device, dtype, 1)
         self.runner.allocate_cache(self.cache_shape)
 

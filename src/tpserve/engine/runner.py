@@ -43,12 +43,17 @@ class CacheShape:
 
 class ModelRunner:
     def __init__(self, model_dir: str, cfg: ModelConfig, ctx: ShardContext, device: torch.device,
-                 kda_backend: str, progress: bool | None = None):
+                 kda_backend: str, progress: bool | None = None, load_format: str = "auto"):
         self.cfg, self.ctx, self.device = cfg, ctx, device
         with torch.device(device):
             self.model = Glm5NextModel(ctx, cfg, kda_backend)
-        load_weights(self.model, model_dir, rank=ctx.rank, world=ctx.world, num_layers=cfg.num_hidden_layers,
-                     progress=progress)
+        if load_format == "dummy":
+            from tpserve.model.tiny import randomize_
+
+            randomize_(self.model, seed=1234 + ctx.rank)
+        else:
+            load_weights(self.model, model_dir, rank=ctx.rank, world=ctx.world, num_layers=cfg.num_hidden_layers,
+                         progress=progress)
         self.model.eval()
         self.cache = None
         self.cache_shape: CacheShape | None = None

@@ -21,6 +21,8 @@ from tpserve.model.config import ModelConfig
 from tpserve.model.layers import ShardContext, replicated
 from tpserve.model.weights import REPLICATED, declare
 
+QUERY_BLOCK = 2048  # prefill queries scored per step
+
 
 class LayerNorm(nn.Module):
     def __init__(self, ctx: ShardContext, dim: int, eps: float):
@@ -80,9 +82,11 @@ class Indexer(nn.Module):
             pos = batch.positions[a:b]
             n_pools = batch.total_len(i) // self.kpool
             pool_keys = self._pool_keys(batch.block_tables[i:i + 1], n_pools, cache)[0]
-            scores = self._scores(q[a:b], w[a:b], pool_keys)                       # [n, P]
-            visible = (torch.arange(n_pools, device=x.device) + 1) * self.kpool <= pos.unsqueeze(-1) + 1
-            out[a:b] = self._expand(scores, visible, pos)
+            for c in range(a, b, QUERY_BLOCK):  # bounded memory for long prompts
+                d = min(c + QUERY_BLOCK, b)
+                scores = self._scores(q[c:d], w[c:d], pool_keys)                   # [n, P]
+                visible = (torch.arange(n_pools, device=x.device) + 1) * self.kpool <= pos[c - a:d - a, None] + 1
+                out[c:d] = self._expand(scores, visible, pos[c - a:d - a])
         return out
 
     # ------------------------------------------------------------------ pools

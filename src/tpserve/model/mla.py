@@ -17,6 +17,8 @@ from tpserve.model.config import ModelConfig
 from tpserve.model.indexer import Indexer, cache_rows
 from tpserve.model.layers import RMSNorm, ShardContext, column, replicated, row
 
+QUERY_BLOCK = 1024  # prefill queries attended per SDPA call
+
 
 class MlaAttention(nn.Module):
     def __init__(self, ctx: ShardContext, cfg: ModelConfig, layer: int):
@@ -69,14 +71,16 @@ class MlaAttention(nn.Module):
         n = q.shape[0]
         rows = cache_rows(block_table, torch.arange(total, device=q.device).unsqueeze(0), block_size)[0]
         kv = self.kv_b_proj(latent_flat[rows].to(q.dtype)).view(total, self.heads, self.nope + self.v_dim)
-        k, v = kv.split([self.nope, self.v_dim], dim=-1)
-        mask = torch.zeros(n, total + 1, dtype=torch.bool, device=q.device)
-        mask.scatter_(1, torch.where(sel >= 0, sel, total), True)
-        mask = mask[:, :total]
-        out = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0),
-                                             v.transpose(0, 1).unsqueeze(0), attn_mask=mask[None, None],
-                                             scale=self.scaling)
-        return out[0].transpose(0, 1).reshape(n, self.heads * self.v_dim)
+        k, v = (x.transpose(0, 1).unsqueeze(0) for x in kv.split([self.nope, self.v_dim], dim=-1))
+        out = torch.empty(n, self.heads * self.v_dim, dtype=q.dtype, device=q.device)
+        for a in range(0, n, QUERY_BLOCK):  # bounded memory for long prompts
+            b = min(a + QUERY_BLOCK, n)
+            mask = torch.zeros(b - a, total + 1, dtype=torch.bool, device=q.device)
+            mask.scatter_(1, torch.where(sel[a:b] >= 0, sel[a:b], total), True)
+            o = F.scaled_dot_product_attention(q[a:b].transpose(0, 1).unsqueeze(0), k, v,
+                                               attn_mask=mask[None, None, :, :total], scale=self.scaling)
+            out[a:b] = o[0].transpose(0, 1).reshape(b - a, self.heads * self.v_dim)
+        return out
 
     def _decode(self, q: torch.Tensor, sel: torch.Tensor, batch: ForwardBatch,
                 latent_flat: torch.Tensor, block_size: int) -> torch.Tensor:

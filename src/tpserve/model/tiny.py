@@ -33,11 +33,13 @@ TINY_VISION: dict[str, Any] = dict(depth=1, hidden_size=32, num_heads=2, interme
 
 
 def _random_tensor(name: str, shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
-    randn = lambda: torch.randn(shape, generator=gen)  # noqa: E731
+    """Random values for a tensor by its (checkpoint or model) name, on the generator's device."""
+    dev = gen.device
+    randn = lambda: torch.randn(shape, generator=gen, device=dev)  # noqa: E731
     if name.endswith("A_log"):
-        return torch.empty(shape).uniform_(1.0, 16.0, generator=gen).log()
+        return torch.empty(shape, device=dev).uniform_(1.0, 16.0, generator=gen).log()
     if name.endswith("dt_bias"):
-        dt = torch.empty(shape).uniform_(math.log(1e-3), math.log(1e-1), generator=gen).exp()
+        dt = torch.empty(shape, device=dev).uniform_(math.log(1e-3), math.log(1e-1), generator=gen).exp()
         return dt + torch.log(-torch.expm1(-dt))
     if name.endswith("k_norm.bias"):
         return 0.1 * randn()
@@ -56,6 +58,20 @@ def _random_tensor(name: str, shape: tuple[int, ...], gen: torch.Generator) -> t
     if name.startswith("embed_tokens"):
         return randn()
     return randn() / math.sqrt(shape[-1])  # linear weights [out, in]: unit-variance outputs
+
+
+@torch.no_grad()
+def randomize_(model: torch.nn.Module, seed: int = 0) -> None:
+    """Fill a model's parameters with random values in place (`--load-format dummy`), in slices
+    along the first dim so the fp32 temporaries stay small."""
+    gen = None
+    for name, param in model.named_parameters():
+        if gen is None or gen.device != param.device:
+            gen = torch.Generator(param.device).manual_seed(seed)
+        step = max(1, (1 << 26) // max(1, param[0].numel())) if param.dim() > 1 else param.shape[0]
+        for start in range(0, param.shape[0], step):
+            piece = param[start:start + step]
+            piece.copy_(_random_tensor(name, tuple(piece.shape), gen))
 
 
 def tiny_config_dict(layers: int = 4, **overrides: Any) -> dict[str, Any]:

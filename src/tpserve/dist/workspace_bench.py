@@ -1,0 +1,299 @@
+"""Rank-side work of `tpserve bench collectives` and `tpserve tune collectives`.
+
+`timing_worker` times every available backend of every (op, dtype, size) side by side;
+`check_worker` runs every path on contiguous and strided inputs, odd sizes and tensors larger
+than the workspace, in bf16/fp16/fp32, against a plain sum computed locally (every rank builds
+every rank's input from a seed, so no collective is trusted to build the reference). Workspace
+paths must match the reference bitwise (they sum in rank order with float32 accumulation, like
+the reference); torch/NCCL/gloo and torch symm-mem paths within a rounding tolerance. Results
+of all_reduce/all_gather must also be bitwise identical on every rank.
+Both run inside spawn_ranks (launch.py); only group rank 0's return value is used for output.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+import zlib
+
+import torch
+import torch.distributed as dist
+
+from tpserve.dist.comm import Communicator
+from tpserve.dist.tuning import TORCH, op_bytes
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _setup(rank: int, world: int, spec: dict) -> tuple[Communicator, torch.device]:
+    from tpserve.config import EngineConfig
+    if spec["device"] == "cuda":
+        device = torch.device("cuda", rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    config = EngineConfig(allreduce_workspace_mb=spec["workspace_mb"],
+                          collective_table=spec.get("table"), custom_allreduce=True)
+    comm = Communicator(dist.group.WORLD, device, config=config, prepare_all=True,
+                        timeout_s=spec.get("barrier_timeout", 300.0))
+    if hasattr(comm._ws, "trap_on_timeout"):  # CUDA: report a stuck barrier, don't hang
+        comm._ws.max_spin, comm._ws.trap_on_timeout = 1 << 25, False
+    fault = spec.get("fault")
+    if fault:  # testing the checker: corrupt one element of one backend's result on one rank
+        run = comm.run
+
+        def faulty(op: str, x: torch.Tensor, backend: str, dim: int = 0) -> torch.Tensor:
+            y = run(op, x, backend, dim)
+            if backend == fault and rank == world - 1 and y.numel():
+                y = y.contiguous().clone()
+                y.view(-1)[0] += 1
+            return y
+        comm.run = faulty  # type: ignore[method-assign]
+    return comm, device
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _iters(nbytes: int, device: torch.device, scale: float) -> tuple[int, int]:
+    """(warm-up, timed) iterations: a fixed schedule from the size, identical on every rank."""
+    if device.type == "cuda":
+        n = int(scale * min(400, max(20, (1 << 28) // max(nbytes, 1))))
+    else:
+        n = int(scale * min(200, max(5, (1 << 24) // max(nbytes, 1 << 14))))
+    return max(2, n // 5), max(3, n)
+
+
+def _time(comm: Communicator, op: str, backend: str, x: torch.Tensor, dim: int,
+          device: torch.device, graph: bool, scale: float) -> float:
+    """Median latency in microseconds of `op` through `backend` (rank 0's view)."""
+    warm, iters = _iters(op_bytes(op, x.numel(), x.element_size(), comm.world_size),
+                         device, scale)
+    for _ in range(warm):
+        comm.run(op, x, backend, dim)
+    _sync(device)
+    dist.barrier()
+    samples: list[float] = []
+    if device.type == "cuda":
+        per_replay, fn = 1, (lambda: comm.run(op, x, backend, dim))
+        if graph:
+            per_replay = 10
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                for _ in range(per_replay):
+                    comm.run(op, x, backend, dim)
+            fn = g.replay
+            fn()
+            _sync(device)
+            dist.barrier()
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                  for _ in range(iters)]
+        for start, end in events:
+            start.record()
+            fn()
+            end.record()
+        _sync(device)
+        samples = [s.elapsed_time(e) * 1e3 / per_replay for s, e in events]
+    else:
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            comm.run(op, x, backend, dim)
+            samples.append((time.perf_counter() - t0) * 1e6)
+    return statistics.median(samples)
+
+
+def _input(op: str, nbytes: int, dtype: torch.dtype, world: int, device: torch.device,
+           seed: int) -> torch.Tensor:
+    per = nbytes // dtype.itemsize // (world if op == "all_gather" else 1)
+    if op == "reduce_scatter":
+        per = max(world, per // world * world)
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(max(1, per), generator=g).to(dtype).to(device)
+
+
+def timing_worker(rank: int, world: int, spec: dict) -> list[dict] | None:
+    """Rows {op, dtype, bytes, pick, us: {backend: median us}} for every requested case."""
+    comm, device = _setup(rank, world, spec)
+    rows: list[dict] = []
+    cases = [(op, dt, size) for op in spec["ops"] for dt in spec["dtypes"] for size in spec["sizes"]]
+    bar = None
+    if rank == 0 and spec.get("progress", True):
+        from tqdm import tqdm
+        bar = tqdm(total=len(cases), desc=f"timing ({spec['device']}, world {world})",
+                   unit="case", leave=False)
+    try:
+        for op, dt_name, size in cases:
+            x = _input(op, size, DTYPES[dt_name], world, device, seed=rank + 1)
+            backends = comm.available_backends(op, x)
+            if comm._ws is not None and comm._ws.fits(op, x):
+                backends = [b for b in backends if b != "chunked"]  # one round: not chunked
+            us = {}
+            for b in backends:
+                try:
+                    us[b] = _time(comm, op, b, x, 0, device, spec.get("graph", False),
+                                  spec.get("iter_scale", 1.0))
+                except Exception as exc:  # noqa: BLE001 - shown in the table, not fatal
+                    us[b] = f"error: {type(exc).__name__}: {exc}"[:200]
+                    _sync(device)
+                    dist.barrier()
+            rows.append({"op": op, "dtype": dt_name, "world": world,
+                         "bytes": op_bytes(op, x.numel(), x.element_size(), world),
+                         "pick": comm.backend_for(op, x), "us": us})
+            if bar is not None:
+                bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+        comm.close()
+    return rows if rank == 0 else None
+
+
+# -- correctness ------------------------------------------------------------------------------
+def _reference(op: str, xs: list[torch.Tensor], dim: int, rank: int) -> torch.Tensor:
+    if op == "all_gather":
+        return torch.cat(xs, dim)
+    acc = xs[0].float().clone()
+    for x in xs[1:]:
+        acc += x.float()
+    total = acc.to(xs[0].dtype)
+    if op == "all_reduce":
+        return total
+    return total.chunk(len(xs), dim)[rank]
+
+
+def _strided(t: torch.Tensor) -> torch.Tensor:
+    """A non-contiguous view with t's values: every other element of a wider buffer."""
+    wide = torch.zeros((*t.shape[:-1], 2 * t.shape[-1] + 1), dtype=t.dtype, device=t.device)
+    view = wide[..., 1::2]
+    view.copy_(t)
+    return view
+
+
+def _cases(world: int, cap: int) -> list[tuple[str, tuple[int, ...], int]]:
+    """(op, per-rank shape, dim): odd, medium and larger-than-workspace sizes, two dims."""
+    big = int(cap * 2.5)
+    out = []
+    for shape in [(7,), (3, 5), (33, 129), (big // 1000 + 1, 1000), (big + 3,)]:
+        out.append(("all_reduce", shape, 0))
+    for shape, dim in [((5,), 0), ((3, 7), 1), ((33, 129), 0), ((big // 1000 + 1, 1000), 0),
+                       ((2, big // 2 + 1), 1)]:
+        out.append(("all_gather", shape, dim))
+    for shape, dim in [((world, 3), 0), ((3, 5 * world), 1), ((world * 33, 129), 0),
+                       ((world * (big // 1000 // world + 1), 1000), 0),
+                       ((3, world * (big // 3 // world + 7)), 1)]:
+        out.append(("reduce_scatter", shape, dim))
+    return out
+
+
+def _digest(t: torch.Tensor) -> int:
+    raw = t.detach().reshape(-1).contiguous().cpu().view(torch.uint8).numpy().tobytes()
+    return zlib.crc32(raw) | (len(raw) << 32)
+
+
+def check_worker(rank: int, world: int, spec: dict) -> list[str]:
+    """Descriptions of every failed check on this rank ([] if all passed)."""
+    comm, device = _setup(rank, world, spec)
+    failures: list[str] = []
+    digests: list[int] = []
+    labels: list[str] = []
+    try:
+        cap = comm._ws.capacity(torch.float32) if comm._ws is not None else 1 << 16
+        for dt_name in spec["dtypes"]:
+            dtype = DTYPES[dt_name]
+            for case_id, (op, shape, dim) in enumerate(_cases(world, cap)):
+                gens = [torch.Generator().manual_seed(1000 * case_id + r) for r in range(world)]
+                xs = [torch.randn(shape, generator=g).to(dtype).to(device) for g in gens]
+                ref = _reference(op, xs, dim, rank)
+                for layout in ("contiguous", "strided"):
+                    mine = xs[rank] if layout == "contiguous" else _strided(xs[rank])
+                    for backend in comm.available_backends(op, mine):
+                        label = f"{op} {dt_name} {layout} shape={shape} dim={dim} [{backend}]"
+                        try:
+                            y = comm.run(op, mine.clone() if layout == "contiguous" else mine,
+                                         backend, dim)
+                            _sync(device)
+                            problem = _compare(y, ref, backend, dt_name, world)
+                        except Exception as exc:  # noqa: BLE001
+                            problem = f"raised {type(exc).__name__}: {exc}"
+                            _sync(device)
+                        if problem:
+                            failures.append(f"rank {rank}: {label}: {problem}")
+                        if op != "reduce_scatter":
+                            labels.append(label)
+                            digests.append(_digest(y) if not problem.startswith("raised") else 0)
+        if device.type == "cuda" and comm._ws is not None:
+            failures += [f"rank {rank}: {f}" for f in _graph_check(comm, device, cap)]
+        if comm._ws is not None and hasattr(comm._ws, "error_flag") and comm._ws.error_flag():
+            failures.append(f"rank {rank}: a workspace barrier timed out (error flag set)")
+        everyone = comm._ops.all_gather_ints(digests) if digests else []
+        for i, label in enumerate(labels):
+            values = {d[i] for d in everyone}
+            if len(values) > 1 and rank == 0:
+                failures.append(f"{label}: results differ between ranks")
+    finally:
+        comm.close()
+    return failures
+
+
+def _compare(y: torch.Tensor, ref: torch.Tensor, backend: str, dt_name: str, world: int) -> str:
+    if tuple(y.shape) != tuple(ref.shape):
+        return f"shape {tuple(y.shape)} != expected {tuple(ref.shape)}"
+    if y.dtype != ref.dtype:
+        return f"dtype {y.dtype} != {ref.dtype}"
+    if torch.equal(y, ref):
+        return ""
+    diff = (y.float() - ref.float()).abs()
+    worst = float(diff.max())
+    where = int(diff.reshape(-1).argmax())
+    if backend in (TORCH, "symm_oneshot", "symm_twoshot"):  # other summation orders: a tolerance
+        tol = {"float32": 1e-5, "bfloat16": 2e-2, "float16": 2e-3}[dt_name] * world
+        scale = ref.float().abs().clamp_min(1.0)
+        if bool((diff <= tol * scale).all()):
+            return ""
+    return (f"mismatch: max |diff| {worst:.3g} at flat index {where} "
+            f"(got {float(y.reshape(-1)[where]):.6g}, want {float(ref.reshape(-1)[where]):.6g})")
+
+
+def bench_worker(rank: int, world: int, spec: dict) -> dict:
+    """The correctness suite (if spec['check']) then the timings (if spec['timing'])."""
+    failures = check_worker(rank, world, spec) if spec.get("check") else []
+    rows = timing_worker(rank, world, spec) if spec.get("timing", True) else None
+    return {"failures": failures, "rows": rows}
+
+
+def _graph_check(comm: Communicator, device: torch.device, cap: int) -> list[str]:
+    """Workspace paths captured in one CUDA graph, replayed with fresh inputs between eager
+    calls: the device-side epochs and slot parity must carry across replays."""
+    world, rank = comm.world_size, comm.rank
+    shapes = {("all_reduce", "oneshot"): (1000,), ("all_reduce", "twoshot"): (4097,),
+              ("all_reduce", "chunked"): (int(cap * 2.2) + 1,),
+              ("all_gather", "oneshot"): (300, 7), ("reduce_scatter", "oneshot"): (world * 64, 5)}
+    statics = {k: torch.zeros(s, dtype=torch.bfloat16, device=device) for k, s in shapes.items()}
+    for (op, b), x in statics.items():  # compile every variant before capturing
+        comm.run(op, x, b)
+    _sync(device)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = {k: comm.run(k[0], x, k[1]) for k, x in statics.items()}
+    problems: list[str] = []
+    for replay in range(4):
+        xs_all = {}
+        for i, (k, x) in enumerate(statics.items()):
+            gens = [torch.Generator().manual_seed(7919 * replay + 31 * i + r) for r in range(world)]
+            xs_all[k] = [torch.randn(x.shape, generator=g).to(x.dtype).to(device) for g in gens]
+            x.copy_(xs_all[k][rank])
+        graph.replay()
+        eager = comm.run("all_reduce", xs_all[("all_reduce", "twoshot")][rank], "oneshot")
+        _sync(device)
+        for k, out in outs.items():
+            want = _reference(k[0], xs_all[k], 0, rank)
+            if not torch.equal(out, want):
+                problems.append(f"CUDA graph replay {replay}: {k[0]} [{k[1]}] mismatch")
+        if not torch.equal(eager, _reference("all_reduce", xs_all[("all_reduce", "twoshot")], 0,
+                                             rank)):
+            problems.append(f"eager all_reduce between graph replays {replay}: mismatch")
+    return problems

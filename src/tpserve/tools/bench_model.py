@@ -1,0 +1,161 @@
+"""`tpserve bench model`: prefill and decode-step times of real-width GLM-5.3-Flash layers.
+
+Builds a config with GLM-5.3-Flash's sizes and a chosen layer schedule (default "KKKM": 3 KDA
++ 1 MLA layers, MoE in every layer, as DESIGN.md's transformers baseline), random weights
+(--load-format dummy), and times engine steps: a whole prompt prefilled in one step, and decode
+steps at a given batch. Decode is compared with its weight-streaming floor (bytes / 4.3 TB/s).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from tpserve.tools.common import add_engine_args, engine_config_from_args
+
+HBM_BYTES_PER_S = 4.3e12
+BF16_FLOPS = 790e12
+
+
+def register(sub, bench, tune) -> None:
+    p = bench.add_parser("model", help="prefill / decode timing of real-width GLM-5.3-Flash layers")
+    add_engine_args(p, model_positional=False)
+    p.add_argument("--layers", default="KKKM", help="layer schedule: K = KDA, M = MLA (default KKKM)")
+    p.add_argument("--size", choices=("real", "tiny"), default="real",
+                   help="real: GLM-5.3-Flash widths; tiny: make-tiny widths (a CPU smoke test)")
+    p.add_argument("--dense-first", action="store_true", help="dense MLP in the first 3 layers (the real "
+                   "model); default: MoE in every layer")
+    p.add_argument("--prefill", type=int, nargs="*", default=[4096], help="prompt lengths to prefill")
+    p.add_argument("--decode-steps", type=int, default=32)
+    p.add_argument("--batch", type=int, nargs="*", default=[1], help="decode batch sizes")
+    p.add_argument("--repeats", type=int, default=3, help="prefill repetitions (median)")
+    p.add_argument("--json", dest="json_out", default=None)
+    p.set_defaults(func=run)
+
+
+def real_width_config(layers: str, dense_first: bool, size: str = "real") -> dict:
+    kinds = {"K": "linear_attention", "M": "indexed_attention"}
+    bad = set(layers) - set(kinds)
+    if bad or not layers:
+        raise SystemExit(f"--layers: use K and M only, got {layers!r}")
+    n = len(layers)
+    mlp = (["dense"] * min(3, n) + ["sparse"] * max(n - 3, 0)) if dense_first else ["sparse"] * n
+    text = {"num_hidden_layers": n, "layer_types": [kinds[c] for c in layers], "mlp_layer_types": mlp,
+            "indexer_types": ["full"] * n, "pad_token_id": 154820, "eos_token_id": [154820],
+            "max_position_embeddings": 131072}
+    if size == "tiny":
+        from tpserve.model.tiny import TINY_TEXT
+
+        text = {**TINY_TEXT, **text, "pad_token_id": 0, "eos_token_id": [1]}
+    return {"model_type": "glm5_next", "text_config": text}
+
+
+def decode_floor_bytes(model, cfg) -> int:
+    """Bytes a batch-1 decode step must read: every weight except the routed experts not chosen."""
+    total = 0
+    for name, p in model.named_parameters():
+        nbytes = p.numel() * p.element_size()
+        if ".experts." in name:
+            nbytes = nbytes * cfg.num_experts_per_tok // cfg.n_routed_experts
+        total += nbytes
+    if cfg.tie_word_embeddings is False:
+        total -= model.embed_tokens.weight.numel() * model.embed_tokens.weight.element_size()  # one row is read
+    return total
+
+
+def _timed_step(engine) -> float:
+    import torch
+
+    if engine.device.type == "cuda":
+        torch.cuda.synchronize(engine.device)
+    start = time.perf_counter()
+    engine.step()  # sampling reads the logits back, so the step has finished on return
+    return time.perf_counter() - start
+
+
+def measure(llm, prefill: list[int], batches: list[int], steps: int, repeats: int) -> dict:
+    import torch
+
+    from tpserve.sampling_params import SamplingParams
+
+    engine = llm.engine
+    gen = torch.Generator().manual_seed(0)
+    once = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+    rid = iter(range(10**9))
+
+    def prompt(n):
+        return torch.randint(0, engine.model_config.vocab_size, (n,), generator=gen).tolist()
+
+    engine.add_request(f"w{next(rid)}", prompt(256), SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    while engine.has_unfinished():
+        engine.step()
+    out = {"prefill": {}, "decode": {}}
+    for n in prefill:
+        times = []
+        for _ in range(repeats):
+            engine.add_request(f"p{next(rid)}", prompt(n), once)
+            times.append(_timed_step(engine))
+            while engine.has_unfinished():
+                engine.step()
+        t = statistics.median(times)
+        out["prefill"][n] = {"ms": 1000 * t, "tok_per_s": n / t, "all_ms": [1000 * x for x in times]}
+    for b in batches:
+        params = SamplingParams(temperature=0, max_tokens=steps + 1, ignore_eos=True)
+        for _ in range(b):
+            engine.add_request(f"d{next(rid)}", prompt(128), params)
+        times = []
+        first = True
+        while engine.has_unfinished():
+            t = _timed_step(engine)
+            if first:  # the prefill of the batch
+                first = False
+                continue
+            times.append(t)
+        out["decode"][b] = {"ms_per_step": 1000 * statistics.median(times), "steps": len(times),
+                            "tok_per_s": b / statistics.median(times)}
+    return out
+
+
+def run(args) -> int:
+    import dataclasses
+
+    from tpserve import LLM
+    from tpserve.model.config import ModelConfig
+
+    cfg_dict = real_width_config(args.layers, args.dense_first, args.size)
+    with tempfile.TemporaryDirectory(prefix="tpserve-bench-") as tmp:
+        (Path(tmp) / "config.json").write_text(json.dumps(cfg_dict))
+        ecfg = engine_config_from_args(args)
+        options = {f.name: getattr(ecfg, f.name) for f in dataclasses.fields(ecfg)}
+        options.update(model=tmp, load_format="dummy", skip_tokenizer_init=True,
+                       max_num_batched_tokens=max([ecfg.max_num_batched_tokens, *args.prefill]),
+                       max_num_seqs=max([ecfg.max_num_seqs, *args.batch]))
+        if options["kv_cache_memory"] is None:
+            options["kv_cache_memory"] = 8 * 2**30 if args.size == "real" else 64 * 2**20
+        model = options.pop("model")
+        llm = LLM(model, **options)
+        try:
+            cfg = ModelConfig.from_dict(cfg_dict)
+            runner = getattr(llm.engine.executor, "runner", None) or llm.engine.executor.state.runner
+            floor = decode_floor_bytes(runner.model, cfg)
+            res = measure(llm, args.prefill, args.batch, args.decode_steps, args.repeats)
+        finally:
+            llm.shutdown()
+    tp = ecfg.tensor_parallel_size
+    res.update(layers=args.layers, tp=tp, decode_floor_ms=1000 * floor / HBM_BYTES_PER_S,
+               decode_floor_bytes_per_rank=floor)
+    print(f"layers {args.layers} (MoE {'after 3 dense' if args.dense_first else 'in every layer'}), TP={tp}, "
+          f"kda={ecfg.kda_backend}, sp={ecfg.sequence_parallel}, custom_allreduce={ecfg.custom_allreduce}")
+    print("| what | time | rate | vs floor |\n| --- | --- | --- | --- |")
+    for n, r in res["prefill"].items():
+        print(f"| prefill {n} tokens | {r['ms']:.1f} ms | {r['tok_per_s']:.0f} tok/s | |")
+    for b, r in res["decode"].items():
+        ratio = res["decode_floor_ms"] / r["ms_per_step"] if b == 1 else float("nan")
+        print(f"| decode step, batch {b} | {r['ms_per_step']:.2f} ms | {r['tok_per_s']:.1f} tok/s | "
+              f"{100 * ratio:.1f}% of {res['decode_floor_ms']:.2f} ms floor (per rank) |")
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(res, indent=2))
+    return 0

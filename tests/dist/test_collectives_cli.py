@@ -1,0 +1,52 @@
+"""`tpserve bench collectives --check` and `tpserve tune collectives` on CPU, world 2."""
+
+from __future__ import annotations
+
+import json
+
+from tpserve.cli import build_parser, main
+
+
+def test_cli_registers_bench_and_tune():
+    parser = build_parser()
+    args = parser.parse_args(["bench", "collectives", "--world", "3", "--sizes", "1K:8K",
+                              "--check", "--graph"])
+    assert args.world == 3 and args.sizes == [1024, 2048, 4096, 8192] and args.check
+    args = parser.parse_args(["tune", "collectives", "--out", "x.json", "--sizes", "4K,1M"])
+    assert args.out == "x.json" and args.sizes == [4096, 1 << 20]
+
+
+def test_bench_check_passes_and_prints_a_table(capsys, tmp_path):
+    plot = tmp_path / "lat.png"
+    rc = main(["bench", "collectives", "--world", "2", "--device", "cpu", "--check",
+               "--dtypes", "float32,bfloat16,float16", "--sizes", "4K,2M", "--workspace-mb", "1",
+               "--iter-scale", "0.2", "--plot", str(plot), "--json", str(tmp_path / "r.json")])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "check passed" in out
+    for op in ("all_reduce", "all_gather", "reduce_scatter"):
+        assert f"{op} bfloat16, world 2" in out
+    assert "chunked" in out and "oneshot" in out and "pick/torch" in out
+    assert plot.stat().st_size > 1000
+    rows = json.loads((tmp_path / "r.json").read_text())["rows"]
+    assert {r["op"] for r in rows} == {"all_reduce", "all_gather", "reduce_scatter"}
+
+
+def test_bench_check_fails_when_a_path_is_broken(capsys):
+    rc = main(["bench", "collectives", "--world", "2", "--device", "cpu", "--check",
+               "--no-timing", "--workspace-mb", "1", "--inject-fault", "twoshot"])
+    out = capsys.readouterr().out
+    assert rc == 1
+    assert "CHECK FAILED" in out and "[twoshot]" in out and "mismatch" in out
+
+
+def test_tune_writes_a_loadable_table(tmp_path, capsys):
+    out_path = tmp_path / "tuned.json"
+    rc = main(["tune", "collectives", "--world", "2", "--device", "cpu", "--sizes", "1K,256K",
+               "--ops", "all_reduce", "--iter-scale", "0.2", "--out", str(out_path)])
+    assert rc == 0
+    from tpserve.dist import tuning
+    table = tuning.read_table(out_path)
+    assert table.meta["tuned"] is True and table.meta["key"]["world_size"] == 2
+    assert table.lookup("all_reduce", "float32", 1024, 2) in ("torch", "oneshot", "twoshot")
+    assert str(out_path) in capsys.readouterr().out
