@@ -16,7 +16,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; n
 python3 -c 'import torch, triton, fla; print("torch", torch.__version__, "triton", triton.__version__, "fla", fla.__version__)'
 if want tiny; then
 step "tiny checkpoints: CUDA fp32 vs CPU, TP=2 NCCL"
-timeout 300 python3 bench/gpu_check_tiny.py --tp 2>&1 | tee "$OUT/tiny.log" | grep -v "^ " | tail -25
+timeout 240 python3 bench/gpu_check_tiny.py --tp --custom-allreduce 2>&1 | tee "$OUT/tiny.log" | grep "^|"
 fi
 if want serve; then
 step "serve the tiny model on CUDA and ask a chat"

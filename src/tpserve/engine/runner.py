@@ -55,8 +55,28 @@ class ModelRunner:
             load_weights(self.model, model_dir, rank=ctx.rank, world=ctx.world, num_layers=cfg.num_hidden_layers,
                          progress=progress)
         self.model.eval()
+        if kda_backend == "fla":
+            self._configure_fla()
         self.cache = None
         self.cache_shape: CacheShape | None = None
+
+    def _configure_fla(self) -> None:
+        """Check fla-core's kernels against the torch references once, on this device and head size;
+        use the options that agree, or the torch path for KDA if none does."""
+        from tpserve.kernels.kda import select_fla_options
+        from tpserve.model.kda import KdaAttention
+
+        layers = [m for m in self.model.modules() if isinstance(m, KdaAttention)]
+        if not layers:
+            return
+        opts, report = select_fla_options(self.cfg.linear_head_dim, self.cfg.linear_lower_bound, self.device)
+        log.info("fla-core KDA self-test (head_dim %d): %s", self.cfg.linear_head_dim, report)
+        if opts is None:
+            log.warning("fla-core KDA kernels disagree with the reference here (%s); using the torch path", report)
+        for layer in layers:
+            layer.backend = "torch" if opts is None else "fla"
+            layer.fla_options = opts or {}
+        self.kda_report = report
 
     def weight_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.model.parameters())

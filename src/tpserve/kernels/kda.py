@@ -96,3 +96,50 @@ def fla_available() -> bool:
     except Exception:  # fla-core needs triton and a GPU
         return False
     return True
+
+
+def _self_test_inputs(head_dim: int, lower_bound: float | None, device: torch.device, heads: int = 4):
+    gen = torch.Generator(device).manual_seed(7)
+    t = 80
+    q, k, v = (torch.randn(t, heads, head_dim, generator=gen, device=device) for _ in range(3))
+    raw = 2 * torch.randn(t, heads, head_dim, generator=gen, device=device)
+    g = lower_bound * torch.sigmoid(raw) if lower_bound is not None else -F.softplus(raw)
+    beta = torch.sigmoid(torch.randn(t, heads, generator=gen, device=device))
+    states = 0.1 * torch.randn(2, heads, head_dim, head_dim, generator=gen, device=device)
+    return q, k, v, g, beta, states
+
+
+def select_fla_options(head_dim: int, lower_bound: float | None, device: torch.device,
+                       tolerance: float = 2e-3) -> tuple[dict | None, str]:
+    """Check fla-core's chunk_kda / fused_recurrent_kda against the torch references on this
+    device and head size, and return the chunk_kda options that agree (safe_gate with the lower
+    bound first, as the gate is bounded), or None (use the torch path) plus a report line."""
+    from fla.ops.kda import chunk_kda, fused_recurrent_kda
+
+    q, k, v, g, beta, states = _self_test_inputs(head_dim, lower_bound, device)
+    cuts = [0, 67, 80]  # two sequences, one longer than a 64-token chunk
+    ref_o, ref_s = [], []
+    for i in range(2):
+        o, s = kda_chunked(*(x[cuts[i]:cuts[i + 1]] for x in (q, k, v, g, beta)), states[i])
+        ref_o.append(o)
+        ref_s.append(s)
+    ref_o, ref_s = torch.cat(ref_o), torch.stack(ref_s)
+    scale = max(1.0, ref_o.abs().max().item())
+    cu = torch.tensor(cuts, dtype=torch.long, device=device)
+    candidates = ([dict(safe_gate=True, lower_bound=lower_bound)] if lower_bound is not None else []) + [{}]
+    report = []
+    step_o, step_s = kda_recurrent_batched(q[:2], k[:2], v[:2], g[:2], beta[:2], states)
+    o, s = fused_recurrent_kda(q[:2, None], k[:2, None], v[:2, None], g[:2, None], beta[:2, None],
+                               initial_state=states.clone(), output_final_state=True, use_qk_l2norm_in_kernel=True)
+    rec_err = max((o[:, 0] - step_o).abs().max().item(), (s - step_s).abs().max().item())
+    report.append(f"fused_recurrent_kda err {rec_err:.1e}")
+    if rec_err > tolerance * scale:
+        return None, "; ".join(report) + " -> torch KDA path"
+    for opts in candidates:
+        o, s = chunk_kda(q[None], k[None], v[None], g[None], beta[None], initial_state=states.clone(),
+                         output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=cu, **opts)
+        err = max((o[0] - ref_o).abs().max().item(), (s - ref_s).abs().max().item())
+        report.append(f"chunk_kda {opts or 'default'} err {err:.1e}")
+        if err <= tolerance * scale:
+            return opts, "; ".join(report)
+    return None, "; ".join(report) + " -> torch KDA path"

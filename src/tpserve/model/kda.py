@@ -22,6 +22,7 @@ class KdaAttention(nn.Module):
         super().__init__()
         d, dh, qkv = cfg.hidden_size, cfg.linear_head_dim, cfg.linear_qkv_dim
         self.layer, self.head_dim, self.backend = layer, dh, backend
+        self.fla_options: dict = {}  # chunk_kda options chosen by the runner's self-test
         self.heads = ctx.split(cfg.linear_num_heads, "linear_num_heads")
         self.q_proj, self.k_proj, self.v_proj = (column(ctx, d, qkv) for _ in range(3))
         local, k = qkv // ctx.world, cfg.linear_conv_kernel_dim
@@ -104,6 +105,6 @@ class KdaAttention(nn.Module):
         cu = torch.tensor(batch.cu_seqlens, dtype=torch.long, device=q.device)
         out, final = chunk_kda(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), g.unsqueeze(0), beta.unsqueeze(0),
                                initial_state=init, output_final_state=True, use_qk_l2norm_in_kernel=True,
-                               cu_seqlens=cu)
+                               cu_seqlens=cu, **self.fla_options)
         states[batch.slots] = final
         return out.squeeze(0)

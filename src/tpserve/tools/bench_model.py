@@ -89,9 +89,10 @@ def measure(llm, prefill: list[int], batches: list[int], steps: int, repeats: in
     def prompt(n):
         return torch.randint(0, engine.model_config.vocab_size, (n,), generator=gen).tolist()
 
-    engine.add_request(f"w{next(rid)}", prompt(256), SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
-    while engine.has_unfinished():
-        engine.step()
+    for n in [256, *prefill]:  # compile / autotune every shape before timing
+        engine.add_request(f"w{next(rid)}", prompt(n), SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+        while engine.has_unfinished():
+            engine.step()
     out = {"prefill": {}, "decode": {}}
     for n in prefill:
         times = []
@@ -141,11 +142,13 @@ def run(args) -> int:
             cfg = ModelConfig.from_dict(cfg_dict)
             runner = getattr(llm.engine.executor, "runner", None) or llm.engine.executor.state.runner
             floor = decode_floor_bytes(runner.model, cfg)
+            kda_report = getattr(runner, "kda_report", "torch KDA path")
             res = measure(llm, args.prefill, args.batch, args.decode_steps, args.repeats)
         finally:
             llm.shutdown()
     tp = ecfg.tensor_parallel_size
-    res.update(layers=args.layers, tp=tp, decode_floor_ms=1000 * floor / HBM_BYTES_PER_S,
+    print(f"KDA kernels: {kda_report}")
+    res.update(kda=kda_report, layers=args.layers, tp=tp, decode_floor_ms=1000 * floor / HBM_BYTES_PER_S,
                decode_floor_bytes_per_rank=floor)
     print(f"layers {args.layers} (MoE {'after 3 dense' if args.dense_first else 'in every layer'}), TP={tp}, "
           f"kda={ecfg.kda_backend}, sp={ecfg.sequence_parallel}, custom_allreduce={ecfg.custom_allreduce}")

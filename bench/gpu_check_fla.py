@@ -1,0 +1,17 @@
+"""fla-core KDA kernels vs the torch references on this GPU, for several head sizes (prints a table)."""
+
+import sys
+
+import torch
+
+from tpserve.kernels.kda import select_fla_options
+
+print("| head_dim | gate | chosen chunk_kda options | report |\n| --- | --- | --- | --- |")
+for head_dim in (16, 128):
+    for lb in (-5.0, None):
+        try:
+            opts, report = select_fla_options(head_dim, lb, torch.device("cuda"))
+        except Exception as exc:  # noqa: BLE001
+            opts, report = "ERROR", f"{type(exc).__name__}: {exc}"[:200]
+        print(f"| {head_dim} | {'lower bound -5' if lb else 'softplus'} | {opts} | {report} |", flush=True)
+sys.exit(0)
