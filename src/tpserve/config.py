@@ -42,8 +42,9 @@ class EngineConfig:
         "from --gpu-memory-utilization on cuda, 256MiB on cpu")
     gpu_memory_utilization: float = _opt(0.85, "fraction of GPU memory the engine may use")
     # ---- speedup switches (docs/switches.md) ----
-    kda_backend: str = _opt("auto", "KDA kernels: fla (fla-core Triton, cuda only), torch, or "
-                            "auto (fla on cuda)", switch=True, choices=("auto", "fla", "torch"))
+    kda_backend: str = _opt("auto", "KDA kernels: fla (fla-core Triton, cuda only; self-tested at start, "
+                            "torch if it disagrees), torch, or auto (fla on cuda in bf16/fp16, torch in fp32)",
+                            switch=True, choices=("auto", "fla", "torch"))
     sequence_parallel: bool = _opt(True, "split the residual stream across ranks for forwards of "
                                    "at least --sp-min-tokens tokens (TP>1 only)", switch=True,
                                    flag="--sp")
