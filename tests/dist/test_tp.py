@@ -85,3 +85,39 @@ def test_server_with_tp2(tiny):
         assert s[-1].choices[0].finish_reason == "length"
     finally:
         server.close()
+
+
+def test_serve_under_torchrun(tiny):
+    """`torchrun --nproc-per-node 2 -m tpserve.cli serve --tp 2`: rank 0 serves, rank 1 follows."""
+    import subprocess
+    import sys
+
+    import httpx
+
+    from tpserve.dist.launch import free_port
+
+    port, master = free_port(), free_port()
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(master),
+           "-m", "tpserve.cli", "serve", str(tiny("default")), "--device", "cpu", "--tp", "2", "--port", str(port),
+           "--kv-cache-memory", "8MiB", "--log-level", "warning"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 90
+        while True:
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None and time.time() < deadline, proc.stdout.read().decode()[-3000:]
+            time.sleep(0.3)
+        r = httpx.post(url + "/v1/completions", json={"prompt": "hi", "max_tokens": 4}, timeout=60)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
