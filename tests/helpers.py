@@ -74,3 +74,21 @@ def prefill_logits(llm, prompt: list[int]) -> torch.Tensor:
 def random_prompts(lengths, seed: int = 0, vocab: int = 500) -> list[list[int]]:
     gen = torch.Generator().manual_seed(seed)
     return [torch.randint(3, vocab, (n,), generator=gen).tolist() for n in lengths]
+
+
+def wait_healthy(url: str, proc, timeout: float = 60.0) -> None:
+    """Poll `url`/health until it answers 200; fail with the process output if it exits or times out."""
+    import time
+
+    import httpx
+
+    deadline = time.time() + timeout
+    while True:
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None or time.time() > deadline:
+            raise AssertionError("server did not come up:\n" + proc.stdout.read().decode()[-3000:])
+        time.sleep(0.3)

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from helpers import prefill_logits, random_prompts, reference_greedy, reference_logits
+from helpers import prefill_logits, random_prompts, reference_greedy, reference_logits, wait_healthy
 from tpserve import LLM, SamplingParams
 from tpserve.engine.executor import EngineDeadError
 
@@ -103,15 +103,7 @@ def test_serve_under_torchrun(tiny):
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.time() + 90
-        while True:
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None and time.time() < deadline, proc.stdout.read().decode()[-3000:]
-            time.sleep(0.3)
+        wait_healthy(url, proc, 90)
         r = httpx.post(url + "/v1/completions", json={"prompt": "hi", "max_tokens": 4}, timeout=60)
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
     finally:

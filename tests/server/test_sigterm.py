@@ -9,6 +9,7 @@ import time
 
 import httpx
 
+from helpers import wait_healthy
 from tpserve.dist.launch import free_port
 
 
@@ -19,15 +20,7 @@ def test_sigterm_drains_then_exits(tiny, tmp_path):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=dict(os.environ))
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.time() + 60
-        while True:
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None and time.time() < deadline, proc.stdout.read().decode()
-            time.sleep(0.2)
+        wait_healthy(url, proc)
         result = {}
 
         def stream():
