@@ -78,7 +78,8 @@ def tiny_config_dict(layers: int = 4, **overrides: Any) -> dict[str, Any]:
     text = dict(TINY_TEXT, num_hidden_layers=layers)
     text.update(overrides)
     return {"architectures": ["Glm5NextForConditionalGeneration"], "model_type": "glm5_next",
-            "text_config": text, "vision_config": dict(TINY_VISION), "tie_word_embeddings": False}
+            "text_config": text, "vision_config": dict(TINY_VISION),
+            "tie_word_embeddings": bool(text.get("tie_word_embeddings", False))}
 
 
 def random_state_dict(cfg: ModelConfig, seed: int, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
