@@ -5,7 +5,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from helpers import TINY_CONFIGS, make_checkpoint  # noqa: E402
+from helpers import make_checkpoint  # noqa: E402
 
 
 @pytest.fixture(scope="session")
