@@ -38,7 +38,7 @@ def test_models(client):
 def test_chat(client, server):
     r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=8)
     assert r.choices[0].finish_reason in ("length", "stop")
-    assert r.usage.completion_tokens == len(r.choices[0].message.reasoning_content or "") or r.usage.completion_tokens > 0
+    assert 0 < r.usage.completion_tokens <= 8
     assert r.usage.prompt_tokens_details.cached_tokens == 0
     assert wait_pools_full(server)
 

@@ -1,8 +1,11 @@
 """Incremental detokenization with stop strings.
 
-The visible text never runs ahead of what is certain: a trailing partial UTF-8 character and
-(while generation goes on) the last len(longest stop string) - 1 characters are held back, so a
-stop string split across tokens never leaks into streamed output.
+Each step decodes only a short window: the tokens since the last point where the text was
+certain, plus the few before it (so tokenizers that merge a leading space or split a character
+across tokens decode the new piece correctly), and appends the difference. The visible text
+never runs ahead of what is certain: a trailing partial UTF-8 character and (while generation
+goes on) the last len(longest stop string) - 1 characters are held back, so a stop string split
+across tokens never leaks into streamed output. The final text is one full decode.
 """
 
 from __future__ import annotations
@@ -17,12 +20,29 @@ class Detokenizer:
         self.text = ""
         self.stopped = False
         self._searched = 0  # stop strings cannot start before this index of the full text
+        self._decoded = ""  # text of token_ids[:_read], certain
+        self._prefix = 0    # window start: a few tokens before _read, for context
+        self._read = 0
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=self.params.skip_special_tokens)
+
+    def _advance(self, token_ids: list[int]) -> None:
+        before = self._decode(token_ids[self._prefix:self._read])
+        after = self._decode(token_ids[self._prefix:])
+        if len(after) > len(before) and not after.endswith("\ufffd"):
+            self._decoded += after[len(before):]
+            self._prefix, self._read = self._read, len(token_ids)
 
     def update(self, token_ids: list[int], final: bool) -> str | None:
         """Refresh `text` for the tokens so far; return the stop string that ended it, if any."""
         if self.stopped:
             return None
-        full = self.tokenizer.decode(token_ids, skip_special_tokens=self.params.skip_special_tokens)
+        if final:
+            full = self._decode(token_ids)
+        else:
+            self._advance(token_ids)
+            full = self._decoded
         hit, at = None, len(full)
         for stop in self.params.stop_list:
             idx = full.find(stop, max(0, self._searched - len(stop) + 1))
