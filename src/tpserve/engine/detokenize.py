@@ -53,8 +53,7 @@ class Detokenizer:
             self.text = full[:at + (len(hit) if self.params.include_stop_str_in_output else 0)]
             return hit
         self._searched = len(full)
-        if not final:
-            full = full.rstrip("\ufffd")
-            full = full[:max(len(self.text), len(full) - self.hold)] if self.hold else full
+        if not final and self.hold:  # (_decoded never ends in a partial character)
+            full = full[:max(len(self.text), len(full) - self.hold)]
         self.text = full if len(full) >= len(self.text) or final else self.text
         return None

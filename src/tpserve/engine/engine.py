@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from pathlib import Path
 
 import torch
@@ -44,7 +43,7 @@ class LLMEngine:
         self.scheduler = Scheduler(self.block_pool, self.slot_pool, block_size=shape.block_size,
                                    max_num_seqs=ecfg.max_num_seqs, max_num_batched_tokens=ecfg.max_num_batched_tokens)
         self.generator = torch.Generator(self.device).manual_seed(ecfg.seed)
-        self.requests: dict[str, tuple[list[Sequence], str | None, float]] = {}
+        self.requests: dict[str, tuple[list[Sequence], str | None]] = {}
         self.dead: str | None = None
         self.step_count = 0
         log.info("engine ready: %s on %s (%s), TP=%d, %d cache blocks of %d tokens, %d slots, max_model_len %d",
@@ -112,7 +111,7 @@ class LLMEngine:
                 seq.logprobs = []
             seq.detok = Detokenizer(self.tokenizer, child) if self.tokenizer is not None else None
             seqs.append(seq)
-        self.requests[request_id] = (seqs, prompt, time.monotonic())
+        self.requests[request_id] = (seqs, prompt)
         for seq in seqs:
             self.scheduler.add(seq)
 
@@ -148,9 +147,8 @@ class LLMEngine:
         touched = {s.seq.request_id for s in sampled}
         if sampled:
             results = sampler.sample(logits, [s.seq for s in sampled], self.generator)
-            now = time.monotonic()
             for s, res in zip(sampled, results):
-                self._append(s.seq, res, now)
+                self._append(s.seq, res)
         return [self._output(rid) for rid in touched if rid in self.requests]
 
     def _plan(self, scheduled: list[Scheduled]) -> StepPlan:
@@ -170,10 +168,7 @@ class LLMEngine:
               and cu[-1] >= self.ecfg.sp_min_tokens)
         return StepPlan(ids, pos, cu, ctx, slots, tables, logits_idx, self.scheduler.take_fresh_slots(), sp)
 
-    def _append(self, seq: Sequence, res: sampler.SampleResult, now: float) -> None:
-        if seq.first_token_time is None:
-            seq.first_token_time = now
-        seq.last_token_time = now
+    def _append(self, seq: Sequence, res: sampler.SampleResult) -> None:
         seq.output_ids.append(res.token)
         if seq.logprobs is not None:
             seq.logprobs.append(res.top)
@@ -199,7 +194,7 @@ class LLMEngine:
                 seq.text = seq.detok.text
 
     def _output(self, request_id: str) -> RequestOutput:
-        seqs, prompt, _ = self.requests[request_id]
+        seqs, prompt = self.requests[request_id]
         outs = [CompletionOutput(s.index, s.text, list(s.output_ids),
                                  s.cumulative_logprob if s.logprobs is not None else None,
                                  list(s.logprobs) if s.logprobs is not None else None,
@@ -209,9 +204,6 @@ class LLMEngine:
         if finished:
             del self.requests[request_id]
         return out
-
-    def sequences(self, request_id: str) -> list[Sequence]:
-        return self.requests[request_id][0] if request_id in self.requests else []
 
     def stats(self) -> dict:
         return {"running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting),

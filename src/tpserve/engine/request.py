@@ -42,8 +42,6 @@ class Sequence:
     stop_reason: int | str | None = None
     text: str = ""                   # detokenized output (stop strings applied)
     num_preemptions: int = 0
-    first_token_time: float | None = None
-    last_token_time: float | None = None
     detok: object | None = None      # engine.detokenize.Detokenizer when a tokenizer is loaded
 
     @property

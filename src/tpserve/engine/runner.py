@@ -55,6 +55,7 @@ class ModelRunner:
             load_weights(self.model, model_dir, rank=ctx.rank, world=ctx.world, num_layers=cfg.num_hidden_layers,
                          progress=progress)
         self.model.eval()
+        self.kda_report = f"{kda_backend} KDA path"
         if kda_backend == "fla":
             self._configure_fla()
         self.cache = None
@@ -77,9 +78,6 @@ class ModelRunner:
             layer.backend = "torch" if opts is None else "fla"
             layer.fla_options = opts or {}
         self.kda_report = report
-
-    def weight_bytes(self) -> int:
-        return sum(p.numel() * p.element_size() for p in self.model.parameters())
 
     def allocate_cache(self, shape: CacheShape) -> None:
         self.cache_shape = shape

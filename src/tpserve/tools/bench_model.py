@@ -142,7 +142,7 @@ def run(args) -> int:
             cfg = ModelConfig.from_dict(cfg_dict)
             runner = getattr(llm.engine.executor, "runner", None) or llm.engine.executor.state.runner
             floor = decode_floor_bytes(runner.model, cfg)
-            kda_report = getattr(runner, "kda_report", "torch KDA path")
+            kda_report = runner.kda_report
             res = measure(llm, args.prefill, args.batch, args.decode_steps, args.repeats)
         finally:
             llm.shutdown()
