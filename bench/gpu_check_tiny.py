@@ -1,14 +1,20 @@
 """CUDA correctness on the tiny checkpoints (one device call; prints a table).
 
-(a) greedy tokens in float32 on CUDA (fla-core KDA, and the torch KDA path) equal the CPU ones,
-    and prefill logits within tolerance of the CPU path;
-(b) TP=2 over NCCL (with and without sequence parallelism) equals TP=1 on CUDA.
-Usage: python bench/gpu_check_tiny.py [--tp] [--custom-allreduce]
+Every case generates greedy tokens for the same prompts (lengths 9, 120, 40, 77; chunked prefill
+of 64 tokens, so prefills and decodes mix) and the prefill logits of the 120-token prompt, and is
+compared with (a) the CPU float32 path and (b) CUDA TP=1:
+- cuda TP=1 float32 (`--kda-backend auto`: the exact torch KDA path in float32);
+- with --tp: TP=2 over NCCL without and with sequence parallelism (SP from 16 tokens, so the
+  prefill chunks take the SP path and decodes plain TP);
+- with --fla: fla-core's KDA kernels in float32 (TF32 rounding) and bf16 (tolerance rows).
+Usage: python bench/gpu_check_tiny.py [--tp] [--custom-allreduce] [--fla] [--configs default,...]
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import sys
 import tempfile
 import traceback
@@ -21,64 +27,67 @@ from helpers import TINY_CONFIGS, make_checkpoint, prefill_logits, random_prompt
 from tpserve import LLM, SamplingParams  # noqa: E402
 
 PARAMS = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+COMMON = dict(kv_cache_memory="64MiB", block_size=16, max_num_batched_tokens=64)
 
 
-def tokens(llm, prompts):
-    return [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in prompts], PARAMS)]
-
-
-def run_case(label, make, prompts, reference, ref_logits, rows):
+def run(llm_kwargs: dict, path: str, prompts):
+    llm = LLM(path, **COMMON, **llm_kwargs)
     try:
-        llm = make()
-        try:
-            got = tokens(llm, prompts)
-            diff = (prefill_logits(llm, prompts[1]) - ref_logits).abs().max().item()
-        finally:
-            llm.shutdown()
-        same = sum(a == b for a, b in zip(got, reference))
-        rows.append((label, f"{same}/{len(prompts)}", f"{diff:.2e}"))
-    except Exception as exc:  # keep going: one broken path must not hide the others
-        traceback.print_exc()
-        rows.append((label, "ERROR", f"{type(exc).__name__}: {str(exc)[:80]}"))
-    print(f"| {rows[-1][0]} | {rows[-1][1]} | {rows[-1][2]} |", flush=True)
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], PARAMS)
+        return [o.outputs[0].token_ids for o in outs], prefill_logits(llm, prompts[1])
+    finally:
+        llm.shutdown()
+
+
+def cases(args) -> list[tuple[str, dict]]:
+    dev = args.device
+    comm = "NCCL" if dev == "cuda" else "gloo"
+    out = [(f"{dev} TP=1 fp32", dict(device=dev, dtype="float32"))]
+    if args.tp:
+        tp2 = dict(device=dev, dtype="float32", tensor_parallel_size=2, custom_allreduce=args.custom_allreduce)
+        out.append((f"{dev} TP=2 fp32 {comm}", {**tp2, "sequence_parallel": False}))
+        out.append((f"{dev} TP=2 fp32 {comm}+SP", {**tp2, "sequence_parallel": True, "sp_min_tokens": 16}))
+    if args.fla:
+        out.append((f"{dev} TP=1 fp32 kda=fla (TF32)", dict(device=dev, dtype="float32", kda_backend="fla")))
+        out.append((f"{dev} TP=1 bf16 kda=auto", dict(device=dev, dtype="bfloat16")))
+    return out
 
 
 def main() -> int:
-    import logging
-    import os
-
     logging.basicConfig(level=os.environ.get("TPSERVE_LOG_LEVEL", "WARNING"))
     ap = argparse.ArgumentParser()
-    ap.add_argument("--tp", action="store_true", help="also check TP=2 over NCCL")
-    ap.add_argument("--custom-allreduce", action="store_true")
+    ap.add_argument("--tp", action="store_true", help="also check TP=2 over NCCL, with and without SP")
+    ap.add_argument("--custom-allreduce", action="store_true", help="TP=2 cases use the custom collectives")
+    ap.add_argument("--fla", action="store_true", help="also the fla-core KDA rows (fp32 TF32, bf16)")
+    ap.add_argument("--device", default="cuda", help="cpu runs the same cases as a smoke test (gloo)")
     ap.add_argument("--configs", default=",".join(TINY_CONFIGS), help="comma list of tiny configs")
     args = ap.parse_args()
-    rows = []
-    common = dict(kv_cache_memory="64MiB", block_size=16, max_num_batched_tokens=64)
-    print("| case | greedy sequences equal | max |logit diff| (prefill) |\n| --- | --- | --- |", flush=True)
+    head = ("| config | case | greedy equal to CPU | greedy equal to TP=1 | max logit diff vs CPU "
+            "| vs TP=1 |\n| --- | --- | --- | --- | --- | --- |")
+    rows: list[str] = []
+    print(head, flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.configs.split(","):
-            full = name == "default"  # every variant on one config, the main ones on the others
             path = str(make_checkpoint(Path(tmp), name))
             prompts = random_prompts((9, 120, 40, 77), seed=3)
-            cpu = LLM(path, device="cpu", dtype="float32", **common)
-            reference = tokens(cpu, prompts)
-            ref_logits = prefill_logits(cpu, prompts[1])
-            for backend in ("fla",):
-                run_case(f"{name}: cuda fp32 kda={backend} vs cpu", lambda b=backend: LLM(
-                    path, device="cuda", dtype="float32", kda_backend=b, **common), prompts, reference, ref_logits,
-                    rows)
-            if args.tp:
-                for ar in (args.custom_allreduce,):
-                    run_case(f"{name}: cuda fp32 TP=2 NCCL+SP custom_allreduce={ar} vs cpu", lambda a=ar: LLM(
-                        path, device="cuda", dtype="float32", tensor_parallel_size=2, sequence_parallel=True,
-                        sp_min_tokens=16, custom_allreduce=a, **common), prompts, reference, ref_logits, rows)
-            if full and len(args.configs.split(",")) > 1:
-                run_case(f"{name}: cuda bf16 kda=fla vs cpu fp32 (tolerance)", lambda: LLM(
-                    path, device="cuda", dtype="bfloat16", **common), prompts, reference, ref_logits, rows)
-    print("\n| case | greedy sequences equal | max |logit diff| (prefill) |\n| --- | --- | --- |")
-    for r in rows:
-        print(f"| {r[0]} | {r[1]} | {r[2]} |")
+            cpu_tokens, cpu_logits = run(dict(device="cpu", dtype="float32"), path, prompts)
+            tp1 = None
+            for label, kwargs in cases(args):
+                try:
+                    got, logits = run(kwargs, path, prompts)
+                    tp1 = tp1 or (got, logits)
+                    n = len(prompts)
+                    same_cpu = sum(a == b for a, b in zip(got, cpu_tokens))
+                    same_tp1 = sum(a == b for a, b in zip(got, tp1[0]))
+                    d_cpu = (logits.float() - cpu_logits).abs().max().item()
+                    d_tp1 = (logits.float() - tp1[1].float()).abs().max().item()
+                    row = f"| {name} | {label} | {same_cpu}/{n} | {same_tp1}/{n} | {d_cpu:.2e} | {d_tp1:.2e} |"
+                except Exception as exc:  # keep going: one broken path must not hide the others
+                    traceback.print_exc()
+                    row = f"| {name} | {label} | ERROR | | {type(exc).__name__}: {str(exc)[:80]} | |"
+                rows.append(row)
+                print(row, flush=True)
+    print("\n" + head + "\n" + "\n".join(rows))
     return 0
 
 

@@ -156,9 +156,9 @@ def run(args) -> int:
     for n, r in res["prefill"].items():
         print(f"| prefill {n} tokens | {r['ms']:.1f} ms | {r['tok_per_s']:.0f} tok/s | |")
     for b, r in res["decode"].items():
-        ratio = res["decode_floor_ms"] / r["ms_per_step"] if b == 1 else float("nan")
-        print(f"| decode step, batch {b} | {r['ms_per_step']:.2f} ms | {r['tok_per_s']:.1f} tok/s | "
-              f"{100 * ratio:.1f}% of {res['decode_floor_ms']:.2f} ms floor (per rank) |")
+        vs_floor = "" if b != 1 else (f"{100 * res['decode_floor_ms'] / r['ms_per_step']:.1f}% of "
+                                      f"{res['decode_floor_ms']:.2f} ms floor (per rank)")
+        print(f"| decode step, batch {b} | {r['ms_per_step']:.2f} ms | {r['tok_per_s']:.1f} tok/s | {vs_floor} |")
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(res, indent=2))
     return 0
