@@ -7,7 +7,7 @@ compared with (a) the CPU float32 path and (b) CUDA TP=1:
 - with --tp: TP=2 over NCCL without and with sequence parallelism (SP from 16 tokens, so the
   prefill chunks take the SP path and decodes plain TP);
 - with --fla: fla-core's KDA kernels in float32 (TF32 rounding) and bf16 (tolerance rows).
-Usage: python bench/gpu_check_tiny.py [--tp] [--custom-allreduce] [--fla] [--configs default,...]
+Usage: python bench/gpu_check_tiny.py [--tp] [--custom-allreduce] [--fla] [--kernels-only] [--configs default,...]
 """
 
 from __future__ import annotations
@@ -60,35 +60,57 @@ def main() -> int:
     ap.add_argument("--custom-allreduce", action="store_true", help="TP=2 cases use the custom collectives")
     ap.add_argument("--fla", action="store_true", help="also the fla-core KDA rows (fp32 TF32, bf16)")
     ap.add_argument("--device", default="cuda", help="cpu runs the same cases as a smoke test (gloo)")
+    ap.add_argument("--kernels-only", action="store_true", help="only the bf16 agreement of the Triton mHC + MoE "
+                    "kernels with the torch forms (KDA on the torch path, so nothing else differs)")
     ap.add_argument("--configs", default=",".join(TINY_CONFIGS), help="comma list of tiny configs")
     args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = {name: str(make_checkpoint(Path(tmp), name)) for name in args.configs.split(",")}
+        prompts = random_prompts((9, 120, 40, 77), seed=3)
+        if args.kernels_only:
+            kernel_rows(args, paths, prompts)
+        else:
+            main_rows(args, paths, prompts)
+    return 0
+
+
+def main_rows(args, paths: dict[str, str], prompts) -> None:
     head = ("| config | case | greedy equal to CPU | greedy equal to TP=1 | max logit diff vs CPU "
             "| vs TP=1 |\n| --- | --- | --- | --- | --- | --- |")
     rows: list[str] = []
     print(head, flush=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        for name in args.configs.split(","):
-            path = str(make_checkpoint(Path(tmp), name))
-            prompts = random_prompts((9, 120, 40, 77), seed=3)
-            cpu_tokens, cpu_logits = run(dict(device="cpu", dtype="float32"), path, prompts)
-            tp1 = None
-            for label, kwargs in cases(args):
-                try:
-                    got, logits = run(kwargs, path, prompts)
-                    tp1 = tp1 or (got, logits)
-                    n = len(prompts)
-                    same_cpu = sum(a == b for a, b in zip(got, cpu_tokens))
-                    same_tp1 = sum(a == b for a, b in zip(got, tp1[0]))
-                    d_cpu = (logits.float() - cpu_logits).abs().max().item()
-                    d_tp1 = (logits.float() - tp1[1].float()).abs().max().item()
-                    row = f"| {name} | {label} | {same_cpu}/{n} | {same_tp1}/{n} | {d_cpu:.2e} | {d_tp1:.2e} |"
-                except Exception as exc:  # keep going: one broken path must not hide the others
-                    traceback.print_exc()
-                    row = f"| {name} | {label} | ERROR | | {type(exc).__name__}: {str(exc)[:80]} | |"
-                rows.append(row)
-                print(row, flush=True)
+    for name, path in paths.items():
+        cpu_tokens, cpu_logits = run({"device": "cpu", "dtype": "float32"}, path, prompts)
+        tp1 = None
+        for label, kwargs in cases(args):
+            try:
+                got, logits = run(kwargs, path, prompts)
+                tp1 = tp1 or (got, logits)
+                n = len(prompts)
+                same_cpu = sum(a == b for a, b in zip(got, cpu_tokens))
+                same_tp1 = sum(a == b for a, b in zip(got, tp1[0]))
+                d_cpu = (logits.float() - cpu_logits).abs().max().item()
+                d_tp1 = (logits.float() - tp1[1].float()).abs().max().item()
+                row = f"| {name} | {label} | {same_cpu}/{n} | {same_tp1}/{n} | {d_cpu:.2e} | {d_tp1:.2e} |"
+            except Exception as exc:  # keep going: one broken path must not hide the others
+                traceback.print_exc()
+                row = f"| {name} | {label} | ERROR | | {type(exc).__name__}: {str(exc)[:80]} | |"
+            rows.append(row)
+            print(row, flush=True)
     print("\n" + head + "\n" + "\n".join(rows))
-    return 0
+
+
+def kernel_rows(args, paths: dict[str, str], prompts) -> None:
+    print("| config | bf16 TP=1, KDA torch: Triton mHC + MoE vs torch forms | greedy equal | max logit diff "
+          "| max abs logit |\n| --- | --- | --- | --- | --- |", flush=True)
+    for name, path in paths.items():
+        base = {"device": args.device, "dtype": "bfloat16", "kda_backend": "torch"}
+        ref_tokens, ref_logits = run({**base, "mhc_backend": "torch", "moe_backend": "torch"}, path, prompts)
+        got, logits = run({**base, "mhc_backend": "triton", "moe_backend": "triton"}, path, prompts)
+        same = sum(a == b for a, b in zip(got, ref_tokens))
+        diff = (logits.float() - ref_logits.float()).abs().max().item()
+        print(f"| {name} | {args.device} | {same}/{len(prompts)} | {diff:.2e} | "
+              f"{ref_logits.float().abs().max().item():.2e} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,9 @@ def test_env_then_keyword_precedence():
 
 @pytest.mark.parametrize("env,match", [({"TPSERVE_MAX_NUM_SEQS": "lots"}, "TPSERVE_MAX_NUM_SEQS"),
                                        ({"TPSERVE_KDA_BACKEND": "cuda"}, "kda_backend"),
-                                       ({"TPSERVE_TENSOR_PARALLEL_SIZE": "0"}, "tensor_parallel_size")])
+                                       ({"TPSERVE_TENSOR_PARALLEL_SIZE": "0"}, "tensor_parallel_size"),
+                                       ({"TPSERVE_MOE_BACKEND": "cutlass"}, "moe_backend"),
+                                       ({"TPSERVE_MOE_TRITON_MAX_TOKENS": "-1"}, "moe_triton_max_tokens")])
 def test_bad_values_name_the_field(env, match):
     with pytest.raises(ValueError, match=match):
         EngineConfig.from_env(env)
@@ -35,3 +37,24 @@ def test_parse_bytes():
     assert parse_bytes("512MB") == 512e6
     with pytest.raises(ValueError, match="kv_cache_memory"):
         parse_bytes("lots")
+
+
+def test_kernel_choices_resolve_per_device(tiny):
+    from tpserve.engine.setup import resolve_runtime
+    from tpserve.kernels.choice import Kernels
+
+    rt = resolve_runtime(EngineConfig(model=str(tiny("default")), device="cpu", moe_triton_max_tokens=9))
+    assert rt.kernels == Kernels(kda="torch", mhc="torch", moe="torch", moe_triton_max_tokens=9)
+    for field in ("mhc_backend", "moe_backend"):
+        with pytest.raises(ValueError, match=f"{field}: triton needs a CUDA device"):
+            resolve_runtime(EngineConfig(model=str(tiny("default")), device="cpu", **{field: "triton"}))
+
+
+def test_cli_reports_bad_settings_in_one_line(capsys):
+    from tpserve.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["generate", "--device", "cpu", "--moe-backend", "triton", "--prompt", "hi"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "tpserve: error: moe_backend: triton needs a CUDA device" in err and "Traceback" not in err

@@ -45,8 +45,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=os.environ.get("TPSERVE_LOG_LEVEL", "WARNING"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except (ValueError, FileNotFoundError) as exc:  # bad settings or paths: one clear line, not a traceback
+        logging.getLogger("tpserve").debug("startup failed", exc_info=True)
+        parser.exit(2, f"tpserve: error: {exc}\n")
 
 
 if __name__ == "__main__":

@@ -45,6 +45,16 @@ class EngineConfig:
     kda_backend: str = _opt("auto", "KDA kernels: fla (fla-core Triton, cuda only; self-tested at start, "
                             "torch if it disagrees), torch, or auto (fla on cuda in bf16/fp16, torch in fp32)",
                             switch=True, choices=("auto", "fla", "torch"))
+    mhc_backend: str = _opt("auto", "mHC weights (pre / post / Sinkhorn-normalised comb): triton (one fused "
+                            "kernel, cuda only), torch (about 120 small ops per block), or auto (triton on "
+                            "cuda)", switch=True, choices=("auto", "triton", "torch"))
+    moe_backend: str = _opt("auto", "routed experts: triton (grouped GEMMs over tokens sorted by expert, no host "
+                            "sync; cuda only, forwards of at most --moe-triton-max-tokens tokens), torch (a "
+                            "loop over the chosen experts), or auto (triton on cuda)", switch=True,
+                            choices=("auto", "triton", "torch"))
+    moe_triton_max_tokens: int = _opt(2048, "largest forward (tokens) that takes the triton MoE (it needs a "
+                                      "tokens x top-k x hidden fp32 buffer: 268 MB at 2048); longer ones "
+                                      "loop over experts with cuBLAS", switch=True)
     sequence_parallel: bool = _opt(True, "split the residual stream across ranks for forwards of "
                                    "at least --sp-min-tokens tokens (TP>1 only)", switch=True,
                                    flag="--sp")
@@ -69,6 +79,8 @@ class EngineConfig:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.moe_triton_max_tokens < 0:
+            raise ValueError(f"moe_triton_max_tokens must be >= 0, got {self.moe_triton_max_tokens}")
         if self.sp_min_tokens < 1:
             raise ValueError(f"sp_min_tokens must be >= 1, got {self.sp_min_tokens}")
         for f in dataclasses.fields(self):

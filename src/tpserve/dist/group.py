@@ -30,6 +30,7 @@ from tpserve.dist.launch import free_port
 from tpserve.dist.ncclenv import ensure_nccl_cumem
 from tpserve.engine.executor import EngineDeadError, cache_budget
 from tpserve.engine.runner import CacheShape, ModelRunner, StepPlan
+from tpserve.kernels.choice import Kernels
 from tpserve.model.config import ModelConfig
 from tpserve.model.layers import ShardContext
 
@@ -65,7 +66,7 @@ class RankState:
     """What every rank holds: its groups, communicator and model runner."""
 
     def __init__(self, rank: int, world: int, local_rank: int, init_method: str | None, ecfg: EngineConfig,
-                 model_dir: str, cfg: ModelConfig, device: torch.device, dtype: torch.dtype, kda_backend: str):
+                 model_dir: str, cfg: ModelConfig, device: torch.device, dtype: torch.dtype, kernels: Kernels):
         self.rank, self.world = rank, world
         self.device = rank_device(device, local_rank)
         backend = "nccl" if self.device.type == "cuda" else "gloo"
@@ -80,7 +81,7 @@ class RankState:
             self.control = dist.new_group(backend="gloo", timeout=dist_timeout())
             self.comm = Communicator(dist.group.WORLD, self.device, config=ecfg)
             ctx = ShardContext(rank, world, dtype, self.comm)
-            self.runner = ModelRunner(model_dir, cfg, ctx, self.device, kda_backend,
+            self.runner = ModelRunner(model_dir, cfg, ctx, self.device, kernels,
                                       progress=None if rank == 0 else False, load_format=ecfg.load_format)
             mine = cache_budget(ecfg, cfg, self.device, dtype, world)
             agreed = torch.tensor([mine.num_blocks], dtype=torch.long)
@@ -116,11 +117,11 @@ def worker_loop(state: RankState) -> None:
 
 
 def _spawned_worker(rank: int, world: int, init_method: str, ecfg: EngineConfig, model_dir: str,
-                    cfg: ModelConfig, device: str, dtype: torch.dtype, kda_backend: str) -> None:
+                    cfg: ModelConfig, device: str, dtype: torch.dtype, kernels: Kernels) -> None:
     os.environ["TPSERVE_WORKER"] = "1"
     logging.basicConfig(level=os.environ.get("TPSERVE_LOG_LEVEL", "WARNING"))
     torch.set_num_threads(max(1, torch.get_num_threads() // world))
-    state = RankState(rank, world, rank, init_method, ecfg, model_dir, cfg, torch.device(device), dtype, kda_backend)
+    state = RankState(rank, world, rank, init_method, ecfg, model_dir, cfg, torch.device(device), dtype, kernels)
     worker_loop(state)
 
 
@@ -128,7 +129,7 @@ class TPExecutor:
     """Rank 0's side: spawn (or join, under torchrun) the workers, send plans, watch for deaths."""
 
     def __init__(self, ecfg: EngineConfig, model_dir: str, cfg: ModelConfig, device: torch.device,
-                 dtype: torch.dtype, kda_backend: str):
+                 dtype: torch.dtype, kernels: Kernels):
         self.world_size = ecfg.tensor_parallel_size
         self.procs: list[mp.Process] = []
         self.dead_reason: str | None = None
@@ -151,12 +152,12 @@ class TPExecutor:
             for rank in range(1, self.world_size):
                 p = ctx.Process(target=_spawned_worker, name=f"tpserve-rank{rank}", daemon=True,
                                 args=(rank, self.world_size, init_method, ecfg, model_dir, cfg, device.type, dtype,
-                                      kda_backend))
+                                      kernels))
                 p.start()
                 self.procs.append(p)
         try:
             self.state = RankState(0, self.world_size, local_rank, init_method, ecfg, model_dir, cfg, device, dtype,
-                                   kda_backend)
+                                   kernels)
         except Exception:
             self._kill()
             raise
@@ -233,5 +234,5 @@ def run_torchrun_worker(ecfg: EngineConfig) -> None:
         ensure_nccl_cumem()
     os.environ["TPSERVE_WORKER"] = "1"
     state = RankState(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", "0")),
-                      None, ecfg, str(rt.model_dir), cfg, rt.device, rt.dtype, rt.kda_backend)
+                      None, ecfg, str(rt.model_dir), cfg, rt.device, rt.dtype, rt.kernels)
     worker_loop(state)

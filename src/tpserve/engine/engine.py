@@ -36,7 +36,7 @@ class LLMEngine:
             self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         self.eos_ids = frozenset(self._eos_ids())
         self.executor = make_executor(ecfg, str(self.model_dir), self.model_config, self.device, self.dtype,
-                                      rt.kda_backend)
+                                      rt.kernels)
         shape = self.executor.cache_shape
         self.max_model_len = self._max_model_len(shape.num_blocks * shape.block_size)
         self.block_pool, self.slot_pool = BlockPool(shape.num_blocks), SlotPool(shape.num_slots)

@@ -12,6 +12,7 @@ import torch
 from tpserve.config import EngineConfig
 from tpserve.engine.cache import bytes_per_block, bytes_per_slot
 from tpserve.engine.runner import CacheShape, ModelRunner, StepPlan
+from tpserve.kernels.choice import Kernels
 from tpserve.model.config import ModelConfig
 from tpserve.model.layers import ShardContext
 
@@ -57,8 +58,8 @@ class LocalExecutor:
     world_size = 1
 
     def __init__(self, ecfg: EngineConfig, model_dir: str, cfg: ModelConfig, device: torch.device,
-                 dtype: torch.dtype, kda_backend: str):
-        self.runner = ModelRunner(model_dir, cfg, ShardContext.single(dtype, device), device, kda_backend,
+                 dtype: torch.dtype, kernels: Kernels):
+        self.runner = ModelRunner(model_dir, cfg, ShardContext.single(dtype, device), device, kernels,
                                   load_format=ecfg.load_format)
         self.cache_shape = cache_budget(ecfg, cfg, device, dtype, 1)
         self.runner.allocate_cache(self.cache_shape)
@@ -74,9 +75,9 @@ class LocalExecutor:
 
 
 def make_executor(ecfg: EngineConfig, model_dir: str, cfg: ModelConfig, device: torch.device,
-                  dtype: torch.dtype, kda_backend: str):
+                  dtype: torch.dtype, kernels: Kernels):
     if ecfg.tensor_parallel_size == 1:
-        return LocalExecutor(ecfg, model_dir, cfg, device, dtype, kda_backend)
+        return LocalExecutor(ecfg, model_dir, cfg, device, dtype, kernels)
     from tpserve.dist.group import TPExecutor
 
-    return TPExecutor(ecfg, model_dir, cfg, device, dtype, kda_backend)
+    return TPExecutor(ecfg, model_dir, cfg, device, dtype, kernels)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from tpserve.engine import cache as cache_mod
+from tpserve.kernels.choice import Kernels
 from tpserve.model.batch import ForwardBatch
 from tpserve.model.config import ModelConfig
 from tpserve.model.glm5_next import Glm5NextModel
@@ -43,10 +44,10 @@ class CacheShape:
 
 class ModelRunner:
     def __init__(self, model_dir: str, cfg: ModelConfig, ctx: ShardContext, device: torch.device,
-                 kda_backend: str, progress: bool | None = None, load_format: str = "auto"):
+                 kernels: Kernels, progress: bool | None = None, load_format: str = "auto"):
         self.cfg, self.ctx, self.device = cfg, ctx, device
         with torch.device(device):
-            self.model = Glm5NextModel(ctx, cfg, kda_backend)
+            self.model = Glm5NextModel(ctx, cfg, kernels)
         if load_format == "dummy":
             from tpserve.model.tiny import randomize_
 
@@ -55,8 +56,9 @@ class ModelRunner:
             load_weights(self.model, model_dir, rank=ctx.rank, world=ctx.world, num_layers=cfg.num_hidden_layers,
                          progress=progress)
         self.model.eval()
-        self.kda_report = f"{kda_backend} KDA path"
-        if kda_backend == "fla":
+        self.kernels = kernels
+        self.kda_report = f"{kernels.kda} KDA path"
+        if kernels.kda == "fla":
             self._configure_fla()
         self.cache = None
         self.cache_shape: CacheShape | None = None

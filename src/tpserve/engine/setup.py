@@ -1,4 +1,4 @@
-"""Resolve what an EngineConfig leaves to `auto`: model directory, device, dtype, KDA backend."""
+"""Resolve what an EngineConfig leaves to `auto`: model directory, device, dtype, kernels."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from tpserve.config import EngineConfig
+from tpserve.kernels.choice import Kernels
 
 log = logging.getLogger("tpserve.setup")
 
@@ -24,7 +25,7 @@ class Runtime:
     model_dir: Path
     device: torch.device
     dtype: torch.dtype
-    kda_backend: str
+    kernels: Kernels
 
 
 def cache_dir() -> Path:
@@ -75,4 +76,23 @@ def resolve_runtime(ecfg: EngineConfig) -> Runtime:
         backend = "fla" if device.type == "cuda" and dtype != torch.float32 and fla_available() else "torch"
     elif backend == "fla" and device.type != "cuda":
         raise ValueError("kda_backend: fla needs a CUDA device (use torch on cpu)")
-    return Runtime(model_dir, device, dtype, backend)
+    kernels = Kernels(kda=backend, mhc=_triton_or_torch("mhc_backend", ecfg.mhc_backend, device),
+                      moe=_triton_or_torch("moe_backend", ecfg.moe_backend, device),
+                      moe_triton_max_tokens=ecfg.moe_triton_max_tokens)
+    return Runtime(model_dir, device, dtype, kernels)
+
+
+def _triton_or_torch(name: str, choice: str, device: torch.device) -> str:
+    if choice == "auto":
+        return "triton" if device.type == "cuda" and _has_triton() else "torch"
+    if choice == "triton" and device.type != "cuda":
+        raise ValueError(f"{name}: triton needs a CUDA device (use torch on cpu)")
+    return choice
+
+
+def _has_triton() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True

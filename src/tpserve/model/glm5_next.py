@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tpserve.kernels.choice import Kernels
 from tpserve.model.batch import CacheTensors, ForwardBatch
 from tpserve.model.config import ModelConfig
 from tpserve.model.kda import KdaAttention
@@ -25,18 +26,18 @@ VOCAB_SHARD = Shard(dim=0, pad=True)
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, ctx: ShardContext, cfg: ModelConfig, layer: int, kda_backend: str):
+    def __init__(self, ctx: ShardContext, cfg: ModelConfig, layer: int, kernels: Kernels):
         super().__init__()
         self.is_mla = cfg.layer_types[layer] == "indexed_attention"
-        self.self_attn = MlaAttention(ctx, cfg, layer) if self.is_mla else KdaAttention(ctx, cfg, layer, kda_backend)
+        self.self_attn = MlaAttention(ctx, cfg, layer) if self.is_mla else KdaAttention(ctx, cfg, layer, kernels.kda)
         if cfg.mlp_layer_types[layer] == "sparse":
-            self.mlp = MoE(ctx, cfg)
+            self.mlp = MoE(ctx, cfg, kernels)
         else:
             self.mlp = DenseMLP(ctx, cfg.hidden_size, cfg.intermediate_size, cfg.swiglu_limit)
         self.input_layernorm = RMSNorm(ctx, cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(ctx, cfg.hidden_size, cfg.rms_norm_eps)
-        self.attn_hc = HyperConnection(ctx, cfg)
-        self.ffn_hc = HyperConnection(ctx, cfg)
+        self.attn_hc = HyperConnection(ctx, cfg, kernels.mhc)
+        self.ffn_hc = HyperConnection(ctx, cfg, kernels.mhc)
         self.comm = ctx.comm
 
     def forward(self, streams: torch.Tensor, batch: ForwardBatch, cache: CacheTensors,
@@ -79,12 +80,12 @@ class VocabTable(nn.Module):
 
 
 class Glm5NextModel(nn.Module):
-    def __init__(self, ctx: ShardContext, cfg: ModelConfig, kda_backend: str = "torch"):
+    def __init__(self, ctx: ShardContext, cfg: ModelConfig, kernels: Kernels = Kernels()):
         super().__init__()
         self.cfg, self.ctx = cfg, ctx
         self.vocab_per_rank = -(-cfg.vocab_size // ctx.world)
         self.embed_tokens = VocabTable(ctx, cfg)
-        self.layers = nn.ModuleList(DecoderLayer(ctx, cfg, i, kda_backend) for i in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(ctx, cfg, i, kernels) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(ctx, cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = None if cfg.tie_word_embeddings else VocabTable(ctx, cfg)
 

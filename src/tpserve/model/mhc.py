@@ -1,9 +1,10 @@
 """mHC hyper-connections: `hc_mult` residual streams per token.
 
 Per block a projection of the (normalised, flattened) streams gives pre / post / comb
-weights; comb is made doubly stochastic by Sinkhorn steps. `collapse` gives the block input,
-`expand` mixes the block output back into the streams. Replicated on every rank (it is tiny:
-fn is [(2+N)*N, N*hidden]); all of its math runs in fp32, as in transformers.
+weights; comb is made doubly stochastic by Sinkhorn steps (kernels/mhc.py: plain torch ops, or one
+Triton kernel). `collapse` gives the block input, `expand` mixes the block output back into the
+streams. Replicated on every rank (it is tiny: fn is [(2+N)*N, N*hidden]); all of its math runs in
+fp32, as in transformers.
 """
 
 from __future__ import annotations
@@ -12,14 +13,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tpserve.kernels.mhc import hc_weights
 from tpserve.model.config import ModelConfig
 from tpserve.model.layers import ShardContext
 from tpserve.model.weights import REPLICATED, declare
 
 
 class HyperConnection(nn.Module):
-    def __init__(self, ctx: ShardContext, cfg: ModelConfig):
+    def __init__(self, ctx: ShardContext, cfg: ModelConfig, backend: str = "torch"):
         super().__init__()
+        self.backend = backend
         n = cfg.hc_mult
         self.n, self.iters, self.hc_eps, self.norm_eps = n, cfg.hc_sinkhorn_iters, cfg.hc_eps, cfg.rms_norm_eps
         width = (2 + n) * n
@@ -33,16 +36,7 @@ class HyperConnection(nn.Module):
         flat = streams.reshape(streams.shape[0], -1).float()
         flat = flat * torch.rsqrt(flat.square().mean(-1, keepdim=True) + self.norm_eps)
         mixed = F.linear(flat, self.fn.float())
-        pre_w, post_w, comb_w = mixed.split([n, n, n * n], dim=-1)
-        pre_b, post_b, comb_b = self.base.split([n, n, n * n])
-        pre_s, post_s, comb_s = self.scale.unbind(0)
-        pre = torch.sigmoid(pre_w * pre_s + pre_b) + self.hc_eps
-        post = 2 * torch.sigmoid(post_w * post_s + post_b)
-        comb = torch.softmax(comb_w.view(-1, n, n) * comb_s + comb_b.view(n, n), dim=-1) + self.hc_eps
-        comb = comb / (comb.sum(dim=-2, keepdim=True) + self.hc_eps)
-        for _ in range(self.iters - 1):
-            comb = comb / (comb.sum(dim=-1, keepdim=True) + self.hc_eps)
-            comb = comb / (comb.sum(dim=-2, keepdim=True) + self.hc_eps)
+        pre, post, comb = hc_weights(mixed, self.base, self.scale, n, self.iters, self.hc_eps, self.backend)
         collapsed = (pre.unsqueeze(-1) * streams).sum(dim=1).to(streams.dtype)
         return post, comb, collapsed
 

@@ -9,8 +9,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tpserve.kernels.choice import Kernels
+from tpserve.kernels.moe import experts_forward
 from tpserve.model.config import ModelConfig
-from tpserve.model.layers import ShardContext, clamped_swiglu
+from tpserve.model.layers import ShardContext
 from tpserve.model.mlp import DenseMLP
 from tpserve.model.weights import COLUMN, REPLICATED, ROW, add_source, declare
 
@@ -47,8 +49,9 @@ class Experts(nn.Module):
     """Fused gate_up_proj [E, 2I_local, D] (gate|up) and down_proj [E, D, I_local], filled from the
     checkpoint's per-expert `experts.{e}.{gate,up,down}_proj.weight`."""
 
-    def __init__(self, ctx: ShardContext, cfg: ModelConfig):
+    def __init__(self, ctx: ShardContext, cfg: ModelConfig, kernels: Kernels):
         super().__init__()
+        self.kernels = kernels
         e, i, d = cfg.n_routed_experts, cfg.moe_intermediate_size, cfg.hidden_size
         il = ctx.split(i, "moe_intermediate_size")
         self.gate_up_proj = nn.Parameter(torch.empty(e, 2 * il, d, dtype=ctx.dtype), requires_grad=False)
@@ -61,29 +64,15 @@ class Experts(nn.Module):
         self.limit = cfg.swiglu_limit
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        out = torch.zeros_like(x)
-        flat_ids = ids.reshape(-1)
-        order = torch.argsort(flat_ids, stable=True)
-        counts = torch.bincount(flat_ids, minlength=self.gate_up_proj.shape[0]).tolist()
-        token_of = order // ids.shape[1]
-        w_sorted = weights.reshape(-1)[order]
-        start = 0
-        for expert, n in enumerate(counts):
-            if n == 0:
-                continue
-            tok = token_of[start:start + n]
-            gate, up = F.linear(x[tok], self.gate_up_proj[expert]).chunk(2, dim=-1)
-            y = F.linear(clamped_swiglu(gate, up, self.limit), self.down_proj[expert])
-            out.index_add_(0, tok, (y * w_sorted[start:start + n, None]).to(out.dtype))
-            start += n
-        return out
+        return experts_forward(x, weights, ids, self.gate_up_proj, self.down_proj, self.limit,
+                               self.kernels.moe, self.kernels.moe_triton_max_tokens)
 
 
 class MoE(nn.Module):
-    def __init__(self, ctx: ShardContext, cfg: ModelConfig):
+    def __init__(self, ctx: ShardContext, cfg: ModelConfig, kernels: Kernels = Kernels()):
         super().__init__()
         self.gate = Router(ctx, cfg)
-        self.experts = Experts(ctx, cfg)
+        self.experts = Experts(ctx, cfg, kernels)
         width = cfg.moe_intermediate_size * cfg.n_shared_experts
         self.shared_experts = DenseMLP(ctx, cfg.hidden_size, width, cfg.swiglu_limit) if width else None
 

@@ -33,6 +33,9 @@ def register(sub, bench, tune) -> None:
     p.add_argument("--batch", type=int, nargs="*", default=[1], help="decode batch sizes")
     p.add_argument("--repeats", type=int, default=3, help="prefill repetitions (median)")
     p.add_argument("--json", dest="json_out", default=None)
+    p.add_argument("--profile", type=int, default=0, metavar="N",
+                   help="after timing, profile N decode steps at the first --batch (torch.profiler, rank 0) and "
+                        "print the ops that cost the most host time and the kernel launches per step")
     p.set_defaults(func=run)
 
 
@@ -120,6 +123,36 @@ def measure(llm, prefill: list[int], batches: list[int], steps: int, repeats: in
     return out
 
 
+def profile_decode(llm, batch: int, steps: int, top: int = 15) -> dict:
+    """Host-side cost of decode steps: top ops by self CPU time, and device kernels launched per step."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from tpserve.sampling_params import SamplingParams
+
+    engine = llm.engine
+    params = SamplingParams(temperature=0, max_tokens=steps + 2, ignore_eos=True)
+    for i in range(batch):
+        engine.add_request(f"prof{i}", list(range(100, 228)), params)
+    engine.step()  # the prefill
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if engine.device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            engine.step()
+    while engine.has_unfinished():
+        engine.step()
+    events = prof.key_averages()
+    launches = sum(e.count for e in events if e.key in ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC",
+                                                       "cuLaunchKernelEx"))
+    rows = sorted(events, key=lambda e: -e.self_cpu_time_total)[:top]
+    table = [{"op": e.key, "calls_per_step": e.count / steps,
+              "self_cpu_ms_per_step": e.self_cpu_time_total / 1e3 / steps} for e in rows]
+    print(f"\nprofile: {steps} decode steps at batch {batch}, {launches / steps:.0f} kernel launches per step")
+    print("| op | calls per step | self CPU ms per step |\n| --- | --- | --- |")
+    for r in table:
+        print(f"| {r['op']} | {r['calls_per_step']:.0f} | {r['self_cpu_ms_per_step']:.3f} |")
+    return {"batch": batch, "steps": steps, "launches_per_step": launches / steps, "top": table}
+
+
 def run(args) -> int:
     import dataclasses
 
@@ -142,16 +175,18 @@ def run(args) -> int:
             cfg = ModelConfig.from_dict(cfg_dict)
             runner = getattr(llm.engine.executor, "runner", None) or llm.engine.executor.state.runner
             floor = decode_floor_bytes(runner.model, cfg)
-            kda_report = runner.kda_report
+            kda_report, kernels = runner.kda_report, runner.kernels.describe()
             res = measure(llm, args.prefill, args.batch, args.decode_steps, args.repeats)
+            if args.profile:
+                res["profile"] = profile_decode(llm, args.batch[0], args.profile)
         finally:
             llm.shutdown()
     tp = ecfg.tensor_parallel_size
     print(f"KDA kernels: {kda_report}")
-    res.update(kda=kda_report, layers=args.layers, tp=tp, decode_floor_ms=1000 * floor / HBM_BYTES_PER_S,
-               decode_floor_bytes_per_rank=floor)
+    res.update(kda=kda_report, kernels=kernels, layers=args.layers, tp=tp,
+               decode_floor_ms=1000 * floor / HBM_BYTES_PER_S, decode_floor_bytes_per_rank=floor)
     print(f"layers {args.layers} (MoE {'after 3 dense' if args.dense_first else 'in every layer'}), TP={tp}, "
-          f"kda={ecfg.kda_backend}, sp={ecfg.sequence_parallel}, custom_allreduce={ecfg.custom_allreduce}")
+          f"{kernels}, sp={ecfg.sequence_parallel}, custom_allreduce={ecfg.custom_allreduce}")
     print("| what | time | rate | vs floor |\n| --- | --- | --- | --- |")
     for n, r in res["prefill"].items():
         print(f"| prefill {n} tokens | {r['ms']:.1f} ms | {r['tok_per_s']:.0f} tok/s | |")

@@ -1,0 +1,17 @@
+"""Which implementation each hot op uses on one rank, resolved once from the switches."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Kernels:
+    kda: str = "torch"            # "fla": fla-core's Triton kernels; "torch": our chunked / recurrent forms
+    mhc: str = "torch"            # "triton": one fused kernel for the mHC weights; "torch": plain ops
+    moe: str = "torch"            # "triton": grouped expert GEMMs; "torch": a loop over the chosen experts
+    moe_triton_max_tokens: int = 0  # the triton MoE runs forwards of at most this many tokens
+
+    def describe(self) -> str:
+        moe = f"triton up to {self.moe_triton_max_tokens} tokens" if self.moe == "triton" else self.moe
+        return f"kda={self.kda}, mhc={self.mhc}, moe={moe}"
