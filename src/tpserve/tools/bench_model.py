@@ -79,6 +79,14 @@ def _timed_step(engine) -> float:
     return time.perf_counter() - start
 
 
+def finish_prefills(engine) -> None:
+    """Step until every queued sequence has its first token, so that what follows are decode steps only
+    (a batch's prompts can take several steps when they exceed --max-num-batched-tokens)."""
+    sched = engine.scheduler
+    while sched.waiting or any(not seq.output_ids for seq in sched.running):
+        engine.step()
+
+
 def measure(llm, prefill: list[int], batches: list[int], steps: int, repeats: int) -> dict:
     import torch
 
@@ -110,14 +118,10 @@ def measure(llm, prefill: list[int], batches: list[int], steps: int, repeats: in
         params = SamplingParams(temperature=0, max_tokens=steps + 1, ignore_eos=True)
         for _ in range(b):
             engine.add_request(f"d{next(rid)}", prompt(128), params)
+        finish_prefills(engine)
         times = []
-        first = True
         while engine.has_unfinished():
-            t = _timed_step(engine)
-            if first:  # the prefill of the batch
-                first = False
-                continue
-            times.append(t)
+            times.append(_timed_step(engine))
         out["decode"][b] = {"ms_per_step": 1000 * statistics.median(times), "steps": len(times),
                             "tok_per_s": b / statistics.median(times)}
     return out
@@ -133,7 +137,7 @@ def profile_decode(llm, batch: int, steps: int, top: int = 15) -> dict:
     params = SamplingParams(temperature=0, max_tokens=steps + 2, ignore_eos=True)
     for i in range(batch):
         engine.add_request(f"prof{i}", list(range(100, 228)), params)
-    engine.step()  # the prefill
+    finish_prefills(engine)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if engine.device.type == "cuda" else [])
     with profile(activities=activities) as prof:
         for _ in range(steps):
