@@ -1,16 +1,12 @@
 #!/usr/bin/env bash
 # One device call on nvidia-h200-x2 (GPU 0 alone for TP=1): the CUDA checks and timings of the
-# core, serving and tensor-parallel issues. Needs the wheels in .whl (see BENCHMARKS.md).
+# core, serving and tensor-parallel issues. Needs the wheels in .whl (bench/gpu_env.sh lists them).
 # Writes logs under $OUT. Usage (from the repo root): bash bench/gpu_run_core.sh
 set -uo pipefail
-OUT=${OUT:-/tmp/tpserve-out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 TPSERVE_CACHE_DIR=/tmp/tpserve-cache
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+source bench/gpu_env.sh
 AR=${AR:---no-custom-allreduce}
 STEPS=${STEPS:-tiny serve tp1 tp2 hf}   # run a subset with e.g. STEPS="tiny serve"
 want() { [[ " $STEPS " == *" $1 "* ]]; }
-step() { echo; echo "=== $1 ($(date +%T))"; }
 step "machine"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nvidia-smi topo -m | head -4
 python3 -c 'import torch, triton, fla; print("torch", torch.__version__, "triton", triton.__version__, "fla", fla.__version__)'

@@ -3,11 +3,8 @@
 # model (fp32, TP=1 and TP=2 with the custom all-reduce), real-width timings TP=1 / TP=2 with the
 # custom collectives on and off, and the graph-captured collectives table. Logs go to $OUT.
 set -uo pipefail
-OUT=${OUT:-/tmp/tpserve-out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 TPSERVE_CACHE_DIR=/tmp/tpserve-cache TPSERVE_LOG_LEVEL=INFO
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-step() { echo; echo "=== $1 ($(date +%T))"; }
+source bench/gpu_env.sh
+export TPSERVE_LOG_LEVEL=INFO
 MODEL=(python3 -m tpserve.cli bench model --device cuda --prefill 4096 16384 --repeats 2 --decode-steps 16 --batch 1 32)
 step "fla-core KDA kernels vs torch reference"
 timeout 80 python3 bench/gpu_check_fla.py 2>&1 | grep "^|"

@@ -10,15 +10,11 @@
 #     decode (batch 1 and 32), then TP=2 with the default switches (custom collectives on).
 #  ab (not in the default STEPS): TP=2 with the custom collectives off then on, in one call.
 # Usage: [STEPS="kernels tiny model accuracy profile ab"] bash bench/gpu_run_kernels.sh
-# Needs the wheels in .whl (BENCHMARKS.md lists them). Logs and JSON go to $OUT.
+# Needs the wheels in .whl (bench/gpu_env.sh lists them). Logs and JSON go to $OUT.
 set -uo pipefail
-OUT=${OUT:-/tmp/tpserve-out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 TPSERVE_CACHE_DIR=/tmp/tpserve-cache
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 TRITON_CACHE_AUTOTUNING=1
+source bench/gpu_env.sh
 STEPS=${STEPS:-kernels tiny model}
 want() { [[ " $STEPS " == *" $1 "* ]]; }
-step() { echo; echo "=== $1 ($(date +%T))"; }
 MODEL=(python3 -m tpserve.cli bench model --device cuda --prefill 4096 16384 --repeats 3 --decode-steps 16 --batch 1 32)
 TORCH_KERNELS=(--mhc-backend torch --moe-backend torch)
 step "machine"

@@ -4,14 +4,10 @@
 #     meanwhile a throw-away TP=1 run on GPU 1 compiles fla-core's Triton kernels;
 #  2. real-width KKKM layers (bf16, fla-core KDA with the corrected options), TP=1 then TP=2 (NCCL),
 #     back to back on the same machine.
-# Needs the wheels in .whl (BENCHMARKS.md lists them). Logs and JSON go to $OUT.
+# Needs the wheels in .whl (bench/gpu_env.sh lists them). Logs and JSON go to $OUT.
 set -uo pipefail
-OUT=${OUT:-/tmp/tpserve-out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 TPSERVE_CACHE_DIR=/tmp/tpserve-cache
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 TRITON_CACHE_AUTOTUNING=1
+source bench/gpu_env.sh
 CONFIGS=${CONFIGS:-default,shared,variant}
-step() { echo; echo "=== $1 ($(date +%T))"; }
 MODEL=(python3 -m tpserve.cli bench model --device cuda --prefill 4096 16384 --repeats 3 --decode-steps 16 --batch 1 32)
 step "machine"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
