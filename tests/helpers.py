@@ -31,12 +31,14 @@ def make_checkpoint(root: Path, name: str) -> Path:
 
 
 @functools.lru_cache(maxsize=4)
-def reference_model(path: str):
+def reference_model(path: str, dtype: torch.dtype = torch.float32):
     import transformers
     from transformers import Glm5NextForConditionalGeneration
 
     transformers.logging.set_verbosity_error()
-    model = Glm5NextForConditionalGeneration.from_pretrained(path, dtype=torch.float32).eval()
+    # the grouped-mm experts path has no float64 kernel; the eager loop is the same function
+    extra = {"experts_implementation": "eager"} if dtype == torch.float64 else {}
+    model = Glm5NextForConditionalGeneration.from_pretrained(path, dtype=dtype, **extra).eval()
     model.generation_config.eos_token_id = None
     return model
 
@@ -49,9 +51,34 @@ def reference_greedy(path: Path, prompt: list[int], max_new_tokens: int) -> list
     return out[0, len(prompt):].tolist()
 
 
-def reference_logits(path: Path, prompt: list[int]) -> torch.Tensor:
+def reference_logits(path: Path, prompt: list[int], dtype: torch.dtype = torch.float32) -> torch.Tensor:
     with torch.no_grad():
-        return reference_model(str(path))(input_ids=torch.tensor([prompt])).logits[0]
+        return reference_model(str(path), dtype)(input_ids=torch.tensor([prompt])).logits[0]
+
+
+FP32_EPS = torch.finfo(torch.float32).eps  # unit roundoff u = eps / 2
+
+
+def assert_logits_match_oracle(ours: torch.Tensor, path: Path, prompt: list[int], factor: float = 8.0) -> float:
+    """Our fp32 logits against the exact function, with a bound derived from fp32 rounding.
+
+    Both we and transformers' fp32 model approximate the same function; its float64 evaluation is
+    the truth. transformers' own fp32 error on this machine, e_ref = |ref32 - ref64|, measures how
+    much rounding this computation accumulates here (it scales with the CPU's BLAS and summation
+    order, which is why a fixed 1e-4 failed at 1.018e-4 on another CPU). We require
+        |ours - ref64| <= factor * e_ref + 64 * u * max|ref64|
+    i.e. no more than `factor` times the reference's own rounding error, plus a floor of 64 unit
+    roundoffs of the logit scale for the case where the reference happens to round luckily.
+    A wrong computation moves logits by orders of magnitude more. Returns |ours - ref32|."""
+    ref32 = reference_logits(path, prompt).double()
+    ref64 = reference_logits(path, prompt, torch.float64)
+    ours = ours.double()
+    e_ref = (ref32 - ref64).abs().max().item()
+    bound = factor * e_ref + 64 * (FP32_EPS / 2) * ref64.abs().max().item()
+    err = (ours - ref64).abs().max().item()
+    assert err <= bound, (f"logits differ from the float64 oracle by {err:.3e} > bound {bound:.3e} "
+                          f"(transformers fp32 differs by {e_ref:.3e})")
+    return (ours - ref32).abs().max().item()
 
 
 def prefill_logits(llm, prompt: list[int]) -> torch.Tensor:

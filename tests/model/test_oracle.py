@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from helpers import TINY_CONFIGS, prefill_logits, random_prompts, reference_greedy, reference_logits
+from helpers import TINY_CONFIGS, assert_logits_match_oracle, prefill_logits, random_prompts, reference_greedy
 from tpserve import LLM, SamplingParams
 
 LENGTHS = (7, 45, 90, 23)  # index_topk is 16/24: most prompts need the sparse selection
@@ -20,8 +20,10 @@ def test_greedy_and_logits_match_transformers(tiny, name):
                         SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True))
     for prompt, out in zip(prompts, outs):
         assert out.outputs[0].token_ids == reference_greedy(path, prompt, NEW_TOKENS), f"prompt of {len(prompt)}"
-    diff = (prefill_logits(llm, prompts[2]) - reference_logits(path, prompts[2])).abs().max().item()
-    assert diff < 1e-4
+    ours = prefill_logits(llm, prompts[2])
+    assert_logits_match_oracle(ours, path, prompts[2])
+    with pytest.raises(AssertionError, match="float64 oracle"):  # the bound is tight enough to catch a bug
+        assert_logits_match_oracle(ours + 1e-3 * ours.abs().max(), path, prompts[2])
     assert llm.engine.block_pool.num_free == llm.engine.block_pool.num_blocks
     assert llm.engine.slot_pool.num_free == llm.engine.slot_pool.num_blocks
 
