@@ -15,10 +15,12 @@ TINY_CONFIGS: dict[str, dict] = {
                    layer_types=["linear_attention", "indexed_attention", "indexed_attention", "linear_attention",
                                 "indexed_attention", "indexed_attention"],
                    indexer_types=["full", "full", "shared", "full", "full", "shared"]),
-    # kpool 8 without the tail, softplus gate, attention bias, unnormalised top-k, tied embeddings
+    # kpool 8 with the tail, softplus gate, attention bias, unnormalised top-k, tied embeddings
     "variant": dict(layers=4, seed=3, index_kpool=8, index_topk=24, index_kpool_always_select_tail=True,
                     linear_lower_bound=None, attention_bias=True, norm_topk_prob=False, n_shared_experts=2,
                     tie_word_embeddings=True),
+    # the indexer's no-tail branch: a query sees only complete pools (plus itself through its pool)
+    "notail": dict(layers=4, seed=4, index_kpool=4, index_topk=12, index_kpool_always_select_tail=False),
 }
 
 

@@ -42,6 +42,9 @@ class EngineConfig:
         "from --gpu-memory-utilization on cuda, 256MiB on cpu")
     gpu_memory_utilization: float = _opt(0.85, "fraction of GPU memory the engine may use")
     # ---- speedup switches (docs/switches.md) ----
+    enforce_eager: bool = _opt(False, "run every step eagerly: no CUDA graphs (by default, decode steps of up "
+                               "to --max-num-seqs sequences replay graphs captured at start, cuda only)",
+                               switch=True)
     kda_backend: str = _opt("auto", "KDA kernels: fla (fla-core Triton, cuda only; self-tested at start, "
                             "torch if it disagrees), torch, or auto (fla on cuda in bf16/fp16, torch in fp32)",
                             switch=True, choices=("auto", "fla", "torch"))

@@ -88,6 +88,7 @@ class RankState:
             dist.all_reduce(agreed, op=dist.ReduceOp.MIN, group=self.control)
             self.cache_shape = CacheShape(int(agreed), mine.num_slots, mine.block_size)
             self.runner.allocate_cache(self.cache_shape)
+            self.runner.setup_graphs(ecfg.max_num_seqs, ecfg.max_model_len, ecfg.enforce_eager)
         except BaseException:
             self.close()
             raise
@@ -98,6 +99,9 @@ class RankState:
         return box[0]
 
     def close(self) -> None:
+        runner = getattr(self, "runner", None)
+        if runner is not None:
+            runner.close()  # graphs go before the process group
         if self.comm is not None:
             self.comm.close()
         if dist.is_initialized():

@@ -134,6 +134,8 @@ class LLMEngine:
         scheduled = self.scheduler.schedule()
         if not scheduled:
             return []
+        # decodes first: they take the decode kernels, the prefill chunks after them the prefill path
+        scheduled.sort(key=lambda s: s.num_tokens != 1)
         plan = self._plan(scheduled)
         try:
             logits = self.executor.execute(plan)
@@ -166,7 +168,9 @@ class LLMEngine:
                 logits_idx.append(cu[-1] - 1)
         sp = (self.ecfg.sequence_parallel and self.ecfg.tensor_parallel_size > 1
               and cu[-1] >= self.ecfg.sp_min_tokens)
-        return StepPlan(ids, pos, cu, ctx, slots, tables, logits_idx, self.scheduler.take_fresh_slots(), sp)
+        num_decode = sum(1 for s in scheduled if s.num_tokens == 1)
+        return StepPlan(ids, pos, cu, ctx, slots, tables, logits_idx, self.scheduler.take_fresh_slots(), sp,
+                        num_decode)
 
     def _append(self, seq: Sequence, res: sampler.SampleResult) -> None:
         seq.output_ids.append(res.token)

@@ -63,6 +63,7 @@ class LocalExecutor:
                                   load_format=ecfg.load_format)
         self.cache_shape = cache_budget(ecfg, cfg, device, dtype, 1)
         self.runner.allocate_cache(self.cache_shape)
+        self.runner.setup_graphs(ecfg.max_num_seqs, ecfg.max_model_len, ecfg.enforce_eager)
 
     def execute(self, plan: StepPlan) -> torch.Tensor:
         return self.runner.execute(plan)
@@ -71,7 +72,7 @@ class LocalExecutor:
         pass
 
     def shutdown(self) -> None:
-        pass
+        self.runner.close()
 
 
 def make_executor(ecfg: EngineConfig, model_dir: str, cfg: ModelConfig, device: torch.device,

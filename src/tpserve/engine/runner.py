@@ -34,6 +34,12 @@ class StepPlan:
     logits_indices: list[int]
     reset_slots: list[int]
     sequence_parallel: bool = False
+    num_decode: int = 0  # the first num_decode sequences are decodes/verifies (decode kernels)
+
+    @property
+    def is_uniform_decode(self) -> bool:
+        """Every sequence is a one-token decode (a CUDA-graph step)."""
+        return self.num_decode == len(self.slots) == len(self.input_ids) and not self.sequence_parallel
 
 
 @dataclass(frozen=True)
@@ -63,6 +69,7 @@ class ModelRunner:
             self._configure_fla()
         self.cache = None
         self.cache_shape: CacheShape | None = None
+        self.graphs = None  # engine.graphs.DecodeGraphs once set up
 
     def _configure_fla(self) -> None:
         """Check fla-core's kernels against the torch references once, on this device and head size;
@@ -84,10 +91,26 @@ class ModelRunner:
         self.kda_report = report
 
     def allocate_cache(self, shape: CacheShape) -> None:
+        """The scheduler's blocks and slots, plus one reserved dummy block (id num_blocks) and dummy
+        slot (id num_slots): padding rows of graph steps and pools no token completes write there."""
         self.cache_shape = shape
-        self.cache = cache_mod.allocate_cache(self.cfg, num_blocks=shape.num_blocks, block_size=shape.block_size,
-                                              num_slots=shape.num_slots, world=self.ctx.world,
+        self.cache = cache_mod.allocate_cache(self.cfg, num_blocks=shape.num_blocks + 1, block_size=shape.block_size,
+                                              num_slots=shape.num_slots + 1, world=self.ctx.world,
                                               dtype=self.ctx.dtype, device=self.device)
+
+    def setup_graphs(self, max_num_seqs: int, max_model_len: int | None, enforce_eager: bool,
+                     pad_on_cpu: bool = False) -> None:
+        """Capture decode graphs (CUDA; not with enforce_eager). pad_on_cpu runs the same padded,
+        fixed-shape steps eagerly (tests of the padding on CPU)."""
+        from tpserve.engine.graphs import DecodeGraphs
+
+        if enforce_eager or (self.device.type != "cuda" and not pad_on_cpu):
+            return
+        shape = self.cache_shape
+        longest = min(max_model_len or self.cfg.max_position_embeddings, shape.num_blocks * shape.block_size)
+        self.graphs = DecodeGraphs(self, max_num_seqs, -(-longest // shape.block_size),
+                                   capture=self.device.type == "cuda")
+        self.graphs.capture_all()
 
     def build_batch(self, plan: StepPlan) -> ForwardBatch:
         dev, bs = self.device, self.cache_shape.block_size
@@ -104,8 +127,16 @@ class ModelRunner:
             positions=positions.to(dev), cu_seqlens=list(plan.cu_seqlens), context_lens=list(plan.context_lens),
             slots=torch.tensor(plan.slots, dtype=torch.long, device=dev), block_tables=tables.to(dev),
             slot_mapping=slot_mapping.to(dev), logits_indices=torch.tensor(plan.logits_indices, dtype=torch.long, device=dev),
-            sequence_parallel=plan.sequence_parallel)
+            sequence_parallel=plan.sequence_parallel, token_seq=owner.to(dev), decode_seqs=plan.num_decode)
 
     def execute(self, plan: StepPlan) -> torch.Tensor:
         cache_mod.reset_slots(self.cache, plan.reset_slots)
+        if self.graphs is not None and plan.is_uniform_decode and self.graphs.fits(plan):
+            return self.graphs.run(plan)
         return self.model(self.build_batch(plan), self.cache)
+
+    def close(self) -> None:
+        """Release graphs and their memory pool (before the process group goes)."""
+        if self.graphs is not None:
+            self.graphs.close()
+            self.graphs = None

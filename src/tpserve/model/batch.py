@@ -2,6 +2,9 @@
 
 The engine builds a ForwardBatch per step (prefill chunks and decodes together); the model
 only reads it. Tokens are flattened: sequence i owns rows cu_seqlens[i]:cu_seqlens[i+1].
+Every sequence has a query length >= 1 (1 for a decode, 1+k for verifying k drafts, n for a
+prefill chunk); decode/verify sequences come first (`decode_seqs`) and take the decode kernels.
+Nothing in a decode forward reads host values other than shapes, so it can be graph-captured.
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ class ForwardBatch:
     slot_mapping: torch.Tensor       # [T] long, flat cache row (block * bs + offset) per token
     logits_indices: torch.Tensor     # [N] long, rows whose next-token logits are wanted
     sequence_parallel: bool = False  # split the residual stream across ranks this step
+    token_seq: torch.Tensor | None = None  # [T] long, index of the sequence owning each token
+    decode_seqs: int = 0             # the first decode_seqs sequences take the decode kernels
 
     @property
     def num_seqs(self) -> int:
@@ -46,7 +51,18 @@ class ForwardBatch:
 
     @property
     def is_decode(self) -> bool:
-        return self.num_tokens == self.num_seqs
+        return self.num_tokens == self.num_seqs == self.decode_seqs
+
+    @property
+    def decode_tokens(self) -> int:
+        """Tokens [0, decode_tokens) belong to decode/verify sequences: per-token sparse attention
+        over the indexer's selection (causality comes from the selection), never the dense path."""
+        return self.cu_seqlens[self.decode_seqs]
+
+    @property
+    def single_token_seqs(self) -> int:
+        """Leading sequences of one token each (the recurrent KDA / conv step applies to them)."""
+        return self.decode_seqs if self.decode_tokens == self.decode_seqs else 0
 
     def seq_len(self, i: int) -> int:
         return self.cu_seqlens[i + 1] - self.cu_seqlens[i]

@@ -39,6 +39,15 @@ def selection_width(cfg: ModelConfig) -> int:
     return cfg.index_topk + (cfg.index_kpool - 1 if cfg.index_kpool_always_select_tail else 0)
 
 
+def token_rows(block_tables: torch.Tensor, token_seq: torch.Tensor, positions: torch.Tensor,
+               block_size: int) -> torch.Tensor:
+    """Flat cache rows of `positions` [N, M] (-1 allowed) of the sequences token_seq [N] owns,
+    without materialising a per-token copy of the block tables."""
+    safe = positions.clamp(min=0)
+    blocks = block_tables[token_seq.unsqueeze(-1), safe // block_size]
+    return blocks * block_size + safe % block_size
+
+
 def cache_rows(block_tables: torch.Tensor, positions: torch.Tensor, block_size: int) -> torch.Tensor:
     """Flat cache rows of token `positions` [B, N] (-1 allowed) through block tables [B, nb]."""
     safe = positions.clamp(min=0)
@@ -74,10 +83,13 @@ class Indexer(nn.Module):
         self._fill_pools(batch, cache)
         q = self.wq_b(q_resid).view(x.shape[0], self.n_heads, self.head_dim)
         w = self.weights_proj(x).float() * (self.n_heads ** -0.5)
-        if batch.is_decode:
-            return self._select_decode(q, w, batch, cache)
+        nd = batch.decode_tokens
+        if nd == x.shape[0]:
+            return self._select_tokens(q, w, batch, cache)
         out = torch.full((x.shape[0], self.width), -1, dtype=torch.long, device=x.device)
-        for i in range(batch.num_seqs):
+        if nd:
+            out[:nd] = self._select_tokens(q[:nd], w[:nd], batch, cache)
+        for i in range(batch.decode_seqs, batch.num_seqs):
             a, b = batch.cu_seqlens[i], batch.cu_seqlens[i + 1]
             pos = batch.positions[a:b]
             n_pools = batch.total_len(i) // self.kpool
@@ -91,25 +103,23 @@ class Indexer(nn.Module):
 
     # ------------------------------------------------------------------ pools
     def _fill_pools(self, batch: ForwardBatch, cache: CacheTensors) -> None:
-        """Compute the pooled key of every pool that this step completes."""
-        seq_idx, first_pos = [], []
-        for i in range(batch.num_seqs):
-            lo, hi = batch.context_lens[i] // self.kpool, batch.total_len(i) // self.kpool
-            for p in range(lo, hi):
-                seq_idx.append(i)
-                first_pos.append(p * self.kpool)
-        if not seq_idx:
-            return
-        dev = batch.block_tables.device
-        seq_t = torch.tensor(seq_idx, device=dev)
-        pos = torch.tensor(first_pos, device=dev).unsqueeze(-1) + torch.arange(self.kpool, device=dev)
-        rows = cache_rows(batch.block_tables[seq_t], pos, cache.block_size)        # [N, kpool]
+        """Compute the pooled key of every pool that this step completes, on the device.
+
+        Every token computes the pool that ends at it; tokens that end no pool write theirs to the
+        reserved dummy block's pool row (the last one), so no host loop or host read is needed."""
+        pos = batch.positions
+        first = (pos + 1 - self.kpool).clamp(min=0)
+        toks = first.unsqueeze(-1) + torch.arange(self.kpool, device=pos.device)      # [T, kpool]
+        rows = token_rows(batch.block_tables, batch.token_seq, toks, cache.block_size)
         keys = cache.index_k[self.layer].view(-1, self.head_dim)[rows]
         gates = cache.index_gate[self.layer].view(-1, self.head_dim)[rows]
         probs = (gates.float() + self.index_kpool_compress_ape.float()).softmax(dim=1).to(keys.dtype)
         pooled = (probs * keys).sum(dim=1)
-        pool_rows = rows[:, 0] // self.kpool      # block * (bs / kpool) + offset / kpool
-        cache.pool_k[self.layer].view(-1, self.head_dim)[pool_rows] = pooled.to(cache.pool_k[self.layer].dtype)
+        pool_flat = cache.pool_k[self.layer].view(-1, self.head_dim)
+        completes = (pos + 1) % self.kpool == 0
+        dummy = torch.full_like(rows[:, 0], pool_flat.shape[0] - 1)
+        target = torch.where(completes, rows[:, 0] // self.kpool, dummy)  # block * (bs / kpool) + offset / kpool
+        pool_flat[target] = pooled.to(pool_flat.dtype)
 
     def _pool_keys(self, block_tables: torch.Tensor, n_pools: int, cache: CacheTensors) -> torch.Tensor:
         """Pooled keys of pools 0..n_pools-1 for each row of block_tables -> [B, n_pools, dim]."""
@@ -143,11 +153,16 @@ class Indexer(nn.Module):
             out[:, self.pools_to_keep * self.kpool:] = tail.masked_fill(offs >= count.unsqueeze(-1), -1)
         return out
 
-    def _select_decode(self, q: torch.Tensor, w: torch.Tensor, batch: ForwardBatch,
+    def _select_tokens(self, q: torch.Tensor, w: torch.Tensor, batch: ForwardBatch,
                        cache: CacheTensors) -> torch.Tensor:
-        lens = batch.positions + 1                                                   # [B]
-        n_pools = max(batch.total_len(i) for i in range(batch.num_seqs)) // self.kpool
-        pool_keys = self._pool_keys(batch.block_tables, n_pools, cache)             # [B, P, d]
+        """Decode / verify tokens (the first q.shape[0] rows): each scores the pools of its own
+        sequence over the block table's whole width (a fixed shape), invisible pools masked."""
+        n = q.shape[0]
+        pos = batch.positions[:n]
+        n_pools = batch.block_tables.shape[1] * cache.block_size // self.kpool
+        starts = (torch.arange(n_pools, device=q.device) * self.kpool).expand(n, -1)
+        rows = token_rows(batch.block_tables, batch.token_seq[:n], starts, cache.block_size) // self.kpool
+        pool_keys = cache.pool_k[self.layer].view(-1, self.head_dim)[rows]            # [n, P, d]
         scores = self._scores(q.unsqueeze(1), w.unsqueeze(1), pool_keys.unsqueeze(1)).squeeze(1)
-        visible = (torch.arange(n_pools, device=q.device) + 1) * self.kpool <= lens.unsqueeze(-1)
-        return self._expand(scores, visible, batch.positions)
+        visible = (torch.arange(n_pools, device=q.device) + 1) * self.kpool <= pos.unsqueeze(-1) + 1
+        return self._expand(scores, visible, pos)

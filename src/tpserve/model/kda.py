@@ -67,12 +67,17 @@ class KdaAttention(nn.Module):
 
     def _conv(self, mixed: torch.Tensor, batch: ForwardBatch, conv_states: torch.Tensor) -> torch.Tensor:
         weight = self.conv_weight.squeeze(1)
-        if batch.is_decode:
-            out, new = conv.causal_conv_step(mixed, conv_states[batch.slots], weight)
-            conv_states[batch.slots] = new.to(conv_states.dtype)
-            return out
+        nd = batch.single_token_seqs
+        if nd:
+            slots = batch.slots[:nd]
+            head, new = conv.causal_conv_step(mixed[:nd], conv_states[slots], weight)
+            conv_states[slots] = new.to(conv_states.dtype)
+            if nd == mixed.shape[0]:
+                return head
         out = torch.empty_like(mixed)
-        for i in range(batch.num_seqs):
+        if nd:
+            out[:nd] = head
+        for i in range(nd, batch.num_seqs):
             a, b = batch.cu_seqlens[i], batch.cu_seqlens[i + 1]
             slot = batch.slots[i]
             out[a:b], new = conv.causal_conv_seq(mixed[a:b], conv_states[slot], weight)
@@ -80,12 +85,17 @@ class KdaAttention(nn.Module):
         return out
 
     def _torch(self, q, k, v, g, beta, batch: ForwardBatch, states: torch.Tensor) -> torch.Tensor:
-        if batch.is_decode:
-            out, new = kda_ops.kda_recurrent_batched(q, k, v, g, beta, states[batch.slots])
-            states[batch.slots] = new
-            return out
+        nd = batch.single_token_seqs
+        if nd:
+            slots = batch.slots[:nd]
+            head, new = kda_ops.kda_recurrent_batched(q[:nd], k[:nd], v[:nd], g[:nd], beta[:nd], states[slots])
+            states[slots] = new
+            if nd == q.shape[0]:
+                return head
         out = torch.empty_like(v)
-        for i in range(batch.num_seqs):
+        if nd:
+            out[:nd] = head
+        for i in range(nd, batch.num_seqs):
             a, b = batch.cu_seqlens[i], batch.cu_seqlens[i + 1]
             slot = batch.slots[i]
             fn = kda_ops.kda_recurrent if b - a == 1 else kda_ops.kda_chunked
@@ -95,16 +105,22 @@ class KdaAttention(nn.Module):
     def _fla(self, q, k, v, g, beta, batch: ForwardBatch, states: torch.Tensor) -> torch.Tensor:
         from fla.ops.kda import chunk_kda, fused_recurrent_kda
 
-        init = states[batch.slots]
-        if batch.is_decode:
-            out, final = fused_recurrent_kda(q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1), g.unsqueeze(1),
-                                             beta.unsqueeze(1), initial_state=init, output_final_state=True,
-                                             use_qk_l2norm_in_kernel=True)
-            states[batch.slots] = final
-            return out.squeeze(1)
-        cu = torch.tensor(batch.cu_seqlens, dtype=torch.long, device=q.device)
-        out, final = chunk_kda(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), g.unsqueeze(0), beta.unsqueeze(0),
-                               initial_state=init, output_final_state=True, use_qk_l2norm_in_kernel=True,
-                               cu_seqlens=cu, **self.fla_options)
-        states[batch.slots] = final
-        return out.squeeze(0)
+        nd = batch.single_token_seqs
+        parts = []
+        if nd:
+            slots = batch.slots[:nd]
+            out, final = fused_recurrent_kda(q[:nd, None], k[:nd, None], v[:nd, None], g[:nd, None],
+                                             beta[:nd, None], initial_state=states[slots],
+                                             output_final_state=True, use_qk_l2norm_in_kernel=True)
+            states[slots] = final
+            parts.append(out.squeeze(1))
+        if nd < batch.num_seqs:
+            slots = batch.slots[nd:]
+            cu = torch.tensor(batch.cu_seqlens[nd:], dtype=torch.long, device=q.device) - batch.cu_seqlens[nd]
+            a = batch.cu_seqlens[nd]
+            out, final = chunk_kda(q[None, a:], k[None, a:], v[None, a:], g[None, a:], beta[None, a:],
+                                   initial_state=states[slots], output_final_state=True,
+                                   use_qk_l2norm_in_kernel=True, cu_seqlens=cu, **self.fla_options)
+            states[slots] = final
+            parts.append(out.squeeze(0))
+        return parts[0] if len(parts) == 1 else torch.cat(parts)

@@ -2,8 +2,8 @@
 
 Only the normalised 512-wide latent is cached (replicated on every rank, paged in blocks).
 Prefill chunks expand the latent of the whole context into per-head keys/values and run SDPA
-under the selection mask; decode steps absorb kv_b_proj into the query and attend over the
-selected latent rows only.
+under the selection mask; decode and verify tokens (also inside a mixed step) absorb kv_b_proj
+into the query and attend over their selected latent rows only.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from torch import nn
 
 from tpserve.model.batch import CacheTensors, ForwardBatch
 from tpserve.model.config import ModelConfig
-from tpserve.model.indexer import Indexer, cache_rows
+from tpserve.model.indexer import Indexer, cache_rows, token_rows
 from tpserve.model.layers import RMSNorm, ShardContext, column, replicated, row
 
 QUERY_BLOCK = 1024  # prefill queries attended per SDPA call
@@ -52,11 +52,14 @@ class MlaAttention(nn.Module):
             raise ValueError(f"layer {self.layer}: a shared indexer layer needs the previous layer's selection")
         else:
             selection = prev_selection
-        if batch.is_decode:
-            out = self._decode(q, selection, batch, latent_flat, cache.block_size)
+        nd = batch.decode_tokens
+        if nd == t:
+            out = self._sparse(q, selection, batch, latent_flat, cache.block_size)
         else:
             out = torch.empty(t, self.heads * self.v_dim, dtype=x.dtype, device=x.device)
-            for i in range(batch.num_seqs):
+            if nd:
+                out[:nd] = self._sparse(q[:nd], selection[:nd], batch, latent_flat, cache.block_size)
+            for i in range(batch.decode_seqs, batch.num_seqs):
                 a, b = batch.cu_seqlens[i], batch.cu_seqlens[i + 1]
                 out[a:b] = self._prefill_seq(q[a:b], selection[a:b], batch.block_tables[i:i + 1],
                                              batch.total_len(i), latent_flat, cache.block_size)
@@ -82,11 +85,13 @@ class MlaAttention(nn.Module):
             out[a:b] = o[0].transpose(0, 1).reshape(b - a, self.heads * self.v_dim)
         return out
 
-    def _decode(self, q: torch.Tensor, sel: torch.Tensor, batch: ForwardBatch,
+    def _sparse(self, q: torch.Tensor, sel: torch.Tensor, batch: ForwardBatch,
                 latent_flat: torch.Tensor, block_size: int) -> torch.Tensor:
+        """Decode / verify tokens (the first q.shape[0] rows): attention in latent space over each
+        token's selected cache rows only (kv_b_proj absorbed into the query and the output)."""
         w_uk, w_uv = self._kv_weights()
-        rows = cache_rows(batch.block_tables, sel, block_size)
-        lat = latent_flat[rows].to(q.dtype)                                          # [B, W, c]
+        rows = token_rows(batch.block_tables, batch.token_seq[:q.shape[0]], sel, block_size)
+        lat = latent_flat[rows].to(q.dtype)                                          # [N, W, c]
         q_lat = torch.einsum("bhd,hdc->bhc", q, w_uk)
         scores = torch.einsum("bhc,bwc->bhw", q_lat, lat).float() * self.scaling
         scores = scores.masked_fill((sel < 0).unsqueeze(1), float("-inf"))

@@ -1,0 +1,105 @@
+"""The step model: decodes in mixed steps take the decode path, decode-step logits match
+transformers, padded fixed-shape decode steps (what CUDA graphs replay) give identical tokens."""
+
+import pytest
+import torch
+
+from helpers import FP32_EPS, random_prompts, reference_greedy, reference_logits
+from tpserve import LLM, SamplingParams
+
+NEW = 10
+
+
+def _llm(path, **kw):
+    return LLM(str(path), device="cpu", kv_cache_memory="8MiB", block_size=16, skip_tokenizer_init=True, **kw)
+
+
+def _record_plans(llm):
+    plans = []
+    execute = llm.engine.executor.execute
+
+    def spy(plan):
+        plans.append(plan)
+        return execute(plan)
+
+    llm.engine.executor.execute = spy
+    return plans
+
+
+def _run_staggered(llm, prompts, params):
+    """Add one request per step, so prefill chunks of new requests share steps with decodes."""
+    engine, outs = llm.engine, {}
+    pending = list(enumerate(prompts))
+    while pending or engine.has_unfinished():
+        if pending:
+            i, p = pending.pop(0)
+            engine.add_request(str(i), p, params)
+        for out in engine.step():
+            if out.finished:
+                outs[int(out.request_id)] = out
+    return [outs[i] for i in range(len(prompts))]
+
+
+@pytest.mark.parametrize("name", ["default", "shared"])
+def test_mixed_steps_decode_logits_match_transformers(tiny, name):
+    path = tiny(name)
+    prompts = random_prompts((30, 75, 9, 52), seed=21)
+    llm = _llm(path, max_num_batched_tokens=24)
+    plans = _record_plans(llm)
+    params = SamplingParams(temperature=0, max_tokens=NEW, ignore_eos=True, logprobs=3)
+    outs = _run_staggered(llm, prompts, params)
+    mixed = [p for p in plans if 0 < p.num_decode < len(p.slots)]
+    assert mixed, "no step mixed decodes with prefill chunks"
+    for prompt, out in zip(prompts, outs):
+        tokens = out.outputs[0].token_ids
+        assert tokens == reference_greedy(path, prompt, NEW)
+        # the logprobs of every decode step against the full-sequence forward of transformers:
+        # log_softmax moves by at most 2x the largest logit error, bounded as in assert_logits_match_oracle
+        seq = prompt + tokens[:-1]
+        ref32 = reference_logits(path, seq)[len(prompt) - 1:].double().log_softmax(-1)
+        ref64 = reference_logits(path, seq, torch.float64)[len(prompt) - 1:].log_softmax(-1)
+        bound = 2 * (8 * (ref32 - ref64).abs().max().item() + 64 * FP32_EPS / 2 * ref64.abs().max().item())
+        worst = max(abs(lp.logprob - ref64[i, tok].item())
+                    for i, step in enumerate(out.outputs[0].logprobs) for tok, lp in step.items())
+        assert worst <= bound, f"decode logprob off by {worst:.2e} > {bound:.2e}"
+    e = llm.engine
+    assert e.block_pool.num_free == e.block_pool.num_blocks and e.slot_pool.num_free == e.slot_pool.num_blocks
+
+
+def test_decodes_come_first_and_take_the_decode_path(tiny):
+    llm = _llm(tiny("default"), max_num_batched_tokens=16)
+    plans = _record_plans(llm)
+    _run_staggered(llm, random_prompts((40, 5, 33), seed=2), SamplingParams(max_tokens=4, ignore_eos=True))
+    for plan in plans:
+        lens = [b - a for a, b in zip(plan.cu_seqlens, plan.cu_seqlens[1:])]
+        assert plan.num_decode == sum(1 for n in lens if n == 1)
+        assert all(n == 1 for n in lens[:plan.num_decode]) and all(n > 1 for n in lens[plan.num_decode:])
+
+
+@pytest.mark.parametrize("name", ["default", "variant"])
+def test_padded_fixed_shape_decode_gives_identical_tokens(tiny, name):
+    """The CUDA-graph step (persistent buffers, padded batch, fixed-width block tables, dummy slot
+    and block for padding rows) run eagerly on CPU: tokens identical to the plain path."""
+    path = tiny(name)
+    prompts = [{"prompt_token_ids": p} for p in random_prompts((12, 40, 3, 27, 61), seed=9)]
+    params = SamplingParams(temperature=0, max_tokens=NEW, ignore_eos=True)
+    plain = _llm(path, max_num_seqs=6)
+    want = [o.outputs[0].token_ids for o in plain.generate(prompts, params)]
+    padded = _llm(path, max_num_seqs=6)
+    runner = padded.engine.executor.runner
+    runner.setup_graphs(6, None, enforce_eager=False, pad_on_cpu=True)
+    assert runner.graphs.buckets == [1, 2, 4, 6]
+    plans = _record_plans(padded)
+    got = [o.outputs[0].token_ids for o in padded.generate(prompts, params)]
+    assert got == want
+    assert any(p.is_uniform_decode and len(p.slots) in (3, 5) for p in plans), "no padded bucket was used"
+    e = padded.engine
+    assert e.block_pool.num_free == e.block_pool.num_blocks and e.slot_pool.num_free == e.slot_pool.num_blocks
+
+
+def test_graph_buckets():
+    from tpserve.engine.graphs import buckets
+
+    assert buckets(1) == [1]
+    assert buckets(64) == [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64]
+    assert buckets(100) == [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 100]
