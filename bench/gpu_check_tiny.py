@@ -63,11 +63,15 @@ def main() -> int:
     ap.add_argument("--kernels-only", action="store_true", help="only the bf16 agreement of the Triton mHC + MoE "
                     "kernels with the torch forms (KDA on the torch path, so nothing else differs)")
     ap.add_argument("--configs", default=",".join(TINY_CONFIGS), help="comma list of tiny configs")
+    ap.add_argument("--graphs", action="store_true", help="only: greedy tokens with decode CUDA graphs vs "
+                    "--enforce-eager (fp32 and bf16; 5 prompts, max_num_seqs 6, so batches are padded)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         paths = {name: str(make_checkpoint(Path(tmp), name)) for name in args.configs.split(",")}
         prompts = random_prompts((9, 120, 40, 77), seed=3)
-        if args.kernels_only:
+        if args.graphs:
+            graph_rows(args, paths, random_prompts((9, 120, 40, 77, 33), seed=3))
+        elif args.kernels_only:
             kernel_rows(args, paths, prompts)
         else:
             main_rows(args, paths, prompts)
@@ -98,6 +102,27 @@ def main_rows(args, paths: dict[str, str], prompts) -> None:
             rows.append(row)
             print(row, flush=True)
     print("\n" + head + "\n" + "\n".join(rows))
+
+
+def graph_rows(args, paths: dict[str, str], prompts) -> None:
+    print("| config | dtype | graphs: greedy equal to eager | max logit diff (prefill, eager path) | captured "
+          "|\n| --- | --- | --- | --- | --- |", flush=True)
+    for name, path in paths.items():
+        for dtype in ("float32", "bfloat16"):
+            base = dict(device=args.device, dtype=dtype, max_num_seqs=6)
+            eager, e_logits = run({**base, "enforce_eager": True}, path, prompts)
+            llm = LLM(path, **COMMON, **base)
+            try:
+                graphs = llm.engine.executor.runner.graphs
+                outs = llm.generate([{"prompt_token_ids": p} for p in prompts], PARAMS)
+                got = [o.outputs[0].token_ids for o in outs]
+                logits = prefill_logits(llm, prompts[1])
+                captured = "none" if graphs is None else f"{len(graphs.graphs)} in {graphs.capture_seconds:.1f} s"
+            finally:
+                llm.shutdown()
+            same = sum(a == b for a, b in zip(got, eager))
+            diff = (logits.float() - e_logits.float()).abs().max().item()
+            print(f"| {name} | {dtype} | {same}/{len(prompts)} | {diff:.2e} | {captured} |", flush=True)
 
 
 def kernel_rows(args, paths: dict[str, str], prompts) -> None:

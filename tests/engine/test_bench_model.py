@@ -6,19 +6,26 @@ from tpserve.cli import main
 
 
 def test_bench_model_tiny_cpu(tmp_path, capsys):
-    out = tmp_path / "model.json"
+    out, png = tmp_path / "model.json", tmp_path / "decode.png"
     # 3 x 128 prompt tokens over 48-token steps: the batch's prefill takes 8 steps, none of them timed as decode
     code = main(["bench", "model", "--device", "cpu", "--size", "tiny", "--dtype", "float32", "--layers", "KM",
                  "--prefill", "32", "48", "--repeats", "1", "--decode-steps", "2", "--batch", "1", "3",
-                 "--max-num-batched-tokens", "16", "--profile", "2", "--json", str(out)])
+                 "--max-num-batched-tokens", "16", "--profile", "2", "--compare-eager", "--plot", str(png),
+                 "--json", str(out)])
     assert code == 0
     res = json.loads(out.read_text())
-    assert set(res["prefill"]) == {"32", "48"} and set(res["decode"]) == {"1", "3"}
-    assert all(r["ms"] > 0 for r in res["prefill"].values())
-    assert res["decode"]["3"]["steps"] == 2 and res["decode"]["1"]["steps"] == 2
-    assert res["tp"] == 1 and res["layers"] == "KM"
-    prof = res["profile"]
-    assert prof["batch"] == 1 and prof["steps"] == 2 and prof["top"], prof
-    table = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| decode")]
-    assert len(table) == 2
-    assert "floor" in table[0] and "floor" not in table[1] and "nan" not in "".join(table)
+    assert res["tp"] == 1 and res["layers"] == "KM" and set(res["runs"]) == {"eager", "graphs"}
+    for run in res["runs"].values():
+        assert set(run["prefill"]) == {"32", "48"} and set(run["decode"]) == {"1", "3"}
+        assert all(r["ms"] > 0 and 0 < r["mfu"] < 1 for r in run["prefill"].values())
+        assert run["decode"]["3"]["steps"] == 2 and run["decode"]["1"]["steps"] == 2
+        # the floor grows with the batch (more experts touched, more KDA state moved)
+        assert 0 < run["decode"]["1"]["floor_ms"] < run["decode"]["3"]["floor_ms"]
+        assert run["graphs"] is None  # no CUDA graphs on CPU
+        prof = run["profile"]
+        assert prof["batch"] == 1 and prof["steps"] == 2 and prof["top"], prof
+    text = capsys.readouterr().out
+    table = [line for line in text.splitlines() if line.startswith("| decode step")]
+    assert len(table) == 4 and "nan" not in "".join(table)
+    assert "| graphs / eager |" in text
+    assert png.stat().st_size > 1000 and png.read_bytes()[:4] == b"\x89PNG"

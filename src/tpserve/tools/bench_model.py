@@ -33,6 +33,9 @@ def register(sub, bench, tune) -> None:
     p.add_argument("--batch", type=int, nargs="*", default=[1], help="decode batch sizes")
     p.add_argument("--repeats", type=int, default=3, help="prefill repetitions (median)")
     p.add_argument("--json", dest="json_out", default=None)
+    p.add_argument("--compare-eager", action="store_true", help="run everything twice in this call: with "
+                   "--enforce-eager (no CUDA graphs), then with decode graphs; print both and the ratios")
+    p.add_argument("--plot", default=None, metavar="PNG", help="decode step time against batch size, with the floor")
     p.add_argument("--profile", type=int, default=0, metavar="N",
                    help="after timing, profile N decode steps at the first --batch (torch.profiler, rank 0) and "
                         "print the ops that cost the most host time and the kernel launches per step")
@@ -56,17 +59,26 @@ def real_width_config(layers: str, dense_first: bool, size: str = "real") -> dic
     return {"model_type": "glm5_next", "text_config": text}
 
 
-def decode_floor_bytes(model, cfg) -> int:
-    """Bytes a batch-1 decode step must read: every weight except the routed experts not chosen."""
+def decode_floor_bytes(model, cfg, batch: int = 1, context: int = 128) -> int:
+    """Bytes a decode step of `batch` sequences must move: every weight once, of the routed experts
+    only the expected number of distinct ones chosen (uniform routing: E (1 - (1 - k/E)^B)), one
+    embedding row per token, the KDA states read and written, the selected latent rows read."""
     total = 0
+    e, k = cfg.n_routed_experts, cfg.num_experts_per_tok
+    touched = e * (1 - (1 - k / e) ** batch)
     for name, p in model.named_parameters():
         nbytes = p.numel() * p.element_size()
         if ".experts." in name:
-            nbytes = nbytes * cfg.num_experts_per_tok // cfg.n_routed_experts
+            nbytes = nbytes * touched / e
         total += nbytes
     if cfg.tie_word_embeddings is False:
-        total -= model.embed_tokens.weight.numel() * model.embed_tokens.weight.element_size()  # one row is read
-    return total
+        total -= model.embed_tokens.weight.numel() * model.embed_tokens.weight.element_size()  # B rows are read
+    heads = cfg.linear_num_heads // model.ctx.world
+    total += batch * len(cfg.kda_layers) * 2 * heads * cfg.linear_head_dim ** 2 * 4
+    item = model.embed_tokens.weight.element_size()
+    selected = min(context, cfg.index_topk + cfg.index_kpool)
+    total += batch * len(cfg.mla_layers) * selected * cfg.kv_lora_rank * item
+    return int(total)
 
 
 def _timed_step(engine) -> float:
@@ -157,47 +169,112 @@ def profile_decode(llm, batch: int, steps: int, top: int = 15) -> dict:
     return {"batch": batch, "steps": steps, "launches_per_step": launches / steps, "top": table}
 
 
-def run(args) -> int:
-    import dataclasses
-
+def bench_once(cfg_dict: dict, options: dict, args, enforce_eager: bool) -> dict:
     from tpserve import LLM
     from tpserve.model.config import ModelConfig
 
-    cfg_dict = real_width_config(args.layers, args.dense_first, args.size)
     with tempfile.TemporaryDirectory(prefix="tpserve-bench-") as tmp:
         (Path(tmp) / "config.json").write_text(json.dumps(cfg_dict))
-        ecfg = engine_config_from_args(args)
-        options = {f.name: getattr(ecfg, f.name) for f in dataclasses.fields(ecfg)}
-        options.update(model=tmp, load_format="dummy", skip_tokenizer_init=True,
-                       max_num_batched_tokens=max([ecfg.max_num_batched_tokens, *args.prefill]),
-                       max_num_seqs=max([ecfg.max_num_seqs, *args.batch]))
-        if options["kv_cache_memory"] is None:
-            options["kv_cache_memory"] = 8 * 2**30 if args.size == "real" else 64 * 2**20
-        model = options.pop("model")
-        llm = LLM(model, **options)
+        start = time.perf_counter()
+        llm = LLM(tmp, **{**options, "enforce_eager": enforce_eager})
+        boot = time.perf_counter() - start
         try:
             cfg = ModelConfig.from_dict(cfg_dict)
             runner = getattr(llm.engine.executor, "runner", None) or llm.engine.executor.state.runner
-            floor = decode_floor_bytes(runner.model, cfg)
-            kda_report, kernels = runner.kda_report, runner.kernels.describe()
+            graphs = runner.graphs
             res = measure(llm, args.prefill, args.batch, args.decode_steps, args.repeats)
+            res.update(kda=runner.kda_report, kernels=runner.kernels.describe(), boot_s=boot,
+                       graphs=None if graphs is None or not graphs.capture else
+                       {"buckets": graphs.buckets, "capture_s": graphs.capture_seconds,
+                        "memory_mib": graphs.graph_bytes / 2**20})
+            for b, r in res["decode"].items():
+                floor = decode_floor_bytes(runner.model, cfg, b) / HBM_BYTES_PER_S
+                r.update(floor_ms=1000 * floor, of_floor=floor / (r["ms_per_step"] / 1000))
+            for n, r in res["prefill"].items():
+                r["mfu"] = prefill_flops(runner.model, cfg, n) / (r["ms"] / 1000) / BF16_FLOPS
             if args.profile:
                 res["profile"] = profile_decode(llm, args.batch[0], args.profile)
         finally:
             llm.shutdown()
-    tp = ecfg.tensor_parallel_size
-    print(f"KDA kernels: {kda_report}")
-    res.update(kda=kda_report, kernels=kernels, layers=args.layers, tp=tp,
-               decode_floor_ms=1000 * floor / HBM_BYTES_PER_S, decode_floor_bytes_per_rank=floor)
-    print(f"layers {args.layers} (MoE {'after 3 dense' if args.dense_first else 'in every layer'}), TP={tp}, "
-          f"{kernels}, sp={ecfg.sequence_parallel}, custom_allreduce={ecfg.custom_allreduce}")
-    print("| what | time | rate | vs floor |\n| --- | --- | --- | --- |")
+    return res
+
+
+def prefill_flops(model, cfg, n: int) -> float:
+    """2 x active parameters x tokens (routed experts: k of E), plus causal attention over the
+    selected rows (at most index_topk + kpool per query) in the latent space, per MLA layer."""
+    active = 0
+    for name, p in model.named_parameters():
+        if name.endswith("embed_tokens.weight"):
+            continue
+        active += p.numel() * (cfg.num_experts_per_tok / cfg.n_routed_experts if ".experts." in name else 1)
+    heads = cfg.num_attention_heads // model.ctx.world
+    width = min(cfg.index_topk + cfg.index_kpool, n)
+    attn = len(cfg.mla_layers) * heads * 2 * 2 * cfg.kv_lora_rank * width * n
+    return 2 * active * n + attn
+
+
+def print_table(res: dict, title: str) -> None:
+    print(f"\n{title}  (KDA: {res['kda']}; graphs: {res['graphs']})")
+    print("| what | time | rate | floor | of floor |\n| --- | --- | --- | --- | --- |")
     for n, r in res["prefill"].items():
-        print(f"| prefill {n} tokens | {r['ms']:.1f} ms | {r['tok_per_s']:.0f} tok/s | |")
+        print(f"| prefill {n} tokens | {r['ms']:.1f} ms | {r['tok_per_s']:.0f} tok/s | FLOPs | "
+              f"{100 * r['mfu']:.1f}% MFU |")
     for b, r in res["decode"].items():
-        vs_floor = "" if b != 1 else (f"{100 * res['decode_floor_ms'] / r['ms_per_step']:.1f}% of "
-                                      f"{res['decode_floor_ms']:.2f} ms floor (per rank)")
-        print(f"| decode step, batch {b} | {r['ms_per_step']:.2f} ms | {r['tok_per_s']:.1f} tok/s | {vs_floor} |")
+        print(f"| decode step, batch {b} | {r['ms_per_step']:.3f} ms | {r['tok_per_s']:.1f} tok/s | "
+              f"{r['floor_ms']:.3f} ms | {100 * r['of_floor']:.1f}% |")
+
+
+def plot(results: dict[str, dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for label, res in results.items():
+        bs = sorted(res["decode"], key=int)
+        ax.plot(bs, [res["decode"][b]["ms_per_step"] for b in bs], "o-", label=label)
+    any_res = next(iter(results.values()))
+    bs = sorted(any_res["decode"], key=int)
+    ax.plot(bs, [any_res["decode"][b]["floor_ms"] for b in bs], "k--", label="bytes floor (4.3 TB/s)")
+    ax.set_xlabel("decode batch (sequences)")
+    ax.set_ylabel("ms per step")
+    ax.set_yscale("log")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def run(args) -> int:
+    import dataclasses
+
+    cfg_dict = real_width_config(args.layers, args.dense_first, args.size)
+    ecfg = engine_config_from_args(args)
+    options = {f.name: getattr(ecfg, f.name) for f in dataclasses.fields(ecfg)}
+    options.update(load_format="dummy", skip_tokenizer_init=True,
+                   max_num_batched_tokens=max([ecfg.max_num_batched_tokens, *args.prefill]),
+                   max_num_seqs=max([ecfg.max_num_seqs, *args.batch]))
+    options.pop("model")
+    if options["kv_cache_memory"] is None:
+        options["kv_cache_memory"] = 8 * 2**30 if args.size == "real" else 64 * 2**20
+    modes = [("eager", True), ("graphs", False)] if args.compare_eager else [
+        ("eager" if ecfg.enforce_eager else "default", ecfg.enforce_eager)]
+    results = {label: bench_once(cfg_dict, options, args, eager) for label, eager in modes}
+    tp = ecfg.tensor_parallel_size
+    first = next(iter(results.values()))
+    print(f"\nlayers {args.layers} (MoE {'after 3 dense' if args.dense_first else 'in every layer'}), TP={tp}, "
+          f"{first['kernels']}, sp={ecfg.sequence_parallel}, custom_allreduce={ecfg.custom_allreduce}")
+    for label, res in results.items():
+        print_table(res, label)
+    if args.compare_eager:
+        e, g = results["eager"], results["graphs"]
+        print("\n| decode batch | eager ms | graphs ms | graphs / eager |\n| --- | --- | --- | --- |")
+        for b in e["decode"]:
+            a, c = e["decode"][b]["ms_per_step"], g["decode"][b]["ms_per_step"]
+            print(f"| {b} | {a:.3f} | {c:.3f} | {c / a:.3f} |")
+    if args.plot:
+        plot(results, args.plot)
     if args.json_out:
-        Path(args.json_out).write_text(json.dumps(res, indent=2))
+        Path(args.json_out).write_text(json.dumps({"layers": args.layers, "tp": tp, "runs": results}, indent=2))
     return 0
