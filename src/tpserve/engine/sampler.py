@@ -1,14 +1,18 @@
 """Sampler: penalties, temperature, top-k / top-p / min-p, per-request seeds, logprobs.
 
-Greedy rows take the argmax of the penalised logits. Sampled rows draw with the exponential
-race (argmax p / E, E ~ Exp(1)) from the request's own generator when it has a seed, else from
-the engine's. Logprobs are those of the raw model distribution (vLLM's default).
+Batched on the logits' device: the per-row settings become tensors and every filter runs on the
+whole batch at once; the only per-row work is drawing noise from a request's own generator
+(requests with a seed). Greedy rows take the argmax of the penalised logits. Sampled rows draw
+with the exponential race (argmax p / E, E ~ Exp(1)), E from the request's generator when it has
+a seed, else from the engine's. Logprobs are those of the raw model distribution (vLLM's
+default). One device-to-host copy per step brings back the tokens (and logprobs when asked).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from tpserve.engine.outputs import Logprob
@@ -22,70 +26,125 @@ class SampleResult:
     top: dict[int, Logprob] | None
 
 
+def _padded_ids(rows: list[list[int]], device: torch.device) -> torch.Tensor:
+    """Ragged id lists -> [B, L] long on `device`, padded with -1 (one host-to-device copy)."""
+    width = max((len(r) for r in rows), default=0) or 1
+    arr = np.full((len(rows), width), -1, dtype=np.int64)
+    for i, r in enumerate(rows):
+        arr[i, :len(r)] = r
+    return torch.from_numpy(arr).to(device, non_blocking=True)
+
+
+def _counts(rows: list[list[int]], vocab: int, device: torch.device) -> torch.Tensor:
+    """How often each token occurs in each row -> [B, V] float32."""
+    ids = _padded_ids(rows, device)
+    ok = ids >= 0
+    counts = torch.zeros(len(rows), vocab + 1, device=device)
+    counts.scatter_add_(1, torch.where(ok, ids, vocab), ok.float())
+    return counts[:, :vocab]
+
+
 def _apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
-    for row, seq in enumerate(seqs):
+    """vLLM's semantics: repetition over prompt and output tokens (positive logits divided, negative
+    multiplied); presence / frequency over output tokens only."""
+    params = [s.params for s in seqs]
+    dev, vocab = logits.device, logits.shape[1]
+    if any(p.repetition_penalty != 1.0 for p in params):
+        seen = _counts([s.prompt_ids + s.output_ids for s in seqs], vocab, dev) > 0
+        rep = torch.tensor([p.repetition_penalty for p in params], device=dev).unsqueeze(1)
+        penalised = torch.where(logits > 0, logits / rep, logits * rep)
+        logits = torch.where(seen, penalised, logits)
+    if any(p.presence_penalty or p.frequency_penalty for p in params):
+        counts = _counts([s.output_ids for s in seqs], vocab, dev)
+        freq = torch.tensor([p.frequency_penalty for p in params], device=dev).unsqueeze(1)
+        pres = torch.tensor([p.presence_penalty for p in params], device=dev).unsqueeze(1)
+        logits = logits - freq * counts - pres * (counts > 0).float()
+    return logits
+
+
+def _ban_stops_before_min_tokens(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+    banned = []
+    for seq in seqs:
         p = seq.params
-        if p.repetition_penalty != 1.0:
-            seen = torch.tensor(sorted(set(seq.prompt_ids) | set(seq.output_ids)), device=logits.device)
-            vals = logits[row, seen]
-            logits[row, seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
-        if (p.presence_penalty or p.frequency_penalty) and seq.output_ids:
-            ids = torch.tensor(seq.output_ids, device=logits.device)
-            counts = torch.bincount(ids, minlength=logits.shape[1]).to(logits.dtype)
-            logits[row] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(logits.dtype)
+        ids = set()
+        if len(seq.output_ids) < p.min_tokens:
+            ids = set(p.stop_token_ids or []) | (set() if p.ignore_eos else set(seq.eos_ids))
+        banned.append(sorted(ids))
+    if not any(banned):
+        return logits
+    mask = _counts(banned, logits.shape[1], logits.device) > 0
+    return logits.masked_fill(mask, float("-inf"))
+
+
+def _filter(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """Mask (to -inf) the tokens outside top-k, then min-p, then top-p, row by row in one batch.
+    logits [n, V]; top_k [n] long (V = off); top_p, min_p [n] float (1 and 0 = off)."""
+    vocab = logits.shape[1]
+    ordered = logits.sort(dim=-1, descending=True).values
+    kth = ordered.gather(1, (top_k.clamp(1, vocab) - 1).unsqueeze(1))
+    logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = logits.softmax(-1)
+    low = probs < min_p.unsqueeze(1) * probs.max(dim=-1, keepdim=True).values
+    logits = logits.masked_fill(low & (min_p > 0).unsqueeze(1), float("-inf"))
+    if bool((top_p < 1.0).any()):
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        p_sorted = sorted_logits.softmax(-1)
+        drop = (p_sorted.cumsum(-1) - p_sorted > top_p.unsqueeze(1)) & (top_p < 1.0).unsqueeze(1)
+        logits = logits.masked_fill(torch.zeros_like(drop).scatter(1, order, drop), float("-inf"))
     return logits
 
 
-def _filter(logits: torch.Tensor, top_k: int, top_p: float, min_p: float) -> torch.Tensor:
-    """Mask (to -inf) the tokens outside top-k / top-p / min-p for one row of logits."""
-    if 0 < top_k < logits.shape[-1]:
-        kth = torch.topk(logits, top_k).values[-1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if min_p > 0:
-        probs = logits.softmax(-1)
-        logits = logits.masked_fill(probs < min_p * probs.max(), float("-inf"))
-    if top_p < 1.0:
-        sorted_logits, order = logits.sort(descending=True)
-        cum = sorted_logits.softmax(-1).cumsum(-1)
-        drop = cum - sorted_logits.softmax(-1) > top_p  # keep the smallest prefix reaching top_p
-        logits = logits.masked_fill(torch.zeros_like(drop).scatter(0, order, drop), float("-inf"))
-    return logits
+def _sample_rows(logits: torch.Tensor, seqs: list[Sequence], engine_generator: torch.Generator) -> torch.Tensor:
+    """Sampled (non-greedy) rows -> token ids [n] on the device."""
+    dev, vocab = logits.device, logits.shape[1]
+    params = [s.params for s in seqs]
+    temp = torch.tensor([p.temperature for p in params], device=dev).unsqueeze(1)
+    top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params], device=dev)
+    top_p = torch.tensor([p.top_p for p in params], device=dev)
+    min_p = torch.tensor([p.min_p for p in params], device=dev)
+    probs = _filter(logits / temp, top_k, top_p, min_p).softmax(-1)
+    noise = torch.empty_like(probs)
+    shared = [i for i, s in enumerate(seqs) if s.generator is None]
+    if shared:
+        draws = torch.empty(len(shared), vocab, device=dev).exponential_(generator=engine_generator)
+        noise[torch.tensor(shared, device=dev)] = draws
+    for i, s in enumerate(seqs):
+        if s.generator is not None:
+            noise[i].exponential_(generator=s.generator)
+    return (probs / noise).argmax(-1)
 
 
 def sample(logits: torch.Tensor, seqs: list[Sequence], engine_generator: torch.Generator) -> list[SampleResult]:
     """logits [B, V] fp32, one row per sequence."""
-    want_logprobs = [s.params.logprobs is not None for s in seqs]
-    raw_logprobs = logits.log_softmax(-1) if any(want_logprobs) else None
-    logits = _apply_penalties(logits.clone(), seqs)
-    for row, seq in enumerate(seqs):  # suppress EOS / stop ids before min_tokens
-        if len(seq.output_ids) < seq.params.min_tokens:
-            banned = set(seq.params.stop_token_ids or []) | (set() if seq.params.ignore_eos else set(seq.eos_ids))
-            if banned:
-                logits[row, torch.tensor(sorted(banned), device=logits.device)] = float("-inf")
-    tokens = logits.argmax(-1).tolist()
-    for row, seq in enumerate(seqs):
-        p = seq.params
-        if p.greedy:
-            continue
-        row_logits = _filter(logits[row] / p.temperature, p.top_k, p.top_p, p.min_p)
-        probs = row_logits.softmax(-1)
-        gen = seq.generator if seq.generator is not None else engine_generator
-        noise = torch.empty_like(probs).exponential_(generator=gen)
-        tokens[row] = int((probs / noise).argmax())
+    want = [s.params.logprobs is not None for s in seqs]
+    raw_logprobs = logits.log_softmax(-1) if any(want) else None
+    logits = _apply_penalties(logits, seqs)
+    logits = _ban_stops_before_min_tokens(logits, seqs)
+    tokens = logits.argmax(-1)
+    sampled = [i for i, s in enumerate(seqs) if not s.params.greedy]
+    if sampled:
+        idx = torch.tensor(sampled, device=logits.device)
+        tokens[idx] = _sample_rows(logits[idx], [seqs[i] for i in sampled], engine_generator)
+    if raw_logprobs is None:
+        return [SampleResult(t, None, None) for t in tokens.tolist()]
+    k = max(s.params.logprobs or 0 for s in seqs)
+    chosen = raw_logprobs.gather(1, tokens.unsqueeze(1))
+    rank = (raw_logprobs > chosen).sum(-1, keepdim=True) + 1
+    packed = [tokens.unsqueeze(1).to(raw_logprobs.dtype), chosen, rank.to(raw_logprobs.dtype)]
+    if k:
+        top = raw_logprobs.topk(k, dim=-1)
+        packed += [top.values, top.indices.to(raw_logprobs.dtype)]
+    host = torch.cat(packed, dim=1).cpu().numpy()  # the one device-to-host copy of the step
     results = []
     for row, seq in enumerate(seqs):
-        if not want_logprobs[row]:
-            results.append(SampleResult(tokens[row], None, None))
+        tok = int(host[row, 0])
+        if not want[row]:
+            results.append(SampleResult(tok, None, None))
             continue
-        lp = raw_logprobs[row]
-        chosen = float(lp[tokens[row]])
-        top: dict[int, Logprob] = {}
-        k = seq.params.logprobs
-        if k:
-            vals, ids = lp.topk(k)
-            for r, (v, i) in enumerate(zip(vals.tolist(), ids.tolist())):
-                top[i] = Logprob(v, rank=r + 1)
-        if tokens[row] not in top:
-            top[tokens[row]] = Logprob(chosen, rank=int((lp > lp[tokens[row]]).sum()) + 1)
-        results.append(SampleResult(tokens[row], chosen, top))
+        n = seq.params.logprobs
+        top_lp: dict[int, Logprob] = {int(host[row, 3 + k + r]): Logprob(float(host[row, 3 + r]), rank=r + 1)
+                                      for r in range(n)}
+        if tok not in top_lp:
+            top_lp[tok] = Logprob(float(host[row, 1]), rank=int(host[row, 2]))
+        results.append(SampleResult(tok, float(host[row, 1]), top_lp))
     return results

@@ -98,6 +98,19 @@ def fla_available() -> bool:
     return True
 
 
+def fla_decode_inplace(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                       states: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """One token per sequence through fla-core's recurrent kernel, reading and writing the state
+    pool `states` [slots, H, K, V] in place at `slots` [B] (no gather / scatter of whole states).
+    q, k, v, g [B, H, K]; beta [B, H] -> out [B, H, V]."""
+    from fla.ops.kda.fused_recurrent import fused_recurrent_kda_fwd
+
+    out, _ = fused_recurrent_kda_fwd(q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1), g.unsqueeze(1),
+                                     beta.unsqueeze(1), initial_state=states, inplace_final_state=True,
+                                     ssm_state_indices=slots, use_qk_l2norm_in_kernel=True)
+    return out.squeeze(1)
+
+
 def _self_test_inputs(head_dim: int, lower_bound: float | None, device: torch.device, heads: int = 4):
     gen = torch.Generator(device).manual_seed(7)
     t = 80
@@ -114,7 +127,7 @@ def select_fla_options(head_dim: int, lower_bound: float | None, device: torch.d
     """Check fla-core's chunk_kda / fused_recurrent_kda against the torch references on this
     device and head size, and return the chunk_kda options that agree (safe_gate with the lower
     bound first, as the gate is bounded), or None (use the torch path) plus a report line."""
-    from fla.ops.kda import chunk_kda, fused_recurrent_kda
+    from fla.ops.kda import chunk_kda
 
     q, k, v, g, beta, states = _self_test_inputs(head_dim, lower_bound, device)
     cuts = [0, 67, 80]  # two sequences, one longer than a 64-token chunk
@@ -129,10 +142,13 @@ def select_fla_options(head_dim: int, lower_bound: float | None, device: torch.d
     candidates = ([dict(safe_gate=True, lower_bound=lower_bound)] if lower_bound is not None else []) + [{}]
     report = []
     step_o, step_s = kda_recurrent_batched(q[:2], k[:2], v[:2], g[:2], beta[:2], states)
-    o, s = fused_recurrent_kda(q[:2, None], k[:2, None], v[:2, None], g[:2, None], beta[:2, None],
-                               initial_state=states.clone(), output_final_state=True, use_qk_l2norm_in_kernel=True)
-    rec_err = max((o[:, 0] - step_o).abs().max().item(), (s - step_s).abs().max().item())
-    report.append(f"fused_recurrent_kda err {rec_err:.1e}")
+    pool = torch.zeros(4, *states.shape[1:], device=device)  # the two states in slots 2 and 0 of a pool
+    slots = torch.tensor([2, 0], device=device)
+    pool[slots] = states
+    o = fla_decode_inplace(q[:2], k[:2], v[:2], g[:2], beta[:2], pool, slots)
+    rec_err = max((o - step_o).abs().max().item(), (pool[slots] - step_s).abs().max().item(),
+                  pool[1].abs().max().item(), pool[3].abs().max().item())  # other slots untouched
+    report.append(f"fused_recurrent_kda (in-place slots) err {rec_err:.1e}")
     if rec_err > tolerance * scale:
         return None, "; ".join(report) + " -> torch KDA path"
     for opts in candidates:

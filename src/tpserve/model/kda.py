@@ -103,17 +103,13 @@ class KdaAttention(nn.Module):
         return out
 
     def _fla(self, q, k, v, g, beta, batch: ForwardBatch, states: torch.Tensor) -> torch.Tensor:
-        from fla.ops.kda import chunk_kda, fused_recurrent_kda
+        from fla.ops.kda import chunk_kda
 
         nd = batch.single_token_seqs
         parts = []
-        if nd:
-            slots = batch.slots[:nd]
-            out, final = fused_recurrent_kda(q[:nd, None], k[:nd, None], v[:nd, None], g[:nd, None],
-                                             beta[:nd, None], initial_state=states[slots],
-                                             output_final_state=True, use_qk_l2norm_in_kernel=True)
-            states[slots] = final
-            parts.append(out.squeeze(1))
+        if nd:  # decode: the state pool is read and written in place at the slots
+            parts.append(kda_ops.fla_decode_inplace(q[:nd], k[:nd], v[:nd], g[:nd], beta[:nd], states,
+                                                    batch.slots[:nd]))
         if nd < batch.num_seqs:
             slots = batch.slots[nd:]
             cu = torch.tensor(batch.cu_seqlens[nd:], dtype=torch.long, device=q.device) - batch.cu_seqlens[nd]
