@@ -78,7 +78,8 @@ class ThreadServer:
 def fault_proxy(upstream: str, fault: str) -> ThreadServer:
     """A proxy to `upstream` that breaks one thing. fault: "max_tokens" (one token too many in
     usage and in streams), "http500" (every POST fails), "broken_sse" (streams cut after two
-    events, with an undecodable event and no [DONE])."""
+    events, with an undecodable event and no [DONE]), "cached" (streamed usage claims 3 cached
+    prompt tokens), "no_cached" (streamed usage without prompt_tokens_details)."""
     import httpx
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -121,6 +122,14 @@ def fault_proxy(upstream: str, fault: str) -> ThreadServer:
                             doc["usage"]["completion_tokens"] += 1
                         elif n == 1 and doc.get("choices"):
                             yield f"data: {json.dumps(doc)}\n\n"  # the first token event twice
+                        line = f"data: {json.dumps(doc)}"
+                    if fault in ("cached", "no_cached") and line.startswith("data: {") and '"usage"' in line:
+                        doc = json.loads(line[6:])
+                        if doc.get("usage"):
+                            if fault == "cached":
+                                doc["usage"]["prompt_tokens_details"] = {"cached_tokens": 3}
+                            else:
+                                doc["usage"].pop("prompt_tokens_details", None)
                         line = f"data: {json.dumps(doc)}"
                     yield line + "\n\n"
             finally:
