@@ -6,7 +6,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parent.parent / "server"))
 
-from fakes import fault_proxy, script, smoke_answers  # noqa: E402
+from fakes import fault_proxy, good_answers, script  # noqa: E402
 from live import LiveServer  # noqa: E402
 
 
@@ -20,9 +20,9 @@ def live(tiny):
 
 @pytest.fixture(scope="session")
 def scripted(tiny):
-    """The tiny server, with the smoke checks' prompts answered as a good model would."""
+    """The tiny server, with the smoke checks' and quality tasks' prompts answered as a good model would."""
     s = LiveServer(str(tiny("default")))
-    script(s, smoke_answers)
+    script(s, good_answers)
     yield s
     s.close()
 

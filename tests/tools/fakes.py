@@ -4,6 +4,7 @@ the rest go to the real engine) and a fault-injecting proxy in front of a real s
 
 import json
 import threading
+from pathlib import Path
 import time
 
 from tpserve.engine.outputs import CompletionOutput, RequestOutput
@@ -37,10 +38,40 @@ def script(server, answers) -> None:
     server.engine.add = add
 
 
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def _gsm8k_answers() -> dict:
+    rows = [json.loads(x) for x in (FIXTURES / "gsm8k" / "test.jsonl").read_text().splitlines() if x.strip()]
+    # the first two right, the third wrong
+    return {r["question"]: " Worked out.\n#### " + (r["answer"].split("####")[1].strip() if k < 2 else "-1")
+            for k, r in enumerate(rows)}
+
+
+def _humaneval_answers() -> dict:
+    rows = [json.loads(x) for x in (FIXTURES / "humaneval.jsonl").read_text().splitlines() if x.strip()]
+    # Fixture/0 right, Fixture/1 wrong, Fixture/2 tries the network (must fail in the sandbox)
+    return {r["prompt"]: r["canonical_solution"] if r["task_id"] != "Fixture/1" else "    return n % 2 == 1\n"
+            for r in rows}
+
+
+def good_answers(prompt: str) -> str | None:
+    """A good model's answers to the smoke checks and the quality tasks (else: the tiny model)."""
+    if "Count from 1 to 200" in prompt:
+        return " " + ", ".join(str(i) for i in range(4, 201)) + "."
+    if prompt.endswith("\nAnswer:") and "Question:" in prompt:
+        question = prompt.rsplit("Question: ", 1)[1][:-len("\nAnswer:")]
+        return _gsm8k_answers().get(question)
+    for head, body in _humaneval_answers().items():
+        if prompt.endswith(head):
+            return body
+    return smoke_answers(prompt)
+
+
 def smoke_answers(prompt: str) -> str | None:
     """What a good model would say to the smoke checks (the rest: the tiny model itself)."""
     thinking_off = prompt.endswith("<think></think>")
-    if "capital of France" in prompt:
+    if "What is the capital of France?" in prompt:
         return "Paris."
     if "Is 17 a prime" in prompt:
         return "Yes." if thinking_off else "Only 1 and 17 divide it.</think>Yes."
@@ -79,7 +110,8 @@ def fault_proxy(upstream: str, fault: str) -> ThreadServer:
     """A proxy to `upstream` that breaks one thing. fault: "max_tokens" (one token too many in
     usage and in streams), "http500" (every POST fails), "broken_sse" (streams cut after two
     events, with an undecodable event and no [DONE]), "cached" (streamed usage claims 3 cached
-    prompt tokens), "no_cached" (streamed usage without prompt_tokens_details)."""
+    prompt tokens), "no_cached" (streamed usage without prompt_tokens_details), "divergent"
+    (non-streamed completions: the 4th token of choices[].logprobs.tokens changed)."""
     import httpx
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -99,6 +131,12 @@ def fault_proxy(upstream: str, fault: str) -> ThreadServer:
         if not r.headers.get("content-type", "").startswith("text/event-stream"):
             data = await r.aread()
             await client.aclose()
+            if fault == "divergent" and r.status_code == 200 and path.endswith("completions"):
+                doc = json.loads(data)
+                for ch in doc["choices"]:  # the 4th generated token replaced
+                    if ch.get("logprobs") and len(ch["logprobs"]["tokens"]) > 3:
+                        ch["logprobs"]["tokens"][3] += "~"
+                data = json.dumps(doc).encode()
             if fault == "max_tokens" and r.status_code == 200 and path.endswith("completions"):
                 doc = json.loads(data)
                 doc["usage"]["completion_tokens"] += 1
