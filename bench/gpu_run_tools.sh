@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One device call on nvidia-h200: the operator tools against the built-in tiny model on CUDA
 # (two servers: --max-num-batched-tokens 256 and 16384), with the NVML GPU guard live.
+# NOT RUN YET: written on the optools branch, whose tree the device machine does not see; run it after the merge.
 # Needs the wheels of bench/gpu_env.sh plus the client's: httpx==0.28.1 httpcore==1.0.9 h11==0.16.0
 # anyio==4.11.0 sniffio==1.3.1 certifi idna nvidia-ml-py==13.615.71 tqdm==4.67.1 (same pip download line).
 # Usage (from the repo root): bash bench/gpu_run_tools.sh
