@@ -1,9 +1,10 @@
 """`tpserve smoke --url U`: a quick check of a running OpenAI-compatible server after a restart.
 
 Nine checks, each PASS or FAIL with the reason; exit code 1 on any failure (2 when the server
-cannot be reached at all). The checks judge the protocol first: a model that answers badly
-fails `factual` / `short-answer` / `tool-call` (answers set by --expect / --expect-short), a
-server that breaks the protocol fails the rest.
+cannot be reached at all). A model that answers badly fails `factual`, `reasoning-on`,
+`short-answer` and `tool-call` (answers set by --expect / --expect-short); `models`,
+`reasoning-off`, `max-tokens-5`, `over-context-400` and `stream-agrees` judge the server's
+protocol whatever the model says (the random built-in tiny model passes exactly those).
 """
 
 from __future__ import annotations
