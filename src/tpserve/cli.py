@@ -21,6 +21,11 @@ TOOL_MODULES = (
     "tpserve.tools.collectives",
     "tpserve.tools.bench_serve",
     "tpserve.tools.bench_model",
+    # operator tools (issue 14)
+    "tpserve.tools.smoke",
+    "tpserve.tools.prefill_block",
+    "tpserve.tools.quality",
+    "tpserve.tools.agent_tools",
 )
 
 

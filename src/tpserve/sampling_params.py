@@ -24,6 +24,7 @@ class SamplingParams:
     logprobs: int | None = None  # top-k logprobs per token (0: only the sampled token)
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    prompt_logprobs: int | None = None  # logprob of every prompt token + its top-k (0: only that token)
     stop_list: list[str] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -65,6 +66,8 @@ class SamplingParams:
             bad("repetition_penalty", "must be positive")
         if self.logprobs is not None and not 0 <= integer("logprobs") <= 20:
             bad("logprobs", "must be in [0, 20]")
+        if self.prompt_logprobs is not None and not 0 <= integer("prompt_logprobs") <= 20:
+            bad("prompt_logprobs", "must be in [0, 20]")
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         if any(not isinstance(s, str) or not s for s in stops):
             bad("stop", "must be a non-empty string or a list of them")

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from tpserve.config import EngineConfig
-from tpserve.engine import sampler
+from tpserve.engine import prompt_logprobs, sampler
 from tpserve.engine.detokenize import Detokenizer
 from tpserve.engine.executor import EngineDeadError, make_executor
 from tpserve.engine.outputs import CompletionOutput, RequestOutput
@@ -143,6 +143,7 @@ class LLMEngine:
             self.dead = f"engine step failed: {type(exc).__name__}: {exc}"
             raise EngineDeadError(self.dead) from exc
         self.step_count += 1
+        logits = prompt_logprobs.take(logits, scheduled, self.tokenizer)  # prompt_logprobs: split off its rows
         sampled = [s for s in scheduled if s.completes]
         for s in scheduled:
             s.seq.num_computed += s.num_tokens
@@ -164,6 +165,7 @@ class LLMEngine:
             ctx.append(start)
             slots.append(seq.slot)
             tables.append(list(seq.blocks))
+            logits_idx.extend(prompt_logprobs.rows(seq, start, s.num_tokens, cu[-2]))  # prompt_logprobs rows
             if s.completes:
                 logits_idx.append(cu[-1] - 1)
         sp = (self.ecfg.sequence_parallel and self.ecfg.tensor_parallel_size > 1
@@ -205,6 +207,7 @@ class LLMEngine:
                                  s.finish_reason, s.stop_reason) for s in seqs]
         finished = all(s.is_finished for s in seqs)
         out = RequestOutput(request_id, prompt, seqs[0].prompt_ids, outs, finished)
+        out.prompt_logprobs = seqs[0].prompt_logprobs  # prompt_logprobs (None unless asked for)
         if finished:
             del self.requests[request_id]
         return out

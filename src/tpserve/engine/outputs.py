@@ -35,3 +35,4 @@ class RequestOutput:
     finished: bool = False
     num_cached_tokens: int = 0
     metrics: dict = field(default_factory=dict)
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None  # [None, {token id: Logprob}, ...]

@@ -43,6 +43,7 @@ class Sequence:
     text: str = ""                   # detokenized output (stop strings applied)
     num_preemptions: int = 0
     detok: object | None = None      # engine.detokenize.Detokenizer when a tokenizer is loaded
+    prompt_logprobs: list | None = None  # engine.prompt_logprobs: [None, {token id: Logprob}, ...]
 
     @property
     def num_tokens(self) -> int:

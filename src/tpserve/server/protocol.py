@@ -295,6 +295,20 @@ class CompletionRequest(SamplingRequest):
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
+    prompt_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)  # vLLM's; non-streamed only
+
+    @field_validator("prompt_logprobs")
+    @classmethod
+    def _prompt_logprobs_not_streamed(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value is not None and info.data.get("stream"):
+            raise ValueError("prompt_logprobs is only supported without stream")
+        return value
+
+    def to_sampling_params(self, defaults: Mapping[str, Any] | None = None) -> dict:
+        params = super().to_sampling_params(defaults)
+        if self.prompt_logprobs is not None:
+            params["prompt_logprobs"] = self.prompt_logprobs
+        return params
 
     @field_validator("prompt")
     @classmethod

@@ -56,7 +56,18 @@ async def completions(state: ServerState, request: Request, req: CompletionReque
             choices.append(CompletionChoice(index=j * n + c.index, text=c.text, logprobs=logprobs,
                                             finish_reason=c.finish_reason, stop_reason=c.stop_reason))
     usage = UsageInfo.of(prompt_tokens, sum(len(c.token_ids) for f in finals.values() for c in f.outputs))
-    return JSONResponse(CompletionResponse(id=rid, model=model, choices=choices, usage=usage).model_dump())
+    body = CompletionResponse(id=rid, model=model, choices=choices, usage=usage).model_dump()
+    if req.prompt_logprobs is not None:  # vLLM's shape: per choice, [None, {token id: {logprob, rank, decoded_token}}]
+        for choice in body["choices"]:
+            choice["prompt_logprobs"] = prompt_logprobs_json(finals[choice["index"] // n].prompt_logprobs)
+    return JSONResponse(body)
+
+
+def prompt_logprobs_json(entries) -> list | None:
+    if entries is None:
+        return None
+    return [None if e is None else {str(t): {"logprob": lp.logprob, "rank": lp.rank, "decoded_token": lp.decoded_token}
+                                    for t, lp in e.items()} for e in entries]
 
 
 async def _stream(tok, rid, model, streams, timers, n, k, prompt_tokens, include_usage):

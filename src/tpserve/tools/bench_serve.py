@@ -1,114 +1,77 @@
-"""`tpserve bench serve`: a load test over the OpenAI API (concurrent streaming completions).
+"""`tpserve bench serve`: a load test over the OpenAI API, shaped like `vllm bench serve`.
 
-Starts a server in this process (or targets --url), runs --concurrency streaming clients that
-each ask for --max-tokens tokens, and reports throughput, TTFT / inter-token percentiles,
-errors, and whether the cache pool is full again at the end.
+Targets --url (any OpenAI-compatible server) or starts a server in this process. For each
+--concurrency level (a comma list sweeps) it sends --num-requests streaming completions
+(optionally arriving as a Poisson process, --request-rate) and reports TTFT, TPOT, ITL and
+E2E percentiles, throughput and errors. Every response is checked: a wrong token count, an
+HTTP error or a broken stream is an error, and the command exits 1.
+
+--cold-prefill salts every prompt so no prefix cache can serve it and proves it: each
+response's usage.prompt_tokens_details.cached_tokens must be 0; if one is missing or not 0 the
+run is marked invalid (exit 1). The GPU guard (gpu_guard.py) samples clocks, temperature and
+throttle reasons meanwhile and flags a throttled run. Results: a table, --json, --plot (PNG).
+Load generation: bench_load.py; prompts: bench_datasets.py.
 """
 
 from __future__ import annotations
-
-import json
 
 from tpserve.tools.common import add_engine_args, engine_config_from_args
 
 
 def register(sub, bench, tune) -> None:
-    p = bench.add_parser("serve", help="load test: concurrent streaming requests against the server")
+    from tpserve.tools.bench_datasets import DATASETS
+
+    p = bench.add_parser("serve", help="load test: streaming requests, TTFT/TPOT/ITL/E2E percentiles, sweeps")
     add_engine_args(p)
     p.add_argument("--url", default=None, help="an already running server (default: start one here)")
-    p.add_argument("--concurrency", type=int, default=64)
-    p.add_argument("--num-requests", type=int, default=None, help="default: --concurrency")
-    p.add_argument("--max-tokens", type=int, default=200)
-    p.add_argument("--prompt-len", type=int, default=32, help="prompt length in tokens")
-    p.add_argument("--json", dest="json_out", default=None, help="write the results as JSON here")
-    p.add_argument("--plot", default=None, help="write a PNG of the TTFT and latency distributions here")
+    p.add_argument("--api-key", default=None, help="bearer token for --url (default: $OPENAI_API_KEY)")
+    p.add_argument("--served-model", default=None, help="model name to send (default: the first listed)")
+    p.add_argument("--concurrency", default="64", help="max requests in flight; a comma list sweeps (1,4,16)")
+    p.add_argument("--num-requests", type=int, default=None, help="requests per level (default: the concurrency)")
+    p.add_argument("--request-rate", type=float, default=float("inf"),
+                   help="Poisson arrivals per second (default inf: all at once)")
+    p.add_argument("--max-tokens", type=int, default=200, help="output tokens per request (ignore_eos)")
+    p.add_argument("--dataset", default="random", choices=DATASETS)
+    p.add_argument("--dataset-path", default=None, help="JSONL file for --dataset jsonl")
+    p.add_argument("--prompt-len", type=int, default=32, help="prompt length in tokens (--dataset random)")
+    p.add_argument("--cold-prefill", action="store_true",
+                   help="salt every prompt and require cached_tokens == 0 in every response")
+    p.add_argument("--prompt-seed", type=int, default=0, help="seed of the prompts and the Poisson arrivals")
+    p.add_argument("--json", dest="json_out", default=None, help="write the results as JSON here ('-': stdout)")
+    p.add_argument("--plot", default=None, help="write a PNG (latency percentiles and throughput per level)")
     p.set_defaults(func=run)
 
 
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    s = sorted(values)
-    k = (len(s) - 1) * q / 100
-    lo, hi = int(k), min(int(k) + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (k - lo)
-
-
-async def _one(client, url: str, i: int, prompt_len: int, max_tokens: int) -> dict:
-    import time
-
-    body = {"prompt": [(7 * i + j) % 250 + 3 for j in range(prompt_len)], "max_tokens": max_tokens,
-            "stream": True, "ignore_eos": True, "temperature": 0}
-    start = time.perf_counter()
-    stamps, error = [], None
+def _levels(text: str) -> list[int]:
     try:
-        async with client.stream("POST", url + "/v1/completions", json=body) as r:
-            if r.status_code != 200:
-                return {"error": f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"}
-            async for line in r.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                chunk = json.loads(line[6:])
-                if "error" in chunk:
-                    error = chunk["error"]["message"]
-                elif chunk.get("choices"):
-                    stamps.append(time.perf_counter())
-    except Exception as exc:  # noqa: BLE001 - counted and reported
-        error = f"{type(exc).__name__}: {exc}"
-    end = time.perf_counter()
-    return {"ttft": stamps[0] - start if stamps else None, "latency": end - start, "chunks": len(stamps),
-            "itl": [b - a for a, b in zip(stamps, stamps[1:])], "error": error}
-
-
-async def load(url: str, concurrency: int, num_requests: int, prompt_len: int, max_tokens: int) -> dict:
-    import asyncio
-    import time
-
-    import httpx
-    from tqdm import tqdm
-
-    sem = asyncio.Semaphore(concurrency)
-    limits = httpx.Limits(max_connections=concurrency + 8, max_keepalive_connections=concurrency + 8)
-    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
-        bar = tqdm(total=num_requests, desc="requests", unit="req")
-
-        async def guarded(i):
-            async with sem:
-                res = await _one(client, url, i, prompt_len, max_tokens)
-                bar.update(1)
-                return res
-
-        start = time.perf_counter()
-        results = await asyncio.gather(*(guarded(i) for i in range(num_requests)))
-        duration = time.perf_counter() - start
-        bar.close()
-        metrics = (await client.get(url + "/metrics")).text
-    usage = {line.split()[0]: float(line.split()[1]) for line in metrics.splitlines()
-             if line.startswith(("tpserve:num_requests_running", "tpserve:kv_cache_usage_perc",
-                                 "tpserve:kda_slot_usage_perc"))}
-    ok = [r for r in results if not r["error"]]
-    ttft = [r["ttft"] for r in ok if r["ttft"] is not None]
-    itl = [x for r in ok for x in r["itl"]]
-    tokens = max_tokens * len(ok)
-    return {"requests": num_requests, "concurrency": concurrency, "max_tokens": max_tokens, "prompt_len": prompt_len,
-            "errors": [r["error"] for r in results if r["error"]], "duration_s": duration,
-            "output_tok_per_s": tokens / duration, "requests_per_s": len(ok) / duration,
-            "ttft_ms": {q: 1000 * percentile(ttft, q) for q in (50, 90, 99)},
-            "itl_ms": {q: 1000 * percentile(itl, q) for q in (50, 90, 99)},
-            "latency_s": {q: percentile([r["latency"] for r in ok], q) for q in (50, 99)},
-            "pool_after": usage, "raw_ttft": ttft, "raw_latency": [r["latency"] for r in ok]}
+        levels = [int(x) for x in str(text).split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--concurrency must be integers separated by commas, got {text!r}") from None
+    if not levels or any(c < 1 for c in levels):
+        raise ValueError(f"--concurrency levels must be at least 1, got {text!r}")
+    return levels
 
 
 def report(res: dict) -> str:
-    lines = [f"requests {res['requests']} (concurrency {res['concurrency']}), {res['max_tokens']} tokens each, "
-             f"prompt {res['prompt_len']} tokens",
-             f"errors {len(res['errors'])}",
-             f"duration {res['duration_s']:.2f} s, {res['output_tok_per_s']:.1f} output tok/s, "
-             f"{res['requests_per_s']:.2f} req/s",
-             "| metric | p50 | p90 | p99 |", "| --- | --- | --- | --- |",
-             "| TTFT (ms) | {:.1f} | {:.1f} | {:.1f} |".format(*res["ttft_ms"].values()),
-             "| inter-token (ms) | {:.1f} | {:.1f} | {:.1f} |".format(*res["itl_ms"].values()),
-             f"after the run: {res['pool_after']}"]
+    lines = [f"{res['url']} ({res['model']}): dataset {res['dataset']}, {res['max_tokens']} output tokens per "
+             f"request{', cold prefill' if res['cold_prefill'] else ''}",
+             "| conc | rate | ok/req | out tok/s | req/s | TTFT p50/p90/p99 ms | TPOT p50/p90/p99 ms "
+             "| ITL p50/p90/p99 ms | E2E p50/p90/p99 ms |", "|" + " --- |" * 9]
+    f3 = lambda d: "/".join(f"{v:.1f}" for v in d.values())  # noqa: E731
+    for lv in res["levels"]:
+        lines.append(f"| {lv['concurrency']} | {lv['request_rate']} | {lv['completed']}/{lv['requests']} | "
+                     f"{lv['output_tok_per_s']:.1f} | {lv['requests_per_s']:.2f} | {f3(lv['ttft_ms'])} | "
+                     f"{f3(lv['tpot_ms'])} | {f3(lv['itl_ms'])} | {f3(lv['e2e_ms'])} |")
+    for lv in res["levels"]:
+        for err in sorted(set(lv["errors"]))[:3]:
+            lines.append(f"ERROR (concurrency {lv['concurrency']}, {lv['errors'].count(err)}x): {err}")
+    if res["cold_prefill"]:
+        lines.append("cold prefill: " + ("VALID, cached_tokens == 0 in every response" if res["cold_valid"] else
+                                         "INVALID: " + "; ".join(v for lv in res["levels"]
+                                                                 for v in lv.get("cold_violations", [])[:3])))
+    lines.append(res["gpu_guard_line"])
+    if "pool_full_after" in res:
+        lines.append(f"pool full again after the run: {res['pool_full_after']}")
     return "\n".join(lines)
 
 
@@ -118,43 +81,89 @@ def plot(res: dict, path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for ax, key, label in ((axes[0], "raw_ttft", "time to first token (s)"),
-                           (axes[1], "raw_latency", "request latency (s)")):
-        vals = sorted(res[key])
-        ax.plot(vals, [(i + 1) / len(vals) for i in range(len(vals))])
-        ax.set_xlabel(label)
-        ax.set_ylabel("fraction of requests")
+    levels = res["levels"]
+    xs = [lv["concurrency"] for lv in levels]
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    for ax, key, title in ((axes[0], "ttft_ms", "TTFT (ms)"), (axes[1], "tpot_ms", "TPOT (ms)")):
+        for q in ("p50", "p90", "p99"):
+            ax.plot(xs, [lv[key][q] for lv in levels], marker="o", label=q)
+        ax.set_title(title)
+    axes[2].plot(xs, [lv["output_tok_per_s"] for lv in levels], marker="o", color="C3")
+    axes[2].set_title("output tokens / s")
+    for ax in axes:
+        ax.set_xlabel("concurrency")
+        ax.set_xscale("log", base=2)
         ax.grid(True, alpha=0.3)
-    fig.suptitle(f"{res['requests']} streams x {res['max_tokens']} tokens: {res['output_tok_per_s']:.0f} tok/s")
+    axes[0].legend()
+    fig.suptitle(f"{res['model']} at {res['url']}: {res['dataset']}, {res['max_tokens']} tokens"
+                 f"{' (THROTTLED)' if res['gpu_guard']['throttled'] else ''}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def bench(url: str, args, headers: dict, model: str) -> dict:
+    import asyncio
+
+    from tpserve.tools.bench_datasets import load_prompts, salt
+    from tpserve.tools.bench_load import run_level
+    from tpserve.tools.gpu_guard import GpuGuard
+
+    levels = []
+    with GpuGuard() as guard:
+        for k, conc in enumerate(_levels(args.concurrency)):
+            n = args.num_requests or conc
+            prompts = load_prompts(args.dataset, n, prompt_len=args.prompt_len, path=args.dataset_path,
+                                   seed=args.prompt_seed + k)
+            if args.cold_prefill:
+                prompts = salt(prompts)
+            levels.append(asyncio.run(run_level(url, model, prompts, concurrency=conc, max_tokens=args.max_tokens,
+                                                cold=args.cold_prefill, request_rate=args.request_rate,
+                                                seed=args.prompt_seed + k, headers=headers,
+                                                desc=f"concurrency {conc}")))
+    res = {"url": url, "model": model, "dataset": args.dataset, "max_tokens": args.max_tokens,
+           "cold_prefill": args.cold_prefill, "levels": levels,
+           "errors": [e for lv in levels for e in lv["errors"]], "gpu_guard": guard.summary(),
+           "gpu_guard_line": guard.line()}
+    if args.cold_prefill:
+        res["cold_valid"] = all(lv["cold_valid"] for lv in levels)
+    return res
 
 
 def run(args) -> int:
-    import asyncio
+    from tpserve.tools.client import Client, ToolError, emit_json, friendly
 
-    server = None
-    url = args.url
-    if url is None:
-        from tpserve.server.local import LocalServer
+    if args.max_tokens < 1:
+        raise ValueError(f"--max-tokens must be at least 1, got {args.max_tokens}")
+    _levels(args.concurrency)
 
-        server = LocalServer(engine_config_from_args(args))
-        url = server.url
-    try:
-        res = asyncio.run(load(url, args.concurrency, args.num_requests or args.concurrency, args.prompt_len,
-                               args.max_tokens))
-        if server is not None:
-            res["pool_full_after"] = server.pools_full()
-    finally:
-        if server is not None:
-            server.close()
-    print(report(res))
-    if server is not None:
-        print(f"pool full again: {res['pool_full_after']}")
-    if args.json_out:
-        with open(args.json_out, "w") as f:
-            json.dump({k: v for k, v in res.items() if not k.startswith("raw_")}, f, indent=2)
-    if args.plot:
-        plot(res, args.plot)
-    return 1 if res["errors"] or res.get("pool_full_after") is False else 0
+    @friendly
+    def go(args) -> int:
+        server = None
+        url = args.url
+        if url is None:
+            from tpserve.server.local import LocalServer
+
+            server = LocalServer(engine_config_from_args(args))
+            url = server.url
+        client = Client(url, args.api_key, args.served_model)
+        try:
+            model = client.model  # reachability and the API key, one clear error
+            res = bench(client.url, args, client.headers, model)
+            if server is not None:
+                res["pool_full_after"] = server.pools_full()
+        finally:
+            client.close()
+            if server is not None:
+                server.close()
+        if args.json_out != "-":
+            print(report(res))
+        emit_json(args.json_out, res)
+        if args.plot:
+            plot(res, args.plot)
+        bad = any(lv["errors"] for lv in res["levels"]) or res.get("cold_valid") is False
+        if not res["levels"] or not isinstance(res["levels"][0], dict):
+            raise ToolError("no results")
+        return 1 if bad or res.get("pool_full_after") is False else 0
+
+    return go(args)
