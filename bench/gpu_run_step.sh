@@ -11,7 +11,7 @@ step "machine"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv,noheader
 python3 -c 'import torch, triton, fla; print("torch", torch.__version__, "triton", triton.__version__, "fla", fla.__version__)'
 step "tiny checkpoints: graphs vs eager"
-timeout 200 python3 bench/gpu_check_tiny.py --graphs --configs "${CONFIGS:-default,shared,variant,notail}" 2>&1 \
+timeout 260 python3 bench/gpu_check_tiny.py --graphs --configs "${CONFIGS:-default,shared,variant,notail}" 2>&1 \
   | tee "$OUT/tiny_graphs.log" | grep "^|"
 step "real-width KKKM, TP=1: eager vs graphs"
 timeout 330 python3 -m tpserve.cli bench model --device cuda --prefill 4096 16384 --repeats 3 --decode-steps 32 \

@@ -101,7 +101,7 @@ class DecodeGraphs:
         if not self.capture:
             return
         model, cache = self.runner.model, self.runner.cache
-        free_before = torch.cuda.mem_get_info(self.runner.device)[0]
+        reserved_before = torch.cuda.memory_reserved(self.runner.device)
         start = time.perf_counter()
         try:
             for b in reversed(self.buckets):  # largest first: the smaller ones reuse its pool
@@ -126,7 +126,7 @@ class DecodeGraphs:
             return
         torch.cuda.synchronize(self.runner.device)
         self.capture_seconds = time.perf_counter() - start
-        self.graph_bytes = max(0, free_before - torch.cuda.mem_get_info(self.runner.device)[0])
+        self.graph_bytes = torch.cuda.memory_reserved(self.runner.device) - reserved_before
         log.info("captured %d decode graphs (batch %s) in %.1f s, %.0f MiB of graph memory", len(self.graphs),
                  ",".join(map(str, self.buckets)), self.capture_seconds, self.graph_bytes / 2**20)
 
