@@ -29,6 +29,7 @@ from tpserve.dist.comm import Communicator
 from tpserve.dist.launch import free_port
 from tpserve.dist.ncclenv import ensure_nccl_cumem
 from tpserve.engine.executor import EngineDeadError, cache_budget
+from tpserve.dist import plan_wire
 from tpserve.engine.runner import CacheShape, ModelRunner, StepPlan
 from tpserve.kernels.choice import Kernels
 from tpserve.model.config import ModelConfig
@@ -93,10 +94,8 @@ class RankState:
             self.close()
             raise
 
-    def receive(self):
-        box = [None]
-        dist.broadcast_object_list(box, src=0, group=self.control)
-        return box[0]
+    def receive(self) -> StepPlan | None:
+        return plan_wire.receive(self.control)
 
     def close(self) -> None:
         runner = getattr(self, "runner", None)
@@ -112,10 +111,10 @@ def worker_loop(state: RankState) -> None:
     """Ranks other than 0: run every plan rank 0 sends until told to stop."""
     try:
         while True:
-            cmd, payload = state.receive()
-            if cmd == "stop":
+            plan = state.receive()
+            if plan is None:
                 break
-            state.runner.execute(payload)
+            state.runner.execute(plan)
     finally:
         state.close()
 
@@ -192,7 +191,7 @@ class TPExecutor:
     def execute(self, plan: StepPlan) -> torch.Tensor:
         self.check_alive()
         try:
-            dist.broadcast_object_list([("step", plan)], src=0, group=self.state.control)
+            plan_wire.send(plan, self.state.control)
             return self.state.runner.execute(plan)
         except Exception as exc:
             if self.dead_reason is None:  # give the watchdog a moment to name the cause
@@ -215,7 +214,7 @@ class TPExecutor:
         self._closed = True
         if self.dead_reason is None:
             try:
-                dist.broadcast_object_list([("stop", None)], src=0, group=self.state.control)
+                plan_wire.send(None, self.state.control)
             except Exception as exc:  # a worker already gone: fall through to killing
                 log.warning("could not tell workers to stop: %s", exc)
         for p in self.procs:
