@@ -166,7 +166,16 @@ def profile_decode(llm, batch: int, steps: int, top: int = 15) -> dict:
     print("| op | calls per step | self CPU ms per step |\n| --- | --- | --- |")
     for r in table:
         print(f"| {r['op']} | {r['calls_per_step']:.0f} | {r['self_cpu_ms_per_step']:.3f} |")
-    return {"batch": batch, "steps": steps, "launches_per_step": launches / steps, "top": table}
+    device_time = lambda e: getattr(e, "self_device_time_total", 0) or 0  # noqa: E731
+    kernels = sorted((e for e in events if device_time(e) > 0), key=lambda e: -device_time(e))[:top]
+    ktable = [{"kernel": e.key, "calls_per_step": e.count / steps, "device_us_per_step": device_time(e) / steps}
+              for e in kernels]
+    if ktable:
+        print("| kernel | calls per step | device us per step |\n| --- | --- | --- |")
+        for r in ktable:
+            print(f"| {r['kernel'][:80]} | {r['calls_per_step']:.0f} | {r['device_us_per_step']:.1f} |")
+    return {"batch": batch, "steps": steps, "launches_per_step": launches / steps, "top": table,
+            "kernels": ktable}
 
 
 def bench_once(cfg_dict: dict, options: dict, args, enforce_eager: bool) -> dict:
