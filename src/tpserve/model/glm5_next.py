@@ -29,7 +29,7 @@ class DecoderLayer(nn.Module):
     def __init__(self, ctx: ShardContext, cfg: ModelConfig, layer: int, kernels: Kernels):
         super().__init__()
         self.is_mla = cfg.layer_types[layer] == "indexed_attention"
-        self.self_attn = MlaAttention(ctx, cfg, layer) if self.is_mla else KdaAttention(ctx, cfg, layer, kernels.kda)
+        self.self_attn = MlaAttention(ctx, cfg, layer, kernels.mla_prefill) if self.is_mla else KdaAttention(ctx, cfg, layer, kernels.kda)
         if cfg.mlp_layer_types[layer] == "sparse":
             self.mlp = MoE(ctx, cfg, kernels)
         else:

@@ -14,15 +14,18 @@ from torch import nn
 
 from tpserve.model.batch import CacheTensors, ForwardBatch
 from tpserve.model.config import ModelConfig
-from tpserve.model.indexer import Indexer, cache_rows, token_rows
+from tpserve.model.indexer import Indexer, cache_rows, selection_width, token_rows
 from tpserve.model.layers import RMSNorm, ShardContext, column, replicated, row
 
 QUERY_BLOCK = 1024  # prefill queries attended per SDPA call
+SPARSE_QUERY_BLOCK = 256  # sparse prefill queries per gather of their selected latent rows
 
 
 class MlaAttention(nn.Module):
-    def __init__(self, ctx: ShardContext, cfg: ModelConfig, layer: int):
+    def __init__(self, ctx: ShardContext, cfg: ModelConfig, layer: int, prefill: str = "dense"):
         super().__init__()
+        self.prefill_mode = prefill
+        self.sparse_from = 4 * selection_width(cfg)  # auto: sparse prefill from this context length
         d, bias = cfg.hidden_size, cfg.attention_bias
         self.layer = layer
         self.heads = ctx.split(cfg.num_attention_heads, "num_attention_heads")
@@ -53,16 +56,23 @@ class MlaAttention(nn.Module):
         else:
             selection = prev_selection
         nd = batch.decode_tokens
+        bs = cache.block_size
         if nd == t:
-            out = self._sparse(q, selection, batch, latent_flat, cache.block_size)
+            out = self._sparse(q, selection, batch.token_seq, batch.block_tables, latent_flat, bs)
         else:
             out = torch.empty(t, self.heads * self.v_dim, dtype=x.dtype, device=x.device)
             if nd:
-                out[:nd] = self._sparse(q[:nd], selection[:nd], batch, latent_flat, cache.block_size)
+                out[:nd] = self._sparse(q[:nd], selection[:nd], batch.token_seq, batch.block_tables, latent_flat, bs)
             for i in range(batch.decode_seqs, batch.num_seqs):
                 a, b = batch.cu_seqlens[i], batch.cu_seqlens[i + 1]
-                out[a:b] = self._prefill_seq(q[a:b], selection[a:b], batch.block_tables[i:i + 1],
-                                             batch.total_len(i), latent_flat, cache.block_size)
+                if self._sparse_prefill(batch.total_len(i)):
+                    for c in range(a, b, SPARSE_QUERY_BLOCK):  # bounded memory: block x width x latent rows
+                        d = min(c + SPARSE_QUERY_BLOCK, b)
+                        out[c:d] = self._sparse(q[c:d], selection[c:d], batch.token_seq[c:d], batch.block_tables,
+                                                latent_flat, bs)
+                else:
+                    out[a:b] = self._prefill_seq(q[a:b], selection[a:b], batch.block_tables[i:i + 1],
+                                                 batch.total_len(i), latent_flat, bs)
         return self.o_proj(out), selection
 
     def _kv_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -85,16 +95,22 @@ class MlaAttention(nn.Module):
             out[a:b] = o[0].transpose(0, 1).reshape(b - a, self.heads * self.v_dim)
         return out
 
-    def _sparse(self, q: torch.Tensor, sel: torch.Tensor, batch: ForwardBatch,
+    def _sparse_prefill(self, total: int) -> bool:
+        return self.prefill_mode == "sparse" or (self.prefill_mode == "auto" and total > self.sparse_from)
+
+    def _sparse(self, q: torch.Tensor, sel: torch.Tensor, token_seq: torch.Tensor, block_tables: torch.Tensor,
                 latent_flat: torch.Tensor, block_size: int) -> torch.Tensor:
-        """Decode / verify tokens (the first q.shape[0] rows): attention in latent space over each
-        token's selected cache rows only (kv_b_proj absorbed into the query and the output)."""
+        """Attention in latent space over each token's selected cache rows only (kv_b_proj absorbed
+        into the query and the output): decode / verify tokens, and prefill queries when sparse.
+        q [N, H, d], sel [N, W], token_seq [>= N] (the owning sequence of each row)."""
         w_uk, w_uv = self._kv_weights()
-        rows = token_rows(batch.block_tables, batch.token_seq[:q.shape[0]], sel, block_size)
+        rows = token_rows(block_tables, token_seq[:q.shape[0]], sel, block_size)
         lat = latent_flat[rows].to(q.dtype)                                          # [N, W, c]
         q_lat = torch.einsum("bhd,hdc->bhc", q, w_uk)
         scores = torch.einsum("bhc,bwc->bhw", q_lat, lat).float() * self.scaling
         scores = scores.masked_fill((sel < 0).unsqueeze(1), float("-inf"))
-        probs = scores.softmax(dim=-1).to(q.dtype)
+        # a query with nothing selected (no complete pool yet and no tail) attends to nothing: output 0,
+        # as SDPA gives for a fully masked row
+        probs = scores.softmax(dim=-1).masked_fill((sel < 0).all(-1)[:, None, None], 0.0).to(q.dtype)
         o_lat = torch.einsum("bhw,bwc->bhc", probs, lat)
         return torch.einsum("bhc,hvc->bhv", o_lat, w_uv).reshape(q.shape[0], self.heads * self.v_dim)
