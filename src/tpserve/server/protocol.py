@@ -1,7 +1,7 @@
 """Pydantic models for the OpenAI API subset tpserve serves, plus error bodies.
 
-Requests ignore unknown fields (OpenAI clients send some). Wrong types and out-of-range
-values raise pydantic's ValidationError; `validation_error_to_body` turns one into OpenAI's
+Requests refuse unknown fields (as OpenAI does) and are validated strictly (no "5" for 5, no
+NaN): wrong types and out-of-range values raise pydantic's ValidationError; `validation_error_to_body` turns one into OpenAI's
 error shape with `param` naming the field (the server answers 400). `to_sampling_params()`
 gives the engine's sampling parameters as a plain dict. Responses are in `responses.py`.
 """
@@ -18,6 +18,7 @@ from pydantic import (
     Field,
     StrictInt,
     ValidationError,
+    WithJsonSchema,
     ValidationInfo,
     field_validator,
     model_validator,
@@ -105,7 +106,51 @@ def validation_error_to_body(exc: ValidationError) -> dict:
 
 
 class OpenAIModel(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+
+_CONTENT_SCHEMA = {"anyOf": [
+    {"type": "string"},
+    {"type": "array", "items": {"type": "object", "required": ["type", "text"],
+                                "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}},
+]}
+_TOOL_CALL_SCHEMA = {"type": "object", "required": ["function"], "properties": {
+    "id": {"type": "string"}, "type": {"const": "function"},
+    "function": {"type": "object", "required": ["name"], "properties": {
+        "name": {"type": "string", "minLength": 1}, "arguments": {"type": "string"}}}}}
+# what chat.normalize_messages accepts, for /openapi.json (the check itself stays in normalize_messages)
+MESSAGES_SCHEMA = {"type": "array", "minItems": 1, "items": {"anyOf": [
+    {"type": "object", "required": ["role", "content"], "properties": {
+        "role": {"enum": ["system", "developer", "user"]}, "content": _CONTENT_SCHEMA, "name": {"type": "string"}}},
+    {"type": "object", "required": ["role"], "properties": {
+        "role": {"const": "assistant"}, "content": {"anyOf": [_CONTENT_SCHEMA, {"type": "null"}]},
+        "reasoning_content": {"type": "string"}, "tool_calls": {"type": "array", "items": _TOOL_CALL_SCHEMA}}},
+    {"type": "object", "required": ["role", "content"], "properties": {
+        "role": {"const": "tool"}, "content": _CONTENT_SCHEMA, "tool_call_id": {"type": "string"}}},
+]}}
+Messages = Annotated[list[dict[str, Any]], WithJsonSchema(MESSAGES_SCHEMA)]
+MAX_LOGIT_BIAS = 100.0
+
+
+class JsonSchemaFormat(OpenAIModel):
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[a-zA-Z0-9_-]+$")
+    description: str | None = None
+    json_schema: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(OpenAIModel):
+    """`response_format`: text (no constraint), json_object (any JSON object) or json_schema."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_iff_json_schema(self) -> ResponseFormat:
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ParamError("response_format.json_schema",
+                             "response_format.json_schema is required with type 'json_schema' (and only then)")
+        return self
 
 
 class FunctionDefinition(OpenAIModel):
@@ -153,6 +198,18 @@ class SamplingRequest(OpenAIModel):
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     repetition_penalty: float | None = Field(None, gt=0)
     user: str | None = None
+    logit_bias: dict[str, float] | None = None  # token id (as a string) -> bias in [-100, 100]
+    response_format: ResponseFormat | None = None
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _check_logit_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        for key, bias in (value or {}).items():
+            if not (key.isascii() and key.isdigit()) or len(key) > 9:
+                raise ParamError("logit_bias", f"logit_bias keys must be token ids, got {key[:20]!r}")
+            if not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
+                raise ParamError("logit_bias", f"logit_bias values must be in [-100, 100], got {bias}")
+        return value
 
     @field_validator("stop")
     @classmethod
@@ -216,7 +273,7 @@ class SamplingRequest(OpenAIModel):
 class ChatCompletionRequest(SamplingRequest):
     """POST /v1/chat/completions. `messages` are checked by chat.normalize_messages."""
 
-    messages: list[dict[str, Any]] = Field(min_length=1)
+    messages: Messages = Field(min_length=1)
     tools: list[ToolDefinition] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None  # accepted, not enforced
@@ -342,7 +399,7 @@ class TokenizeRequest(OpenAIModel):
 
     model: str | None = None
     prompt: str | None = None
-    messages: list[dict[str, Any]] | None = None
+    messages: Messages | None = None
     tools: list[ToolDefinition] | None = None
     add_generation_prompt: bool = True
     add_special_tokens: bool | None = None  # default: True for prompt, False for messages
@@ -357,6 +414,13 @@ class TokenizeRequest(OpenAIModel):
         if self.messages is not None:
             normalize_messages(self.messages)
         return self
+
+    def enable_thinking(self) -> bool | None:
+        thinking = (self.chat_template_kwargs or {}).get("enable_thinking")
+        if thinking is not None and not isinstance(thinking, bool):
+            raise ParamError("chat_template_kwargs.enable_thinking",
+                             "chat_template_kwargs.enable_thinking must be a boolean")
+        return thinking
 
     def special_tokens(self) -> bool:
         if self.add_special_tokens is not None:
