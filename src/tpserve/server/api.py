@@ -139,5 +139,5 @@ def build_app(state: ServerState) -> FastAPI:
     async def detokenize(request: Request):
         return await detokenize_request(state, await read_json(state, request, DetokenizeRequest))
 
-    install_openapi(app)
+    install_openapi(app, state.served_model_names, state.engine.engine.model_config.vocab_size)
     return app

@@ -28,14 +28,21 @@ class GuardMiddleware:
         declared = headers.get("content-length", "")
         limit = self.state.max_request_bytes
         if declared.isdigit() and int(declared) > limit:
+            await _discard_body(receive)  # read (not kept) so the client sees the answer, not a reset
             return await _send_error(send, 413, f"request body is larger than {limit} bytes (--max-request-bytes)",
                                      "RequestTooLargeError", 413)
         return await self.app(scope, receive, send)
 
 
+async def _discard_body(receive) -> None:
+    while True:
+        message = await receive()
+        if message["type"] != "http.request" or not message.get("more_body"):
+            return
+
+
 async def _send_error(send, status: int, message: str, type: str, code) -> None:
     body = json.dumps(error_body(message, type, None, code)).encode()
     await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                            (b"connection", b"close")]})
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body})

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import FastAPI
+from fastapi.responses import Response
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
@@ -35,8 +36,10 @@ def route_docs(request: type[BaseModel] | None, response: type[BaseModel] | str 
     elif text:
         out[200] = {"description": "OK", "content": {"text/plain": {"schema": {"type": "string"}}}}
     else:
-        out[200] = {"description": "OK"}
+        out[200] = {"description": "OK (empty body)"}
     kwargs: dict[str, Any] = {"responses": out}
+    if response is None:
+        kwargs["response_class"] = Response  # no JSON body declared
     if request is not None:
         ref = {"$ref": f"#/components/schemas/{request.__name__}"}
         kwargs["openapi_extra"] = {"requestBody": {"required": True,
@@ -45,7 +48,9 @@ def route_docs(request: type[BaseModel] | None, response: type[BaseModel] | str 
     return kwargs
 
 
-def install_openapi(app: FastAPI) -> None:
+def install_openapi(app: FastAPI, model_names: list[str], vocab_size: int) -> None:
+    """Serve the full schema at /openapi.json; `model` fields list the served names and token ids
+    the vocabulary's range (what validation will accept)."""
     def openapi() -> dict:
         if app.openapi_schema is None:
             schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
@@ -60,10 +65,29 @@ def install_openapi(app: FastAPI) -> None:
             components = schema.setdefault("components", {}).setdefault("schemas", {})
             for name, body in defs.get("$defs", {}).items():
                 components.setdefault(name, body)
+                if name in _request_models() and "model" in body.get("properties", {}):
+                    body["properties"]["model"] = {"anyOf": [{"enum": list(model_names)}, {"type": "null"}],
+                                                   "title": "Model"}
+            _narrow(schema, model_names, vocab_size)
             app.openapi_schema = schema
         return app.openapi_schema
 
     app.openapi = openapi
+
+
+def _narrow(schema: dict, model_names: list[str], vocab_size: int) -> None:
+    for param in schema["paths"].get("/v1/models/{model_id}", {}).get("get", {}).get("parameters", []):
+        if param.get("name") == "model_id":
+            param["schema"] = {"type": "string", "enum": list(model_names)}
+    stack = [schema["components"]["schemas"]]
+    while stack:  # token ids: {"type": "integer", "minimum": 0} -> add the vocabulary's maximum
+        node = stack.pop()
+        if isinstance(node, dict):
+            if node.get("type") == "integer" and node.get("minimum") == 0 and "maximum" not in node:
+                node["maximum"] = vocab_size - 1
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
 
 
 def _request_models() -> dict[str, type[BaseModel]]:

@@ -63,6 +63,7 @@ _FIELD_NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
 _UNION_TAGS = frozenset({"str", "int", "float", "bool", "bytes", "dict", "list", "none"})
 
 TokenId = Annotated[StrictInt, Field(ge=0)]
+Text = Annotated[str, Field(min_length=1)]
 
 
 def error_body(
@@ -191,14 +192,18 @@ class SamplingRequest(OpenAIModel):
     top_k: int | None = Field(None, ge=-1)
     min_p: float | None = Field(None, ge=0, le=1)
     seed: int | None = Field(None, ge=-(2**63), lt=2**64)
-    stop: str | list[str] | None = None
+    stop: Text | list[Text] | None = None
     stop_token_ids: list[TokenId] | None = None
     ignore_eos: bool = False
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     repetition_penalty: float | None = Field(None, gt=0)
     user: str | None = None
-    logit_bias: dict[str, float] | None = None  # token id (as a string) -> bias in [-100, 100]
+    logit_bias: Annotated[dict[str, Annotated[float, Field(ge=-MAX_LOGIT_BIAS, le=MAX_LOGIT_BIAS)]] | None,
+                          WithJsonSchema({"anyOf": [{"type": "object", "propertyNames": {"pattern": "^[0-9]{1,9}$"},
+                                                     "additionalProperties": {"type": "number", "minimum": -100,
+                                                                              "maximum": 100}},
+                                                    {"type": "null"}]})] = None  # token id (as a string) -> bias
     response_format: ResponseFormat | None = None
 
     @field_validator("logit_bias")
@@ -347,11 +352,12 @@ class ChatCompletionRequest(SamplingRequest):
 class CompletionRequest(SamplingRequest):
     """POST /v1/completions (legacy). echo, suffix and best_of > 1 are rejected."""
 
-    prompt: str | list[str] | list[TokenId] | list[list[TokenId]]
+    prompt: (Text | Annotated[list[Text], Field(min_length=1)] | Annotated[list[TokenId], Field(min_length=1)]
+             | Annotated[list[Annotated[list[TokenId], Field(min_length=1)]], Field(min_length=1)])
     logprobs: int | None = Field(None, ge=0, le=MAX_COMPLETION_LOGPROBS)
     echo: bool = False
     suffix: str | None = None
-    best_of: int | None = None
+    best_of: int | None = Field(None, ge=1, le=1)  # only 1 (the default) is supported
 
     @field_validator("prompt")
     @classmethod
@@ -396,6 +402,11 @@ class CompletionRequest(SamplingRequest):
 
 class TokenizeRequest(OpenAIModel):
     """POST /tokenize (vLLM shape): either `prompt` or `messages` (rendered by the template)."""
+
+    model_config = ConfigDict(json_schema_extra={"oneOf": [
+        {"required": ["prompt"], "properties": {"prompt": {"type": "string"}}, "not": {"required": ["messages"]}},
+        {"required": ["messages"], "properties": {"messages": {"type": "array"}}, "not": {"required": ["prompt"]}},
+    ]})
 
     model: str | None = None
     prompt: str | None = None

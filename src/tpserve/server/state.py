@@ -99,6 +99,12 @@ def _no_constant(name: str):
     raise ValueError(f"{name} is not valid JSON (numbers must be finite)")
 
 
+def _parse_float(text: str) -> float | int:
+    """JSON Schema's integers include 1.0: an integral number reads as an int (strict int fields take it)."""
+    value = float(text)
+    return int(value) if value.is_integer() and abs(value) < 2**63 else value
+
+
 def check_json_value(value: Any) -> None:
     """Raise ApiError 400 for nesting deeper than MAX_JSON_DEPTH or a string with lone surrogates."""
     stack = [(value, "", 1)]
@@ -129,7 +135,8 @@ def _check_text(text: str, path: str) -> None:
 def decode_body(raw: bytes, model) -> Any:
     """bytes -> validated request model (runs in the thread pool). Raises ApiError 400."""
     try:
-        body = json.loads(raw, parse_constant=_no_constant)
+        body = json.loads(raw.decode("utf-8"), parse_constant=_no_constant,
+                          parse_float=_parse_float)  # JSON is UTF-8 (RFC 8259)
     except RecursionError:
         raise ApiError(400, f"request body is nested deeper than {MAX_JSON_DEPTH} levels") from None
     except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, NaN, a number too long
@@ -145,14 +152,13 @@ def decode_body(raw: bytes, model) -> Any:
 async def read_body(request: Request, limit: int) -> bytes:
     """The request body, or ApiError 413 as soon as it passes `limit` bytes."""
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise too_large(limit)
     chunks, size = [], 0
-    async for chunk in request.stream():
+    async for chunk in request.stream():  # read to the end even when too large (a reset is no answer)
         size += len(chunk)
-        if size > limit:
-            raise too_large(limit)
-        chunks.append(chunk)
+        if size <= limit:
+            chunks.append(chunk)
+    if size > limit:
+        raise too_large(limit)
     return b"".join(chunks)
 
 
