@@ -43,6 +43,7 @@ class Sequence:
     text: str = ""                   # detokenized output (stop strings applied)
     num_preemptions: int = 0
     detok: object | None = None      # engine.detokenize.Detokenizer when a tokenizer is loaded
+    constraint: object | None = None  # engine.logits_process.SeqConstraint when the output is constrained
 
     @property
     def num_tokens(self) -> int:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from tpserve.engine.logits_process import apply_logits_processors
 from tpserve.engine.outputs import Logprob
 from tpserve.engine.request import Sequence
 
@@ -56,7 +57,7 @@ def sample(logits: torch.Tensor, seqs: list[Sequence], engine_generator: torch.G
     """logits [B, V] fp32, one row per sequence."""
     want_logprobs = [s.params.logprobs is not None for s in seqs]
     raw_logprobs = logits.log_softmax(-1) if any(want_logprobs) else None
-    logits = _apply_penalties(logits.clone(), seqs)
+    logits = _apply_penalties(apply_logits_processors(logits.clone(), seqs), seqs)
     for row, seq in enumerate(seqs):  # suppress EOS / stop ids before min_tokens
         if len(seq.output_ids) < seq.params.min_tokens:
             banned = set(seq.params.stop_token_ids or []) | (set() if seq.params.ignore_eos else set(seq.eos_ids))

@@ -17,6 +17,7 @@ from tpserve.server.responses import (ChatCompletionChoice, ChatCompletionRespon
 from tpserve.server.serving_common import (chat_logprobs, cut_at_drain, merged, request_id, sampling_params, sse,
                                           sse_error)
 from tpserve.server.state import ApiError, ServerState, until_disconnect
+from tpserve.server.structured import constraint_for_chat, logit_bias
 from tpserve.server.tokenize import message_chars
 
 
@@ -28,11 +29,14 @@ async def chat_completions(state: ServerState, request: Request, req: ChatComple
     except ValueError as exc:
         raise ApiError(400, str(exc), param="tool_choice") from None
     state.check_text_length(message_chars(req.messages), "messages")
+    bias = logit_bias(state, req)
+    constraint = await state.off_loop(constraint_for_chat, state, req, policy)
+    enable_thinking = False if constraint is not None else req.enable_thinking()  # the grammar covers it all
 
     def render() -> tuple[str, list[int]]:
         try:
             text = apply_chat_template(tok, req.messages, policy.template_tools, reasoning_effort=req.reasoning_effort,
-                                       enable_thinking=req.enable_thinking(),
+                                       enable_thinking=enable_thinking,
                                        chat_template_kwargs=req.chat_template_kwargs,
                                        add_generation_prompt=req.add_generation_prompt)
         except ParamError as exc:
@@ -42,11 +46,11 @@ async def chat_completions(state: ServerState, request: Request, req: ChatComple
         return text, tok.encode(text, add_special_tokens=False)
 
     prompt, ids = await state.off_loop(render)
-    params = sampling_params(req, state.sampling_defaults)
+    params = sampling_params(req, state.sampling_defaults, logit_bias=bias, structured_outputs=constraint)
     rid = request_id("chatcmpl")
     stream = state.engine.add(rid, ids, params, prompt)
     timer = RequestTimer(state.metrics, stream.arrival, len(ids))
-    mode = reasoning_mode_for_prompt(prompt, thinking_enabled(req.reasoning_effort, req.enable_thinking()))
+    mode = reasoning_mode_for_prompt(prompt, thinking_enabled(req.reasoning_effort, enable_thinking))
     k = req.logprobs_count()
 
     def new_parser() -> ChatOutputParser:

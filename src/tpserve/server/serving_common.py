@@ -50,8 +50,9 @@ async def cut_at_drain(state, outputs: AsyncIterator) -> AsyncIterator:
             await it.aclose()
 
 
-def sampling_params(req, defaults: dict) -> SamplingParams:
-    return SamplingParams(**req.to_sampling_params(defaults))
+def sampling_params(req, defaults: dict, **extra) -> SamplingParams:
+    """The request's SamplingParams; `extra` adds logit_bias / structured_outputs (server/structured.py)."""
+    return SamplingParams(**req.to_sampling_params(defaults), **extra)
 
 
 def request_id(prefix: str) -> str:

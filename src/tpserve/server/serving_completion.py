@@ -13,11 +13,14 @@ from tpserve.server.responses import CompletionChoice, CompletionResponse, Compl
 from tpserve.server.serving_common import (completion_logprobs, cut_at_drain, merged, request_id, sampling_params,
                                           sse, sse_error)
 from tpserve.server.state import ServerState, until_disconnect
+from tpserve.server.structured import logit_bias, response_format_constraint
 
 
 async def completions(state: ServerState, request: Request, req: CompletionRequest):
     model = state.check_model(req.model)
-    params = sampling_params(req, state.sampling_defaults)
+    bias = logit_bias(state, req)
+    constraint = await state.off_loop(response_format_constraint, state, req) if req.response_format else None
+    params = sampling_params(req, state.sampling_defaults, logit_bias=bias, structured_outputs=constraint)
     texts = [p for p in req.prompts() if isinstance(p, str)]
     tok = state.need_tokenizer("a text prompt") if texts else state.tokenizer
     for p in texts:

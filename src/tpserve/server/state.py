@@ -49,6 +49,7 @@ class ServerState:
     pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(4, thread_name_prefix="tpserve-cpu"))
     # set (on the event loop) when a SIGTERM drain runs out of time: open streams end with an error
     drain_cut: asyncio.Event | None = None
+    grammar: Any = None  # engine.logits_process.GrammarCompiler, built on first use (server/structured.py)
 
     @property
     def tokenizer(self):
