@@ -52,7 +52,7 @@ def cases(max_request_bytes: int = 8 << 20) -> Iterator[Case]:
     ]:
         yield Case(f"surrogate: {where}", "POST", path, _j(body), bad)
     # chat_template_kwargs values of the wrong type
-    for value in (5, None, [1], {"a": 1}, "x" * 1000):
+    for value in (5, None, {"a": [1]}):
         for key in ("reasoning_effort", "enable_thinking", "tools", "messages", "foo"):
             yield Case(f"chat_template_kwargs.{key}={str(value)[:12]}", "POST", CHAT,
                        _j({"messages": USER, "max_tokens": 1, "chat_template_kwargs": {key: value}}), (200, 400))
