@@ -53,3 +53,17 @@ def test_schemathesis_no_5xx_and_schema_valid(server):
     assert report.cases >= 40 and not any(code >= 500 for code in report.statuses)
     assert report.accepted >= 0.5, report.summary()  # most generated cases pass validation
     assert pools_full(server)
+
+
+def test_bench_fuzz_command(server, tmp_path, capsys):
+    from tpserve.cli import build_parser
+
+    out = tmp_path / "fuzz.json"
+    args = build_parser().parse_args(["bench", "fuzz", "--url", server.url, "--cases", "16", "--cap-tokens", "2",
+                                      "--skip-corpus", "--json", str(out)])
+    assert args.func(args) == 0
+    import json
+
+    result = json.loads(out.read_text())["schemathesis"]["positive"]
+    assert result["cases"] >= 8 and result["failures"] == []
+    assert "schemathesis (positive)" in capsys.readouterr().out

@@ -7,8 +7,76 @@ code declared, body matching its model). Reports how many cases validation accep
 from __future__ import annotations
 
 import collections
+import dataclasses
+import json
+import math
 import time
 from dataclasses import dataclass, field
+
+from tpserve.tools.common import add_engine_args, engine_config_from_args
+
+NUM_OPERATIONS = 8  # routes in /openapi.json (health, metrics, models, models/{id}, chat, completions, tokenize, detokenize)
+
+
+def register(sub, bench, tune) -> None:
+    p = bench.add_parser("fuzz", help="schemathesis (from /openapi.json) and the hostile corpus against the server")
+    add_engine_args(p)
+    p.add_argument("--url", default=None, help="an already running server (default: start one here)")
+    p.add_argument("--api-key", default=None, help="the key of the server at --url")
+    p.add_argument("--cases", type=int, default=1000, help="schemathesis cases in all (spread over the routes)")
+    p.add_argument("--cap-tokens", type=int, default=8,
+                   help="at most this many new tokens (and n <= 2) per generated request (0: no cap)")
+    p.add_argument("--negative", action="store_true", help="also generate schema-violating cases")
+    p.add_argument("--skip-corpus", action="store_true", help="only schemathesis, not the hostile corpus")
+    p.add_argument("--json", dest="json_out", default=None, help="write the results as JSON here")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from tpserve.tools.hostile_corpus import run_corpus
+
+    if args.cases < 1:
+        raise ValueError("--cases must be positive")
+    server = None
+    url, headers = args.url, {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    if url is None:
+        from tpserve.server.local import LocalServer
+
+        cfg = engine_config_from_args(args)
+        if cfg.max_model_len is None:
+            cfg = dataclasses.replace(cfg, max_model_len=256)  # bounds the generation of the cases that leave max_tokens out
+        server = LocalServer(cfg)
+        url = server.url
+    try:
+        per_op = math.ceil(args.cases / NUM_OPERATIONS)
+        modes = [False, True] if args.negative else [False]
+        reports = {("negative" if neg else "positive"): run_schemathesis(
+            url, examples_per_operation=per_op, seed=args.seed or 0, headers=headers, negative=neg, progress=True,
+            cap_tokens=args.cap_tokens or None) for neg in modes}
+        sent, wrong = (0, []) if args.skip_corpus else run_corpus(url, headers=headers)
+        pools_full = server.pools_full() if server is not None else None
+    finally:
+        if server is not None:
+            server.close()
+    for name, rep in reports.items():
+        print(f"schemathesis ({name}): {rep.summary()}")
+        for f in rep.failures[:20]:
+            print("  FAIL", f)
+        for reason, count in rep.rejected.most_common(8):
+            print(f"  rejected x{count}: {reason}")
+    print(f"hostile corpus: {sent} cases, {len(wrong)} with an unexpected status")
+    for case, status, body in wrong:
+        print(f"  {case.name}: got {status}, expected {case.expect}: {body[:160]}")
+    if pools_full is not None:
+        print(f"every pool full afterwards: {pools_full}")
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump({"schemathesis": {k: {"cases": r.cases, "statuses": dict(r.statuses), "failures": r.failures,
+                                            "accepted": r.accepted, "seconds": r.seconds} for k, r in reports.items()},
+                       "corpus": {"cases": sent, "unexpected": [c.name for c, _, _ in wrong]},
+                       "pools_full": pools_full}, f, indent=1)
+    bad = any(r.failures or any(k >= 500 for k in r.statuses) for r in reports.values()) or wrong
+    return 1 if bad or pools_full is False else 0
 
 
 @dataclass
