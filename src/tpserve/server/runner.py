@@ -13,7 +13,7 @@ import uvicorn
 
 log = logging.getLogger("tpserve.serve")
 # after the engine dies: keep answering (503 on /health, errors to open streams) this long, then exit
-DEAD_GRACE_S = 1.0
+DEAD_GRACE_S = 2.0
 DRAIN_FLUSH_S = 2.0  # uvicorn's own graceful timeout is this much past ours (streams flush their [DONE])
 
 
