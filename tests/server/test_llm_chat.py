@@ -1,8 +1,5 @@
 """LLM.chat (vLLM's offline chat) and `tpserve make-tiny` refusing to overwrite."""
 
-import subprocess
-import sys
-
 import pytest
 
 from tpserve.llm import LLM
@@ -28,7 +25,7 @@ def test_chat_renders_the_template_and_generates(llm):
     (ref,) = llm.generate([{"prompt_token_ids": out.prompt_token_ids}], greedy)
     assert out.outputs[0].token_ids == ref.outputs[0].token_ids and len(ref.outputs[0].token_ids) == 4
     both = llm.chat([MSGS, MSGS + [{"role": "assistant", "content": "hi"}, {"role": "user", "content": "x"}]],
-                    greedy, tools=TOOLS)
+                    SamplingParams(max_tokens=1), tools=TOOLS)
     assert len(both) == 2 and all("lookup_thing" in o.prompt for o in both)
     assert both[0].prompt != both[1].prompt
 
@@ -40,12 +37,19 @@ def test_chat_rejects_bad_messages(llm):
         llm.chat([{"role": "wizard", "content": "x"}])
 
 
-def test_make_tiny_refuses_to_overwrite(tmp_path):
+def test_make_tiny_refuses_to_overwrite(tmp_path, capsys):
+    from tpserve.cli import build_parser
+
     out = tmp_path / "ckpt"
     out.mkdir()
     (out / "keep.txt").write_text("mine")
-    cmd = [sys.executable, "-m", "tpserve.cli", "make-tiny", str(out), "--layers", "1"]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    assert r.returncode != 0 and "--force" in r.stderr and not (out / "config.json").exists()
-    r = subprocess.run(cmd + ["--force"], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0 and (out / "config.json").exists()
+    args = build_parser().parse_args(["make-tiny", str(out), "--layers", "1"])
+    with pytest.raises(SystemExit, match="--force"):
+        args.func(args)
+    assert not (out / "config.json").exists()
+    args = build_parser().parse_args(["make-tiny", str(out), "--layers", "1", "--force"])
+    assert args.func(args) == 0 and (out / "config.json").exists()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    args = build_parser().parse_args(["make-tiny", str(empty), "--layers", "1"])
+    assert args.func(args) == 0  # an empty directory is fine

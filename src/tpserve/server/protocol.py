@@ -281,7 +281,7 @@ class ChatCompletionRequest(SamplingRequest):
     messages: Messages = Field(min_length=1)
     tools: list[ToolDefinition] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
-    parallel_tool_calls: bool | None = None  # accepted, not enforced
+    parallel_tool_calls: bool | None = None  # False: a forced tool_choice makes exactly one call
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)

@@ -60,7 +60,8 @@ def constraint_for_chat(state: ServerState, req, policy) -> StructuredOutput | N
     forced = policy.required or (policy.allowed_names is not None)
     if forced and policy.template_tools:
         try:
-            grammar = tool_call_grammar(policy.template_tools, several=policy.required,
+            several = policy.required and req.parallel_tool_calls is not False
+            grammar = tool_call_grammar(policy.template_tools, several=several,
                                         tokens=tag_token_ids(state.tokenizer))
             return grammar_compiler(state).lark(grammar, "tool_call")
         except ValueError as exc:
