@@ -129,17 +129,24 @@ def test_log_level_debug_and_drain_cut_streams_end_with_error_and_done(tiny):
                               json={"prompt": "x", "max_tokens": 4000, "stream": True, "ignore_eos": True}) as r:
                 got["lines"] = [line for line in r.iter_lines() if line.startswith("data:")]
 
-        t = threading.Thread(target=stream)
-        t.start()
+        def plain():
+            got["plain"] = httpx.post(url + "/v1/completions", timeout=60,
+                                      json={"prompt": "y", "max_tokens": 4000, "ignore_eos": True})
+
+        threads = [threading.Thread(target=stream), threading.Thread(target=plain)]
+        for t in threads:
+            t.start()
         time.sleep(1.0)
         start = time.time()
         proc.send_signal(signal.SIGTERM)
-        t.join(timeout=30)
+        for t in threads:
+            t.join(timeout=30)
         assert proc.wait(timeout=30) == 0
         assert time.time() - start < 10
         lines = got["lines"]
         assert lines[-1] == "data: [DONE]"
         assert '"error"' in lines[-2] and "shutting down" in lines[-2]
+        assert got["plain"].status_code == 503 and "shutting down" in got["plain"].json()["error"]["message"]
         out = proc.stdout.read()
         assert "INFO tpserve.engine: engine ready" in out  # tpserve's own loggers follow --log-level
     finally:

@@ -68,7 +68,7 @@ async def chat_completions(state: ServerState, request: Request, req: ChatComple
             final = out
         return final
 
-    final = await until_disconnect(request, collect())
+    final = await until_disconnect(request, collect(), state.drain_cut)
     choices = []
     for c in final.outputs:
         msg = parse_chat_output(c.text, mode, policy.template_tools, parse_tools=policy.parse_tools,

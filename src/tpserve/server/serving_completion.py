@@ -54,7 +54,7 @@ async def completions(state: ServerState, request: Request, req: CompletionReque
             finals[j] = out
         return finals
 
-    finals = await until_disconnect(request, collect())
+    finals = await until_disconnect(request, collect(), state.drain_cut)
     choices = []
     for j in range(len(prompts)):
         for c in finals[j].outputs:

@@ -173,14 +173,19 @@ async def read_json(state: ServerState, request: Request, model):
     return await state.off_loop(decode_body, raw, model)
 
 
-async def until_disconnect(request: Request, coro):
-    """Run `coro`; cancel it (aborting its requests) if the client goes away."""
+async def until_disconnect(request: Request, coro, cut: asyncio.Event | None = None):
+    """Run `coro`; cancel it (aborting its requests) if the client goes away, or with a 503 when
+    `cut` (the SIGTERM drain deadline) is set first."""
     task = asyncio.ensure_future(coro)
     try:
         while True:
             done, _ = await asyncio.wait({task}, timeout=0.25)
             if done:
                 return task.result()
+            if cut is not None and cut.is_set():
+                task.cancel()
+                raise ApiError(503, "the server is shutting down and the drain timeout has passed",
+                               type="ServiceUnavailableError")
             if await request.is_disconnected():
                 task.cancel()
                 raise ApiError(499, "client disconnected", type="ClientClosedRequest")
