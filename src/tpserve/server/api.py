@@ -28,7 +28,10 @@ from tpserve.server.openapi import install_openapi, route_docs
 from tpserve.server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest,
                                      error_body)
 from tpserve.server.responses import DetokenizeResponse, ModelCard, ModelList, TokenizeResponse
+from tpserve.server.serving_chat import chat_completions
+from tpserve.server.serving_completion import completions
 from tpserve.server.state import ApiError, ServerState, read_json  # noqa: F401  (ServerState re-exported)
+from tpserve.server.tokenize import detokenize_request, tokenize_request
 
 log = logging.getLogger("tpserve.server")
 
@@ -84,10 +87,6 @@ def _install_error_handlers(app: FastAPI) -> None:
 
 
 def build_app(state: ServerState) -> FastAPI:
-    from tpserve.server.serving_chat import chat_completions
-    from tpserve.server.serving_completion import completions
-    from tpserve.server.tokenize import detokenize_request, tokenize_request
-
     app = FastAPI(title="tpserve", version="0.1.0", docs_url=None, redoc_url=None)
     app.state.tpserve = state
     state.drain_cut = state.drain_cut or asyncio.Event()

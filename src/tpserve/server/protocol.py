@@ -25,6 +25,7 @@ from pydantic import (
 )
 
 from tpserve.server.chat import REASONING_EFFORTS, ParamError, normalize_messages
+from tpserve.server.request_parts import MAX_LOGIT_BIAS, Messages, OpenAIModel, ResponseFormat
 from tpserve.server.responses import *  # noqa: F403  (re-exported: one import for the app)
 from tpserve.server.responses import __all__ as _response_names
 
@@ -104,54 +105,6 @@ def validation_error_to_body(exc: ValidationError) -> dict:
         if len(messages) == 3:
             break
     return error_body("; ".join(messages) or "invalid request", param=first_param)
-
-
-class OpenAIModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
-
-
-_CONTENT_SCHEMA = {"anyOf": [
-    {"type": "string"},
-    {"type": "array", "items": {"type": "object", "required": ["type", "text"],
-                                "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}},
-]}
-_TOOL_CALL_SCHEMA = {"type": "object", "required": ["function"], "properties": {
-    "id": {"type": "string"}, "type": {"const": "function"},
-    "function": {"type": "object", "required": ["name"], "properties": {
-        "name": {"type": "string", "minLength": 1}, "arguments": {"type": "string"}}}}}
-# what chat.normalize_messages accepts, for /openapi.json (the check itself stays in normalize_messages)
-MESSAGES_SCHEMA = {"type": "array", "minItems": 1, "items": {"anyOf": [
-    {"type": "object", "required": ["role", "content"], "properties": {
-        "role": {"enum": ["system", "developer", "user"]}, "content": _CONTENT_SCHEMA, "name": {"type": "string"}}},
-    {"type": "object", "required": ["role"], "properties": {
-        "role": {"const": "assistant"}, "content": {"anyOf": [_CONTENT_SCHEMA, {"type": "null"}]},
-        "reasoning_content": {"type": "string"}, "tool_calls": {"type": "array", "items": _TOOL_CALL_SCHEMA}}},
-    {"type": "object", "required": ["role", "content"], "properties": {
-        "role": {"const": "tool"}, "content": _CONTENT_SCHEMA, "tool_call_id": {"type": "string"}}},
-]}}
-Messages = Annotated[list[dict[str, Any]], WithJsonSchema(MESSAGES_SCHEMA)]
-MAX_LOGIT_BIAS = 100.0
-
-
-class JsonSchemaFormat(OpenAIModel):
-    name: str = Field(min_length=1, max_length=64, pattern=r"^[a-zA-Z0-9_-]+$")
-    description: str | None = None
-    json_schema: dict[str, Any] | None = Field(None, alias="schema")
-    strict: bool | None = None
-
-
-class ResponseFormat(OpenAIModel):
-    """`response_format`: text (no constraint), json_object (any JSON object) or json_schema."""
-
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: JsonSchemaFormat | None = None
-
-    @model_validator(mode="after")
-    def _schema_iff_json_schema(self) -> ResponseFormat:
-        if (self.type == "json_schema") != (self.json_schema is not None):
-            raise ParamError("response_format.json_schema",
-                             "response_format.json_schema is required with type 'json_schema' (and only then)")
-        return self
 
 
 class FunctionDefinition(OpenAIModel):
