@@ -67,3 +67,21 @@ def test_bench_fuzz_command(server, tmp_path, capsys):
     result = json.loads(out.read_text())["schemathesis"]["positive"]
     assert result["cases"] >= 8 and result["failures"] == []
     assert "schemathesis (positive)" in capsys.readouterr().out
+
+
+def test_streamed_responses_are_valid_sse_against_the_schema(server):
+    """Streams (chat and completions) pass schemathesis' SSE schema check (a random stream=true case
+    is rare in a short run, so this one is forced)."""
+    import schemathesis
+    from schemathesis.checks import not_a_server_error, response_schema_conformance
+
+    schema = schemathesis.openapi.from_url(server.url + "/openapi.json")
+    bodies = {"/v1/chat/completions": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3,
+                                       "stream": True},
+              "/v1/completions": {"prompt": "hi", "max_tokens": 3, "stream": True}}
+    for path, body in bodies.items():
+        op = schema[path]["POST"]
+        case = op.Case(body=body, media_type="application/json")
+        response = case.call(base_url=server.url, timeout=60)
+        assert response.status_code == 200 and response.text.rstrip().endswith("data: [DONE]")
+        case.validate_response(response, checks=(not_a_server_error, response_schema_conformance))

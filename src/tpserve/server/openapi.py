@@ -22,6 +22,10 @@ _ERROR_TEXT = {400: "bad input", 401: "missing or wrong API key", 404: "unknown 
                413: "body over --max-request-bytes", 503: "queue full or engine dead"}
 
 
+# one server-sent event: `data:` holds a JSON chunk (the 200 model's stream form), an error, or [DONE]
+SSE_EVENT = {"type": "object", "required": ["data"], "properties": {"data": {"type": "string"}}}
+
+
 def route_docs(request: type[BaseModel] | None, response: type[BaseModel] | str | None, *, stream: bool = False,
                errors: tuple[int, ...] = (), text: bool = False) -> dict[str, Any]:
     """Decorator kwargs (responses, openapi_extra) declaring a route's bodies."""
@@ -32,7 +36,7 @@ def route_docs(request: type[BaseModel] | None, response: type[BaseModel] | str 
     if response is not None:
         out[200] = {"model": response, "description": "OK"}
         if stream:
-            out[200]["content"] = {"text/event-stream": {"schema": {"type": "string"}}}
+            out[200]["content"] = {"text/event-stream": {"schema": SSE_EVENT}}
     elif text:
         out[200] = {"description": "OK", "content": {"text/plain": {"schema": {"type": "string"}}}}
     else:

@@ -42,7 +42,7 @@ MAX_LOGIT_BIAS = 100.0
 class JsonSchemaFormat(OpenAIModel):
     name: str = Field(min_length=1, max_length=64, pattern=r"^[a-zA-Z0-9_-]+$")
     description: str | None = None
-    json_schema: dict[str, Any] | None = Field(None, alias="schema")
+    json_schema: dict[str, Any] = Field(alias="schema")
     strict: bool | None = None
 
 

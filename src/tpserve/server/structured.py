@@ -47,8 +47,6 @@ def response_format_constraint(state: ServerState, req) -> StructuredOutput | No
         if fmt.type == "json_object":
             return grammar_compiler(state).json_object()
         schema = fmt.json_schema.json_schema
-        if schema is None:
-            raise ValueError("response_format.json_schema.schema is required")
         return grammar_compiler(state).json_schema(schema)
     except ValueError as exc:
         raise ApiError(400, f"response_format.json_schema.schema: {exc}",
