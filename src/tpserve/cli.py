@@ -26,6 +26,8 @@ TOOL_MODULES = (
     "tpserve.tools.prefill_block",
     "tpserve.tools.quality",
     "tpserve.tools.agent_tools",
+    "tpserve.tools.bench_fuzz",
+    "tpserve.tools.bench_soak",
 )
 
 

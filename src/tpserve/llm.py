@@ -59,6 +59,32 @@ class LLM:
                         bar.update(1)
         return [done[r] for r in ids]
 
+    def chat(self, messages: Seq[dict] | Seq[Seq[dict]],
+             sampling_params: SamplingParams | Seq[SamplingParams] | None = None, use_tqdm: bool = False, *,
+             chat_template: str | None = None, add_generation_prompt: bool = True,
+             tools: list[dict] | None = None, chat_template_kwargs: dict[str, Any] | None = None
+             ) -> list[RequestOutput]:
+        """vLLM's LLM.chat: one conversation (a list of OpenAI messages) or a list of them, rendered
+        with the chat template (ours for GLM unless `chat_template` is given), then generated.
+        The outputs hold the raw text (reasoning and tool calls are not parsed out)."""
+        from tpserve.server.chat import apply_chat_template
+
+        tok = self.engine.tokenizer
+        if tok is None:
+            raise ValueError("messages: chat needs a tokenizer (the engine runs with skip_tokenizer_init)")
+        if not isinstance(messages, Seq) or isinstance(messages, str) or not messages:
+            raise ValueError("messages: expected a non-empty list of messages or of conversations")
+        conversations = [messages] if isinstance(messages[0], dict) else list(messages)
+        kwargs = dict(chat_template_kwargs or {})
+        prompts = []
+        for conv in conversations:
+            text = apply_chat_template(tok, list(conv), tools, add_generation_prompt=add_generation_prompt,
+                                       chat_template=chat_template, chat_template_kwargs=kwargs,
+                                       enable_thinking=kwargs.get("enable_thinking"),
+                                       reasoning_effort=kwargs.get("reasoning_effort"))
+            prompts.append({"prompt_token_ids": tok.encode(text, add_special_tokens=False), "prompt": text})
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
     def _tokens(self, prompt: str | dict) -> tuple[list[int], str | None]:
         if isinstance(prompt, dict):
             if "prompt_token_ids" in prompt:

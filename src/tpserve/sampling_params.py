@@ -26,6 +26,8 @@ class SamplingParams:
     skip_special_tokens: bool = True
     prompt_logprobs: int | None = None  # logprob of every prompt token + its top-k (0: only that token)
     stop_list: list[str] = field(init=False, repr=False)
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit (like vLLM)
+    structured_outputs: object | None = None  # engine.logits_process.StructuredOutput (a grammar)
 
     def __post_init__(self) -> None:
         def bad(name: str, why: str) -> None:
@@ -75,6 +77,11 @@ class SamplingParams:
         ids = self.stop_token_ids or []
         if any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in ids):
             bad("stop_token_ids", "must be a list of non-negative token ids")
+        for tok, bias in (self.logit_bias or {}).items():
+            if isinstance(tok, bool) or not isinstance(tok, int) or tok < 0:
+                bad("logit_bias", "keys must be token ids")
+            if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not -100 <= bias <= 100:
+                bad("logit_bias", "values must be numbers in [-100, 100]")
         if self.top_k == -1:
             self.top_k = 0
 

@@ -95,7 +95,7 @@ def test_chat_request_valid_and_sampling_params():
         "model": "glm", "messages": MSGS, "temperature": 0.3, "top_p": 0.9, "top_k": -1,
         "seed": 7, "stop": "END", "stop_token_ids": [5], "max_tokens": 10,
         "max_completion_tokens": 20, "logprobs": True, "top_logprobs": 4, "n": 2,
-        "presence_penalty": 0.5, "unknown_field": {"ignored": True}, "tools": TOOLS,
+        "presence_penalty": 0.5, "tools": TOOLS,
         "tool_choice": {"type": "function", "function": {"name": "get_time"}},
         "chat_template_kwargs": {"enable_thinking": False}, "reasoning_effort": " High ",
         "stream": True, "stream_options": {"include_usage": True},
@@ -196,7 +196,7 @@ def test_response_shapes():
     ).model_dump()
     assert resp["object"] == "chat.completion" and resp["id"].startswith("chatcmpl-")
     assert resp["choices"][0]["message"] == {"role": "assistant", "content": "hey",
-                                             "reasoning_content": None, "reasoning": None, "tool_calls": []}
+                                             "reasoning_content": None, "reasoning": None}  # no "tool_calls" key
     delta = DeltaMessage.from_parser(merge_deltas([
         {"reasoning_content": "r"},
         {"tool_calls": [{"index": 0, "id": "call_1", "type": "function",

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from tpserve.config import EngineConfig
-from tpserve.engine import prompt_logprobs, sampler
+from tpserve.engine import logits_process, prompt_logprobs, sampler
 from tpserve.engine.detokenize import Detokenizer
 from tpserve.engine.executor import EngineDeadError, make_executor
 from tpserve.engine.outputs import CompletionOutput, RequestOutput
@@ -176,6 +176,7 @@ class LLMEngine:
 
     def _append(self, seq: Sequence, res: sampler.SampleResult) -> None:
         seq.output_ids.append(res.token)
+        logits_process.advance(seq, res.token)
         if seq.logprobs is not None:
             seq.logprobs.append(res.top)
             seq.cumulative_logprob += res.logprob

@@ -44,6 +44,7 @@ class Sequence:
     num_preemptions: int = 0
     detok: object | None = None      # engine.detokenize.Detokenizer when a tokenizer is loaded
     prompt_logprobs: list | None = None  # engine.prompt_logprobs: [None, {token id: Logprob}, ...]
+    constraint: object | None = None  # engine.logits_process.SeqConstraint when the output is constrained
 
     @property
     def num_tokens(self) -> int:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from tpserve.engine.logits_process import apply_logits_processors
 from tpserve.engine.outputs import Logprob
 from tpserve.engine.request import Sequence
 
@@ -118,7 +119,7 @@ def sample(logits: torch.Tensor, seqs: list[Sequence], engine_generator: torch.G
     """logits [B, V] fp32, one row per sequence."""
     want = [s.params.logprobs is not None for s in seqs]
     raw_logprobs = logits.log_softmax(-1) if any(want) else None
-    logits = _apply_penalties(logits, seqs)
+    logits = _apply_penalties(apply_logits_processors(logits.clone(), seqs), seqs)
     logits = _ban_stops_before_min_tokens(logits, seqs)
     tokens = logits.argmax(-1)
     sampled = [i for i, s in enumerate(seqs) if not s.params.greedy]

@@ -110,8 +110,13 @@ def _parse_arguments(arguments: Any, where: str) -> dict:
         _fail(where, f"must be a JSON string, got {type(arguments).__name__}")
     try:
         parsed = json.loads(arguments)
+        json.dumps(parsed, ensure_ascii=False).encode("utf-8")
     except json.JSONDecodeError as exc:
         raise ParamError(where, f"{where} is not valid JSON: {exc.msg}") from exc
+    except RecursionError:
+        raise ParamError(where, f"{where} is nested too deeply") from None
+    except UnicodeEncodeError:
+        raise ParamError(where, f"{where} contains a lone UTF-16 surrogate (not valid Unicode)") from None
     if not isinstance(parsed, dict):
         _fail(where, f"must encode a JSON object, got {type(parsed).__name__}")
     return parsed
@@ -169,7 +174,7 @@ def _normalize_message(message: Any, i: int, call_names: dict[str, str]) -> dict
                     _fail(f"{where}.{key}", "must be a string")
                 out["reasoning_content"] = reasoning
                 break
-        if message.get("tool_calls"):
+        if message.get("tool_calls") is not None:
             out["tool_calls"] = _normalize_tool_calls(message["tool_calls"], f"{where}.tool_calls")
             for call in out["tool_calls"]:
                 if call["id"]:

@@ -10,7 +10,7 @@ from tpserve.config import EngineConfig
 
 class LocalServer:
     def __init__(self, cfg: EngineConfig, *, served_model_names: list[str] | None = None,
-                 api_key: str | None = None, host: str = "127.0.0.1", port: int = 0):
+                 api_key: str | None = None, host: str = "127.0.0.1", port: int = 0, **state_options):
         import uvicorn
 
         from tpserve.dist.launch import free_port
@@ -20,7 +20,8 @@ class LocalServer:
 
         self.engine = AsyncEngine(LLMEngine(cfg), max_waiting=cfg.max_waiting)
         self.state = ServerState(self.engine, served_model_names or ["tiny"], api_key=api_key,
-                                 sampling_defaults=generation_defaults(self.engine.engine.model_dir))
+                                 sampling_defaults=generation_defaults(self.engine.engine.model_dir),
+                                 **state_options)
         self.port = port or free_port()
         config = uvicorn.Config(build_app(self.state), host=host, port=self.port, log_level="warning")
         self.server = uvicorn.Server(config)

@@ -8,10 +8,10 @@ module re-exports them and adds:
     - no tools: nothing is parsed;
     - "none": tools are not given to the template and the output is not parsed;
     - "auto" (the default when tools are given): all tools, calls parsed;
-    - "required": like "auto". We cannot force a call without guided decoding, so if the
-      model writes none, the text is returned as content (finish_reason "stop");
+    - "required": like "auto" for parsing; the server forces one or more calls with a grammar
+      (server/structured.py);
     - {"type": "function", "function": {"name": X}}: only X is given to the template and
-      only calls to X are accepted; other blocks stay in the content as text.
+      only calls to X are accepted; the server's grammar forces one call to X.
   Checking a named function against `tools` is protocol's job (HTTP 400).
 * `ChatOutputParser`: reasoning then tool calls, streaming (`feed` / `finish`, OpenAI delta
   dicts) and one-shot (`parse_chat_output`, an OpenAI assistant message dict).
@@ -63,7 +63,7 @@ class ToolPolicy:
     template_tools: list[dict] | None  # tools to render into the prompt
     parse_tools: bool  # look for tool calls in the output
     allowed_names: frozenset[str] | None  # accept only calls to these (None: any)
-    required: bool  # tool_choice was "required" (not enforced, see module docstring)
+    required: bool  # tool_choice was "required" (forced by server/structured.py's grammar)
 
 
 def _plain(value: Any) -> Any:

@@ -1,7 +1,7 @@
 """Pydantic models for the OpenAI API subset tpserve serves, plus error bodies.
 
-Requests ignore unknown fields (OpenAI clients send some). Wrong types and out-of-range
-values raise pydantic's ValidationError; `validation_error_to_body` turns one into OpenAI's
+Requests refuse unknown fields (as OpenAI does) and are validated strictly (no "5" for 5, no
+NaN): wrong types and out-of-range values raise pydantic's ValidationError; `validation_error_to_body` turns one into OpenAI's
 error shape with `param` naming the field (the server answers 400). `to_sampling_params()`
 gives the engine's sampling parameters as a plain dict. Responses are in `responses.py`.
 """
@@ -18,12 +18,14 @@ from pydantic import (
     Field,
     StrictInt,
     ValidationError,
+    WithJsonSchema,
     ValidationInfo,
     field_validator,
     model_validator,
 )
 
 from tpserve.server.chat import REASONING_EFFORTS, ParamError, normalize_messages
+from tpserve.server.request_parts import MAX_LOGIT_BIAS, Messages, OpenAIModel, ResponseFormat
 from tpserve.server.responses import *  # noqa: F403  (re-exported: one import for the app)
 from tpserve.server.responses import __all__ as _response_names
 
@@ -62,6 +64,7 @@ _FIELD_NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
 _UNION_TAGS = frozenset({"str", "int", "float", "bool", "bytes", "dict", "list", "none"})
 
 TokenId = Annotated[StrictInt, Field(ge=0)]
+Text = Annotated[str, Field(min_length=1)]
 
 
 def error_body(
@@ -104,10 +107,6 @@ def validation_error_to_body(exc: ValidationError) -> dict:
     return error_body("; ".join(messages) or "invalid request", param=first_param)
 
 
-class OpenAIModel(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-
 class FunctionDefinition(OpenAIModel):
     name: str = Field(min_length=1, max_length=128, pattern=r"^[^\s<>]+$")
     description: str | None = None
@@ -146,13 +145,29 @@ class SamplingRequest(OpenAIModel):
     top_k: int | None = Field(None, ge=-1)
     min_p: float | None = Field(None, ge=0, le=1)
     seed: int | None = Field(None, ge=-(2**63), lt=2**64)
-    stop: str | list[str] | None = None
+    stop: Text | list[Text] | None = None
     stop_token_ids: list[TokenId] | None = None
     ignore_eos: bool = False
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     repetition_penalty: float | None = Field(None, gt=0)
     user: str | None = None
+    logit_bias: Annotated[dict[str, Annotated[float, Field(ge=-MAX_LOGIT_BIAS, le=MAX_LOGIT_BIAS)]] | None,
+                          WithJsonSchema({"anyOf": [{"type": "object", "propertyNames": {"pattern": "^[0-9]{1,9}$"},
+                                                     "additionalProperties": {"type": "number", "minimum": -100,
+                                                                              "maximum": 100}},
+                                                    {"type": "null"}]})] = None  # token id (as a string) -> bias
+    response_format: ResponseFormat | None = None
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _check_logit_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        for key, bias in (value or {}).items():
+            if not (key.isascii() and key.isdigit()) or len(key) > 9:
+                raise ParamError("logit_bias", f"logit_bias keys must be token ids, got {key[:20]!r}")
+            if not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
+                raise ParamError("logit_bias", f"logit_bias values must be in [-100, 100], got {bias}")
+        return value
 
     @field_validator("stop")
     @classmethod
@@ -216,10 +231,10 @@ class SamplingRequest(OpenAIModel):
 class ChatCompletionRequest(SamplingRequest):
     """POST /v1/chat/completions. `messages` are checked by chat.normalize_messages."""
 
-    messages: list[dict[str, Any]] = Field(min_length=1)
+    messages: Messages = Field(min_length=1)
     tools: list[ToolDefinition] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
-    parallel_tool_calls: bool | None = None  # accepted, not enforced
+    parallel_tool_calls: bool | None = None  # False: a forced tool_choice makes exactly one call
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
@@ -290,11 +305,12 @@ class ChatCompletionRequest(SamplingRequest):
 class CompletionRequest(SamplingRequest):
     """POST /v1/completions (legacy). echo, suffix and best_of > 1 are rejected."""
 
-    prompt: str | list[str] | list[TokenId] | list[list[TokenId]]
+    prompt: (Text | Annotated[list[Text], Field(min_length=1)] | Annotated[list[TokenId], Field(min_length=1)]
+             | Annotated[list[Annotated[list[TokenId], Field(min_length=1)]], Field(min_length=1)])
     logprobs: int | None = Field(None, ge=0, le=MAX_COMPLETION_LOGPROBS)
     echo: bool = False
     suffix: str | None = None
-    best_of: int | None = None
+    best_of: int | None = Field(None, ge=1, le=1)  # only 1 (the default) is supported
     prompt_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)  # vLLM's; non-streamed only
 
     @field_validator("prompt_logprobs")
@@ -354,9 +370,14 @@ class CompletionRequest(SamplingRequest):
 class TokenizeRequest(OpenAIModel):
     """POST /tokenize (vLLM shape): either `prompt` or `messages` (rendered by the template)."""
 
+    model_config = ConfigDict(json_schema_extra={"oneOf": [
+        {"required": ["prompt"], "properties": {"prompt": {"type": "string"}}, "not": {"required": ["messages"]}},
+        {"required": ["messages"], "properties": {"messages": {"type": "array"}}, "not": {"required": ["prompt"]}},
+    ]})
+
     model: str | None = None
     prompt: str | None = None
-    messages: list[dict[str, Any]] | None = None
+    messages: Messages | None = None
     tools: list[ToolDefinition] | None = None
     add_generation_prompt: bool = True
     add_special_tokens: bool | None = None  # default: True for prompt, False for messages
@@ -371,6 +392,13 @@ class TokenizeRequest(OpenAIModel):
         if self.messages is not None:
             normalize_messages(self.messages)
         return self
+
+    def enable_thinking(self) -> bool | None:
+        thinking = (self.chat_template_kwargs or {}).get("enable_thinking")
+        if thinking is not None and not isinstance(thinking, bool):
+            raise ParamError("chat_template_kwargs.enable_thinking",
+                             "chat_template_kwargs.enable_thinking must be a boolean")
+        return thinking
 
     def special_tokens(self) -> bool:
         if self.add_special_tokens is not None:

@@ -6,7 +6,7 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_serializer
 
 __all__ = [
     "ChatChoiceLogprobs",
@@ -136,7 +136,14 @@ class ChatMessage(BaseModel):
     content: str | None = None
     reasoning_content: str | None = None
     reasoning: str | None = None  # the same text as reasoning_content (newer clients read this)
-    tool_calls: list[ToolCall] = Field(default_factory=list)
+    tool_calls: list[ToolCall] | None = None  # left out of the JSON when there are none
+
+    @model_serializer(mode="wrap")
+    def _omit_no_tool_calls(self, handler):
+        data = handler(self)
+        if not data.get("tool_calls"):
+            data.pop("tool_calls", None)
+        return data
 
 
 class ChatCompletionChoice(BaseModel):
@@ -174,7 +181,7 @@ class DeltaMessage(BaseModel):
     content: str | None = None
     reasoning_content: str | None = None
     reasoning: str | None = None
-    tool_calls: list[DeltaToolCall] = Field(default_factory=list)
+    tool_calls: list[DeltaToolCall] | None = None
 
     @classmethod
     def from_parser(cls, delta: dict[str, Any] | None) -> DeltaMessage:
@@ -182,6 +189,8 @@ class DeltaMessage(BaseModel):
         delta = dict(delta or {})
         if delta.get("reasoning_content"):
             delta["reasoning"] = delta["reasoning_content"]
+        if not delta.get("tool_calls"):
+            delta.pop("tool_calls", None)
         return cls.model_validate(delta)
 
 

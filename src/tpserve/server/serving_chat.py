@@ -7,7 +7,6 @@ import time
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from tpserve.server.api import ApiError, ServerState, until_disconnect
 from tpserve.server.chat import ParamError, apply_chat_template, thinking_enabled
 from tpserve.server.metrics import RequestTimer
 from tpserve.server.parsers import (ChatOutputParser, chat_finish_reason, merge_deltas, parse_chat_output,
@@ -15,7 +14,11 @@ from tpserve.server.parsers import (ChatOutputParser, chat_finish_reason, merge_
 from tpserve.server.protocol import ChatCompletionRequest
 from tpserve.server.responses import (ChatCompletionChoice, ChatCompletionResponse, ChatCompletionStreamChoice,
                                       ChatCompletionStreamResponse, ChatMessage, DeltaMessage, UsageInfo)
-from tpserve.server.serving_common import chat_logprobs, merged, request_id, sampling_params, sse, sse_error
+from tpserve.server.serving_common import (chat_logprobs, cut_at_drain, merged, request_id, sampling_params, sse,
+                                          sse_error)
+from tpserve.server.state import ApiError, ServerState, until_disconnect
+from tpserve.server.structured import constraint_for_chat, logit_bias
+from tpserve.server.tokenize import message_chars
 
 
 async def chat_completions(state: ServerState, request: Request, req: ChatCompletionRequest):
@@ -23,19 +26,31 @@ async def chat_completions(state: ServerState, request: Request, req: ChatComple
     tok = state.need_tokenizer("chat completions")
     try:
         policy = resolve_tool_choice(req.tools, req.tool_choice)
-        prompt = apply_chat_template(tok, req.messages, policy.template_tools, reasoning_effort=req.reasoning_effort,
-                                     enable_thinking=req.enable_thinking(), chat_template_kwargs=req.chat_template_kwargs,
-                                     add_generation_prompt=req.add_generation_prompt)
-    except ParamError as exc:
-        raise ApiError(400, str(exc), param=exc.param) from None
     except ValueError as exc:
-        raise ApiError(400, str(exc), param="tool_choice" if "tool_choice" in str(exc) else None) from None
-    ids = tok.encode(prompt, add_special_tokens=False)
-    params = sampling_params(req, state.sampling_defaults)
+        raise ApiError(400, str(exc), param="tool_choice") from None
+    state.check_text_length(message_chars(req.messages), "messages")
+    bias = logit_bias(state, req)
+    constraint = await state.off_loop(constraint_for_chat, state, req, policy)
+    enable_thinking = False if constraint is not None else req.enable_thinking()  # the grammar covers it all
+
+    def render() -> tuple[str, list[int]]:
+        try:
+            text = apply_chat_template(tok, req.messages, policy.template_tools, reasoning_effort=req.reasoning_effort,
+                                       enable_thinking=enable_thinking,
+                                       chat_template_kwargs=req.chat_template_kwargs,
+                                       add_generation_prompt=req.add_generation_prompt)
+        except ParamError as exc:
+            raise ApiError(400, str(exc), param=exc.param) from None
+        except (ValueError, TypeError) as exc:  # a template that chokes on a kwarg value
+            raise ApiError(400, f"chat template error: {exc}", param="chat_template_kwargs") from None
+        return text, tok.encode(text, add_special_tokens=False)
+
+    prompt, ids = await state.off_loop(render)
+    params = sampling_params(req, state.sampling_defaults, logit_bias=bias, structured_outputs=constraint)
     rid = request_id("chatcmpl")
     stream = state.engine.add(rid, ids, params, prompt)
     timer = RequestTimer(state.metrics, stream.arrival, len(ids))
-    mode = reasoning_mode_for_prompt(prompt, thinking_enabled(req.reasoning_effort, req.enable_thinking()))
+    mode = reasoning_mode_for_prompt(prompt, thinking_enabled(req.reasoning_effort, enable_thinking))
     k = req.logprobs_count()
 
     def new_parser() -> ChatOutputParser:
@@ -53,12 +68,12 @@ async def chat_completions(state: ServerState, request: Request, req: ChatComple
             final = out
         return final
 
-    final = await until_disconnect(request, collect())
+    final = await until_disconnect(request, collect(), state.drain_cut)
     choices = []
     for c in final.outputs:
         msg = parse_chat_output(c.text, mode, policy.template_tools, parse_tools=policy.parse_tools,
                                 allowed_names=policy.allowed_names)
-        calls = msg.get("tool_calls", [])
+        calls = msg.get("tool_calls") or None
         message = ChatMessage(content=msg["content"], reasoning_content=msg["reasoning_content"],
                               reasoning=msg["reasoning_content"], tool_calls=calls)
         logprobs = chat_logprobs(tok, c.token_ids, c.logprobs, k) if k is not None else None
@@ -82,7 +97,7 @@ async def _stream(state, rid, model, stream, timer, new_parser, n, prompt_len, k
     yield chunk([ChatCompletionStreamChoice(index=i, delta=DeltaMessage(role="assistant", content=""))
                  for i in range(n)])
     try:
-        async for _, out in merged([stream], [timer]):
+        async for _, out in cut_at_drain(state, merged([stream], [timer])):
             choices = []
             for c in out.outputs:
                 i = c.index
@@ -109,7 +124,7 @@ async def _stream(state, rid, model, stream, timer, new_parser, n, prompt_len, k
                                                           stop_reason=c.stop_reason if finish else None))
             if choices:
                 yield chunk(choices)
-    except Exception as exc:  # the engine died mid-stream: tell the client, then end the stream
+    except Exception as exc:  # the engine died or the drain ran out: tell the client, then end the stream
         yield sse_error(f"generation failed: {exc}", 503, "ServiceUnavailableError")
         yield sse("[DONE]")
         return

@@ -17,8 +17,42 @@ from tpserve.sampling_params import SamplingParams
 from tpserve.server.metrics import RequestTimer
 
 
-def sampling_params(req, defaults: dict) -> SamplingParams:
-    return SamplingParams(**req.to_sampling_params(defaults))
+class DrainTimeout(Exception):
+    """The SIGTERM drain ran out of time before this stream finished."""
+
+
+async def cut_at_drain(state, outputs: AsyncIterator) -> AsyncIterator:
+    """`outputs` until the server's drain deadline (state.drain_cut), then DrainTimeout."""
+    cut = getattr(state, "drain_cut", None)
+    if cut is None:
+        async for item in outputs:
+            yield item
+        return
+    it = outputs.__aiter__()
+    waiter = asyncio.ensure_future(cut.wait())
+    nxt = None
+    try:
+        while True:
+            nxt = asyncio.ensure_future(it.__anext__())
+            await asyncio.wait({nxt, waiter}, return_when=asyncio.FIRST_COMPLETED)
+            if not nxt.done():
+                raise DrainTimeout("the server is shutting down and the drain timeout has passed")
+            try:
+                item = nxt.result()
+            except StopAsyncIteration:
+                return
+            yield item
+    finally:  # the consumer went away, or the drain cut: close `outputs` (aborting its requests)
+        waiter.cancel()
+        if nxt is not None and not nxt.done():
+            nxt.cancel()
+        elif hasattr(it, "aclose"):
+            await it.aclose()
+
+
+def sampling_params(req, defaults: dict, **extra) -> SamplingParams:
+    """The request's SamplingParams; `extra` adds logit_bias / structured_outputs (server/structured.py)."""
+    return SamplingParams(**req.to_sampling_params(defaults), **extra)
 
 
 def request_id(prefix: str) -> str:

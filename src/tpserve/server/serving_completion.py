@@ -7,22 +7,29 @@ import time
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from tpserve.server.api import ServerState, until_disconnect
 from tpserve.server.metrics import RequestTimer
 from tpserve.server.protocol import CompletionRequest
 from tpserve.server.responses import CompletionChoice, CompletionResponse, CompletionStreamResponse, UsageInfo
-from tpserve.server.serving_common import completion_logprobs, merged, request_id, sampling_params, sse, sse_error
+from tpserve.server.serving_common import (completion_logprobs, cut_at_drain, merged, request_id, sampling_params,
+                                          sse, sse_error)
+from tpserve.server.state import ServerState, until_disconnect
+from tpserve.server.structured import logit_bias, response_format_constraint
 
 
 async def completions(state: ServerState, request: Request, req: CompletionRequest):
     model = state.check_model(req.model)
-    params = sampling_params(req, state.sampling_defaults)
-    prompts = []
-    for p in req.prompts():
-        if isinstance(p, str):
-            prompts.append((state.need_tokenizer("a text prompt").encode(p), p))
-        else:
-            prompts.append((list(p), None))
+    bias = logit_bias(state, req)
+    constraint = await state.off_loop(response_format_constraint, state, req) if req.response_format else None
+    params = sampling_params(req, state.sampling_defaults, logit_bias=bias, structured_outputs=constraint)
+    texts = [p for p in req.prompts() if isinstance(p, str)]
+    tok = state.need_tokenizer("a text prompt") if texts else state.tokenizer
+    for p in texts:
+        state.check_text_length(len(p), "prompt")
+
+    def encode() -> list:
+        return [(tok.encode(p), p) if isinstance(p, str) else (list(p), None) for p in req.prompts()]
+
+    prompts = await state.off_loop(encode) if texts else encode()
     rid = request_id("cmpl")
     streams, timers = [], []
     try:
@@ -36,10 +43,9 @@ async def completions(state: ServerState, request: Request, req: CompletionReque
         raise
     n, k = params.n, req.logprobs_count()
     prompt_tokens = sum(len(ids) for ids, _ in prompts)
-    tok = state.tokenizer
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return StreamingResponse(_stream(tok, rid, model, streams, timers, n, k, prompt_tokens, include_usage),
+        return StreamingResponse(_stream(state, tok, rid, model, streams, timers, n, k, prompt_tokens, include_usage),
                                  media_type="text/event-stream")
 
     async def collect():
@@ -48,7 +54,7 @@ async def completions(state: ServerState, request: Request, req: CompletionReque
             finals[j] = out
         return finals
 
-    finals = await until_disconnect(request, collect())
+    finals = await until_disconnect(request, collect(), state.drain_cut)
     choices = []
     for j in range(len(prompts)):
         for c in finals[j].outputs:
@@ -70,12 +76,12 @@ def prompt_logprobs_json(entries) -> list | None:
                                     for t, lp in e.items()} for e in entries]
 
 
-async def _stream(tok, rid, model, streams, timers, n, k, prompt_tokens, include_usage):
+async def _stream(state, tok, rid, model, streams, timers, n, k, prompt_tokens, include_usage):
     created = int(time.time())
     sent_text, sent_tokens, done = {}, {}, set()
     completion_tokens = 0
     try:
-        async for j, out in merged(streams, timers):
+        async for j, out in cut_at_drain(state, merged(streams, timers)):
             choices = []
             for c in out.outputs:
                 idx = j * n + c.index

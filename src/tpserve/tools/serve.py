@@ -12,6 +12,8 @@ log = logging.getLogger("tpserve.serve")
 
 
 def register(sub, bench, tune) -> None:
+    from tpserve.server.state import DEFAULT_MAX_REQUEST_BYTES
+
     p = sub.add_parser("serve", help="serve the OpenAI-compatible API (built-in tiny model when no MODEL)")
     add_engine_args(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 for every interface)")
@@ -19,20 +21,34 @@ def register(sub, bench, tune) -> None:
     p.add_argument("--served-model-name", nargs="+", default=None,
                    help="name(s) clients use in `model` (default: the model argument)")
     p.add_argument("--api-key", default=os.environ.get("TPSERVE_API_KEY"),
-                   help="require `Authorization: Bearer KEY` on /v1 routes (env TPSERVE_API_KEY)")
+                   help="require `Authorization: Bearer KEY` on every route but /health (env TPSERVE_API_KEY)")
+    p.add_argument("--metrics-public", action="store_true", help="serve /metrics without the API key")
+    p.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES,
+                   help="larger request bodies get 413")
     p.add_argument("--drain-timeout", type=float, default=120.0,
-                   help="on SIGTERM, seconds to let running requests finish before exiting")
-    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+                   help="on SIGTERM, seconds to let running requests finish; streams still open then end "
+                        "with an error event and [DONE]")
+    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
+                   help="level of tpserve's and uvicorn's loggers")
     p.set_defaults(func=run)
 
 
-def run(args) -> int:
-    import uvicorn
+def set_log_level(level: str) -> None:
+    """`cli.main` already configured logging (TPSERVE_LOG_LEVEL): set tpserve's level on top of it."""
+    value = getattr(logging, level.upper())
+    logging.basicConfig(level=value, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("tpserve").setLevel(value)
+    for handler in logging.getLogger().handlers:
+        handler.setLevel(min(handler.level or value, value))
 
+
+def run(args) -> int:
     from tpserve.dist.group import under_torchrun
 
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    set_log_level(args.log_level)
     cfg = engine_config_from_args(args)
+    if args.max_request_bytes < 1:
+        raise ValueError("--max-request-bytes must be positive")
     if under_torchrun() and int(os.environ["RANK"]) != 0:
         from tpserve.dist.group import run_torchrun_worker
 
@@ -41,27 +57,25 @@ def run(args) -> int:
     from tpserve.engine.async_engine import AsyncEngine
     from tpserve.engine.engine import LLMEngine
     from tpserve.server.api import ServerState, build_app, generation_defaults
+    from tpserve.server.runner import ServerRunner
 
     engine = LLMEngine(cfg)
     async_engine = AsyncEngine(engine, max_waiting=cfg.max_waiting)
     names = args.served_model_name or [cfg.model or "tiny-glm5-next"]
     state = ServerState(async_engine, names, api_key=args.api_key,
-                        sampling_defaults=generation_defaults(engine.model_dir))
-    app = build_app(state)
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                            timeout_graceful_shutdown=args.drain_timeout)
-    server = uvicorn.Server(config)
+                        sampling_defaults=generation_defaults(engine.model_dir),
+                        max_request_bytes=args.max_request_bytes, metrics_public=args.metrics_public)
+    runner = ServerRunner(build_app(state), state, host=args.host, port=args.port, log_level=args.log_level,
+                          drain_timeout=args.drain_timeout)
     log.info("serving %s as %s", engine.model_dir, names)
     # uvicorn drains on SIGTERM, then re-raises the signal with the handler that was there before
     # it started: make that one a clean exit, so the engine (and its TP workers) shut down too.
     signal.signal(signal.SIGTERM, _exit_cleanly)
     try:
-        server.run()
-    except SystemExit:
-        log.info("SIGTERM: requests drained, shutting down")
+        code = runner.run()
     finally:
         async_engine.shutdown()
-    return 0
+    return code
 
 
 def _exit_cleanly(signum, frame) -> None:

@@ -1,0 +1,76 @@
+"""Run the app under uvicorn with tpserve's lifecycle: the drain deadline, a watchdog that exits
+when the engine dies, and an exit code that says what happened (0: drained; 1: could not bind or
+the engine died)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+
+import uvicorn
+
+log = logging.getLogger("tpserve.serve")
+# after the engine dies: keep answering (503 on /health, errors to open streams) this long, then exit
+DEAD_GRACE_S = 2.0
+DRAIN_FLUSH_S = 2.0  # uvicorn's own graceful timeout is this much past ours (streams flush their [DONE])
+
+
+class _Server(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, state, drain_timeout: float):
+        super().__init__(config)
+        self.state, self.drain_timeout, self.loop = state, drain_timeout, None
+
+    async def serve(self, sockets=None) -> None:
+        self.loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig, frame) -> None:
+        first = not self.should_exit
+        super().handle_exit(sig, frame)
+        if first and self.loop is not None and self.state.drain_cut is not None:
+            self.loop.call_soon_threadsafe(self.loop.call_later, self.drain_timeout, self.state.drain_cut.set)
+
+
+class ServerRunner:
+    def __init__(self, app, state, *, host: str, port: int, log_level: str = "info", drain_timeout: float = 120.0):
+        config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
+                                timeout_graceful_shutdown=drain_timeout + DRAIN_FLUSH_S)
+        self.server = _Server(config, state, drain_timeout)
+        self.state, self.engine_died = state, False
+
+    def run(self) -> int:
+        """Serve until SIGTERM/SIGINT or engine death; the exit code."""
+        stop = threading.Event()
+        watchdog = threading.Thread(target=self._watch, args=(stop,), name="tpserve-watchdog", daemon=True)
+        watchdog.start()
+        try:
+            self.server.run()
+        except SystemExit as exc:  # uvicorn exits 1 when it cannot bind; our SIGTERM handler exits 0
+            if exc.code not in (0, None) or not self.server.started:
+                log.error("the server did not start (is the port taken?)")
+                return 1
+            log.info("SIGTERM: requests drained, shutting down")
+        finally:
+            stop.set()
+        if not self.server.started:
+            log.error("the server did not start (is the port taken?)")
+            return 1
+        if self.engine_died:
+            log.error("exiting: the engine died (%s)", self.state.engine.dead_reason)
+            return 1
+        return 0
+
+    def _watch(self, stop: threading.Event) -> None:
+        while not stop.wait(0.2):
+            if self.state.engine.dead_reason and self.server.started:
+                log.error("the engine died: %s; shutting down in %.0f s", self.state.engine.dead_reason,
+                          DEAD_GRACE_S)
+                time.sleep(DEAD_GRACE_S)
+                self.engine_died = True
+                self.server.should_exit = True
+                if stop.wait(5.0):
+                    return
+                self.server.force_exit = True
+                return

@@ -1,0 +1,151 @@
+"""Structured output (llguidance) and logit_bias: through the server on the tiny model, and the
+logits processor on its own."""
+
+import json
+
+import httpx
+import pytest
+import torch
+
+from live import LiveServer
+from tpserve.engine.logits_process import apply_logits_processors, unpack_bitmask
+from tpserve.engine.request import Sequence
+from tpserve.sampling_params import SamplingParams
+
+USER = [{"role": "user", "content": "weather?"}]
+# a finite language: a constrained random model must close it and stop
+SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "minimum": 0,
+          "maximum": 99}, "color": {"enum": ["red", "green"]}}, "required": ["ok", "n", "color"],
+          "additionalProperties": False}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"unit": {"type": "string", "enum": ["c", "f"]},
+                                     "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+    "required": ["unit", "days"]}}},
+         {"type": "function", "function": {"name": "noop", "parameters": {"type": "object", "properties": {}}}}]
+
+
+@pytest.fixture(scope="module")
+def server(tiny):
+    s = LiveServer(str(tiny("default")), max_num_seqs=8)
+    yield s
+    s.close()
+
+
+def post(server, path, body):
+    return httpx.post(server.url + path, json=body, timeout=120)
+
+
+def check_schema(obj):
+    assert set(obj) == {"ok", "n", "color"}
+    assert isinstance(obj["ok"], bool) and isinstance(obj["n"], int) and 0 <= obj["n"] <= 99
+    assert obj["color"] in ("red", "green")
+
+
+@pytest.mark.parametrize("seed", [1])
+def test_json_schema_output_matches(server, seed):
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA, "strict": True}}
+    r = post(server, "/v1/chat/completions", {"messages": USER, "response_format": fmt, "max_tokens": 120,
+                                              "seed": seed, "temperature": 1.0})
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    assert choice["finish_reason"] == "stop"
+    check_schema(json.loads(choice["message"]["content"]))
+    c = post(server, "/v1/completions", {"prompt": "x", "response_format": fmt, "max_tokens": 120, "seed": seed})
+    assert c.json()["choices"][0]["finish_reason"] == "stop"
+    check_schema(json.loads(c.json()["choices"][0]["text"]))
+
+
+def test_json_object_output_is_a_json_prefix(server):
+    import llguidance
+
+    from tpserve.server.structured import grammar_compiler
+
+    r = post(server, "/v1/chat/completions", {"messages": USER, "response_format": {"type": "json_object"},
+                                              "max_tokens": 40, "seed": 3, "logprobs": True})
+    out = r.json()["choices"][0]
+    assert out["message"]["content"].startswith("{")
+    spec = grammar_compiler(server.state).json_object()
+    tok = server.engine.tokenizer
+    ids = tok.encode(out["message"]["content"], add_special_tokens=False)
+    matcher = llguidance.LLMatcher(spec.tokenizer, spec.grammar)
+    if out["finish_reason"] == "stop":
+        assert isinstance(json.loads(out["message"]["content"]), dict)
+    else:
+        assert matcher.validate_tokens(ids) == len(ids)  # every token the grammar allowed
+
+
+@pytest.mark.parametrize("seed", [0])
+def test_named_tool_choice_is_enforced(server, seed):
+    r = post(server, "/v1/chat/completions", {"messages": USER, "tools": TOOLS, "max_tokens": 80, "seed": seed,
+                                              "tool_choice": {"type": "function", "function": {"name": "get_weather"}}})
+    choice = r.json()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls", choice
+    (call,) = choice["message"]["tool_calls"]
+    args = json.loads(call["function"]["arguments"])
+    assert call["function"]["name"] == "get_weather" and args["unit"] in ("c", "f") and 1 <= args["days"] <= 7
+
+
+def test_required_tool_choice_calls_a_tool(server):
+    r = post(server, "/v1/chat/completions", {"messages": USER, "tools": TOOLS[:1], "max_tokens": 200, "seed": 4,
+                                              "tool_choice": "required"})
+    choice = r.json()["choices"][0]
+    assert choice["message"]["tool_calls"], choice
+    for call in choice["message"]["tool_calls"]:
+        assert call["function"]["name"] == "get_weather"
+
+
+def test_logit_bias_moves_the_greedy_token(server):
+    body = {"prompt": [5, 6, 7], "max_tokens": 1, "temperature": 0, "logprobs": 1}
+    first = post(server, "/v1/completions", body).json()["choices"][0]["text"]
+    tok = server.engine.tokenizer
+    top = tok.encode(first, add_special_tokens=False)[0]
+    moved = post(server, "/v1/completions", {**body, "logit_bias": {str(top): -100}}).json()["choices"][0]["text"]
+    assert moved != first
+    forced = post(server, "/v1/completions", {**body, "max_tokens": 4, "ignore_eos": True,
+                                              "logit_bias": {"77": 100}}).json()["choices"][0]["text"]
+    assert tok.encode(forced, add_special_tokens=False) == [77] * 4
+
+
+@pytest.mark.parametrize("schema,needle", [
+    ({"type": "objectx"}, "objectx"),
+    ({"type": "string", "pattern": "(("}, "unclosed group"),
+])
+def test_schema_the_library_rejects_is_a_400(server, schema, needle):
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    r = post(server, "/v1/chat/completions", {"messages": USER, "response_format": fmt})
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert err["param"] == "response_format.json_schema.schema" and needle in err["message"]
+
+
+def test_logits_processor_bias_and_mask_in_one_batch():
+    class Spec:  # a fake constraint: allows tokens 3 and 40 only
+        tokenizer = type("T", (), {"vocab_size": 64})()
+
+    class Allow:
+        def fill(self, bitmask, row):
+            bitmask[row, 0] = 1 << 3
+            bitmask[row, 1] = 1 << (40 - 32)
+            return True
+
+    plain = Sequence("a", 0, [1], SamplingParams(logit_bias={2: 5.0, 9: -1.5}), 4, frozenset({0}))
+    con = Sequence("b", 0, [1], SamplingParams(structured_outputs=Spec()), 4, frozenset({0}))
+    con.constraint = Allow()
+    logits = torch.zeros(2, 50)
+    out = apply_logits_processors(logits.clone(), [plain, con])
+    expect0 = torch.zeros(50)
+    expect0[2], expect0[9] = 5.0, -1.5
+    assert torch.equal(out[0], expect0)
+    assert torch.isfinite(out[1]).nonzero().flatten().tolist() == [3, 40]
+    bits = torch.tensor([[-1, 0]], dtype=torch.int32)  # -1: all 32 bits set
+    assert unpack_bitmask(bits, 40)[0].tolist() == [True] * 32 + [False] * 8
+
+
+def test_parallel_tool_calls_false_makes_one_call():
+    from tpserve.server.structured import tool_call_grammar
+
+    one = tool_call_grammar(TOOLS, several=False)
+    several = tool_call_grammar(TOOLS, several=True)
+    assert one.splitlines()[0] == "start: (call_0 | call_1)"
+    assert several.splitlines()[0] == 'start: (call_0 | call_1) ("\\n"? (call_0 | call_1))*'
+    assert '"days" </arg_key>' in one and "%json" in one and '("c" | "f")' in one
