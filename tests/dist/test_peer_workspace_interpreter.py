@@ -49,14 +49,15 @@ def plain_sum(xs):
 def _peer_battery(rank: int, world: int) -> dict:
     from tpserve.dist.shm import ShmSegments
     from tpserve.dist.workspace_group import GroupOps
-    from tpserve.dist.workspace_peer import PeerWorkspace
+    from tpserve.dist import fused
+    from tpserve.dist.workspace_peer import PeerWorkspace, buffer_bytes_for
 
     torch.set_num_threads(1)
     ops = GroupOps(dist.group.WORLD, torch.device("cpu"))
-    slot = 12 << 10
-    seg = ShmSegments(ops, slot)  # only the data area (zeroed memory) is handed over
+    nbytes = buffer_bytes_for(24 << 10)
+    seg = ShmSegments(ops, nbytes)  # only the data area (zeroed memory) is handed over
     ptrs = [d.data_ptr() for d in seg.data]
-    ws = PeerWorkspace(rank, world, ptrs, 2 * slot, torch.device("cpu"), interpret=True)
+    ws = PeerWorkspace(rank, world, ptrs, nbytes, torch.device("cpu"), interpret=True)
     cap = ws.capacity(torch.float32)
     bad: dict[str, str] = {}
     n_checks = 0
@@ -90,10 +91,43 @@ def _peer_battery(rank: int, world: int) -> dict:
             xs = gen(102 + dim, shape, dtype)
             check(f"rs {dtype} {shape} dim={dim}", ws.reduce_scatter(xs[rank], dim),
                   plain_sum(xs).chunk(world, dim)[rank])
+    # the pipelined kernel: one launch, several rounds per program, strided and odd sizes
+    rounds = 0
+    for dtype in (torch.float32, torch.bfloat16):
+        for shape in [(5,), (int(cap * 3.4) + 3,), (7, int(cap * 0.6) + 1)]:
+            case += 1
+            xs = gen(case, shape, dtype)
+            before = int(ws.pipe_counters[0])
+            check(f"pipelined {dtype} {shape}", ws.all_reduce_chunked(xs[rank]), plain_sum(xs))
+            rounds = max(rounds, int(ws.pipe_counters[0]) - before)
+            tx = [x.view(-1)[: (x.numel() // 2) * 2].view(2, -1).t() for x in xs]
+            check(f"pipelined strided {dtype} {shape}", ws.all_reduce_chunked(tx[rank]),
+                  plain_sum([t.contiguous() for t in tx]))
+        big = gen(case + 1, (int(cap * 2.2),), dtype)  # larger than a slot: all_reduce pipelines
+        check(f"ar larger than the slot {dtype}", ws.all_reduce(big[rank], two_shot=True),
+              plain_sum(big))
+    # fused all-reduce + add + RMSNorm: total and residual bitwise, normed within the bound
+    fused_bad = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        for shape in [(3, 64), (5, 100), (2, 1000)]:
+            case += 1
+            parts = gen(case, shape, dtype)
+            res = gen(case + 500, shape, dtype)[0]
+            w = (torch.rand(shape[-1], generator=torch.Generator().manual_seed(case)) + 0.5).to(dtype)
+            normed, new_res = ws.all_reduce_add_rmsnorm(parts[rank], res, w, 1e-6)
+            want_n, want_r = fused.add_rmsnorm(plain_sum(parts), res, w, 1e-6)
+            check(f"fused residual {dtype} {shape}", new_res, want_r)
+            err = (normed.float() - want_n.float()).abs()
+            bound = fused.rmsnorm_bound(want_r, w, 1e-6, want_n)
+            n_checks += 1
+            if not bool((err <= bound).all()):
+                fused_bad[f"fused normed {dtype} {shape}"] = f"max err {float(err.max()):.3g}"
+    bad.update(fused_bad)
     calls = int(ws.state[0])
     error = ws.error_flag()
     seg.close()
-    return {"bad": bad, "checks": n_checks, "calls": calls, "error": error}
+    return {"bad": bad, "checks": n_checks, "calls": calls, "error": error, "rounds": rounds,
+            "pipe": [int(c) for c in ws.pipe_counters]}
 
 
 def test_peer_kernels_in_the_interpreter():
@@ -107,6 +141,8 @@ def test_peer_kernels_in_the_interpreter():
             assert not out["error"]
             assert out["checks"] > 30
         assert len({out["calls"] for out in ranks}) == 1 and ranks[0]["calls"] > 40
+        assert len({tuple(out["pipe"]) for out in ranks}) == 1
+        assert ranks[0]["rounds"] >= 3  # the largest pipelined call took several rounds
 
 
 def test_strided_layout():

@@ -196,6 +196,8 @@ class Communicator:
             return self._symm.all_reduce(x, backend)
         if op == "all_reduce" and backend == "ring":
             return self._ws.all_reduce(x, ring=True)
+        if op == "all_reduce" and backend == "chunked" and hasattr(self._ws, "all_reduce_chunked"):
+            return self._ws.all_reduce_chunked(x)  # CUDA: the pipelined kernel
         if op == "all_reduce":
             return self._ws.all_reduce(x, two_shot=backend != "oneshot")
         if op == "all_gather":

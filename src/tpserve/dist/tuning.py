@@ -45,7 +45,8 @@ BACKENDS = (TORCH, *WORKSPACE_BACKENDS, *SYMM_BACKENDS)
 ALIASES = {"nccl": TORCH, "gloo": TORCH}
 TABLE_FORMAT = 1
 _SOURCE_FILES = ("comm.py", "shm.py", "workspace.py", "workspace_group.py", "workspace_peer.py",
-                 "workspace_triton.py", "ipc.py", "tuning.py")
+                 "workspace_triton.py", "workspace_triton_pipe.py", "fused.py", "ipc.py",
+                 "tuning.py")
 
 
 def size_bucket(nbytes: int) -> int:

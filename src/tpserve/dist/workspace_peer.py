@@ -1,9 +1,12 @@
 """PeerWorkspace: the host side of the CUDA workspace collectives (kernels: workspace_triton.py).
 
-It holds every rank's buffer address, the rank-local epoch counters and the call state, and
-cuts a call into rounds that fit one data slot: a tensor larger than a slot goes through in
-chunks of the flattened (row-major) index range, one kernel launch per chunk, with no memory
-beyond the workspace and the output. Inputs of any strides are read in place by the kernels
+It holds every rank's buffer address, the rank-local epoch counters and the call state. A call
+that fits one data slot is one launch of a one-round kernel (workspace_triton.py); a larger one
+(and the "chunked" backend) is one launch of the pipelined kernel (workspace_triton_pipe.py:
+several slots in flight, per-slot flags, no barrier per chunk), with no memory beyond the
+workspace and the output. Buffer layout (`buffer_bytes_for`): the one-round area of
+`workspace_bytes` (flags + two slots), then the pipeline flags and a pipeline area of another
+`workspace_bytes` (PIPE_SLOTS slots x P program regions). Inputs of any strides are read in place by the kernels
 (up to 4 dims after merging; more falls back to one contiguous copy). Launches only: no host
 synchronisation, no allocation other than the output, so calls can be captured in CUDA graphs
 (compile each variant once, eagerly, before capturing).
@@ -19,10 +22,12 @@ from typing import Any
 import torch
 
 from tpserve.dist import workspace_triton as kernels
+from tpserve.dist import workspace_triton_pipe as pipe
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 BLOCK = 1024
 NUM_WARPS = 4
+FUSED_MAX_DIM = 16384      # longest row the fused kernel keeps in registers
 DEFAULT_MAX_SPIN = 1 << 30  # polls (~10+ minutes, like NCCL's timeout) before a wait gives up
 _CHUNK_ALIGN = 256          # chunk starts stay aligned for vector loads
 
@@ -50,6 +55,11 @@ def strided_layout(x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...], bool
     return x, (d1, d2, d3, t0, t1, t2, t3), False
 
 
+def buffer_bytes_for(workspace_bytes: int) -> int:
+    """Bytes each rank's buffer needs for a workspace of `workspace_bytes` (both areas)."""
+    return 2 * (int(workspace_bytes) // 256 * 256) + pipe.PIPE_FLAG_BYTES
+
+
 def _programs(work: int) -> int:
     return max(1, min(kernels.MAX_PROGRAMS, -(-work // BLOCK)))
 
@@ -67,10 +77,17 @@ class PeerWorkspace:
             raise ValueError(f"need {world_size} buffer addresses, got {len(buffer_ptrs)}")
         self.rank, self.world_size = rank, world_size
         self.device = torch.device(device)
-        self.slot_bytes = (buffer_bytes - kernels.DATA_OFFSET) // 2 // 256 * 256
+        area = (buffer_bytes - pipe.PIPE_FLAG_BYTES) // 2 // 256 * 256
+        self.slot_bytes = (area - kernels.DATA_OFFSET) // 2 // 256 * 256
         if self.slot_bytes < 256 * world_size:
             raise ValueError(f"a {buffer_bytes}-byte buffer is too small for a workspace")
         self.capacity_bytes = self.slot_bytes
+        # pipeline area: a fixed grid (the same for every call: the per-program round counters
+        # and regions must agree between calls), regions 256-byte aligned
+        self.pipe_flags = area
+        self.pipe_data = area + pipe.PIPE_FLAG_BYTES
+        self.pipe_programs = max(1, min(pipe.PIPE_MAX_PROGRAMS, area // (pipe.PIPE_SLOTS * 1024)))
+        self.region_bytes = area // pipe.PIPE_SLOTS // self.pipe_programs // 256 * 256
         self.addrs = [int(p) for p in buffer_ptrs] + [0] * (kernels.MAX_WORLD - world_size)
         self.interpret = interpret
         self.max_spin = int(max_spin)
@@ -78,6 +95,8 @@ class PeerWorkspace:
         # state: [call counter (slot parity), finished-program ticket, error flag, spare]
         self.state = torch.zeros(4, dtype=torch.int64, device=self.device)
         self.counters = torch.zeros(kernels.MAX_PROGRAMS, dtype=torch.int64, device=self.device)
+        self.pipe_counters = torch.zeros(pipe.PIPE_MAX_PROGRAMS, dtype=torch.int64,
+                                         device=self.device)
         self._keepalive = keepalive
 
     # -- what it can do -----------------------------------------------------------------------
@@ -114,19 +133,61 @@ class PeerWorkspace:
 
     # -- collectives ----------------------------------------------------------------------------
     def all_reduce(self, x: torch.Tensor, *, two_shot: bool) -> torch.Tensor:
+        """One launch: the one-round kernel if x fits a slot, else the pipelined kernel."""
+        numel = x.numel()
+        if numel > self.capacity(x.dtype):
+            return self.all_reduce_chunked(x)
+        out = torch.empty(x.shape, dtype=x.dtype, device=self.device)
+        if numel == 0:
+            return out
+        src, layout, contig = strided_layout(x.reshape(1) if x.dim() == 0 else x)
+        work = -(-numel // self.world_size) if two_shot else numel
+        self._launch(kernels.allreduce_kernel, _programs(work), src, out, self.state,
+                     self.counters, *self.addrs, 0, numel, self.slot_bytes, self.max_spin,
+                     int(self.trap_on_timeout), *layout, TWO_SHOT=two_shot, CONTIG=contig)
+        return out
+
+    def all_reduce_chunked(self, x: torch.Tensor) -> torch.Tensor:
+        """The pipelined all-reduce (any size; one launch of a fixed grid)."""
         out = torch.empty(x.shape, dtype=x.dtype, device=self.device)
         numel = x.numel()
         if numel == 0:
             return out
         src, layout, contig = strided_layout(x.reshape(1) if x.dim() == 0 else x)
-        chunk = self._chunk(numel, self.capacity(x.dtype))
-        for base in range(0, numel, chunk):
-            n = min(chunk, numel - base)
-            work = -(-n // self.world_size) if two_shot else n
-            self._launch(kernels.allreduce_kernel, _programs(work), src, out, self.state,
-                         self.counters, *self.addrs, base, n, self.slot_bytes, self.max_spin,
-                         int(self.trap_on_timeout), *layout, TWO_SHOT=two_shot, CONTIG=contig)
+        region = self.region_bytes // x.element_size()
+        self._launch(pipe.pipelined_allreduce_kernel, self.pipe_programs, src, out, self.state,
+                     self.pipe_counters, *self.addrs, numel, region, self.region_bytes,
+                     self.pipe_flags, self.pipe_data, self.max_spin, int(self.trap_on_timeout),
+                     *layout, NSLOTS=pipe.PIPE_SLOTS, TWO_SHOT=self.world_size > 2,
+                     CONTIG=contig)
         return out
+
+    # -- fused all-reduce + residual add + RMSNorm ----------------------------------------------
+    def fits_fused(self, x: torch.Tensor) -> bool:
+        return (self.supports(x) and x.dim() >= 1 and 0 < x.shape[-1] <= FUSED_MAX_DIM
+                and x.numel() <= self.capacity(x.dtype))
+
+    def all_reduce_add_rmsnorm(self, partial: torch.Tensor, residual: torch.Tensor,
+                               weight: torch.Tensor, eps: float
+                               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One launch: (normed, new_residual) of dist/fused.py's definition."""
+        if not self.fits_fused(partial):
+            raise ValueError(f"fused all-reduce + RMSNorm needs a row of <= {FUSED_MAX_DIM} and "
+                             f"a tensor that fits one slot; got {tuple(partial.shape)}")
+        dim = partial.shape[-1]
+        x, res, w = partial.contiguous(), residual.contiguous(), weight.contiguous()
+        normed = torch.empty(x.shape, dtype=x.dtype, device=self.device)
+        new_res = torch.empty(x.shape, dtype=x.dtype, device=self.device)
+        rows = x.numel() // dim
+        if rows:
+            block_d = 1 << max(0, dim - 1).bit_length()
+            kernel = pipe.allreduce_add_rmsnorm_kernel
+            kernel[(max(1, min(kernels.MAX_PROGRAMS, rows)),)](
+                x, res, w, normed, new_res, self.state, self.counters, *self.addrs, rows, dim,
+                float(eps), self.slot_bytes, self.max_spin, int(self.trap_on_timeout),
+                RANK=self.rank, WORLD=self.world_size, BLOCK_D=block_d, INTERP=self.interpret,
+                num_warps=NUM_WARPS if block_d <= 4096 else 8)
+        return normed, new_res
 
     def all_gather(self, x: torch.Tensor, dim: int = 0) -> torch.Tensor:
         xp = x.movedim(dim, 0)
