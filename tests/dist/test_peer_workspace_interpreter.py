@@ -180,13 +180,15 @@ def test_kernels_compile_for_sm90_without_a_gpu():
         for i, name in enumerate(fn.arg_names):
             if name in const:
                 sig[name] = "constexpr"
-            elif name in ("x_ptr", "out_ptr"):
-                sig[name] = "*bf16"
-            elif name in ("state_ptr", "cnt_ptr"):
+            elif name in ("state_ptr", "cnt_ptr", "pcnt_ptr"):
                 sig[name] = "*i64"
+            elif name.endswith("_ptr"):
+                sig[name] = "*bf16"
+            elif name == "eps":
+                sig[name] = "fp32"
             else:
                 sig[name] = "i64" if name.startswith("B") or name.startswith("t") else "i32"
-            unaligned = ("max_spin", "trap", "t0", "t1", "t2", "t3")
+            unaligned = ("max_spin", "trap", "t0", "t1", "t2", "t3", "eps", "rows", "D")
             if sig[name] != "constexpr" and name not in unaligned:
                 attrs[(i,)] = [["tt.divisibility", 16]]
         src = ASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs)
@@ -201,3 +203,14 @@ def test_kernels_compile_for_sm90_without_a_gpu():
     build(k.allreduce_kernel, TWO_SHOT=True, CONTIG=False, **common)
     build(k.allgather_kernel, CONTIG=False, **common)
     build(k.reducescatter_kernel, CONTIG=False, **dict(common, WORLD=8, RANK=7))
+    from tpserve.dist import workspace_triton_pipe as p
+    for two_shot, world in ((False, 2), (True, 4)):
+        ptx = build(p.pipelined_allreduce_kernel, NSLOTS=p.PIPE_SLOTS, TWO_SHOT=two_shot,
+                    CONTIG=True, **dict(common, WORLD=world)).asm["ptx"]
+        assert "ld.acquire.sys.global.b64" in ptx and "st.release.sys.global.b64" in ptx
+        assert "multimem" not in ptx
+    build(p.pipelined_allreduce_kernel, NSLOTS=p.PIPE_SLOTS, TWO_SHOT=True, CONTIG=False,
+          **common)
+    ptx = build(p.allreduce_add_rmsnorm_kernel, RANK=0, WORLD=2, BLOCK_D=8192,
+                INTERP=False).asm["ptx"]
+    assert "ld.acquire.sys.global.b64" in ptx and "trap;" in ptx
