@@ -106,6 +106,13 @@ def _peer_battery(rank: int, world: int, quick: bool = False) -> dict:
             tx = [x.view(-1)[: (x.numel() // 2) * 2].view(2, -1).t() for x in xs]
             check(f"pipelined strided {dtype} {shape}", ws.all_reduce_chunked(tx[rank]),
                   plain_sum([t.contiguous() for t in tx]))
+        case += 1  # pipelined all-gather / reduce-scatter, strided, along dim 1
+        xs = [x.t() for x in gen(case, (int(cap * 0.4) + 1, 3), dtype)]
+        check(f"ag pipelined strided {dtype}", ws.all_gather(xs[rank], 1, pipelined=True),
+              torch.cat(xs, 1))
+        xs = [x.t() for x in gen(case, (world * (int(cap * 0.2) + 1), 3), dtype)]
+        check(f"rs pipelined strided {dtype}", ws.reduce_scatter(xs[rank], 1, pipelined=True),
+              plain_sum(xs).chunk(world, 1)[rank])
         big = gen(case + 1, (int(cap * 2.2),), dtype)  # larger than a slot: all_reduce pipelines
         check(f"ar larger than the slot {dtype}", ws.all_reduce(big[rank], two_shot=True),
               plain_sum(big))
@@ -225,6 +232,9 @@ def test_kernels_compile_for_sm90_without_a_gpu():
         assert "multimem" not in ptx
     build(p.pipelined_allreduce_kernel, NSLOTS=p.PIPE_SLOTS, TWO_SHOT=True, CONTIG=False,
           **common)
+    build(p.pipelined_allgather_kernel, NSLOTS=p.PIPE_SLOTS, CONTIG=False, **common)
+    build(p.pipelined_reducescatter_kernel, NSLOTS=p.PIPE_SLOTS, CONTIG=False,
+          **dict(common, WORLD=8, RANK=7))
     ptx = build(p.allreduce_add_rmsnorm_kernel, RANK=0, WORLD=2, BLOCK_D=8192,
                 INTERP=False).asm["ptx"]
     assert "ld.acquire.sys.global.b64" in ptx and "trap;" in ptx

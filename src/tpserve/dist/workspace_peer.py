@@ -29,7 +29,6 @@ BLOCK = 1024
 NUM_WARPS = 4
 FUSED_MAX_DIM = 16384      # longest row the fused kernel keeps in registers
 DEFAULT_MAX_SPIN = 1 << 30  # polls (~10+ minutes, like NCCL's timeout) before a wait gives up
-_CHUNK_ALIGN = 256          # chunk starts stay aligned for vector loads
 
 
 def strided_layout(x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...], bool]:
@@ -121,16 +120,6 @@ class PeerWorkspace:
         kernel[(programs,)](*args, RANK=self.rank, WORLD=self.world_size, BLOCK=BLOCK,
                             INTERP=self.interpret, num_warps=NUM_WARPS, **constexprs)
 
-    @staticmethod
-    def _chunk(numel: int, cap: int) -> int:
-        """Elements per round: all if they fit, else the most an aligned round can carry."""
-        if numel <= cap:
-            return numel
-        align = _CHUNK_ALIGN if cap >= _CHUNK_ALIGN else 64
-        if cap < align:
-            raise ValueError(f"workspace too small: one round carries only {cap} elements")
-        return cap // align * align
-
     # -- collectives ----------------------------------------------------------------------------
     def all_reduce(self, x: torch.Tensor, *, two_shot: bool) -> torch.Tensor:
         """One launch: the one-round kernel if x fits a slot, else the pipelined kernel."""
@@ -154,12 +143,9 @@ class PeerWorkspace:
         if numel == 0:
             return out
         src, layout, contig = strided_layout(x.reshape(1) if x.dim() == 0 else x)
-        region = self.region_bytes // x.element_size()
-        self._launch(pipe.pipelined_allreduce_kernel, self.pipe_programs, src, out, self.state,
-                     self.pipe_counters, *self.addrs, numel, region, self.region_bytes,
-                     self.pipe_flags, self.pipe_data, self.max_spin, int(self.trap_on_timeout),
-                     *layout, NSLOTS=pipe.PIPE_SLOTS, TWO_SHOT=self.world_size > 2,
-                     CONTIG=contig)
+        self._launch_pipelined(pipe.pipelined_allreduce_kernel, src, out, numel,
+                               self.region_bytes // x.element_size(), layout, contig,
+                               TWO_SHOT=self.world_size > 2)
         return out
 
     # -- fused all-reduce + residual add + RMSNorm ----------------------------------------------
@@ -189,23 +175,38 @@ class PeerWorkspace:
                 num_warps=NUM_WARPS if block_d <= 4096 else 8)
         return normed, new_res
 
-    def all_gather(self, x: torch.Tensor, dim: int = 0) -> torch.Tensor:
+    def _launch_pipelined(self, kernel: Any, src: torch.Tensor, out: torch.Tensor, n: int,
+                          region: int, layout: tuple[int, ...], contig: bool,
+                          **constexprs: Any) -> None:
+        self._launch(kernel, self.pipe_programs, src, out, self.state, self.pipe_counters,
+                     *self.addrs, n, region, self.region_bytes, self.pipe_flags, self.pipe_data,
+                     self.max_spin, int(self.trap_on_timeout), *layout, NSLOTS=pipe.PIPE_SLOTS,
+                     CONTIG=contig, **constexprs)
+
+    def all_gather(self, x: torch.Tensor, dim: int = 0, *,
+                   pipelined: bool | None = None) -> torch.Tensor:
+        """One launch: the one-round kernel if x fits a slot, else (or if `pipelined`) the
+        pipelined kernel."""
         xp = x.movedim(dim, 0)
         out = torch.empty((self.world_size * xp.shape[0], *xp.shape[1:]), dtype=x.dtype,
                           device=self.device)
         numel = xp.numel()
         if numel:
             src, layout, contig = strided_layout(xp)
-            chunk = self._chunk(numel, self.capacity(x.dtype))
-            for base in range(0, numel, chunk):
-                n = min(chunk, numel - base)
-                self._launch(kernels.allgather_kernel, _programs(n), src, out, self.state,
-                             self.counters, *self.addrs, base, n, numel, self.slot_bytes,
+            if pipelined or (pipelined is None and numel > self.capacity(x.dtype)):
+                self._launch_pipelined(pipe.pipelined_allgather_kernel, src, out, numel,
+                                       self.region_bytes // x.element_size(), layout, contig)
+            else:
+                self._launch(kernels.allgather_kernel, _programs(numel), src, out, self.state,
+                             self.counters, *self.addrs, 0, numel, numel, self.slot_bytes,
                              self.max_spin, int(self.trap_on_timeout), *layout,
                              CONTIG=contig)
         return out.movedim(0, dim)
 
-    def reduce_scatter(self, x: torch.Tensor, dim: int = 0) -> torch.Tensor:
+    def reduce_scatter(self, x: torch.Tensor, dim: int = 0, *,
+                       pipelined: bool | None = None) -> torch.Tensor:
+        """One launch: the one-round kernel if x fits a slot, else (or if `pipelined`) the
+        pipelined kernel."""
         world = self.world_size
         xp = x.movedim(dim, 0)
         if xp.shape[0] % world:
@@ -216,12 +217,15 @@ class PeerWorkspace:
         per = out.numel()
         if per:
             src, layout, contig = strided_layout(xp)
-            cap = self.capacity(x.dtype) // world // 64 * 64  # per-slice room, 64-aligned
-            chunk = per if -(-per // 64) * 64 <= cap else self._chunk(per, cap)
-            for base in range(0, per, chunk):
-                n = min(chunk, per - base)
-                self._launch(kernels.reducescatter_kernel, _programs(n), src, out, self.state,
-                             self.counters, *self.addrs, base, n, per, self.slot_bytes,
+            if pipelined or (pipelined is None and not self.fits("reduce_scatter", x)):
+                region = self.region_bytes // x.element_size() // world // 64 * 64
+                if region < 64:
+                    raise ValueError("workspace too small for the pipelined reduce-scatter")
+                self._launch_pipelined(pipe.pipelined_reducescatter_kernel, src, out, per,
+                                       region, layout, contig)
+            else:
+                self._launch(kernels.reducescatter_kernel, _programs(per), src, out, self.state,
+                             self.counters, *self.addrs, 0, per, per, self.slot_bytes,
                              self.max_spin, int(self.trap_on_timeout), *layout,
                              CONTIG=contig)
         return out.movedim(0, dim)

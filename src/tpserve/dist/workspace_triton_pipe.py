@@ -26,7 +26,9 @@ region, t the round within the call). Per round, program p of rank r:
 
 No barrier across programs or rounds: a program runs up to NSLOTS rounds ahead of its peers, and
 different programs are at different rounds, so copy-in, reduce and copy-out of different chunks
-overlap across the GPU, with one launch instead of one per chunk. Numerics as everywhere: rank
+overlap across the GPU, with one launch instead of one per chunk. All-gather and reduce-scatter
+larger than a slot use the same scheme (pipelined_allgather_kernel, pipelined_reducescatter_kernel:
+READY then read, DONE). All pipelined kernels share the per-program round counters and flags. Numerics as everywhere: rank
 order, float32 accumulation, rounded once (bitwise the same as the one-round kernels).
 
 Fused all-reduce + residual add + RMSNorm (one round, the one-round area and its epoch
@@ -45,7 +47,8 @@ from tpserve.dist.workspace_triton import (MAX_WORLD, _barrier, _base, _finish, 
                                            _signal, _slot, _src, _sum_peers, _trap_if)
 
 __all__ = ["PIPE_FLAG_BYTES", "PIPE_MAX_PROGRAMS", "PIPE_SLOTS", "allreduce_add_rmsnorm_kernel",
-           "pipelined_allreduce_kernel"]
+           "pipelined_allgather_kernel", "pipelined_allreduce_kernel",
+           "pipelined_reducescatter_kernel"]
 
 PIPE_SLOTS = 4
 PIPE_MAX_PROGRAMS = 32
@@ -176,6 +179,97 @@ def pipelined_allreduce_kernel(x_ptr, out_ptr, state_ptr, pcnt_ptr, B0, B1, B2, 
                 r = _sum_regions(B0, B1, B2, B3, B4, B5, B6, B7, off, i, m, WORLD, DT,
                                INTERP)
                 tl.store(out_ptr + start + i, r, mask=m)
+        _tell_all(B0, B1, B2, B3, B4, B5, B6, B7, pipe_flags, _DONE, pid, k, g, RANK, WORLD,
+                  NSLOTS, INTERP)
+    tl.store(pcnt_ptr + pid, first + rounds)
+
+
+@triton.jit(do_not_specialize=["max_spin", "trap"])
+def pipelined_allgather_kernel(x_ptr, out_ptr, state_ptr, pcnt_ptr, B0, B1, B2, B3, B4, B5, B6,
+                               B7, n, region_elems, region_bytes, pipe_flags, pipe_data,
+                               max_spin, trap, d1, d2, d3, t0, t1, t2, t3,
+                               RANK: tl.constexpr, WORLD: tl.constexpr, NSLOTS: tl.constexpr,
+                               CONTIG: tl.constexpr, BLOCK: tl.constexpr, INTERP: tl.constexpr):
+    """out[s*n + i] = x_s[i] for every rank s, i < n; rounds and flags as the all-reduce's."""
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    DT: tl.constexpr = out_ptr.dtype.element_ty
+    per_round = region_elems * nprog
+    rounds = tl.cdiv(n, per_round)
+    first = tl.load(pcnt_ptr + pid)
+    lanes = tl.arange(0, BLOCK)
+    for t in range(rounds):
+        g = first + t + 1
+        k = g % NSLOTS
+        start = t * per_round + pid * region_elems
+        cnt = tl.minimum(region_elems, n - start)
+        off = pipe_data + (k * nprog + pid) * region_bytes
+        _hear_all(B0, B1, B2, B3, B4, B5, B6, B7, pipe_flags, _DONE, pid, k, g - NSLOTS,
+                  state_ptr, max_spin, trap, RANK, WORLD, NSLOTS, INTERP)
+        mine = _region(B0, B1, B2, B3, B4, B5, B6, B7, RANK, off, DT)
+        for i0 in range(0, cnt, BLOCK):
+            i = i0 + lanes
+            m = i < cnt
+            v = tl.load(x_ptr + _src(start + i, d1, d2, d3, t0, t1, t2, t3, CONTIG), mask=m)
+            tl.store(mine + i, v, mask=m)
+            tl.store(out_ptr + RANK * n + start + i, v, mask=m)
+        _tell_all(B0, B1, B2, B3, B4, B5, B6, B7, pipe_flags, _READY, pid, k, g, RANK, WORLD,
+                  NSLOTS, INTERP)
+        _hear_all(B0, B1, B2, B3, B4, B5, B6, B7, pipe_flags, _READY, pid, k, g, state_ptr,
+                  max_spin, trap, RANK, WORLD, NSLOTS, INTERP)
+        for i0 in range(0, cnt, BLOCK):
+            i = i0 + lanes
+            m = i < cnt
+            for s in tl.static_range(WORLD):
+                if s != RANK:
+                    src = _region(B0, B1, B2, B3, B4, B5, B6, B7, s, off, DT)
+                    tl.store(out_ptr + s * n + start + i, tl.load(src + i, mask=m), mask=m)
+        _tell_all(B0, B1, B2, B3, B4, B5, B6, B7, pipe_flags, _DONE, pid, k, g, RANK, WORLD,
+                  NSLOTS, INTERP)
+    tl.store(pcnt_ptr + pid, first + rounds)
+
+
+@triton.jit(do_not_specialize=["max_spin", "trap"])
+def pipelined_reducescatter_kernel(x_ptr, out_ptr, state_ptr, pcnt_ptr, B0, B1, B2, B3, B4, B5,
+                                   B6, B7, n, region_elems, region_bytes, pipe_flags, pipe_data,
+                                   max_spin, trap, d1, d2, d3, t0, t1, t2, t3,
+                                   RANK: tl.constexpr, WORLD: tl.constexpr,
+                                   NSLOTS: tl.constexpr, CONTIG: tl.constexpr,
+                                   BLOCK: tl.constexpr, INTERP: tl.constexpr):
+    """out[i] = sum over ranks of x[RANK*n + i], i < n (n = slice length). A region holds the
+    program's piece of all WORLD slices, `region_elems` (a multiple of 64) apart."""
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    DT: tl.constexpr = out_ptr.dtype.element_ty
+    per_round = region_elems * nprog
+    rounds = tl.cdiv(n, per_round)
+    first = tl.load(pcnt_ptr + pid)
+    lanes = tl.arange(0, BLOCK)
+    for t in range(rounds):
+        g = first + t + 1
+        k = g % NSLOTS
+        start = t * per_round + pid * region_elems
+        cnt = tl.minimum(region_elems, n - start)
+        off = pipe_data + (k * nprog + pid) * region_bytes
+        _hear_all(B0, B1, B2, B3, B4, B5, B6, B7, pipe_flags, _DONE, pid, k, g - NSLOTS,
+                  state_ptr, max_spin, trap, RANK, WORLD, NSLOTS, INTERP)
+        mine = _region(B0, B1, B2, B3, B4, B5, B6, B7, RANK, off, DT)
+        for i0 in range(0, cnt, BLOCK):
+            i = i0 + lanes
+            m = i < cnt
+            for s in tl.static_range(WORLD):
+                src = _src(s * n + start + i, d1, d2, d3, t0, t1, t2, t3, CONTIG)
+                tl.store(mine + s * region_elems + i, tl.load(x_ptr + src, mask=m), mask=m)
+        _tell_all(B0, B1, B2, B3, B4, B5, B6, B7, pipe_flags, _READY, pid, k, g, RANK, WORLD,
+                  NSLOTS, INTERP)
+        _hear_all(B0, B1, B2, B3, B4, B5, B6, B7, pipe_flags, _READY, pid, k, g, state_ptr,
+                  max_spin, trap, RANK, WORLD, NSLOTS, INTERP)
+        for i0 in range(0, cnt, BLOCK):
+            i = i0 + lanes
+            m = i < cnt
+            r = _sum_regions(B0, B1, B2, B3, B4, B5, B6, B7, off, RANK * region_elems + i, m,
+                             WORLD, DT, INTERP)
+            tl.store(out_ptr + start + i, r, mask=m)
         _tell_all(B0, B1, B2, B3, B4, B5, B6, B7, pipe_flags, _DONE, pid, k, g, RANK, WORLD,
                   NSLOTS, INTERP)
     tl.store(pcnt_ptr + pid, first + rounds)
