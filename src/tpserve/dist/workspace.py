@@ -272,9 +272,14 @@ class CpuWorkspace:
             return (self._view(rank, k, acc, n).view(block.shape),
                     self._view(rank, k, block.dtype, n, off))
 
+        # the ring itself only needs the right neighbour (the one reader of my slot) to be done
+        # with a slot; on a mesh workspace, where mesh calls (read by every peer) may have used
+        # the slot before, wait for every peer
+        readers = [right] if self.topology == "ring" else self._peers()
+
         def chain(i: int, g: int, k: int) -> None:  # partial sums 0 -> 1 -> ... -> world-1
             block, out = pieces[i]
-            self._claim(g, k, [right])
+            self._claim(g, k, readers)
             mine_acc, mine_res = areas(me, k, block)
             if me == 0:
                 mine_acc.copy_(block)
