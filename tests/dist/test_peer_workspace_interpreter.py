@@ -150,7 +150,7 @@ def test_peer_kernels_in_the_interpreter():
             assert not out["bad"], f"world {world} rank {rank}: {out['bad']}"
             assert not out["error"]
             assert out["checks"] > 30
-        assert len({out["calls"] for out in ranks}) == 1 and ranks[0]["calls"] > 40
+        assert len({out["calls"] for out in ranks}) == 1 and ranks[0]["calls"] > 30
         assert len({tuple(out["pipe"]) for out in ranks}) == 1
         assert ranks[0]["rounds"] >= 3  # the largest pipelined call took several rounds
 
