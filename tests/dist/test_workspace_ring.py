@@ -122,3 +122,33 @@ def test_ring_maps_only_its_neighbours(run):
                                 "reduce_scatter": "torch"}
     if world == 4:
         assert 2 not in ranks[0]["mapped"]["ring"]
+
+
+def test_fused_op_at_world_one_and_its_argument_checks():
+    from tpserve.dist import fused
+    from tpserve.dist.comm import Communicator
+
+    comm = Communicator(None, torch.device("cpu"))
+    g = torch.Generator().manual_seed(3)
+    x, res = torch.randn(4, 32, generator=g), torch.randn(4, 32, generator=g)
+    w = torch.rand(32, generator=g)
+    normed, new_res = comm.all_reduce_add_rmsnorm(x, res, w, 1e-5)
+    assert torch.equal(new_res, res + x)
+    h = new_res.double()
+    want = (w.double() * h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-5))
+    assert torch.allclose(normed.double(), want, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="residual shape"):
+        comm.all_reduce_add_rmsnorm(x, res[:2], w, 1e-5)
+    with pytest.raises(ValueError, match="weight shape"):
+        comm.all_reduce_add_rmsnorm(x, res, w[:3], 1e-5)
+    with pytest.raises(ValueError, match="residual dtype"):
+        comm.all_reduce_add_rmsnorm(x, res.double(), w, 1e-5)
+    bound = fused.rmsnorm_bound(new_res, w, 1e-5, normed)
+    assert bool((bound > 0).all()) and float(bound.max()) < 1e-4  # fp32: a few ulp
+
+
+def test_bad_topology_is_refused():
+    from tpserve.config import EngineConfig
+
+    with pytest.raises(ValueError, match="allreduce_topology"):
+        EngineConfig(allreduce_topology="torus")

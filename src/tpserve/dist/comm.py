@@ -1,6 +1,7 @@
 """Communicator: the one door every tensor-parallel collective goes through.
 
-The model calls `all_reduce`, `all_gather` and `reduce_scatter` on a Communicator and never
+The model calls `all_reduce`, `all_gather`, `reduce_scatter` (and `all_reduce_add_rmsnorm`, the
+all-reduce fused with the residual add and RMSNorm that follow it) on a Communicator and never
 torch.distributed directly, so faster backends plug in here: the workspace collectives (CPU:
 shared memory, workspace.py; CUDA: peer memory, ipc.py / workspace_peer.py) and torch's
 symmetric-memory ops. The backend is chosen per call by `backend_for` from the op, dtype, size,
@@ -210,7 +211,8 @@ class Communicator:
                                ) -> tuple[torch.Tensor, torch.Tensor]:
         """(normed, new_residual): new_residual = residual + all_reduce(partial) and normed =
         RMSNorm(new_residual) as model/layers.RMSNorm computes it (fused.py). One kernel on
-        CUDA where the workspace serves the all-reduce in one round (workspace_fused.py); else
+        CUDA where the workspace serves the all-reduce in one round (workspace_triton_pipe.py);
+        else
         the all-reduce followed by the same add and norm. Collective."""
         from tpserve.dist import fused
         fused.check_args(partial, residual, weight)
