@@ -225,16 +225,14 @@ def test_kernels_compile_for_sm90_without_a_gpu():
     build(k.allgather_kernel, CONTIG=False, **common)
     build(k.reducescatter_kernel, CONTIG=False, **dict(common, WORLD=8, RANK=7))
     from tpserve.dist import workspace_triton_pipe as p
-    for two_shot, world in ((False, 2), (True, 4)):
-        ptx = build(p.pipelined_allreduce_kernel, NSLOTS=p.PIPE_SLOTS, TWO_SHOT=two_shot,
-                    CONTIG=True, **dict(common, WORLD=world)).asm["ptx"]
+    for mode, world in ((p.AR1, 2), (p.AR2, 4)):
+        ptx = build(p.pipelined_kernel, MODE=mode, NSLOTS=p.PIPE_SLOTS, CONTIG=True,
+                    **dict(common, WORLD=world)).asm["ptx"]
         assert "ld.acquire.sys.global.b64" in ptx and "st.release.sys.global.b64" in ptx
         assert "multimem" not in ptx
-    build(p.pipelined_allreduce_kernel, NSLOTS=p.PIPE_SLOTS, TWO_SHOT=True, CONTIG=False,
-          **common)
-    build(p.pipelined_allgather_kernel, NSLOTS=p.PIPE_SLOTS, CONTIG=False, **common)
-    build(p.pipelined_reducescatter_kernel, NSLOTS=p.PIPE_SLOTS, CONTIG=False,
-          **dict(common, WORLD=8, RANK=7))
+    for mode in (p.AR2, p.AG, p.RS):
+        build(p.pipelined_kernel, MODE=mode, NSLOTS=p.PIPE_SLOTS, CONTIG=False,
+              **dict(common, WORLD=8, RANK=7))
     ptx = build(p.allreduce_add_rmsnorm_kernel, RANK=0, WORLD=2, BLOCK_D=8192,
                 INTERP=False).asm["ptx"]
     assert "ld.acquire.sys.global.b64" in ptx and "trap;" in ptx

@@ -143,9 +143,8 @@ class PeerWorkspace:
         if numel == 0:
             return out
         src, layout, contig = strided_layout(x.reshape(1) if x.dim() == 0 else x)
-        self._launch_pipelined(pipe.pipelined_allreduce_kernel, src, out, numel,
-                               self.region_bytes // x.element_size(), layout, contig,
-                               TWO_SHOT=self.world_size > 2)
+        self._launch_pipelined(pipe.AR2 if self.world_size > 2 else pipe.AR1, src, out, numel,
+                               self.region_bytes // x.element_size(), layout, contig)
         return out
 
     # -- fused all-reduce + residual add + RMSNorm ----------------------------------------------
@@ -175,13 +174,12 @@ class PeerWorkspace:
                 num_warps=NUM_WARPS if block_d <= 4096 else 8)
         return normed, new_res
 
-    def _launch_pipelined(self, kernel: Any, src: torch.Tensor, out: torch.Tensor, n: int,
-                          region: int, layout: tuple[int, ...], contig: bool,
-                          **constexprs: Any) -> None:
-        self._launch(kernel, self.pipe_programs, src, out, self.state, self.pipe_counters,
-                     *self.addrs, n, region, self.region_bytes, self.pipe_flags, self.pipe_data,
-                     self.max_spin, int(self.trap_on_timeout), *layout, NSLOTS=pipe.PIPE_SLOTS,
-                     CONTIG=contig, **constexprs)
+    def _launch_pipelined(self, mode: Any, src: torch.Tensor, out: torch.Tensor, n: int,
+                          region: int, layout: tuple[int, ...], contig: bool) -> None:
+        self._launch(pipe.pipelined_kernel, self.pipe_programs, src, out, self.state,
+                     self.pipe_counters, *self.addrs, n, region, self.region_bytes,
+                     self.pipe_flags, self.pipe_data, self.max_spin, int(self.trap_on_timeout),
+                     *layout, MODE=mode, NSLOTS=pipe.PIPE_SLOTS, CONTIG=contig)
 
     def all_gather(self, x: torch.Tensor, dim: int = 0, *,
                    pipelined: bool | None = None) -> torch.Tensor:
@@ -194,7 +192,7 @@ class PeerWorkspace:
         if numel:
             src, layout, contig = strided_layout(xp)
             if pipelined or (pipelined is None and numel > self.capacity(x.dtype)):
-                self._launch_pipelined(pipe.pipelined_allgather_kernel, src, out, numel,
+                self._launch_pipelined(pipe.AG, src, out, numel,
                                        self.region_bytes // x.element_size(), layout, contig)
             else:
                 self._launch(kernels.allgather_kernel, _programs(numel), src, out, self.state,
@@ -221,7 +219,7 @@ class PeerWorkspace:
                 region = self.region_bytes // x.element_size() // world // 64 * 64
                 if region < 64:
                     raise ValueError("workspace too small for the pipelined reduce-scatter")
-                self._launch_pipelined(pipe.pipelined_reducescatter_kernel, src, out, per,
+                self._launch_pipelined(pipe.RS, src, out, per,
                                        region, layout, contig)
             else:
                 self._launch(kernels.reducescatter_kernel, _programs(per), src, out, self.state,

@@ -24,12 +24,15 @@ region, t the round within the call). Per round, program p of rank r:
        then copies the other slices from their owners
     5. DONE: stores g into DONE[p][k][r] of every peer's buffer
 
-No barrier across programs or rounds: a program runs up to NSLOTS rounds ahead of its peers, and
-different programs are at different rounds, so copy-in, reduce and copy-out of different chunks
-overlap across the GPU, with one launch instead of one per chunk. All-gather and reduce-scatter
-larger than a slot use the same scheme (pipelined_allgather_kernel, pipelined_reducescatter_kernel:
-READY then read, DONE). All pipelined kernels share the per-program round counters and flags. Numerics as everywhere: rank
-order, float32 accumulation, rounded once (bitwise the same as the one-round kernels).
+Software pipelining: at step t a program runs stages 1-3 of round t, 4 of round t-1 and (two-shot)
+the copy-out of round t-2, so its wait for the peers' READY of one round is covered by copying
+the next round in, and the rounds of different programs and ranks drift apart freely (up to
+NSLOTS rounds): no barrier across programs or rounds, one launch instead of one per chunk.
+`pipelined_kernel` serves all-reduce (MODE AR1 / AR2), all-gather (AG: READY, copy every peer's
+region out, DONE) and reduce-scatter (RS: a region holds the program's piece of every slice;
+READY, sum slice RANK, DONE), all sharing the per-program round counters and flags. Numerics as
+everywhere: rank order, float32 accumulation, rounded once (bitwise the same as the one-round
+kernels).
 
 Fused all-reduce + residual add + RMSNorm (one round, the one-round area and its epoch
 protocol): program p copies rows p, p+P, ... of `partial` into its slot, meets the same program
@@ -46,9 +49,8 @@ import triton.language as tl
 from tpserve.dist.workspace_triton import (MAX_WORLD, _barrier, _base, _finish, _poll, _round,
                                            _signal, _slot, _src, _sum_peers, _trap_if)
 
-__all__ = ["PIPE_FLAG_BYTES", "PIPE_MAX_PROGRAMS", "PIPE_SLOTS", "allreduce_add_rmsnorm_kernel",
-           "pipelined_allgather_kernel", "pipelined_allreduce_kernel",
-           "pipelined_reducescatter_kernel"]
+__all__ = ["AG", "AR1", "AR2", "PIPE_FLAG_BYTES", "PIPE_MAX_PROGRAMS", "PIPE_SLOTS", "RS",
+           "allreduce_add_rmsnorm_kernel", "pipelined_kernel"]
 
 PIPE_SLOTS = 4
 PIPE_MAX_PROGRAMS = 32
@@ -119,159 +121,150 @@ def _sum_regions(B0, B1, B2, B3, B4, B5, B6, B7, off, idx, mask, WORLD: tl.const
     return _round(acc, DT, INTERP)
 
 
-@triton.jit(do_not_specialize=["max_spin", "trap"])
-def pipelined_allreduce_kernel(x_ptr, out_ptr, state_ptr, pcnt_ptr, B0, B1, B2, B3, B4, B5, B6,
-                               B7, n, region_elems, region_bytes, pipe_flags, pipe_data,
-                               max_spin, trap, d1, d2, d3, t0, t1, t2, t3,
-                               RANK: tl.constexpr, WORLD: tl.constexpr, NSLOTS: tl.constexpr,
-                               TWO_SHOT: tl.constexpr, CONTIG: tl.constexpr,
-                               BLOCK: tl.constexpr, INTERP: tl.constexpr):
-    """out[i] = sum over ranks of x[i], i < n, in rounds of nprog * region_elems elements."""
-    pid = tl.program_id(0)
-    nprog = tl.num_programs(0)
+AR1, AR2, AG, RS = 0, 1, 2, 3  # MODE: all-reduce in one-shot rounds (world 2) or two-shot
+_AR2 = tl.constexpr(AR2)        # rounds (world > 2), all-gather, reduce-scatter
+_AG = tl.constexpr(AG)
+_RS = tl.constexpr(RS)
+
+
+@triton.jit
+def _round_geometry(t, first, n, region_elems, region_bytes, pipe_data, pid, nprog,
+                    NSLOTS: tl.constexpr):
+    """(g, slot, first element, element count, byte offset of the region) of call round t."""
+    g = first + t + 1
+    k = g % NSLOTS
+    start = t * region_elems * nprog + pid * region_elems
+    cnt = tl.minimum(region_elems, n - start)  # <= 0: nothing here, the flags still move
+    off = pipe_data + (k * nprog + pid) * region_bytes
+    return g, k, start, cnt, off
+
+
+@triton.jit
+def _copy_in(x_ptr, out_ptr, B0, B1, B2, B3, B4, B5, B6, B7, t, first, n, region_elems,
+             region_bytes, pipe_flags, pipe_data, pid, nprog, state_ptr, max_spin, trap,
+             d1, d2, d3, t0, t1, t2, t3, MODE: tl.constexpr, RANK: tl.constexpr,
+             WORLD: tl.constexpr, NSLOTS: tl.constexpr, CONTIG: tl.constexpr,
+             BLOCK: tl.constexpr, INTERP: tl.constexpr):
+    """Stage 1 of round t: claim my slot region, copy my input piece in, announce READY."""
     DT: tl.constexpr = out_ptr.dtype.element_ty
-    per_round = region_elems * nprog
-    rounds = tl.cdiv(n, per_round)
-    first = tl.load(pcnt_ptr + pid)
+    g, k, start, cnt, off = _round_geometry(t, first, n, region_elems, region_bytes, pipe_data,
+                                            pid, nprog, NSLOTS)
+    _hear_all(B0, B1, B2, B3, B4, B5, B6, B7, pipe_flags, _DONE, pid, k, g - NSLOTS,
+              state_ptr, max_spin, trap, RANK, WORLD, NSLOTS, INTERP)
+    mine = _region(B0, B1, B2, B3, B4, B5, B6, B7, RANK, off, DT)
     lanes = tl.arange(0, BLOCK)
-    for t in range(rounds):
-        g = first + t + 1
-        k = g % NSLOTS
-        start = t * per_round + pid * region_elems
-        cnt = tl.minimum(region_elems, n - start)  # <= 0: nothing here, flags still move
-        off = pipe_data + (k * nprog + pid) * region_bytes
-        _hear_all(B0, B1, B2, B3, B4, B5, B6, B7, pipe_flags, _DONE, pid, k, g - NSLOTS,
-                  state_ptr, max_spin, trap, RANK, WORLD, NSLOTS, INTERP)
-        mine = _region(B0, B1, B2, B3, B4, B5, B6, B7, RANK, off, DT)
-        for i0 in range(0, cnt, BLOCK):
-            i = i0 + lanes
-            m = i < cnt
-            v = tl.load(x_ptr + _src(start + i, d1, d2, d3, t0, t1, t2, t3, CONTIG), mask=m)
-            tl.store(mine + i, v, mask=m)
-        _tell_all(B0, B1, B2, B3, B4, B5, B6, B7, pipe_flags, _READY, pid, k, g, RANK, WORLD,
-                  NSLOTS, INTERP)
-        _hear_all(B0, B1, B2, B3, B4, B5, B6, B7, pipe_flags, _READY, pid, k, g, state_ptr,
-                  max_spin, trap, RANK, WORLD, NSLOTS, INTERP)
-        if TWO_SHOT:
-            part = tl.cdiv(tl.cdiv(cnt, WORLD), 64) * 64
-            for j0 in range(0, part, BLOCK):  # my slice of the region, from every rank
-                j = RANK * part + j0 + lanes
-                m = (j0 + lanes < part) & (j < cnt)
-                r = _sum_regions(B0, B1, B2, B3, B4, B5, B6, B7, off, j, m, WORLD,
-                               DT, INTERP)
-                tl.store(mine + j, r, mask=m)
-                tl.store(out_ptr + start + j, r, mask=m)
-            _tell_all(B0, B1, B2, B3, B4, B5, B6, B7, pipe_flags, _REDUCED, pid, k, g, RANK,
-                      WORLD, NSLOTS, INTERP)
-            _hear_all(B0, B1, B2, B3, B4, B5, B6, B7, pipe_flags, _REDUCED, pid, k, g,
-                      state_ptr, max_spin, trap, RANK, WORLD, NSLOTS, INTERP)
-            for j0 in range(0, part, BLOCK):  # the other slices from their owners
-                for s in tl.static_range(WORLD):
-                    if s != RANK:
-                        j = s * part + j0 + lanes
-                        m = (j0 + lanes < part) & (j < cnt)
-                        src = _region(B0, B1, B2, B3, B4, B5, B6, B7, s, off, DT)
-                        tl.store(out_ptr + start + j, tl.load(src + j, mask=m), mask=m)
-        else:
-            for i0 in range(0, cnt, BLOCK):
-                i = i0 + lanes
-                m = i < cnt
-                r = _sum_regions(B0, B1, B2, B3, B4, B5, B6, B7, off, i, m, WORLD, DT,
-                               INTERP)
-                tl.store(out_ptr + start + i, r, mask=m)
-        _tell_all(B0, B1, B2, B3, B4, B5, B6, B7, pipe_flags, _DONE, pid, k, g, RANK, WORLD,
-                  NSLOTS, INTERP)
-    tl.store(pcnt_ptr + pid, first + rounds)
-
-
-@triton.jit(do_not_specialize=["max_spin", "trap"])
-def pipelined_allgather_kernel(x_ptr, out_ptr, state_ptr, pcnt_ptr, B0, B1, B2, B3, B4, B5, B6,
-                               B7, n, region_elems, region_bytes, pipe_flags, pipe_data,
-                               max_spin, trap, d1, d2, d3, t0, t1, t2, t3,
-                               RANK: tl.constexpr, WORLD: tl.constexpr, NSLOTS: tl.constexpr,
-                               CONTIG: tl.constexpr, BLOCK: tl.constexpr, INTERP: tl.constexpr):
-    """out[s*n + i] = x_s[i] for every rank s, i < n; rounds and flags as the all-reduce's."""
-    pid = tl.program_id(0)
-    nprog = tl.num_programs(0)
-    DT: tl.constexpr = out_ptr.dtype.element_ty
-    per_round = region_elems * nprog
-    rounds = tl.cdiv(n, per_round)
-    first = tl.load(pcnt_ptr + pid)
-    lanes = tl.arange(0, BLOCK)
-    for t in range(rounds):
-        g = first + t + 1
-        k = g % NSLOTS
-        start = t * per_round + pid * region_elems
-        cnt = tl.minimum(region_elems, n - start)
-        off = pipe_data + (k * nprog + pid) * region_bytes
-        _hear_all(B0, B1, B2, B3, B4, B5, B6, B7, pipe_flags, _DONE, pid, k, g - NSLOTS,
-                  state_ptr, max_spin, trap, RANK, WORLD, NSLOTS, INTERP)
-        mine = _region(B0, B1, B2, B3, B4, B5, B6, B7, RANK, off, DT)
-        for i0 in range(0, cnt, BLOCK):
-            i = i0 + lanes
-            m = i < cnt
-            v = tl.load(x_ptr + _src(start + i, d1, d2, d3, t0, t1, t2, t3, CONTIG), mask=m)
-            tl.store(mine + i, v, mask=m)
-            tl.store(out_ptr + RANK * n + start + i, v, mask=m)
-        _tell_all(B0, B1, B2, B3, B4, B5, B6, B7, pipe_flags, _READY, pid, k, g, RANK, WORLD,
-                  NSLOTS, INTERP)
-        _hear_all(B0, B1, B2, B3, B4, B5, B6, B7, pipe_flags, _READY, pid, k, g, state_ptr,
-                  max_spin, trap, RANK, WORLD, NSLOTS, INTERP)
-        for i0 in range(0, cnt, BLOCK):
-            i = i0 + lanes
-            m = i < cnt
-            for s in tl.static_range(WORLD):
-                if s != RANK:
-                    src = _region(B0, B1, B2, B3, B4, B5, B6, B7, s, off, DT)
-                    tl.store(out_ptr + s * n + start + i, tl.load(src + i, mask=m), mask=m)
-        _tell_all(B0, B1, B2, B3, B4, B5, B6, B7, pipe_flags, _DONE, pid, k, g, RANK, WORLD,
-                  NSLOTS, INTERP)
-    tl.store(pcnt_ptr + pid, first + rounds)
-
-
-@triton.jit(do_not_specialize=["max_spin", "trap"])
-def pipelined_reducescatter_kernel(x_ptr, out_ptr, state_ptr, pcnt_ptr, B0, B1, B2, B3, B4, B5,
-                                   B6, B7, n, region_elems, region_bytes, pipe_flags, pipe_data,
-                                   max_spin, trap, d1, d2, d3, t0, t1, t2, t3,
-                                   RANK: tl.constexpr, WORLD: tl.constexpr,
-                                   NSLOTS: tl.constexpr, CONTIG: tl.constexpr,
-                                   BLOCK: tl.constexpr, INTERP: tl.constexpr):
-    """out[i] = sum over ranks of x[RANK*n + i], i < n (n = slice length). A region holds the
-    program's piece of all WORLD slices, `region_elems` (a multiple of 64) apart."""
-    pid = tl.program_id(0)
-    nprog = tl.num_programs(0)
-    DT: tl.constexpr = out_ptr.dtype.element_ty
-    per_round = region_elems * nprog
-    rounds = tl.cdiv(n, per_round)
-    first = tl.load(pcnt_ptr + pid)
-    lanes = tl.arange(0, BLOCK)
-    for t in range(rounds):
-        g = first + t + 1
-        k = g % NSLOTS
-        start = t * per_round + pid * region_elems
-        cnt = tl.minimum(region_elems, n - start)
-        off = pipe_data + (k * nprog + pid) * region_bytes
-        _hear_all(B0, B1, B2, B3, B4, B5, B6, B7, pipe_flags, _DONE, pid, k, g - NSLOTS,
-                  state_ptr, max_spin, trap, RANK, WORLD, NSLOTS, INTERP)
-        mine = _region(B0, B1, B2, B3, B4, B5, B6, B7, RANK, off, DT)
-        for i0 in range(0, cnt, BLOCK):
-            i = i0 + lanes
-            m = i < cnt
+    for i0 in range(0, cnt, BLOCK):
+        i = i0 + lanes
+        m = i < cnt
+        if MODE == _RS:  # every slice's piece, region_elems apart
             for s in tl.static_range(WORLD):
                 src = _src(s * n + start + i, d1, d2, d3, t0, t1, t2, t3, CONTIG)
                 tl.store(mine + s * region_elems + i, tl.load(x_ptr + src, mask=m), mask=m)
-        _tell_all(B0, B1, B2, B3, B4, B5, B6, B7, pipe_flags, _READY, pid, k, g, RANK, WORLD,
-                  NSLOTS, INTERP)
-        _hear_all(B0, B1, B2, B3, B4, B5, B6, B7, pipe_flags, _READY, pid, k, g, state_ptr,
-                  max_spin, trap, RANK, WORLD, NSLOTS, INTERP)
+        else:
+            v = tl.load(x_ptr + _src(start + i, d1, d2, d3, t0, t1, t2, t3, CONTIG), mask=m)
+            tl.store(mine + i, v, mask=m)
+            if MODE == _AG:
+                tl.store(out_ptr + RANK * n + start + i, v, mask=m)
+    _tell_all(B0, B1, B2, B3, B4, B5, B6, B7, pipe_flags, _READY, pid, k, g, RANK, WORLD,
+              NSLOTS, INTERP)
+
+
+@triton.jit
+def _combine(out_ptr, B0, B1, B2, B3, B4, B5, B6, B7, t, first, n, region_elems, region_bytes,
+             pipe_flags, pipe_data, pid, nprog, state_ptr, max_spin, trap, MODE: tl.constexpr,
+             RANK: tl.constexpr, WORLD: tl.constexpr, NSLOTS: tl.constexpr,
+             BLOCK: tl.constexpr, INTERP: tl.constexpr):
+    """Stage 2 of round t: once every peer is READY, read their regions; DONE (two-shot:
+    REDUCED, my reduced slice in my region for the others)."""
+    DT: tl.constexpr = out_ptr.dtype.element_ty
+    g, k, start, cnt, off = _round_geometry(t, first, n, region_elems, region_bytes, pipe_data,
+                                            pid, nprog, NSLOTS)
+    _hear_all(B0, B1, B2, B3, B4, B5, B6, B7, pipe_flags, _READY, pid, k, g, state_ptr,
+              max_spin, trap, RANK, WORLD, NSLOTS, INTERP)
+    lanes = tl.arange(0, BLOCK)
+    if MODE == _AR2:
+        mine = _region(B0, B1, B2, B3, B4, B5, B6, B7, RANK, off, DT)
+        part = tl.cdiv(tl.cdiv(cnt, WORLD), 64) * 64
+        for j0 in range(0, part, BLOCK):  # my slice of the region, from every rank
+            j = RANK * part + j0 + lanes
+            m = (j0 + lanes < part) & (j < cnt)
+            r = _sum_regions(B0, B1, B2, B3, B4, B5, B6, B7, off, j, m, WORLD, DT, INTERP)
+            tl.store(mine + j, r, mask=m)
+            tl.store(out_ptr + start + j, r, mask=m)
+        _tell_all(B0, B1, B2, B3, B4, B5, B6, B7, pipe_flags, _REDUCED, pid, k, g, RANK,
+                  WORLD, NSLOTS, INTERP)
+    else:
         for i0 in range(0, cnt, BLOCK):
             i = i0 + lanes
             m = i < cnt
-            r = _sum_regions(B0, B1, B2, B3, B4, B5, B6, B7, off, RANK * region_elems + i, m,
-                             WORLD, DT, INTERP)
-            tl.store(out_ptr + start + i, r, mask=m)
+            if MODE == _AG:
+                for s in tl.static_range(WORLD):
+                    if s != RANK:
+                        src = _region(B0, B1, B2, B3, B4, B5, B6, B7, s, off, DT)
+                        tl.store(out_ptr + s * n + start + i, tl.load(src + i, mask=m), mask=m)
+            elif MODE == _RS:
+                r = _sum_regions(B0, B1, B2, B3, B4, B5, B6, B7, off, RANK * region_elems + i,
+                                 m, WORLD, DT, INTERP)
+                tl.store(out_ptr + start + i, r, mask=m)
+            else:
+                r = _sum_regions(B0, B1, B2, B3, B4, B5, B6, B7, off, i, m, WORLD, DT, INTERP)
+                tl.store(out_ptr + start + i, r, mask=m)
         _tell_all(B0, B1, B2, B3, B4, B5, B6, B7, pipe_flags, _DONE, pid, k, g, RANK, WORLD,
                   NSLOTS, INTERP)
+
+
+@triton.jit
+def _copy_out(out_ptr, B0, B1, B2, B3, B4, B5, B6, B7, t, first, n, region_elems, region_bytes,
+              pipe_flags, pipe_data, pid, nprog, state_ptr, max_spin, trap, RANK: tl.constexpr,
+              WORLD: tl.constexpr, NSLOTS: tl.constexpr, BLOCK: tl.constexpr,
+              INTERP: tl.constexpr):
+    """Stage 3 of a two-shot round: the other ranks' reduced slices; DONE."""
+    DT: tl.constexpr = out_ptr.dtype.element_ty
+    g, k, start, cnt, off = _round_geometry(t, first, n, region_elems, region_bytes, pipe_data,
+                                            pid, nprog, NSLOTS)
+    _hear_all(B0, B1, B2, B3, B4, B5, B6, B7, pipe_flags, _REDUCED, pid, k, g, state_ptr,
+              max_spin, trap, RANK, WORLD, NSLOTS, INTERP)
+    lanes = tl.arange(0, BLOCK)
+    part = tl.cdiv(tl.cdiv(cnt, WORLD), 64) * 64
+    for j0 in range(0, part, BLOCK):
+        for s in tl.static_range(WORLD):
+            if s != RANK:
+                j = s * part + j0 + lanes
+                m = (j0 + lanes < part) & (j < cnt)
+                src = _region(B0, B1, B2, B3, B4, B5, B6, B7, s, off, DT)
+                tl.store(out_ptr + start + j, tl.load(src + j, mask=m), mask=m)
+    _tell_all(B0, B1, B2, B3, B4, B5, B6, B7, pipe_flags, _DONE, pid, k, g, RANK, WORLD,
+              NSLOTS, INTERP)
+
+
+@triton.jit(do_not_specialize=["max_spin", "trap"])
+def pipelined_kernel(x_ptr, out_ptr, state_ptr, pcnt_ptr, B0, B1, B2, B3, B4, B5, B6, B7, n,
+                     region_elems, region_bytes, pipe_flags, pipe_data, max_spin, trap,
+                     d1, d2, d3, t0, t1, t2, t3, MODE: tl.constexpr, RANK: tl.constexpr,
+                     WORLD: tl.constexpr, NSLOTS: tl.constexpr, CONTIG: tl.constexpr,
+                     BLOCK: tl.constexpr, INTERP: tl.constexpr):
+    """MODE AR1/AR2: out[i] = sum over ranks of x[i]; AG: out[s*n + i] = x_s[i];
+    RS: out[i] = sum over ranks of x[RANK*n + i]; i < n. Software-pipelined: at step t this
+    program copies round t in, combines round t-1 and (two-shot) copies round t-2 out."""
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    rounds = tl.cdiv(n, region_elems * nprog)
+    first = tl.load(pcnt_ptr + pid)
+    for step in range(rounds + 2):  # the last two steps only drain the later stages
+        if step < rounds:
+            _copy_in(x_ptr, out_ptr, B0, B1, B2, B3, B4, B5, B6, B7, step, first, n,
+                     region_elems, region_bytes, pipe_flags, pipe_data, pid, nprog, state_ptr,
+                     max_spin, trap, d1, d2, d3, t0, t1, t2, t3, MODE, RANK, WORLD, NSLOTS,
+                     CONTIG, BLOCK, INTERP)
+        if (step >= 1) & (step <= rounds):
+            _combine(out_ptr, B0, B1, B2, B3, B4, B5, B6, B7, step - 1, first, n, region_elems,
+                     region_bytes, pipe_flags, pipe_data, pid, nprog, state_ptr, max_spin, trap,
+                     MODE, RANK, WORLD, NSLOTS, BLOCK, INTERP)
+        if MODE == _AR2:
+            if step >= 2:
+                _copy_out(out_ptr, B0, B1, B2, B3, B4, B5, B6, B7, step - 2, first, n,
+                          region_elems, region_bytes, pipe_flags, pipe_data, pid, nprog,
+                          state_ptr, max_spin, trap, RANK, WORLD, NSLOTS, BLOCK, INTERP)
     tl.store(pcnt_ptr + pid, first + rounds)
 
 
