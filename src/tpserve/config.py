@@ -75,6 +75,10 @@ class EngineConfig:
     collective_table: str | None = _opt(None, "size table JSON from `tpserve tune collectives` "
                                         "(default: the tuned cache, else the shipped table)",
                                         switch=True)
+    allreduce_topology: str = _opt("mesh", "workspace all-reduce topology: mesh (every rank reads every "
+                                   "peer) or ring (neighbours only, for boxes linked in a ring; "
+                                   "bitwise the same sums; all-gather / reduce-scatter then use "
+                                   "the process group)", switch=True, choices=("mesh", "ring"))
 
     def __post_init__(self) -> None:
         if self.tensor_parallel_size < 1:

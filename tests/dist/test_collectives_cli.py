@@ -27,9 +27,13 @@ def test_bench_check_passes_and_prints_a_table(capsys, tmp_path):
     for op in ("all_reduce", "all_gather", "reduce_scatter"):
         assert f"{op} bfloat16, world 2" in out
     assert "chunked" in out and "oneshot" in out and "pick/torch" in out
+    assert "all_reduce_add_rmsnorm bfloat16, world 2" in out and "unfused" in out
     assert plot.stat().st_size > 1000
     rows = json.loads((tmp_path / "r.json").read_text())["rows"]
-    assert {r["op"] for r in rows} == {"all_reduce", "all_gather", "reduce_scatter"}
+    assert {r["op"] for r in rows} == {"all_reduce", "all_gather", "reduce_scatter",
+                                       "all_reduce_add_rmsnorm"}
+    ar = [r for r in rows if r["op"] == "all_reduce"]
+    assert all(isinstance(r["us"].get("ring"), float) for r in ar)  # the ring is timed too
 
 
 def test_bench_check_fails_when_a_path_is_broken(capsys):
@@ -43,10 +47,12 @@ def test_bench_check_fails_when_a_path_is_broken(capsys):
 def test_tune_writes_a_loadable_table(tmp_path, capsys):
     out_path = tmp_path / "tuned.json"
     rc = main(["tune", "collectives", "--world", "2", "--device", "cpu", "--sizes", "1K,256K",
-               "--ops", "all_reduce", "--iter-scale", "0.2", "--out", str(out_path)])
+               "--ops", "all_reduce,all_reduce_add_rmsnorm", "--iter-scale", "0.2", "--out",
+               str(out_path)])
     assert rc == 0
     from tpserve.dist import tuning
     table = tuning.read_table(out_path)
     assert table.meta["tuned"] is True and table.meta["key"]["world_size"] == 2
-    assert table.lookup("all_reduce", "float32", 1024, 2) in ("torch", "oneshot", "twoshot")
+    assert table.lookup("all_reduce", "float32", 1024, 2) in ("torch", "oneshot", "twoshot", "ring")
+    assert all(r.op != "all_reduce_add_rmsnorm" for r in table.rules)
     assert str(out_path) in capsys.readouterr().out

@@ -46,17 +46,20 @@ def plain_sum(xs):
     return acc.to(xs[0].dtype)
 
 
-def _peer_battery(rank: int, world: int) -> dict:
+def _peer_battery(rank: int, world: int, quick: bool = False) -> dict:
+    """Every kernel against plain sums; `quick`: only the pipelined and fused kernels, fewer
+    cases (world 4, where the interpreter's spinning ranks share two cores)."""
     from tpserve.dist.shm import ShmSegments
     from tpserve.dist.workspace_group import GroupOps
-    from tpserve.dist.workspace_peer import PeerWorkspace
+    from tpserve.dist import fused
+    from tpserve.dist.workspace_peer import PeerWorkspace, buffer_bytes_for
 
     torch.set_num_threads(1)
     ops = GroupOps(dist.group.WORLD, torch.device("cpu"))
-    slot = 12 << 10
-    seg = ShmSegments(ops, slot)  # only the data area (zeroed memory) is handed over
+    nbytes = buffer_bytes_for(24 << 10)
+    seg = ShmSegments(ops, nbytes)  # only the data area (zeroed memory) is handed over
     ptrs = [d.data_ptr() for d in seg.data]
-    ws = PeerWorkspace(rank, world, ptrs, 2 * slot, torch.device("cpu"), interpret=True)
+    ws = PeerWorkspace(rank, world, ptrs, nbytes, torch.device("cpu"), interpret=True)
     cap = ws.capacity(torch.float32)
     bad: dict[str, str] = {}
     n_checks = 0
@@ -72,7 +75,7 @@ def _peer_battery(rank: int, world: int) -> dict:
             bad[name] = f"got {got.flatten()[:3]} want {want.flatten()[:3]}"
 
     case = 0
-    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+    for dtype in () if quick else (torch.float32, torch.bfloat16, torch.float16):
         for shape in [(7,), (5, 3), (int(cap * 2.3) + 1,)]:
             case += 1
             xs = gen(case, shape, dtype)
@@ -90,10 +93,51 @@ def _peer_battery(rank: int, world: int) -> dict:
             xs = gen(102 + dim, shape, dtype)
             check(f"rs {dtype} {shape} dim={dim}", ws.reduce_scatter(xs[rank], dim),
                   plain_sum(xs).chunk(world, dim)[rank])
+    # the pipelined kernel: one launch, several rounds per program, strided and odd sizes
+    rounds = 0
+    for dtype in (torch.bfloat16,) if quick else (torch.float32, torch.bfloat16):
+        for shape in [(int(cap * 3.4) + 3,)] if quick else [(5,), (int(cap * 3.4) + 3,),
+                                                             (7, int(cap * 0.6) + 1)]:
+            case += 1
+            xs = gen(case, shape, dtype)
+            before = int(ws.pipe_counters[0])
+            check(f"pipelined {dtype} {shape}", ws.all_reduce_chunked(xs[rank]), plain_sum(xs))
+            rounds = max(rounds, int(ws.pipe_counters[0]) - before)
+            tx = [x.view(-1)[: (x.numel() // 2) * 2].view(2, -1).t() for x in xs]
+            check(f"pipelined strided {dtype} {shape}", ws.all_reduce_chunked(tx[rank]),
+                  plain_sum([t.contiguous() for t in tx]))
+        case += 1  # pipelined all-gather / reduce-scatter, strided, along dim 1
+        xs = [x.t() for x in gen(case, (int(cap * 0.4) + 1, 3), dtype)]
+        check(f"ag pipelined strided {dtype}", ws.all_gather(xs[rank], 1, pipelined=True),
+              torch.cat(xs, 1))
+        xs = [x.t() for x in gen(case, (world * (int(cap * 0.2) + 1), 3), dtype)]
+        check(f"rs pipelined strided {dtype}", ws.reduce_scatter(xs[rank], 1, pipelined=True),
+              plain_sum(xs).chunk(world, 1)[rank])
+        big = gen(case + 1, (int(cap * 2.2),), dtype)  # larger than a slot: all_reduce pipelines
+        check(f"ar larger than the slot {dtype}", ws.all_reduce(big[rank], two_shot=True),
+              plain_sum(big))
+    # fused all-reduce + add + RMSNorm: total and residual bitwise, normed within the bound
+    fused_bad = {}
+    for dtype in (torch.bfloat16,) if quick else (torch.float32, torch.bfloat16):
+        for shape in [(3, 100)] if quick else [(3, 64), (5, 100), (2, 1000)]:
+            case += 1
+            parts = gen(case, shape, dtype)
+            res = gen(case + 500, shape, dtype)[0]
+            w = (torch.rand(shape[-1], generator=torch.Generator().manual_seed(case)) + 0.5).to(dtype)
+            normed, new_res = ws.all_reduce_add_rmsnorm(parts[rank], res, w, 1e-6)
+            want_n, want_r = fused.add_rmsnorm(plain_sum(parts), res, w, 1e-6)
+            check(f"fused residual {dtype} {shape}", new_res, want_r)
+            err = (normed.float() - want_n.float()).abs()
+            bound = fused.rmsnorm_bound(want_r, w, 1e-6, want_n)
+            n_checks += 1
+            if not bool((err <= bound).all()):
+                fused_bad[f"fused normed {dtype} {shape}"] = f"max err {float(err.max()):.3g}"
+    bad.update(fused_bad)
     calls = int(ws.state[0])
     error = ws.error_flag()
     seg.close()
-    return {"bad": bad, "checks": n_checks, "calls": calls, "error": error}
+    return {"bad": bad, "checks": n_checks, "calls": calls, "error": error, "rounds": rounds,
+            "pipe": [int(c) for c in ws.pipe_counters]}
 
 
 def test_peer_kernels_in_the_interpreter():
@@ -106,7 +150,20 @@ def test_peer_kernels_in_the_interpreter():
             assert not out["bad"], f"world {world} rank {rank}: {out['bad']}"
             assert not out["error"]
             assert out["checks"] > 30
-        assert len({out["calls"] for out in ranks}) == 1 and ranks[0]["calls"] > 40
+        assert len({out["calls"] for out in ranks}) == 1 and ranks[0]["calls"] > 30
+        assert len({tuple(out["pipe"]) for out in ranks}) == 1
+        assert ranks[0]["rounds"] >= 3  # the largest pipelined call took several rounds
+
+
+def test_pipelined_and_fused_kernels_at_world_4_in_the_interpreter():
+    problem = _interpreter_works()
+    if problem:
+        pytest.skip(problem)
+    ranks = spawn_ranks(_peer_battery, 4, True, timeout=900, env={"TRITON_INTERPRET": "1"})
+    for rank, out in enumerate(ranks):
+        assert not out["bad"], f"world 4 rank {rank}: {out['bad']}"
+        assert not out["error"] and out["checks"] >= 5 and out["rounds"] >= 3
+    assert len({tuple(out["pipe"]) for out in ranks}) == 1
 
 
 def test_strided_layout():
@@ -144,13 +201,15 @@ def test_kernels_compile_for_sm90_without_a_gpu():
         for i, name in enumerate(fn.arg_names):
             if name in const:
                 sig[name] = "constexpr"
-            elif name in ("x_ptr", "out_ptr"):
-                sig[name] = "*bf16"
-            elif name in ("state_ptr", "cnt_ptr"):
+            elif name in ("state_ptr", "cnt_ptr", "pcnt_ptr"):
                 sig[name] = "*i64"
+            elif name.endswith("_ptr"):
+                sig[name] = "*bf16"
+            elif name == "eps":
+                sig[name] = "fp32"
             else:
                 sig[name] = "i64" if name.startswith("B") or name.startswith("t") else "i32"
-            unaligned = ("max_spin", "trap", "t0", "t1", "t2", "t3")
+            unaligned = ("max_spin", "trap", "t0", "t1", "t2", "t3", "eps", "rows", "D")
             if sig[name] != "constexpr" and name not in unaligned:
                 attrs[(i,)] = [["tt.divisibility", 16]]
         src = ASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs)
@@ -165,3 +224,15 @@ def test_kernels_compile_for_sm90_without_a_gpu():
     build(k.allreduce_kernel, TWO_SHOT=True, CONTIG=False, **common)
     build(k.allgather_kernel, CONTIG=False, **common)
     build(k.reducescatter_kernel, CONTIG=False, **dict(common, WORLD=8, RANK=7))
+    from tpserve.dist import workspace_triton_pipe as p
+    for mode, world in ((p.AR1, 2), (p.AR2, 4)):
+        ptx = build(p.pipelined_kernel, MODE=mode, NSLOTS=p.PIPE_SLOTS, CONTIG=True,
+                    **dict(common, WORLD=world)).asm["ptx"]
+        assert "ld.acquire.sys.global.b64" in ptx and "st.release.sys.global.b64" in ptx
+        assert "multimem" not in ptx
+    for mode in (p.AR2, p.AG, p.RS):
+        build(p.pipelined_kernel, MODE=mode, NSLOTS=p.PIPE_SLOTS, CONTIG=False,
+              **dict(common, WORLD=8, RANK=7))
+    ptx = build(p.allreduce_add_rmsnorm_kernel, RANK=0, WORLD=2, BLOCK_D=8192,
+                INTERP=False).asm["ptx"]
+    assert "ld.acquire.sys.global.b64" in ptx and "trap;" in ptx

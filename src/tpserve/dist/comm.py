@@ -1,6 +1,7 @@
 """Communicator: the one door every tensor-parallel collective goes through.
 
-The model calls `all_reduce`, `all_gather` and `reduce_scatter` on a Communicator and never
+The model calls `all_reduce`, `all_gather`, `reduce_scatter` (and `all_reduce_add_rmsnorm`, the
+all-reduce fused with the residual add and RMSNorm that follow it) on a Communicator and never
 torch.distributed directly, so faster backends plug in here: the workspace collectives (CPU:
 shared memory, workspace.py; CUDA: peer memory, ipc.py / workspace_peer.py) and torch's
 symmetric-memory ops. The backend is chosen per call by `backend_for` from the op, dtype, size,
@@ -49,6 +50,10 @@ class Communicator:
         self.table: tuning.SizeTable | None = None
         self.workspace_bytes = (int(workspace_bytes) if workspace_bytes is not None
                                 else int(config.allreduce_workspace_mb) << 20)
+        self.topology = str(getattr(config, "allreduce_topology", "mesh"))
+        if self.topology not in ("mesh", "ring"):
+            raise ValueError(f"allreduce_topology must be 'mesh' or 'ring', got "
+                             f"{self.topology!r}")
         self._ws: Any = None      # CpuWorkspace or PeerWorkspace
         self._symm: Any = None    # SymmOps (CUDA only)
         if group is None:
@@ -106,7 +111,11 @@ class Communicator:
         nbytes = self.workspace_bytes
         if self.device.type == "cpu":
             from tpserve.dist.workspace import CpuWorkspace
-            return CpuWorkspace(self._ops, nbytes, timeout_s=timeout_s)
+            return CpuWorkspace(self._ops, nbytes, timeout_s=timeout_s, topology=self.topology)
+        if self.topology == "ring" and self.world_size > 2:
+            from tpserve.dist.shm import WorkspaceUnavailable
+            raise WorkspaceUnavailable("the CUDA workspace kernels read every peer; with "
+                                       "--allreduce-topology ring above 2 ranks NCCL is used")
         from tpserve.dist.ipc import create_peer_workspace
         return create_peer_workspace(self._ops, nbytes, self.device)
 
@@ -117,7 +126,8 @@ class Communicator:
     # -- choosing a path ----------------------------------------------------------------------
     def backend_for(self, op: str, x: torch.Tensor) -> str:
         """The path `op` on `x` takes: "identity", "torch", "oneshot", "twoshot", "chunked",
-        "symm_oneshot" or "symm_twoshot". Same answer on every rank for the same shape/dtype."""
+        "ring", "symm_oneshot" or "symm_twoshot". Same answer on every rank for the same
+        shape/dtype."""
         if op not in OPS:
             raise ValueError(f"unknown collective {op!r}; expected one of {OPS}")
         if self.world_size == 1:
@@ -131,7 +141,12 @@ class Communicator:
             ws = self._ws
             if ws is None or not ws.supports(x) or not self._on_device(x):
                 return TORCH
-            if not ws.fits(op, x) or (op != "all_reduce" and want == "twoshot"):
+            ring_only = getattr(ws, "topology", "mesh") == "ring"
+            if op == "all_reduce" and (want == "ring" or ring_only):
+                return "ring" if hasattr(ws, "ring_capacity") else TORCH
+            if ring_only:  # all-gather / reduce-scatter read every peer: the process group's
+                return TORCH
+            if not ws.fits(op, x) or (op != "all_reduce" and want in ("twoshot", "ring")):
                 return "chunked" if not ws.fits(op, x) else "oneshot"
             return want
         if want in SYMM_BACKENDS:
@@ -180,11 +195,34 @@ class Communicator:
                              f"{x.dtype} here; available: {self.available_backends(op, x)}")
         if backend in SYMM_BACKENDS:
             return self._symm.all_reduce(x, backend)
+        if op == "all_reduce" and backend == "ring":
+            return self._ws.all_reduce(x, ring=True)
+        if op == "all_reduce" and backend == "chunked" and hasattr(self._ws, "all_reduce_chunked"):
+            return self._ws.all_reduce_chunked(x)  # CUDA: the pipelined kernel
         if op == "all_reduce":
             return self._ws.all_reduce(x, two_shot=backend != "oneshot")
         if op == "all_gather":
             return self._ws.all_gather(x, dim)
         return self._ws.reduce_scatter(x, dim)
+
+    # -- fused -------------------------------------------------------------------------------
+    def all_reduce_add_rmsnorm(self, partial: torch.Tensor, residual: torch.Tensor,
+                               weight: torch.Tensor, eps: float
+                               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(normed, new_residual): new_residual = residual + all_reduce(partial) and normed =
+        RMSNorm(new_residual) as model/layers.RMSNorm computes it (fused.py). One kernel on
+        CUDA where the workspace serves the all-reduce in one round (workspace_triton_pipe.py);
+        else
+        the all-reduce followed by the same add and norm. Collective."""
+        from tpserve.dist import fused
+        fused.check_args(partial, residual, weight)
+        backend = self.backend_for("all_reduce", partial)
+        ws = self._ws
+        if (backend in ("oneshot", "twoshot") and hasattr(ws, "all_reduce_add_rmsnorm")
+                and ws.fits_fused(partial)):
+            return ws.all_reduce_add_rmsnorm(partial, residual, weight, eps)
+        total = self.run("all_reduce", partial, backend)
+        return fused.add_rmsnorm(total, residual, weight, eps)
 
     # -- the process group's own collectives --------------------------------------------------
     def _torch_all_reduce(self, x: torch.Tensor, dim: int) -> torch.Tensor:

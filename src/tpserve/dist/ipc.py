@@ -5,7 +5,7 @@
 addresses), zeroes the flags and wraps it in a PeerWorkspace (workspace_peer.py) whose Triton
 kernels do the collectives. It then runs a small self-test on every path (one-shot, two-shot,
 all-gather, reduce-scatter, against the exact expected sums) so a kernel that does not compile or
-misbehaves on this machine is found at start-up: every failure is agreed across ranks and raised
+misbehaves on this machine is found at start-up (the pipelined and fused kernels too): every failure is agreed across ranks and raised
 as WorkspaceUnavailable, and the Communicator falls back to NCCL with a warning.
 
 NVLink multicast is never used: TORCH_SYMM_MEM_DISABLE_MULTICAST=1 is set before the first
@@ -93,7 +93,12 @@ def _self_test(ws: Any, ops: GroupOps, device: torch.device) -> str:
         results = {"one-shot all_reduce": ws.all_reduce(x, two_shot=False),
                    "two-shot all_reduce": ws.all_reduce(x, two_shot=True),
                    "all_gather": ws.all_gather(x[: 2 * world], 0),
-                   "reduce_scatter": ws.reduce_scatter(x[: 4 * world], 0)}
+                   "reduce_scatter": ws.reduce_scatter(x[: 4 * world], 0),
+                   "pipelined all_reduce": ws.all_reduce_chunked(x)}
+        w = torch.ones(x.shape[-1], dtype=x.dtype, device=device)
+        normed, new_res = ws.all_reduce_add_rmsnorm(x.view(1, -1), torch.zeros_like(x).view(1, -1),
+                                                    w, 1e-6)
+        results["fused all_reduce + add"] = new_res
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         gathered = torch.arange(1, world + 1, device=device).repeat_interleave(2 * world)
@@ -102,6 +107,8 @@ def _self_test(ws: Any, ops: GroupOps, device: torch.device) -> str:
                             else bool((y == want).all()))]
         if ws.error_flag():
             problems.append("a barrier timed out (a peer never signalled)")
+        if not bool((normed == 1).all()):  # a constant row normalises to 1 exactly
+            problems.append("fused all_reduce + RMSNorm")
         return "; ".join(f"{p} gave wrong results" if "barrier" not in p else p for p in problems)
     except Exception as exc:  # noqa: BLE001
         return f"{type(exc).__name__}: {exc}"
@@ -118,9 +125,10 @@ def create_peer_workspace(ops: GroupOps, nbytes: int, device: torch.device) -> A
 
     peer = agreed(ops, "loading the Triton kernels", load_kernels)
     nbytes = max(nbytes, peer.kernels.DATA_OFFSET + 2 * 256 * ops.world_size)
-    buf, handle = _allocate(ops, nbytes, device)
+    total = peer.buffer_bytes_for(nbytes)  # one-round area + pipeline area
+    buf, handle = _allocate(ops, total, device)
     ws = agreed(ops, "building the workspace", lambda: peer.PeerWorkspace(
-        ops.rank, ops.world_size, list(handle.buffer_ptrs), nbytes, device,
+        ops.rank, ops.world_size, list(handle.buffer_ptrs), total, device,
         keepalive=(buf, handle), max_spin=SELF_TEST_MAX_SPIN, trap_on_timeout=False))
     problem = _self_test(ws, ops, device)
     if not ops.agree(not problem):

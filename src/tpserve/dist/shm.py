@@ -3,8 +3,9 @@
 Layout of each rank's segment (all offsets in bytes):
 
     [0, 4096)            header, int64 words: 0 barrier counter ("seq"), 1 pid,
-                         2 pid-namespace inode, 3 abort flag
-    [4096, 4096 + 2*S)   two data slots of S bytes (double buffering, see workspace.py)
+                         2 pid-namespace inode, 3 abort flag, from FLAG_WORDS on: the per-slot
+                         sequence flags of the workspace protocol (workspace.py)
+    [4096, 4096 + D)     the data area of D bytes (cut into slots by workspace.py)
 
 Creation (collective): group rank 0 draws a random name and broadcasts it; every rank creates
 `/dev/shm/tpserve-ws-<name>-<rank>-<pid>` (O_EXCL, mode 0600, space reserved up front) and maps
@@ -15,8 +16,11 @@ A process killed inside that short window leaves its name behind: creation first
 names whose creator pid is gone. Any failure on any rank makes every rank clean up and raise
 `WorkspaceUnavailable` (the Communicator then falls back to gloo).
 
-Barrier: each rank only ever writes its own header and only reads its peers'. `barrier()` bumps
-the own counter to `seq` and waits until every peer's counter is >= `seq`. Data written before
+Flags: each rank only ever writes its own header and only reads its peers'. `publish(word, v)`
+stores v into the own header; `wait(peer, word, v)` returns once the peer's word is >= v (every
+flag only grows). `barrier()` is the special case: bump word 0 and wait for every peer's.
+A rank may map only some peers (`peers`; the ring topology maps its two neighbours), and then
+touching any other peer's memory fails loudly instead of working by accident. Data written before
 the barrier is visible to a peer that has seen the counter: x86-64 keeps stores in order (TSO)
 and loads in order, and every write goes through a separate C call the compiler cannot reorder
 with the counter store; other architectures are refused for that reason (no portable fence is
@@ -44,6 +48,8 @@ HEADER_BYTES = 4096
 SHM_DIR = "/dev/shm"
 NAME_PREFIX = "tpserve-ws-"
 _SEQ, _PID, _PIDNS, _ABORT = 0, 1, 2, 3
+FLAG_WORDS = 8                    # first header word free for the workspace's flags
+HEADER_WORDS = HEADER_BYTES // 8
 _SPIN_SECONDS = 50e-6      # busy-poll this long,
 _YIELD_SECONDS = 0.002     # then sched_yield until this long, then nap
 _NAP_SECONDS = 50e-6
@@ -100,19 +106,22 @@ def reap_stale_segments(now: float | None = None) -> list[str]:
 class ShmSegments:
     """Every rank's shared-memory segment, mapped here, plus the flag barrier over them."""
 
-    def __init__(self, ops: GroupOps, slot_bytes: int, *, timeout_s: float = 300.0):
-        if slot_bytes < 64 or slot_bytes % 64:
-            raise ValueError(f"slot_bytes must be a positive multiple of 64, got {slot_bytes}")
+    def __init__(self, ops: GroupOps, data_bytes: int, *, timeout_s: float = 300.0,
+                 peers: set[int] | None = None):
+        """`data_bytes`: the data area per rank; `peers`: the ranks whose segments this rank maps
+        (None: all)."""
+        if data_bytes < 64 or data_bytes % 64:
+            raise ValueError(f"data_bytes must be a positive multiple of 64, got {data_bytes}")
         self.rank, self.world_size = ops.rank, ops.world_size
-        self.slot_bytes = slot_bytes
+        self.data_bytes = data_bytes
+        self.mapped = set(range(self.world_size)) if peers is None else set(peers) | {self.rank}
         self.timeout_s = float(timeout_s)
         self.seq = 0
         self._aborted = ""
         self._maps: list[mmap.mmap | None] = [None] * self.world_size
-        self.flags: list[np.ndarray] = []
-        self.data: list[torch.Tensor] = []
-        self._typed: dict[tuple[int, torch.dtype], list[torch.Tensor]] = {}
-        total = HEADER_BYTES + 2 * slot_bytes
+        self.flags: list[np.ndarray | None] = []
+        self.data: list[torch.Tensor | None] = []
+        total = HEADER_BYTES + data_bytes
         token = ops.broadcast_ints([secrets.randbits(62)])[0]
         pids = [p for (p,) in ops.all_gather_ints([os.getpid()])]
         self.paths = [os.path.join(SHM_DIR, f"{NAME_PREFIX}{token:016x}-{r}-{pid}")
@@ -133,7 +142,7 @@ class ShmSegments:
             if ok:
                 try:
                     for peer in range(self.world_size):
-                        if peer != self.rank:
+                        if peer != self.rank and peer in self.mapped:
                             self._maps[peer] = self._open(self.paths[peer], total)
                 except Exception as exc:  # noqa: BLE001
                     reason = f"rank {self.rank}: mapping peer {peer}'s segment: {exc}"
@@ -149,8 +158,10 @@ class ShmSegments:
             self.close()
             raise WorkspaceUnavailable(reason or "another rank could not build its workspace")
         for mm in self._maps:
-            self.flags.append(np.frombuffer(mm, dtype=np.int64, count=8, offset=0))
-            self.data.append(torch.frombuffer(mm, dtype=torch.uint8, count=2 * slot_bytes,
+            self.flags.append(None if mm is None else
+                              np.frombuffer(mm, dtype=np.int64, count=HEADER_WORDS, offset=0))
+            self.data.append(None if mm is None else
+                             torch.frombuffer(mm, dtype=torch.uint8, count=data_bytes,
                                               offset=HEADER_BYTES))
         self.flags[self.rank][_PID] = os.getpid()
         self.flags[self.rank][_PIDNS] = _pid_namespace()
@@ -180,19 +191,19 @@ class ShmSegments:
         finally:
             os.close(fd)
 
-    # -- data views ---------------------------------------------------------------------------
-    def slot(self, rank: int, slot: int, dtype: torch.dtype, numel: int) -> torch.Tensor:
-        """The first `numel` elements of `rank`'s data slot `slot` (0/1), typed as `dtype`."""
-        views = self._typed.get((slot, dtype))
-        if views is None:  # whole-slot typed views, made once per (slot, dtype)
-            start, count = slot * self.slot_bytes, self.slot_bytes // dtype.itemsize
-            views = [d[start:start + count * dtype.itemsize].view(dtype) for d in self.data]
-            self._typed[(slot, dtype)] = views
-        if numel > views[rank].numel():
-            raise ValueError(f"{numel} x {dtype} do not fit a {self.slot_bytes}-byte slot")
-        return views[rank][:numel]
-
     # -- synchronisation ----------------------------------------------------------------------
+    def publish(self, word: int, value: int) -> None:
+        """Store `value` into word `word` of this rank's header (after every earlier write)."""
+        if self._aborted:
+            raise PeerLost(f"rank {self.rank}: workspace aborted earlier: {self._aborted}")
+        self.flags[self.rank][word] = value
+
+    def wait(self, peer: int, word: int, target: int) -> None:
+        """Return once word `word` of `peer`'s header is >= target."""
+        if peer not in self.mapped:
+            raise RuntimeError(f"rank {self.rank} does not map rank {peer}'s workspace")
+        self._wait(peer, target, word)
+
     def barrier(self) -> None:
         """Publish everything written so far; return once every peer has done the same."""
         if self._aborted:
@@ -201,7 +212,7 @@ class ShmSegments:
         self.flags[self.rank][_SEQ] = self.seq
         for peer in range(self.world_size):
             if peer != self.rank:
-                self._wait(peer, self.seq)
+                self._wait(peer, self.seq, _SEQ)
 
     def abort(self, reason: str = "aborted") -> None:
         """Make current and future waits here (and the peers' waits on this rank) fail. Safe to
@@ -212,14 +223,14 @@ class ShmSegments:
         except IndexError:  # closed already
             pass
 
-    def _wait(self, peer: int, target: int) -> None:
+    def _wait(self, peer: int, target: int, word: int = _SEQ) -> None:
         flag = self.flags[peer]
-        if flag[_SEQ] >= target:
+        if flag[word] >= target:
             return
         start = time.perf_counter()
         next_check = start + _LIVENESS_SECONDS
         polls = 0
-        while flag[_SEQ] < target:
+        while flag[word] < target:
             polls += 1
             if polls & 63:
                 continue
@@ -233,12 +244,13 @@ class ShmSegments:
                 time.sleep(_NAP_SECONDS)
             if now >= next_check:
                 next_check = now + _LIVENESS_SECONDS
-                problem = self._peer_problem(peer, flag, elapsed, target)
-                if problem and flag[_SEQ] < target:
+                problem = self._peer_problem(peer, flag, elapsed, target, word)
+                if problem and flag[word] < target:
                     self.abort(problem)
                     raise PeerLost(f"rank {self.rank}: {problem}")
 
-    def _peer_problem(self, peer: int, flag: np.ndarray, elapsed: float, target: int) -> str:
+    def _peer_problem(self, peer: int, flag: np.ndarray, elapsed: float, target: int,
+                      word: int = _SEQ) -> str:
         if self._aborted:
             return f"aborted while waiting for rank {peer}: {self._aborted}"
         if flag[_ABORT]:
@@ -247,14 +259,14 @@ class ShmSegments:
         if pid and int(flag[_PIDNS]) == _pid_namespace() and not _pid_alive(pid):
             return f"rank {peer} (pid {pid}) exited during a collective"
         if elapsed > self.timeout_s:
-            return (f"rank {peer} did not reach workspace barrier {target} within "
-                    f"{self.timeout_s:.0f}s (its counter is {int(flag[_SEQ])}); did all ranks "
+            return (f"rank {peer} did not reach workspace flag {word} = {target} within "
+                    f"{self.timeout_s:.0f}s (it is {int(flag[word])}); did all ranks "
                     f"issue the same collectives in the same order?")
         return ""
 
     def close(self) -> None:
         """Unmap every segment (already unlinked); safe to call twice."""
-        self.flags, self.data, self._typed = [], [], {}
+        self.flags, self.data = [], []
         for i, mm in enumerate(self._maps):
             if mm is None:
                 continue

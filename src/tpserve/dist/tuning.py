@@ -11,7 +11,8 @@ the tensor for all_reduce, the gathered output for all_gather, the full input fo
 reduce_scatter (the same convention as nccl-tests). Nothing matching means "torch".
 
 Backends: "torch" (the process group's own collective: NCCL or gloo; "nccl" and "gloo" are
-accepted as aliases), "oneshot", "twoshot", "chunked" (workspace collectives), "symm_oneshot",
+accepted as aliases), "oneshot", "twoshot", "chunked", "ring" (workspace collectives; "ring" is
+the neighbour-only all-reduce, all_reduce only), "symm_oneshot",
 "symm_twoshot" (torch symmetric-memory ops, CUDA only). Where a chosen backend cannot serve a
 call, the Communicator resolves it (see Communicator.backend_for).
 
@@ -38,13 +39,14 @@ log = logging.getLogger("tpserve.dist")
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
 TORCH = "torch"
-WORKSPACE_BACKENDS = ("oneshot", "twoshot", "chunked")
+WORKSPACE_BACKENDS = ("oneshot", "twoshot", "chunked", "ring")
 SYMM_BACKENDS = ("symm_oneshot", "symm_twoshot")
 BACKENDS = (TORCH, *WORKSPACE_BACKENDS, *SYMM_BACKENDS)
 ALIASES = {"nccl": TORCH, "gloo": TORCH}
 TABLE_FORMAT = 1
 _SOURCE_FILES = ("comm.py", "shm.py", "workspace.py", "workspace_group.py", "workspace_peer.py",
-                 "workspace_triton.py", "ipc.py", "tuning.py")
+                 "workspace_triton.py", "workspace_triton_pipe.py", "fused.py", "ipc.py",
+                 "tuning.py")
 
 
 def size_bucket(nbytes: int) -> int:

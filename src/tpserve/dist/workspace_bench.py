@@ -24,6 +24,7 @@ from tpserve.dist.comm import Communicator
 from tpserve.dist.tuning import TORCH, op_bytes
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+FUSED = "all_reduce_add_rmsnorm"  # a bench-only "op": Communicator.all_reduce_add_rmsnorm
 
 
 def _setup(rank: int, world: int, spec: dict) -> tuple[Communicator, torch.device]:
@@ -127,10 +128,16 @@ def timing_worker(rank: int, world: int, spec: dict) -> list[dict] | None:
                    unit="case", leave=False)
     try:
         for op, dt_name, size in cases:
+            if op == FUSED:
+                from tpserve.dist.workspace_bench_fused import fused_row
+                rows.append(fused_row(comm, dt_name, size, device, spec, rank, world))
+                if bar is not None:
+                    bar.update(1)
+                continue
             x = _input(op, size, DTYPES[dt_name], world, device, seed=rank + 1)
             backends = comm.available_backends(op, x)
-            if comm._ws is not None and comm._ws.fits(op, x):
-                backends = [b for b in backends if b != "chunked"]  # one round: not chunked
+            if comm._ws is not None and comm._ws.fits(op, x) and device.type == "cpu":
+                backends = [b for b in backends if b != "chunked"]  # one round: = twoshot
             us = {}
             for b in backends:
                 try:
@@ -225,6 +232,10 @@ def check_worker(rank: int, world: int, spec: dict) -> list[str]:
                         if op != "reduce_scatter":
                             labels.append(label)
                             digests.append(_digest(y) if not problem.startswith("raised") else 0)
+        if FUSED in spec["ops"]:
+            from tpserve.dist.workspace_bench_fused import fused_check
+            for dt_name in spec["dtypes"]:
+                failures += [f"rank {rank}: {f}" for f in fused_check(comm, dt_name, device, cap)]
         if device.type == "cuda" and comm._ws is not None:
             failures += [f"rank {rank}: {f}" for f in _graph_check(comm, device, cap)]
         if comm._ws is not None and hasattr(comm._ws, "error_flag") and comm._ws.error_flag():
@@ -276,9 +287,16 @@ def _graph_check(comm: Communicator, device: torch.device, cap: int) -> list[str
     for (op, b), x in statics.items():  # compile every variant before capturing
         comm.run(op, x, b)
     _sync(device)
+    fused_in = None
+    if hasattr(comm._ws, "all_reduce_add_rmsnorm"):
+        fused_in = [torch.zeros(2, 512, dtype=torch.bfloat16, device=device) for _ in range(2)]
+        fused_in.append(torch.ones(512, dtype=torch.bfloat16, device=device))
+        comm._ws.all_reduce_add_rmsnorm(*fused_in, 1e-6)
+        _sync(device)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         outs = {k: comm.run(k[0], x, k[1]) for k, x in statics.items()}
+        fused_out = comm._ws.all_reduce_add_rmsnorm(*fused_in, 1e-6) if fused_in else None
     problems: list[str] = []
     for replay in range(4):
         xs_all = {}
@@ -286,8 +304,17 @@ def _graph_check(comm: Communicator, device: torch.device, cap: int) -> list[str
             gens = [torch.Generator().manual_seed(7919 * replay + 31 * i + r) for r in range(world)]
             xs_all[k] = [torch.randn(x.shape, generator=g).to(x.dtype).to(device) for g in gens]
             x.copy_(xs_all[k][rank])
+        if fused_in is not None:
+            parts = [torch.full_like(fused_in[0], float(r + replay)) for r in range(world)]
+            fused_in[0].copy_(parts[rank])
+            fused_in[1].fill_(1.0)
         graph.replay()
         eager = comm.run("all_reduce", xs_all[("all_reduce", "twoshot")][rank], "oneshot")
+        if fused_out is not None:
+            _sync(device)
+            want_res = 1.0 + sum(float(r + replay) for r in range(world))
+            if not bool((fused_out[1] == want_res).all()) or not bool((fused_out[0] == 1).all()):
+                problems.append(f"CUDA graph replay {replay}: fused all-reduce + RMSNorm mismatch")
         _sync(device)
         for k, out in outs.items():
             want = _reference(k[0], xs_all[k], 0, rank)

@@ -1,9 +1,12 @@
 """PeerWorkspace: the host side of the CUDA workspace collectives (kernels: workspace_triton.py).
 
-It holds every rank's buffer address, the rank-local epoch counters and the call state, and
-cuts a call into rounds that fit one data slot: a tensor larger than a slot goes through in
-chunks of the flattened (row-major) index range, one kernel launch per chunk, with no memory
-beyond the workspace and the output. Inputs of any strides are read in place by the kernels
+It holds every rank's buffer address, the rank-local epoch counters and the call state. A call
+that fits one data slot is one launch of a one-round kernel (workspace_triton.py); a larger one
+(and the "chunked" backend) is one launch of the pipelined kernel (workspace_triton_pipe.py:
+several slots in flight, per-slot flags, no barrier per chunk), with no memory beyond the
+workspace and the output. Buffer layout (`buffer_bytes_for`): the one-round area of
+`workspace_bytes` (flags + two slots), then the pipeline flags and a pipeline area of another
+`workspace_bytes` (PIPE_SLOTS slots x P program regions). Inputs of any strides are read in place by the kernels
 (up to 4 dims after merging; more falls back to one contiguous copy). Launches only: no host
 synchronisation, no allocation other than the output, so calls can be captured in CUDA graphs
 (compile each variant once, eagerly, before capturing).
@@ -19,12 +22,13 @@ from typing import Any
 import torch
 
 from tpserve.dist import workspace_triton as kernels
+from tpserve.dist import workspace_triton_pipe as pipe
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 BLOCK = 1024
 NUM_WARPS = 4
+FUSED_MAX_DIM = 16384      # longest row the fused kernel keeps in registers
 DEFAULT_MAX_SPIN = 1 << 30  # polls (~10+ minutes, like NCCL's timeout) before a wait gives up
-_CHUNK_ALIGN = 256          # chunk starts stay aligned for vector loads
 
 
 def strided_layout(x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...], bool]:
@@ -50,6 +54,11 @@ def strided_layout(x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...], bool
     return x, (d1, d2, d3, t0, t1, t2, t3), False
 
 
+def buffer_bytes_for(workspace_bytes: int) -> int:
+    """Bytes each rank's buffer needs for a workspace of `workspace_bytes` (both areas)."""
+    return 2 * (int(workspace_bytes) // 256 * 256) + pipe.PIPE_FLAG_BYTES
+
+
 def _programs(work: int) -> int:
     return max(1, min(kernels.MAX_PROGRAMS, -(-work // BLOCK)))
 
@@ -67,10 +76,17 @@ class PeerWorkspace:
             raise ValueError(f"need {world_size} buffer addresses, got {len(buffer_ptrs)}")
         self.rank, self.world_size = rank, world_size
         self.device = torch.device(device)
-        self.slot_bytes = (buffer_bytes - kernels.DATA_OFFSET) // 2 // 256 * 256
+        area = (buffer_bytes - pipe.PIPE_FLAG_BYTES) // 2 // 256 * 256
+        self.slot_bytes = (area - kernels.DATA_OFFSET) // 2 // 256 * 256
         if self.slot_bytes < 256 * world_size:
             raise ValueError(f"a {buffer_bytes}-byte buffer is too small for a workspace")
         self.capacity_bytes = self.slot_bytes
+        # pipeline area: a fixed grid (the same for every call: the per-program round counters
+        # and regions must agree between calls), regions 256-byte aligned
+        self.pipe_flags = area
+        self.pipe_data = area + pipe.PIPE_FLAG_BYTES
+        self.pipe_programs = max(1, min(pipe.PIPE_MAX_PROGRAMS, area // (pipe.PIPE_SLOTS * 1024)))
+        self.region_bytes = area // pipe.PIPE_SLOTS // self.pipe_programs // 256 * 256
         self.addrs = [int(p) for p in buffer_ptrs] + [0] * (kernels.MAX_WORLD - world_size)
         self.interpret = interpret
         self.max_spin = int(max_spin)
@@ -78,6 +94,8 @@ class PeerWorkspace:
         # state: [call counter (slot parity), finished-program ticket, error flag, spare]
         self.state = torch.zeros(4, dtype=torch.int64, device=self.device)
         self.counters = torch.zeros(kernels.MAX_PROGRAMS, dtype=torch.int64, device=self.device)
+        self.pipe_counters = torch.zeros(pipe.PIPE_MAX_PROGRAMS, dtype=torch.int64,
+                                         device=self.device)
         self._keepalive = keepalive
 
     # -- what it can do -----------------------------------------------------------------------
@@ -102,49 +120,91 @@ class PeerWorkspace:
         kernel[(programs,)](*args, RANK=self.rank, WORLD=self.world_size, BLOCK=BLOCK,
                             INTERP=self.interpret, num_warps=NUM_WARPS, **constexprs)
 
-    @staticmethod
-    def _chunk(numel: int, cap: int) -> int:
-        """Elements per round: all if they fit, else the most an aligned round can carry."""
-        if numel <= cap:
-            return numel
-        align = _CHUNK_ALIGN if cap >= _CHUNK_ALIGN else 64
-        if cap < align:
-            raise ValueError(f"workspace too small: one round carries only {cap} elements")
-        return cap // align * align
-
     # -- collectives ----------------------------------------------------------------------------
     def all_reduce(self, x: torch.Tensor, *, two_shot: bool) -> torch.Tensor:
+        """One launch: the one-round kernel if x fits a slot, else the pipelined kernel."""
+        numel = x.numel()
+        if numel > self.capacity(x.dtype):
+            return self.all_reduce_chunked(x)
+        out = torch.empty(x.shape, dtype=x.dtype, device=self.device)
+        if numel == 0:
+            return out
+        src, layout, contig = strided_layout(x.reshape(1) if x.dim() == 0 else x)
+        work = -(-numel // self.world_size) if two_shot else numel
+        self._launch(kernels.allreduce_kernel, _programs(work), src, out, self.state,
+                     self.counters, *self.addrs, 0, numel, self.slot_bytes, self.max_spin,
+                     int(self.trap_on_timeout), *layout, TWO_SHOT=two_shot, CONTIG=contig)
+        return out
+
+    def all_reduce_chunked(self, x: torch.Tensor) -> torch.Tensor:
+        """The pipelined all-reduce (any size; one launch of a fixed grid)."""
         out = torch.empty(x.shape, dtype=x.dtype, device=self.device)
         numel = x.numel()
         if numel == 0:
             return out
         src, layout, contig = strided_layout(x.reshape(1) if x.dim() == 0 else x)
-        chunk = self._chunk(numel, self.capacity(x.dtype))
-        for base in range(0, numel, chunk):
-            n = min(chunk, numel - base)
-            work = -(-n // self.world_size) if two_shot else n
-            self._launch(kernels.allreduce_kernel, _programs(work), src, out, self.state,
-                         self.counters, *self.addrs, base, n, self.slot_bytes, self.max_spin,
-                         int(self.trap_on_timeout), *layout, TWO_SHOT=two_shot, CONTIG=contig)
+        self._launch_pipelined(pipe.AR2 if self.world_size > 2 else pipe.AR1, src, out, numel,
+                               self.region_bytes // x.element_size(), layout, contig)
         return out
 
-    def all_gather(self, x: torch.Tensor, dim: int = 0) -> torch.Tensor:
+    # -- fused all-reduce + residual add + RMSNorm ----------------------------------------------
+    def fits_fused(self, x: torch.Tensor) -> bool:
+        return (self.supports(x) and x.dim() >= 1 and 0 < x.shape[-1] <= FUSED_MAX_DIM
+                and x.numel() <= self.capacity(x.dtype))
+
+    def all_reduce_add_rmsnorm(self, partial: torch.Tensor, residual: torch.Tensor,
+                               weight: torch.Tensor, eps: float
+                               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One launch: (normed, new_residual) of dist/fused.py's definition."""
+        if not self.fits_fused(partial):
+            raise ValueError(f"fused all-reduce + RMSNorm needs a row of <= {FUSED_MAX_DIM} and "
+                             f"a tensor that fits one slot; got {tuple(partial.shape)}")
+        dim = partial.shape[-1]
+        x, res, w = partial.contiguous(), residual.contiguous(), weight.contiguous()
+        normed = torch.empty(x.shape, dtype=x.dtype, device=self.device)
+        new_res = torch.empty(x.shape, dtype=x.dtype, device=self.device)
+        rows = x.numel() // dim
+        if rows:
+            block_d = 1 << max(0, dim - 1).bit_length()
+            kernel = pipe.allreduce_add_rmsnorm_kernel
+            kernel[(max(1, min(kernels.MAX_PROGRAMS, rows)),)](
+                x, res, w, normed, new_res, self.state, self.counters, *self.addrs, rows, dim,
+                float(eps), self.slot_bytes, self.max_spin, int(self.trap_on_timeout),
+                RANK=self.rank, WORLD=self.world_size, BLOCK_D=block_d, INTERP=self.interpret,
+                num_warps=NUM_WARPS if block_d <= 4096 else 8)
+        return normed, new_res
+
+    def _launch_pipelined(self, mode: Any, src: torch.Tensor, out: torch.Tensor, n: int,
+                          region: int, layout: tuple[int, ...], contig: bool) -> None:
+        self._launch(pipe.pipelined_kernel, self.pipe_programs, src, out, self.state,
+                     self.pipe_counters, *self.addrs, n, region, self.region_bytes,
+                     self.pipe_flags, self.pipe_data, self.max_spin, int(self.trap_on_timeout),
+                     *layout, MODE=mode, NSLOTS=pipe.PIPE_SLOTS, CONTIG=contig)
+
+    def all_gather(self, x: torch.Tensor, dim: int = 0, *,
+                   pipelined: bool | None = None) -> torch.Tensor:
+        """One launch: the one-round kernel if x fits a slot, else (or if `pipelined`) the
+        pipelined kernel."""
         xp = x.movedim(dim, 0)
         out = torch.empty((self.world_size * xp.shape[0], *xp.shape[1:]), dtype=x.dtype,
                           device=self.device)
         numel = xp.numel()
         if numel:
             src, layout, contig = strided_layout(xp)
-            chunk = self._chunk(numel, self.capacity(x.dtype))
-            for base in range(0, numel, chunk):
-                n = min(chunk, numel - base)
-                self._launch(kernels.allgather_kernel, _programs(n), src, out, self.state,
-                             self.counters, *self.addrs, base, n, numel, self.slot_bytes,
+            if pipelined or (pipelined is None and numel > self.capacity(x.dtype)):
+                self._launch_pipelined(pipe.AG, src, out, numel,
+                                       self.region_bytes // x.element_size(), layout, contig)
+            else:
+                self._launch(kernels.allgather_kernel, _programs(numel), src, out, self.state,
+                             self.counters, *self.addrs, 0, numel, numel, self.slot_bytes,
                              self.max_spin, int(self.trap_on_timeout), *layout,
                              CONTIG=contig)
         return out.movedim(0, dim)
 
-    def reduce_scatter(self, x: torch.Tensor, dim: int = 0) -> torch.Tensor:
+    def reduce_scatter(self, x: torch.Tensor, dim: int = 0, *,
+                       pipelined: bool | None = None) -> torch.Tensor:
+        """One launch: the one-round kernel if x fits a slot, else (or if `pipelined`) the
+        pipelined kernel."""
         world = self.world_size
         xp = x.movedim(dim, 0)
         if xp.shape[0] % world:
@@ -155,12 +215,15 @@ class PeerWorkspace:
         per = out.numel()
         if per:
             src, layout, contig = strided_layout(xp)
-            cap = self.capacity(x.dtype) // world // 64 * 64  # per-slice room, 64-aligned
-            chunk = per if -(-per // 64) * 64 <= cap else self._chunk(per, cap)
-            for base in range(0, per, chunk):
-                n = min(chunk, per - base)
-                self._launch(kernels.reducescatter_kernel, _programs(n), src, out, self.state,
-                             self.counters, *self.addrs, base, n, per, self.slot_bytes,
+            if pipelined or (pipelined is None and not self.fits("reduce_scatter", x)):
+                region = self.region_bytes // x.element_size() // world // 64 * 64
+                if region < 64:
+                    raise ValueError("workspace too small for the pipelined reduce-scatter")
+                self._launch_pipelined(pipe.RS, src, out, per,
+                                       region, layout, contig)
+            else:
+                self._launch(kernels.reducescatter_kernel, _programs(per), src, out, self.state,
+                             self.counters, *self.addrs, 0, per, per, self.slot_bytes,
                              self.max_spin, int(self.trap_on_timeout), *layout,
                              CONTIG=contig)
         return out.movedim(0, dim)
