@@ -6,11 +6,22 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
+class WeightOptions:
+    """How weights are processed at load (model/build.py): quantization override, --dense-fp8, snapshots."""
+
+    quantization: str | None = None   # None: what the checkpoint says
+    dense_fp8: bool = False
+    snapshot: bool = False            # read / write processed-weight snapshots
+    snapshot_dir: str | None = None   # default: <cache dir>/snapshots
+
+
+@dataclass(frozen=True)
 class Kernels:
     kda: str = "torch"            # "fla": fla-core's Triton kernels; "torch": our chunked / recurrent forms
     mhc: str = "torch"            # "triton": one fused kernel for the mHC weights; "torch": plain ops
     moe: str = "torch"            # "triton": grouped expert GEMMs; "torch": a loop over the chosen experts
     moe_triton_max_tokens: int = 0  # the triton MoE runs forwards of at most this many tokens
+    weights: WeightOptions = WeightOptions()
 
     def describe(self) -> str:
         moe = f"triton up to {self.moe_triton_max_tokens} tokens" if self.moe == "triton" else self.moe
