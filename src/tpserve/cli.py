@@ -21,6 +21,8 @@ TOOL_MODULES = (
     "tpserve.tools.collectives",
     "tpserve.tools.bench_serve",
     "tpserve.tools.bench_model",
+    "tpserve.tools.quantize",
+    "tpserve.tools.snapshot",
 )
 
 

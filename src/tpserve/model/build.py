@@ -40,7 +40,7 @@ def plan_model(model_dir: str | Path, cfg: ModelConfig, ctx: ShardContext, kerne
     if load_format == "dummy":
         plan = plan_for_dummy(model, qc)
     else:
-        plan = plan_from_checkpoint(model, qc, tensor_info(model_dir, cfg.num_hidden_layers))
+        qc, plan = plan_from_checkpoint(model, qc, tensor_info(model_dir, cfg.num_hidden_layers))
     apply_plan(model, qc, plan)
     return model, qc, plan
 

@@ -145,12 +145,21 @@ def _check_method(qc: QuantConfig, layout: str, name: str) -> None:
                                      "(set --quantization to match the checkpoint)")
 
 
-def plan_from_checkpoint(model: nn.Module, qc: QuantConfig, info: dict[str, tuple[str, tuple[int, ...]]]) -> dict:
-    """name -> layout for every Linear / Experts module, read from the checkpoint's tensors."""
+def plan_from_checkpoint(model: nn.Module, qc: QuantConfig,
+                         info: dict[str, tuple[str, tuple[int, ...]]]) -> tuple[QuantConfig, dict]:
+    """(the method, name -> layout for every Linear / Experts module), read from the checkpoint's
+    tensors. With no quantization_config the stored layout names the method (fp8 block 128)."""
     from tpserve.model.layers import Linear
     from tpserve.model.moe import Experts
 
     plan: dict[str, str] = {}
+    if qc.method == "bf16":
+        found = {tensor_layout(info, n[:-len(".weight")]) for n in info if n.endswith(".weight")} - {"bf16"}
+        if len(found) > 1:
+            raise UnsupportedConfigError(f"checkpoint mixes quantized layouts {sorted(found)}")
+        if found:
+            qc = QuantConfig(found.pop(), qc.fp8_block, qc.not_convert, qc.dense_fp8, raw=qc.raw)
+            log.info("no quantization_config: the stored tensors are %s", qc.method)
     for name, mod in model.named_modules():
         if isinstance(mod, Linear):
             plan[name] = tensor_layout(info, name)
@@ -166,7 +175,22 @@ def plan_from_checkpoint(model: nn.Module, qc: QuantConfig, info: dict[str, tupl
     if qc.method != "bf16" and not any(v != "bf16" for v in plan.values()):
         raise UnsupportedConfigError(f"quantization: method {qc.method} but the checkpoint holds no {qc.method} "
                                      "tensors (quantize it with `tpserve quantize`)")
-    return plan
+    if qc.method == "fp8":
+        _check_scale_shapes(info, plan, qc.fp8_block)
+    return qc, plan
+
+
+def _check_scale_shapes(info, plan: dict[str, str], block: tuple[int, int]) -> None:
+    for name, layout in plan.items():
+        w = info.get(name + ".weight")
+        if layout != "fp8" or w is None:
+            continue
+        want = (-(-w[1][0] // block[0]), -(-w[1][1] // block[1]))
+        got = info[name + ".weight_scale_inv"][1]
+        if tuple(got) != want:
+            raise UnsupportedConfigError(f"{name}.weight_scale_inv: shape {list(got)} does not fit block "
+                                         f"{block[0]}x{block[1]} of weight {list(w[1])} (expected {list(want)}; "
+                                         "check weight_block_size)")
 
 
 def plan_for_dummy(model: nn.Module, qc: QuantConfig) -> dict:

@@ -1,6 +1,7 @@
 """`tpserve quantize SRC DST --method fp8|nvfp4`: write a quantized copy of a bf16/fp32 checkpoint.
 
-fp8: every linear layer's weight (attention, indexer, dense MLP, shared and routed experts) as
+fp8: every linear layer's weight (attention, indexer, dense MLP, shared and routed experts; not
+those with fewer outputs than one block, listed in modules_to_not_convert) as
 float8_e4m3fn + float32 `weight_scale_inv` [ceil(N/B), ceil(K/B)]; config.json gets
 `quantization_config = {quant_method: fp8, fmt: e4m3, activation_scheme: dynamic,
 weight_block_size: [B, B]}` (the DeepSeek / GLM layout). nvfp4: the routed experts only, in NVIDIA
@@ -36,8 +37,10 @@ def _main(args) -> int:
     return 0
 
 
-def _targets(src: Path, method: str) -> tuple[set[str], list[str]]:
-    """Internal names of the weights to quantize, and the checkpoint module names left unquantized."""
+def _targets(src: Path, method: str, block: int) -> tuple[set[str], list[str]]:
+    """Internal names of the weights to quantize, and the checkpoint module names left unquantized
+    (fp8: linears with fewer than `block` outputs, e.g. KDA's b_proj: a tensor-parallel split would cut
+    their one block; nvfp4: every linear, only the routed experts are 4-bit)."""
     from tpserve.model.build import quant_modules
     from tpserve.model.config import ModelConfig
     from tpserve.model.glm5_next import Glm5NextModel
@@ -51,7 +54,7 @@ def _targets(src: Path, method: str) -> tuple[set[str], list[str]]:
     chosen, kept = set(), []
     for name, mod in quant_modules(model):
         expert = not isinstance(mod, Linear)
-        if method == "fp8" or expert:
+        if expert or method == "fp8" and mod.out_features >= block:
             chosen.update(f"{name}.{n}" for n in checkpoint_sources(mod))
         else:
             kept.append(checkpoint_name(f"{name}.weight")[:-len(".weight")])
@@ -76,7 +79,7 @@ def quantize_checkpoint(src: str | Path, dst: str | Path, method: str, *, block:
     if raw.get("quantization_config") or (raw.get("text_config") or {}).get("quantization_config"):
         raise ValueError(f"src: {src} is already quantized")
     cfg = ModelConfig.from_file(src)
-    chosen, kept = _targets(src, method)
+    chosen, kept = _targets(src, method, block)
     dst.mkdir(parents=True, exist_ok=True)
     files = checkpoint_files(src)
     writer = _ShardWriter(dst)
@@ -105,7 +108,7 @@ def quantize_checkpoint(src: str | Path, dst: str | Path, method: str, *, block:
     writer.close()
     if method == "fp8":
         qcfg = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
-                "weight_block_size": [block, block], "modules_to_not_convert": ["lm_head"]}
+                "weight_block_size": [block, block], "modules_to_not_convert": ["lm_head"] + kept}
     else:
         qcfg = {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16,
                 "exclude_modules": ["lm_head"] + kept, "kv_cache_quant_algo": None}
