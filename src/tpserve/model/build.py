@@ -41,7 +41,8 @@ def plan_model(model_dir: str | Path, cfg: ModelConfig, ctx: ShardContext, kerne
         plan = plan_for_dummy(model, qc)
     else:
         qc, plan = plan_from_checkpoint(model, qc, tensor_info(model_dir, cfg.num_hidden_layers))
-    apply_plan(model, qc, plan)
+    with torch.device("meta"):
+        apply_plan(model, qc, plan)
     return model, qc, plan
 
 
