@@ -23,6 +23,7 @@ TOOL_MODULES = (
     "tpserve.tools.bench_model",
     "tpserve.tools.quantize",
     "tpserve.tools.snapshot",
+    "tpserve.tools.plan",
 )
 
 

@@ -202,3 +202,19 @@ def test_dense_fp8_converts_in_chunks(monkeypatch):
     assert torch.equal(layer.weight.view(torch.uint8), q.view(torch.uint8))
     x = torch.randn(3, 32)
     torch.testing.assert_close(layer(x), x @ qr.fp8_channel_dequantize(q, s).T, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("method", ["fp8", "nvfp4"])
+def test_dummy_load_format_builds_the_quantized_layout(tiny, method):
+    from tpserve import LLM, SamplingParams
+
+    llm = LLM(str(tiny("default")), device="cpu", load_format="dummy", quantization=method, kv_cache_memory="8MiB",
+              block_size=16)
+    model = llm.engine.executor.runner.model
+    experts = model.layers[3].mlp.experts
+    assert experts.quant.name == method
+    assert experts.gate_up_proj.dtype == (torch.uint8 if method == "nvfp4" else torch.float8_e4m3fn)
+    out = llm.generate([{"prompt_token_ids": [5, 6, 7]}], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
+    assert len(out[0].outputs[0].token_ids) == 3
+    logits = model.layers[3].mlp(torch.randn(4, 64))
+    assert torch.isfinite(logits).all() and logits.abs().max() > 0

@@ -13,6 +13,8 @@ class WeightOptions:
     dense_fp8: bool = False
     snapshot: bool = False            # read / write processed-weight snapshots
     snapshot_dir: str | None = None   # default: <cache dir>/snapshots
+    gpu_memory_utilization: float = 0.85  # for the start-up memory plan (model/plan.py)
+    block_size: int = 64
 
 
 @dataclass(frozen=True)

@@ -73,6 +73,16 @@ def build_model(model_dir: str | Path, cfg: ModelConfig, ctx: ShardContext, devi
 
     model, qc, plan = plan_model(model_dir, cfg, ctx, kernels, load_format)
     opts = kernels.weights
+    if device.type == "cuda":  # the plan per rank, checked before anything is allocated
+        from tpserve.engine.executor import ACTIVATION_RESERVE
+        from tpserve.model.plan import memory_plan
+
+        mplan = memory_plan(model, cfg, rank=ctx.rank, world=ctx.world, dtype=ctx.dtype,
+                            device_bytes=torch.cuda.get_device_properties(device).total_memory,
+                            utilization=opts.gpu_memory_utilization, activation_bytes=ACTIVATION_RESERVE,
+                            block_size=opts.block_size)
+        log.warning("memory plan (%s weights): %s", qc.method, mplan.describe())
+        mplan.check()
     store = None
     if opts.snapshot and load_format != "dummy":
         store = SnapshotStore(opts.snapshot_dir)
@@ -101,4 +111,5 @@ def weight_options(ecfg, device: torch.device):
 
     snapshot = ecfg.snapshot if ecfg.snapshot is not None else device.type == "cuda"
     return WeightOptions(quantization=ecfg.quantization, dense_fp8=ecfg.dense_fp8,
-                         snapshot=bool(snapshot) and ecfg.load_format != "dummy", snapshot_dir=ecfg.snapshot_dir)
+                         snapshot=bool(snapshot) and ecfg.load_format != "dummy", snapshot_dir=ecfg.snapshot_dir,
+                         gpu_memory_utilization=ecfg.gpu_memory_utilization, block_size=ecfg.block_size)

@@ -195,7 +195,8 @@ def _check_scale_shapes(info, plan: dict[str, str], block: tuple[int, int]) -> N
 
 def plan_for_dummy(model: nn.Module, qc: QuantConfig) -> dict:
     """--load-format dummy: the layout the real checkpoint of this method has. fp8: every linear and
-    expert not excluded; nvfp4: the routed experts only (attention, shared experts, router,
+    expert not excluded (as `tpserve quantize` writes it: not linears with fewer outputs than one
+    block); nvfp4: the routed experts only (attention, shared experts, router,
     embeddings and lm_head stay in the model dtype)."""
     from tpserve.model.layers import Linear
     from tpserve.model.moe import Experts
@@ -205,7 +206,7 @@ def plan_for_dummy(model: nn.Module, qc: QuantConfig) -> dict:
         if isinstance(mod, Experts):
             plan[name] = qc.method
         elif isinstance(mod, Linear):
-            quantize = qc.method == "fp8" and not qc.excluded(name) and not name.endswith("lm_head")
+            quantize = (qc.method == "fp8" and not qc.excluded(name) and mod.out_features >= qc.fp8_block[0])
             plan[name] = "fp8" if quantize else "bf16"
     return plan
 
