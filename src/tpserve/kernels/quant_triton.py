@@ -92,17 +92,19 @@ def _gemm(x, w, s, s2, fmt: int, k: int, sk: int, bns: int, bks: int, block_n: i
     return y.to(x.dtype)
 
 
-def w8a16_gemm(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
-    """x [M, K] (16-bit or fp32) @ dequant(w fp8 [N, K], s [ceil(N/bn), ceil(K/bk)])^T -> [M, N] in x.dtype."""
+def w8a16_gemm(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, block: tuple[int, int], **tiles) -> torch.Tensor:
+    """x [M, K] (16-bit or fp32) @ dequant(w fp8 [N, K], s [ceil(N/bn), ceil(K/bk)])^T -> [M, N] in x.dtype.
+    tiles: block_n / block_k overrides (benchmarks)."""
     k = w.shape[1]
     s = s.contiguous()
-    return _gemm(x, w, s, s, 0, k, s.shape[1], block[0], block[1])
+    return _gemm(x, w, s, s, 0, k, s.shape[1], block[0], block[1], **tiles)
 
 
-def w4a16_gemm(x: torch.Tensor, w: torch.Tensor, bscale: torch.Tensor, scale2_rows: torch.Tensor) -> torch.Tensor:
+def w4a16_gemm(x: torch.Tensor, w: torch.Tensor, bscale: torch.Tensor, scale2_rows: torch.Tensor,
+               **tiles) -> torch.Tensor:
     """x [M, K] @ dequant(nvfp4 w [N, K/2], bscale [N, K/16], scale2_rows [N])^T -> [M, N] in x.dtype."""
     k = w.shape[1] * 2
-    return _gemm(x, w, bscale.contiguous(), scale2_rows.float().contiguous(), 1, k, k // 16, 1, 16)
+    return _gemm(x, w, bscale.contiguous(), scale2_rows.float().contiguous(), 1, k, k // 16, 1, 16, **tiles)
 
 
 # ------------------------------------------------------------------ grouped experts
