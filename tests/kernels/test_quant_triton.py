@@ -1,6 +1,8 @@
 """W8A16 / W4A16 GEMMs and the grouped quantized-expert kernels (Triton's CPU interpreter) against
 dequantized fp32 math. The kernels dequantize each tile to exactly the reference's fp32 values and
-accumulate in fp32 ("ieee" dots for fp32 inputs), so the only differences are summation order:
+accumulate in fp32 ("ieee" dots for fp32 inputs), or (FP8 whose scale block covers the K tile:
+block 128 with 128-wide tiles, per-channel, the expert case of block 64) multiply the exact e4m3
+values and scale the fp32 partial product; either way the only differences are summation order:
 relative error (max |diff| / max |ref|) below 1e-5 in fp32. In fp16 the dequantized tile is rounded
 to fp16 (2^-11 relative) before the dot: < 5e-3 of the output's scale. (bf16 is checked on the GPU
 run, bench/quant_kernels.py: Triton's interpreter mishandles bf16 dots.)"""
@@ -50,7 +52,8 @@ def test_grouped_quantized_experts_match_the_reference_loop():
         from tpserve.kernels import quant_ops, quant_ref as qr
         from tpserve.kernels.quant_triton import experts_fp8_triton, experts_nvfp4_triton
         res = {}
-        for t, k, e, d, i, block in [(1, 2, 6, 64, 32, (16, 16)), (9, 3, 5, 96, 48, (16, 32))]:
+        for t, k, e, d, i, block in [(1, 2, 6, 64, 32, (16, 16)), (9, 3, 5, 96, 48, (16, 32)),
+                                     (5, 2, 4, 128, 64, (16, 64))]:
             g = torch.Generator().manual_seed(t)
             ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)])
             weights = torch.rand(t, k, generator=g)

@@ -45,9 +45,29 @@ def _dequant(w_ptr, s_ptr, s2_ptr, n2, k2, srow2, mask, K: tl.constexpr, SK: tl.
 
 
 @triton.jit
+def _dot_w(acc, xa, w_ptr, s_ptr, s2_ptr, n64, srow, k0, k, k_ok, n_ok, K: tl.constexpr, SK: tl.constexpr,
+           BKS: tl.constexpr, FORMAT: tl.constexpr, HOIST: tl.constexpr, PRECISION: tl.constexpr):
+    """acc + xa @ W[n, k]^T for one K tile starting at k0. HOIST (FP8 whose scale block spans the
+    whole tile along K): the raw e4m3 values (exact in 16 bits) go to the dot and the block scale
+    multiplies the fp32 partial product, one scale per output column; else the tile is dequantized
+    element by element first."""
+    k64 = k.to(tl.int64)
+    mask = k_ok[:, None] & n_ok[None, :]
+    if HOIST:
+        q = tl.load(w_ptr + n64[None, :] * K + k64[:, None], mask=mask, other=0.0)
+        part = tl.dot(xa, q.to(xa.dtype), input_precision=PRECISION)
+        sc = tl.load(s_ptr + srow * SK + k0 // BKS, mask=n_ok, other=0.0)
+        return acc + part * sc[None, :]
+    else:
+        wt = _dequant(w_ptr, s_ptr, s2_ptr, n64[None, :], k64[:, None], srow[None, :], mask, K, SK, BKS, FORMAT)
+        return tl.dot(xa, wt.to(xa.dtype), acc, input_precision=PRECISION)
+
+
+@triton.jit
 def _gemm_kernel(x_ptr, w_ptr, s_ptr, s2_ptr, y_ptr, M, N, K: tl.constexpr, SK: tl.constexpr, BNS: tl.constexpr,
                  BKS: tl.constexpr, FORMAT: tl.constexpr, K_PER_SPLIT: tl.constexpr, PRECISION: tl.constexpr,
-                 ATOMIC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                 ATOMIC: tl.constexpr, HOIST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr):
     m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     m_ok, n_ok = m < M, n < N
@@ -58,10 +78,8 @@ def _gemm_kernel(x_ptr, w_ptr, s_ptr, s2_ptr, y_ptr, M, N, K: tl.constexpr, SK: 
         k = k_start + k0 + tl.arange(0, BLOCK_K)
         k_ok = k < K
         xa = tl.load(x_ptr + m[:, None].to(tl.int64) * K + k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-        k64 = k.to(tl.int64)
-        wt = _dequant(w_ptr, s_ptr, s2_ptr, n64[None, :], k64[:, None], (n64 // BNS)[None, :],
-                      k_ok[:, None] & n_ok[None, :], K, SK, BKS, FORMAT)
-        acc = tl.dot(xa, wt.to(xa.dtype), acc, input_precision=PRECISION)
+        acc = _dot_w(acc, xa, w_ptr, s_ptr, s2_ptr, n64, n64 // BNS, k_start + k0, k, k_ok, n_ok, K, SK, BKS, FORMAT,
+                     HOIST, PRECISION)
     offs = y_ptr + m[:, None].to(tl.int64) * N + n[None, :]
     if ATOMIC:
         tl.atomic_add(offs, acc, mask=m_ok[:, None] & n_ok[None, :])
@@ -88,7 +106,8 @@ def _gemm(x, w, s, s2, fmt: int, k: int, sk: int, bns: int, bks: int, block_n: i
     precision = "ieee" if x.dtype == torch.float32 else "tf32"
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n), split)
     _gemm_kernel[grid](x, w, s, s2, y, m, n, K=k, SK=sk, BNS=bns, BKS=bks, FORMAT=fmt, K_PER_SPLIT=k_per,
-                       PRECISION=precision, ATOMIC=split > 1, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k)
+                       PRECISION=precision, ATOMIC=split > 1, HOIST=fmt == 0 and bks % block_k == 0, BLOCK_M=block_m,
+                       BLOCK_N=block_n, BLOCK_K=block_k)
     return y.to(x.dtype)
 
 
@@ -112,8 +131,8 @@ def w4a16_gemm(x: torch.Tensor, w: torch.Tensor, bscale: torch.Tensor, scale2_ro
 def _qgate_up_kernel(x_ptr, w_ptr, s_ptr, s2_ptr, h_ptr, rows_ptr, block_expert_ptr, num_experts, limit,
                      stride_we, stride_se, stride_s2e, top_k: tl.constexpr, D: tl.constexpr, INTER: tl.constexpr,
                      SK: tl.constexpr, BNS: tl.constexpr, BKS: tl.constexpr, UP_SROW: tl.constexpr,
-                     FORMAT: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     BLOCK_K: tl.constexpr):
+                     FORMAT: tl.constexpr, HOIST: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     b = tl.program_id(0)
     e = tl.load(block_expert_ptr + b)
     if e < num_experts:
@@ -132,13 +151,10 @@ def _qgate_up_kernel(x_ptr, w_ptr, s_ptr, s2_ptr, h_ptr, rows_ptr, block_expert_
             k = k0 + tl.arange(0, BLOCK_K)
             k_ok = k < D
             xa = tl.load(x_ptr + tok[:, None] * D + k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-            wk = k_ok[:, None] & n_ok[None, :]
-            k64 = k.to(tl.int64)[:, None]
-            wg = _dequant(w, s, s2, n64[None, :], k64, (n64 // BNS)[None, :], wk, D, SK, BKS, FORMAT)
-            wu = _dequant(w, s, s2, (INTER + n64)[None, :], k64, (UP_SROW + n64 // BNS)[None, :], wk, D, SK, BKS,
-                          FORMAT)
-            acc_g = tl.dot(xa, wg.to(xa.dtype), acc_g, input_precision=PRECISION)
-            acc_u = tl.dot(xa, wu.to(xa.dtype), acc_u, input_precision=PRECISION)
+            acc_g = _dot_w(acc_g, xa, w, s, s2, n64, n64 // BNS, k0, k, k_ok, n_ok, D, SK, BKS, FORMAT, HOIST,
+                           PRECISION)
+            acc_u = _dot_w(acc_u, xa, w, s, s2, INTER + n64, UP_SROW + n64 // BNS, k0, k, k_ok, n_ok, D, SK, BKS,
+                           FORMAT, HOIST, PRECISION)
         g = tl.minimum(acc_g, limit)
         u = tl.minimum(tl.maximum(acc_u, -limit), limit)
         h = g * tl.sigmoid(g) * u
@@ -149,8 +165,8 @@ def _qgate_up_kernel(x_ptr, w_ptr, s_ptr, s2_ptr, h_ptr, rows_ptr, block_expert_
 @triton.jit
 def _qdown_kernel(h_ptr, w_ptr, s_ptr, s2_ptr, y_ptr, rows_ptr, block_expert_ptr, route_ptr, num_experts,
                   stride_we, stride_se, stride_s2e, D: tl.constexpr, INTER: tl.constexpr, SK: tl.constexpr,
-                  BNS: tl.constexpr, BKS: tl.constexpr, FORMAT: tl.constexpr, PRECISION: tl.constexpr,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                  BNS: tl.constexpr, BKS: tl.constexpr, FORMAT: tl.constexpr, HOIST: tl.constexpr,
+                  PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     b = tl.program_id(0)
     e = tl.load(block_expert_ptr + b)
     if e < num_experts:
@@ -168,9 +184,8 @@ def _qdown_kernel(h_ptr, w_ptr, s_ptr, s2_ptr, y_ptr, rows_ptr, block_expert_ptr
             k_ok = k < INTER
             ha = tl.load(h_ptr + m[:, None].to(tl.int64) * INTER + k[None, :], mask=m_ok[:, None] & k_ok[None, :],
                          other=0.0)
-            wd = _dequant(w, s, s2, n64[None, :], k.to(tl.int64)[:, None], (n64 // BNS)[None, :],
-                          k_ok[:, None] & n_ok[None, :], INTER, SK, BKS, FORMAT)
-            acc = tl.dot(ha, wd.to(ha.dtype), acc, input_precision=PRECISION)
+            acc = _dot_w(acc, ha, w, s, s2, n64, n64 // BNS, k0, k, k_ok, n_ok, INTER, SK, BKS, FORMAT, HOIST,
+                         PRECISION)
         route = tl.load(route_ptr + tl.where(m_ok, a, 0), mask=m_ok, other=0.0)
         a64 = tl.where(m_ok, a, 0).to(tl.int64)
         tl.store(y_ptr + a64[:, None] * D + n[None, :], acc * route[:, None], mask=m_ok[:, None] & n_ok[None, :])
@@ -189,12 +204,13 @@ def _experts(x, weights, ids, fmt, gu, gu_s, gu_s2, dn, dn_s, dn_s2, limit, sk_g
     _qgate_up_kernel[(nb, triton.cdiv(inter, block_n))](
         x, gu, gu_s, gu_s2, h, rows, block_expert, num_experts, float(limit), gu.stride(0), gu_s.stride(0),
         gu_s2.stride(0), top_k=top_k, D=d, INTER=inter, SK=sk_gu, BNS=bns, BKS=bks, UP_SROW=up_srow, FORMAT=fmt,
-        PRECISION=precision, BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=block_k)
+        HOIST=fmt == 0 and bks % block_k == 0, PRECISION=precision, BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=block_k)
     y = torch.empty(t * top_k, d, dtype=torch.float32, device=x.device)
     route = weights.reshape(-1).float().contiguous()
     _qdown_kernel[(nb, triton.cdiv(d, block_n))](
         h, dn, dn_s, dn_s2, y, rows, block_expert, route, num_experts, dn.stride(0), dn_s.stride(0), dn_s2.stride(0),
-        D=d, INTER=inter, SK=sk_dn, BNS=bns, BKS=bks, FORMAT=fmt, PRECISION=precision, BLOCK_M=BLOCK_M,
+        D=d, INTER=inter, SK=sk_dn, BNS=bns, BKS=bks, FORMAT=fmt, HOIST=fmt == 0 and bks % block_k == 0,
+        PRECISION=precision, BLOCK_M=BLOCK_M,
         BLOCK_N=block_n, BLOCK_K=block_k)
     return y.view(t, top_k, d).sum(dim=1).to(x.dtype)
 
