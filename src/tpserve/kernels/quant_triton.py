@@ -1,10 +1,12 @@
 """Triton GEMMs on quantized weights, dequantized in registers (W8A16 / W4A16).
 
-`_dequant` turns a tile of a stored weight into fp32 values: FORMAT 0 is FP8 with block scales
-(w [N, K] float8_e4m3fn, s [*, SK] float32 at (scale row, k // BKS); per-channel FP8 is the block
-(1, K)); FORMAT 1 is NVFP4 (w [N, K/2] uint8, low nibble first; s [N, K/16] float8_e4m3fn; a float32
-global scale per row). The tile is then cast to the activation dtype and fed to tl.dot with fp32
-accumulation.
+`_dot_w` adds one K tile of X @ W^T for a stored weight. FP8 (w [N, K] float8_e4m3fn, float32
+block scales s [*, SK] at (scale row, k // BKS); per-channel FP8 is the block (1, K)): when the
+scale block spans the K tile the raw e4m3 values go to the dot and the scale multiplies the fp32
+partial product, else each element is scaled first. NVFP4 (w [N, K/2] uint8, low nibble first;
+s [N, K/16] float8_e4m3fn; a float32 global scale per row): each byte is loaded once, its two
+codes decoded and scaled, and they meet the even and odd columns of X in two dots. Tiles are cast
+to the activation dtype for tl.dot; accumulation is fp32.
 
 - `w8a16_gemm` / `w4a16_gemm`: y = x W^T for small M (decode), split over K so that even one row
   spreads over the whole GPU; partial sums are added in fp32 (atomic) and cast once.
@@ -24,43 +26,61 @@ BLOCK_M = 16
 
 
 @triton.jit
-def _dequant(w_ptr, s_ptr, s2_ptr, n2, k2, srow2, mask, K: tl.constexpr, SK: tl.constexpr, BKS: tl.constexpr,
-             FORMAT: tl.constexpr):
-    """fp32 values of the stored weight at rows n2, columns k2 (broadcastable int64 index arrays)."""
-    if FORMAT == 0:
-        q = tl.load(w_ptr + n2 * K + k2, mask=mask, other=0.0).to(tl.float32)
-        s = tl.load(s_ptr + srow2 * SK + k2 // BKS, mask=mask, other=0.0)
-        return q * s
-    else:
-        b = tl.load(w_ptr + n2 * (K // 2) + k2 // 2, mask=mask, other=0).to(tl.int32)
-        c = tl.where(k2 % 2 == 0, b & 15, b >> 4)
-        m = c & 7
-        e = m >> 1
-        half = (m & 1).to(tl.float32) * 0.5
-        mag = tl.where(e == 0, half, tl.exp2((e - 1).to(tl.float32)) * (1.0 + half))
-        v = tl.where((c & 8) != 0, -mag, mag)
-        s = tl.load(s_ptr + n2 * (K // 16) + k2 // 16, mask=mask, other=0.0).to(tl.float32)
-        s2 = tl.load(s2_ptr + n2, mask=mask, other=0.0)
-        return v * s * s2
+def _fp8_tile(w_ptr, s_ptr, n2, k2, srow2, mask, K: tl.constexpr, SK: tl.constexpr, BKS: tl.constexpr):
+    """fp32 values of an FP8 weight at rows n2, columns k2 (broadcastable int64 index arrays), each
+    element times its own block scale s[srow2, k2 // BKS]."""
+    q = tl.load(w_ptr + n2 * K + k2, mask=mask, other=0.0).to(tl.float32)
+    s = tl.load(s_ptr + srow2 * SK + k2 // BKS, mask=mask, other=0.0)
+    return q * s
 
 
 @triton.jit
-def _dot_w(acc, xa, w_ptr, s_ptr, s2_ptr, n64, srow, k0, k, k_ok, n_ok, K: tl.constexpr, SK: tl.constexpr,
-           BKS: tl.constexpr, FORMAT: tl.constexpr, HOIST: tl.constexpr, PRECISION: tl.constexpr):
-    """acc + xa @ W[n, k]^T for one K tile starting at k0. HOIST (FP8 whose scale block spans the
-    whole tile along K): the raw e4m3 values (exact in 16 bits) go to the dot and the block scale
-    multiplies the fp32 partial product, one scale per output column; else the tile is dequantized
-    element by element first."""
-    k64 = k.to(tl.int64)
-    mask = k_ok[:, None] & n_ok[None, :]
-    if HOIST:
-        q = tl.load(w_ptr + n64[None, :] * K + k64[:, None], mask=mask, other=0.0)
-        part = tl.dot(xa, q.to(xa.dtype), input_precision=PRECISION)
-        sc = tl.load(s_ptr + srow * SK + k0 // BKS, mask=n_ok, other=0.0)
-        return acc + part * sc[None, :]
+def _e2m1(c):
+    """fp32 value of e2m1 codes (int32 0..15, sign in bit 3)."""
+    m = c & 7
+    e = m >> 1
+    half = (m & 1).to(tl.float32) * 0.5
+    mag = tl.where(e == 0, half, tl.exp2((e - 1).to(tl.float32)) * (1.0 + half))
+    return tl.where((c & 8) != 0, -mag, mag)
+
+
+@triton.jit
+def _dot_w(acc, xrow, m_ok, w_ptr, s_ptr, s2_ptr, n64, srow, k0, n_ok, K: tl.constexpr, SK: tl.constexpr,
+           BKS: tl.constexpr, FORMAT: tl.constexpr, HOIST: tl.constexpr, PRECISION: tl.constexpr,
+           BLOCK_K: tl.constexpr):
+    """acc + X[:, k0:k0+BLOCK_K] @ W[n, k0:k0+BLOCK_K]^T; xrow: [BM, 1] pointers to the rows of X.
+    FP8 with HOIST (the scale block spans the K tile): the raw e4m3 values (exact in 16 bits) go to
+    the dot and the block scale multiplies the fp32 partial product, one scale per output column.
+    FP8 otherwise: the tile is dequantized element by element. NVFP4: each byte is loaded once; its
+    low nibbles (even k) and high nibbles (odd k) meet the even and odd columns of X in two dots."""
+    if FORMAT == 0:
+        k = k0 + tl.arange(0, BLOCK_K)
+        k_ok = k < K
+        xa = tl.load(xrow + k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        k64 = k.to(tl.int64)
+        mask = k_ok[:, None] & n_ok[None, :]
+        if HOIST:
+            q = tl.load(w_ptr + n64[None, :] * K + k64[:, None], mask=mask, other=0.0)
+            part = tl.dot(xa, q.to(xa.dtype), input_precision=PRECISION)
+            sc = tl.load(s_ptr + srow * SK + k0 // BKS, mask=n_ok, other=0.0)
+            return acc + part * sc[None, :]
+        else:
+            wt = _fp8_tile(w_ptr, s_ptr, n64[None, :], k64[:, None], srow[None, :], mask, K, SK, BKS)
+            return tl.dot(xa, wt.to(xa.dtype), acc, input_precision=PRECISION)
     else:
-        wt = _dequant(w_ptr, s_ptr, s2_ptr, n64[None, :], k64[:, None], srow[None, :], mask, K, SK, BKS, FORMAT)
-        return tl.dot(xa, wt.to(xa.dtype), acc, input_precision=PRECISION)
+        j = tl.arange(0, BLOCK_K // 2)
+        ke = k0 + 2 * j
+        k_ok = ke < K
+        xm = m_ok[:, None] & k_ok[None, :]
+        xe = tl.load(xrow + ke[None, :], mask=xm, other=0.0)
+        xo = tl.load(xrow + ke[None, :] + 1, mask=xm, other=0.0)
+        mask = k_ok[:, None] & n_ok[None, :]
+        b = tl.load(w_ptr + n64[None, :] * (K // 2) + (ke // 2).to(tl.int64)[:, None], mask=mask, other=0).to(tl.int32)
+        sc = tl.load(s_ptr + n64[None, :] * (K // 16) + (ke // 16).to(tl.int64)[:, None], mask=mask,
+                     other=0.0).to(tl.float32)
+        sc = sc * tl.load(s2_ptr + n64, mask=n_ok, other=0.0)[None, :]
+        acc = tl.dot(xe, (_e2m1(b & 15) * sc).to(xe.dtype), acc, input_precision=PRECISION)
+        return tl.dot(xo, (_e2m1(b >> 4) * sc).to(xo.dtype), acc, input_precision=PRECISION)
 
 
 @triton.jit
@@ -74,12 +94,10 @@ def _gemm_kernel(x_ptr, w_ptr, s_ptr, s2_ptr, y_ptr, M, N, K: tl.constexpr, SK: 
     n64 = n.to(tl.int64)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     k_start = tl.program_id(2) * K_PER_SPLIT
+    xrow = x_ptr + m[:, None].to(tl.int64) * K
     for k0 in range(0, K_PER_SPLIT, BLOCK_K):
-        k = k_start + k0 + tl.arange(0, BLOCK_K)
-        k_ok = k < K
-        xa = tl.load(x_ptr + m[:, None].to(tl.int64) * K + k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-        acc = _dot_w(acc, xa, w_ptr, s_ptr, s2_ptr, n64, n64 // BNS, k_start + k0, k, k_ok, n_ok, K, SK, BKS, FORMAT,
-                     HOIST, PRECISION)
+        acc = _dot_w(acc, xrow, m_ok, w_ptr, s_ptr, s2_ptr, n64, n64 // BNS, k_start + k0, n_ok, K, SK, BKS, FORMAT,
+                     HOIST, PRECISION, BLOCK_K)
     offs = y_ptr + m[:, None].to(tl.int64) * N + n[None, :]
     if ATOMIC:
         tl.atomic_add(offs, acc, mask=m_ok[:, None] & n_ok[None, :])
@@ -147,14 +165,12 @@ def _qgate_up_kernel(x_ptr, w_ptr, s_ptr, s2_ptr, h_ptr, rows_ptr, block_expert_
         w, s, s2 = w_ptr + e64 * stride_we, s_ptr + e64 * stride_se, s2_ptr + e64 * stride_s2e
         acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        xrow = x_ptr + tok[:, None] * D
         for k0 in range(0, D, BLOCK_K):
-            k = k0 + tl.arange(0, BLOCK_K)
-            k_ok = k < D
-            xa = tl.load(x_ptr + tok[:, None] * D + k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-            acc_g = _dot_w(acc_g, xa, w, s, s2, n64, n64 // BNS, k0, k, k_ok, n_ok, D, SK, BKS, FORMAT, HOIST,
-                           PRECISION)
-            acc_u = _dot_w(acc_u, xa, w, s, s2, INTER + n64, UP_SROW + n64 // BNS, k0, k, k_ok, n_ok, D, SK, BKS,
-                           FORMAT, HOIST, PRECISION)
+            acc_g = _dot_w(acc_g, xrow, m_ok, w, s, s2, n64, n64 // BNS, k0, n_ok, D, SK, BKS, FORMAT, HOIST,
+                           PRECISION, BLOCK_K)
+            acc_u = _dot_w(acc_u, xrow, m_ok, w, s, s2, INTER + n64, UP_SROW + n64 // BNS, k0, n_ok, D, SK, BKS,
+                           FORMAT, HOIST, PRECISION, BLOCK_K)
         g = tl.minimum(acc_g, limit)
         u = tl.minimum(tl.maximum(acc_u, -limit), limit)
         h = g * tl.sigmoid(g) * u
@@ -179,13 +195,10 @@ def _qdown_kernel(h_ptr, w_ptr, s_ptr, s2_ptr, y_ptr, rows_ptr, block_expert_ptr
         e64 = e.to(tl.int64)
         w, s, s2 = w_ptr + e64 * stride_we, s_ptr + e64 * stride_se, s2_ptr + e64 * stride_s2e
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        hrow = h_ptr + m[:, None].to(tl.int64) * INTER
         for k0 in range(0, INTER, BLOCK_K):
-            k = k0 + tl.arange(0, BLOCK_K)
-            k_ok = k < INTER
-            ha = tl.load(h_ptr + m[:, None].to(tl.int64) * INTER + k[None, :], mask=m_ok[:, None] & k_ok[None, :],
-                         other=0.0)
-            acc = _dot_w(acc, ha, w, s, s2, n64, n64 // BNS, k0, k, k_ok, n_ok, INTER, SK, BKS, FORMAT, HOIST,
-                         PRECISION)
+            acc = _dot_w(acc, hrow, m_ok, w, s, s2, n64, n64 // BNS, k0, n_ok, INTER, SK, BKS, FORMAT, HOIST,
+                         PRECISION, BLOCK_K)
         route = tl.load(route_ptr + tl.where(m_ok, a, 0), mask=m_ok, other=0.0)
         a64 = tl.where(m_ok, a, 0).to(tl.int64)
         tl.store(y_ptr + a64[:, None] * D + n[None, :], acc * route[:, None], mask=m_ok[:, None] & n_ok[None, :])
