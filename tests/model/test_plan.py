@@ -1,6 +1,7 @@
 """Start-up memory plan from the real GLM-5.3-Flash config (fixtures/glm53_flash/config.json, the
 numbers of DESIGN.md), computed on the meta device: nothing is allocated."""
 
+import functools
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,9 @@ REAL = Path(__file__).parent / "fixtures" / "glm53_flash"
 H200 = int(139.8 * 2**30)
 
 
-def _plan(method, world, cfg=None, layers=None):
+@functools.lru_cache(maxsize=None)
+def _plan(method, world, cfg=None):
+    """(meta model, plan); cached: building the 45-layer meta model takes seconds."""
     cfg = cfg or ModelConfig.from_file(REAL)
     ctx = ShardContext(0, world, torch.bfloat16, Communicator(None, torch.device("cpu")))
     model, qc, _ = plan_model(REAL, cfg, ctx, Kernels(weights=WeightOptions(quantization=method)), "dummy")
