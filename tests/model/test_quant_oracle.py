@@ -17,14 +17,14 @@ NEW_TOKENS = 10
 def pairs(tiny, tmp_path_factory):
     root = tmp_path_factory.mktemp("quant")
     out = {}
-    for method, block in (("fp8", 16), ("nvfp4", 0)):
+    for method, block in (("fp8", 8), ("nvfp4", 0)):  # block 8: TP=2 splits 48-wide experts into whole blocks
         name = f"{method}-{block}"
         q = quantize_checkpoint(tiny("default"), root / name, method, block=block or 128)
         out[name] = (q, dequantize_checkpoint(q, root / f"{name}-deq"))
     return out
 
 
-@pytest.mark.parametrize("name", ["fp8-16", "nvfp4-0"])
+@pytest.mark.parametrize("name", ["fp8-8", "nvfp4-0"])
 def test_quantized_greedy_matches_transformers_on_dequantized(pairs, name):
     qpath, dpath = pairs[name]
     prompts = random_prompts(LENGTHS, seed=7)
@@ -44,9 +44,22 @@ def test_quantized_weights_stay_quantized(pairs):
     assert dtypes["layers.3.mlp.experts.gate_up_proj"] == torch.uint8
     assert dtypes["layers.3.mlp.experts.gate_up_bscale"] == torch.float8_e4m3fn
     assert dtypes["layers.0.self_attn.q_proj.weight"] == torch.float32  # nvfp4: experts only
-    llm = LLM(str(pairs["fp8-16"][0]), device="cpu", kv_cache_memory="8MiB", block_size=16)
+    llm = LLM(str(pairs["fp8-8"][0]), device="cpu", kv_cache_memory="8MiB", block_size=16)
     model = llm.engine.executor.runner.model
     dtypes = {n: p.dtype for n, p in model.named_parameters()}
     assert dtypes["layers.0.self_attn.q_proj.weight"] == torch.float8_e4m3fn
     assert dtypes["layers.3.mlp.experts.down_proj"] == torch.float8_e4m3fn
     assert dtypes["layers.3.mlp.shared_experts.down_proj.weight"] == torch.float8_e4m3fn
+
+
+def test_quantized_tp2_matches_transformers_on_dequantized(pairs):
+    """Two CPU ranks (gloo): each loads its slices of the fp8 weights and their block scales."""
+    qpath, dpath = pairs["fp8-8"]
+    prompt = random_prompts((30,), seed=5)[0]
+    llm = LLM(str(qpath), device="cpu", kv_cache_memory="8MiB", block_size=16, tensor_parallel_size=2,
+              sequence_parallel=False)
+    try:
+        out = llm.generate([{"prompt_token_ids": prompt}], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
+        assert out[0].outputs[0].token_ids == reference_greedy(dpath, prompt, 6)
+    finally:
+        llm.shutdown()
