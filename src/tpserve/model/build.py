@@ -88,7 +88,7 @@ def build_model(model_dir: str | Path, cfg: ModelConfig, ctx: ShardContext, devi
         store = SnapshotStore(opts.snapshot_dir)
         key = store.key(model_dir, cfg, ctx, qc, plan)
         if store.restore(model, key, ctx.rank, ctx.world, device):
-            log.info("rank %d: weights restored from snapshot %s", ctx.rank, store.entry_dir(key).name)
+            log.warning("rank %d: weights restored from snapshot %s", ctx.rank, store.entry_dir(key).name)
             return model.eval()
     model.to_empty(device=device)
     if load_format == "dummy":

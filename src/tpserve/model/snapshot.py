@@ -1,12 +1,13 @@
 """Processed-weight snapshots: each rank's weights after sharding, conversion and quantization,
 written on first boot and restored at disk speed on the next.
 
-Layout: <root>/v<FORMAT>-<key hash>/rank<r>-of-<w>.safetensors plus rank<r>-of-<w>.ok (JSON: byte
-size, crc32, key), and key.json (the readable key, for `tpserve snapshot list`). The key covers
+Layout: <root>/v<FORMAT>-<key hash>/rank<r>-of-<w>.<i>.safetensors (parts of at most 2 GiB, so host
+memory stays bounded), rank<r>-of-<w>.ok (JSON: each part's byte size and crc32, the key), and
+key.json (the readable key, for `tpserve snapshot list`). The key covers
 the checkpoint's fingerprint (config files' bytes; each weight file's name, size and mtime), the TP
 layout, dtype, the quantization method and every layer's chosen layout, and LAYOUT_VERSION (bumped
 whenever processing changes). Writes go to a temporary file, fsync, rename; the .ok file is
-written last. A snapshot whose size, checksum or key does not match is deleted and rebuilt, never
+written last. Too little disk, or a failed write, skips the snapshot with a warning. A snapshot whose size, checksum or key does not match is deleted and rebuilt, never
 loaded. Entries of another FORMAT are deleted when a store is opened.
 """
 
@@ -29,6 +30,7 @@ from torch import nn
 FORMAT = 1
 LAYOUT_VERSION = 1
 CHUNK = 16 << 20
+PART_BYTES = 2 << 30  # one safetensors file per 2 GiB of a rank's weights
 log = logging.getLogger("tpserve.snapshot")
 
 
@@ -84,29 +86,59 @@ class SnapshotStore:
         return self.root / f"v{FORMAT}-{digest}"
 
     @staticmethod
-    def _files(entry: Path, rank: int, world: int) -> tuple[Path, Path]:
-        stem = f"rank{rank}-of-{world}"
-        return entry / f"{stem}.safetensors", entry / f"{stem}.ok"
+    def _ok_file(entry: Path, rank: int, world: int) -> Path:
+        return entry / f"rank{rank}-of-{world}.ok"
+
+    @staticmethod
+    def _part(entry: Path, rank: int, world: int, i: int) -> Path:
+        return entry / f"rank{rank}-of-{world}.{i:04d}.safetensors"
 
     # ------------------------------------------------------------------ write
-    def write(self, model: nn.Module, key: dict[str, Any], rank: int, world: int) -> Path:
+    def write(self, model: nn.Module, key: dict[str, Any], rank: int, world: int) -> bool:
+        """Write this rank's parameters in parts of at most PART_BYTES (so host memory stays bounded);
+        skipped with a warning when the disk is too small or a write fails (the boot goes on)."""
         entry = self.entry_dir(key)
-        entry.mkdir(parents=True, exist_ok=True)
-        data, ok = self._files(entry, rank, world)
-        tensors = {n: p.detach().contiguous().cpu() for n, p in model.named_parameters()}
-        _atomic(entry, data, lambda tmp: save_file(tensors, tmp, metadata={"key": json.dumps(key, sort_keys=True)}))
-        info = {"bytes": data.stat().st_size, "crc32": file_crc(data), "key": key}
-        _atomic(entry, ok, lambda tmp: Path(tmp).write_text(json.dumps(info)))
-        if rank == 0:
-            _atomic(entry, entry / "key.json", lambda tmp: Path(tmp).write_text(json.dumps(key, indent=1)))
-        log.info("rank %d: wrote snapshot %s (%.1f MiB)", rank, entry.name, info["bytes"] / 2**20)
-        return data
+        params = list(model.named_parameters())
+        need = sum(p.numel() * p.element_size() for _, p in params)
+        try:
+            entry.mkdir(parents=True, exist_ok=True)
+            free = shutil.disk_usage(entry).free
+            if free < need * 1.05 + (1 << 20):
+                log.warning("rank %d: no snapshot written: it needs %.1f GiB, %s has %.1f GiB free", rank,
+                            need / 2**30, entry, free / 2**30)
+                return False
+            parts, chunk, size = [], {}, 0
+            for name, p in params + [("", None)]:
+                if p is not None:
+                    chunk[name] = p.detach().contiguous().cpu()
+                    size += p.numel() * p.element_size()
+                if chunk and (p is None or size >= PART_BYTES):
+                    path = self._part(entry, rank, world, len(parts))
+                    _atomic(entry, path, lambda tmp: save_file(chunk, tmp, metadata={"key": json.dumps(key, sort_keys=True)}))
+                    parts.append({"file": path.name, "bytes": path.stat().st_size, "crc32": file_crc(path)})
+                    chunk, size = {}, 0
+            info = {"parts": parts, "key": key}
+            _atomic(entry, self._ok_file(entry, rank, world), lambda tmp: Path(tmp).write_text(json.dumps(info)))
+            if rank == 0:
+                _atomic(entry, entry / "key.json", lambda tmp: Path(tmp).write_text(json.dumps(key, indent=1)))
+        except OSError as exc:
+            log.warning("rank %d: snapshot write failed (%s); booting without it", rank, exc)
+            self._remove(entry, rank, world)
+            return False
+        log.info("rank %d: wrote snapshot %s (%.1f MiB in %d parts)", rank, entry.name, need / 2**20, len(parts))
+        return True
+
+    def _remove(self, entry: Path, rank: int, world: int) -> None:
+        self._ok_file(entry, rank, world).unlink(missing_ok=True)
+        for f in entry.glob(f"rank{rank}-of-{world}.*.safetensors"):
+            f.unlink(missing_ok=True)
 
     # ------------------------------------------------------------------ restore
     def check(self, key: dict[str, Any], rank: int, world: int) -> str | None:
         """None when this rank's snapshot is complete and intact, else why not."""
-        data, ok = self._files(self.entry_dir(key), rank, world)
-        if not data.is_file() or not ok.is_file():
+        entry = self.entry_dir(key)
+        ok = self._ok_file(entry, rank, world)
+        if not ok.is_file():
             return "absent"
         try:
             info = json.loads(ok.read_text())
@@ -114,33 +146,39 @@ class SnapshotStore:
             return "unreadable .ok file"
         if info.get("key") != key:
             return "key differs"
-        if data.stat().st_size != info.get("bytes"):
-            return f"size {data.stat().st_size} != {info.get('bytes')} (truncated?)"
-        if file_crc(data) != info.get("crc32"):
-            return "checksum mismatch (corrupted)"
-        return None
+        for part in info.get("parts", []):
+            path = entry / part["file"]
+            if not path.is_file():
+                return f"{path.name} missing"
+            if path.stat().st_size != part["bytes"]:
+                return f"{path.name}: size {path.stat().st_size} != {part['bytes']} (truncated?)"
+            if file_crc(path) != part["crc32"]:
+                return f"{path.name}: checksum mismatch (corrupted)"
+        return None if info.get("parts") else "no parts"
 
     def restore(self, model: nn.Module, key: dict[str, Any], rank: int, world: int, device: torch.device) -> bool:
         """Fill a meta-device model's parameters from the snapshot; False (after deleting a bad one) if
         there is none to use."""
-        why = self.check(key, rank, world)
-        data, ok = self._files(self.entry_dir(key), rank, world)
+        entry = self.entry_dir(key)
+        why = self.check(key, rank, world) if entry.is_dir() else "absent"
         if why is not None:
             if why != "absent":
-                log.warning("rank %d: snapshot %s is not usable (%s); rebuilding it", rank, data, why)
-                data.unlink(missing_ok=True)
-                ok.unlink(missing_ok=True)
+                log.warning("rank %d: snapshot %s is not usable (%s); rebuilding it", rank, entry, why)
+                self._remove(entry, rank, world)
+            elif entry.is_dir():
+                self._remove(entry, rank, world)  # parts without their .ok: an interrupted write
             return False
-        tensors = load_file(str(data), device=str(device))
+        info = json.loads(self._ok_file(entry, rank, world).read_text())
         modules = dict(model.named_modules())
-        for name, t in tensors.items():
-            mod_name, _, pname = name.rpartition(".")
-            mod = modules.get(mod_name)
-            if mod is None:
-                raise RuntimeError(f"snapshot {data}: tensor {name} has no module in this model (key collision?)")
-            mod._parameters[pname] = nn.Parameter(t, requires_grad=False)
+        for part in info["parts"]:
+            for name, t in load_file(str(entry / part["file"]), device=str(device)).items():
+                mod_name, _, pname = name.rpartition(".")
+                mod = modules.get(mod_name)
+                if mod is None:
+                    raise RuntimeError(f"snapshot {entry}: tensor {name} has no module in this model (key collision?)")
+                mod._parameters[pname] = nn.Parameter(t, requires_grad=False)
         left = [n for n, p in model.named_parameters() if p.is_meta]
-        for n in left:  # declared but removed by processing (e.g. a scale folded away)
+        for n in left:  # declared but removed by processing (e.g. kv_b_proj's scale after dequantization)
             mod_name, _, pname = n.rpartition(".")
             del modules[mod_name]._parameters[pname]
         return True
