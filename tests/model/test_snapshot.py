@@ -20,6 +20,13 @@ def _build(path, root, **opts):
                        kernels)
 
 
+def _meta(path):
+    from tpserve.model.build import plan_model
+
+    cfg = ModelConfig.from_file(path)
+    return plan_model(path, cfg, ShardContext.single(torch.float32), Kernels())[0]
+
+
 def _same(a, b):
     pa, pb = dict(a.named_parameters()), dict(b.named_parameters())
     assert pa.keys() == pb.keys()
@@ -88,17 +95,19 @@ def test_damaged_snapshot_is_rebuilt_not_loaded(ckpt, tmp_path, damage):
         (entry / "rank0-of-1.ok").unlink()
     store = snap.SnapshotStore(tmp_path)
     key = json.loads((entry / "key.json").read_text())
-    assert store.check(key, 0, 1) is not None
-    loaded = []
-    real = snap.load_file
-    snap.load_file = lambda *a, **k: loaded.append(1) or real(*a, **k)
+    # a flipped byte keeps the size (found by the tensor checksums after loading); the others by check()
+    assert (store.check(key, 0, 1) is None) == (damage == "flip")
+    restored = []
+    real = snap.SnapshotStore.restore
+    snap.SnapshotStore.restore = lambda self, *a: restored.append(real(self, *a)) or restored[-1]
     try:
         again = _build(ckpt, tmp_path)
     finally:
-        snap.load_file = real
-    assert loaded == []                        # never loaded the damaged file
-    _same(first, again)
-    assert store.check(key, 0, 1) is None      # and it was rewritten
+        snap.SnapshotStore.restore = real
+    assert restored == [False]                 # the damaged snapshot was not used
+    _same(first, again)                        # the checkpoint was loaded instead
+    assert store.check(key, 0, 1) is None      # and the snapshot rewritten
+    assert store.restore(_meta(ckpt), key, 0, 1, torch.device("cpu"))
 
 
 def test_other_format_versions_are_deleted(ckpt, tmp_path):

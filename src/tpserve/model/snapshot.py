@@ -2,13 +2,15 @@
 written on first boot and restored at disk speed on the next.
 
 Layout: <root>/v<FORMAT>-<key hash>/rank<r>-of-<w>.<i>.safetensors (parts of at most 2 GiB, so host
-memory stays bounded), rank<r>-of-<w>.ok (JSON: each part's byte size and crc32, the key), and
-key.json (the readable key, for `tpserve snapshot list`). The key covers
-the checkpoint's fingerprint (config files' bytes; each weight file's name, size and mtime), the TP
-layout, dtype, the quantization method and every layer's chosen layout, and LAYOUT_VERSION (bumped
-whenever processing changes). Writes go to a temporary file, fsync, rename; the .ok file is
-written last. Too little disk, or a failed write, skips the snapshot with a warning. A snapshot whose size, checksum or key does not match is deleted and rebuilt, never
-loaded. Entries of another FORMAT are deleted when a store is opened.
+memory stays bounded), rank<r>-of-<w>.ok (JSON: each part's byte size, each tensor's checksum, the
+key) and key.json (the readable key, for `tpserve snapshot list`). The key covers the checkpoint's
+fingerprint (config files' bytes; each weight file's name, size and mtime), the TP layout, dtype,
+the quantization method and every layer's chosen layout, and LAYOUT_VERSION (bumped whenever
+processing changes). Writes go to a temporary file, fsync, rename; the .ok file is written last.
+Too little disk, or a failed write, skips the snapshot with a warning. Restore reads each file
+once: sizes are checked first, tensor checksums (summed on the target device) after loading and
+before any tensor goes into the model. A snapshot whose key, size or checksum does not match is
+deleted and rebuilt, never used. Entries of another FORMAT are deleted when a store is opened.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ import logging
 import os
 import shutil
 import tempfile
-import zlib
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,6 @@ from torch import nn
 
 FORMAT = 1
 LAYOUT_VERSION = 1
-CHUNK = 16 << 20
 PART_BYTES = 2 << 30  # one safetensors file per 2 GiB of a rank's weights
 log = logging.getLogger("tpserve.snapshot")
 
@@ -55,14 +55,12 @@ def fingerprint(model_dir: str | Path) -> str:
     return h.hexdigest()
 
 
-def file_crc(path: Path) -> int:
-    crc = 0
-    with open(path, "rb", buffering=0) as f:
-        while True:
-            chunk = f.read(CHUNK)
-            if not chunk:
-                return crc
-            crc = zlib.crc32(chunk, crc)
+def tensor_checksum(t: torch.Tensor) -> int:
+    """The sum of a tensor's 32-bit words (bytes if its size is not a multiple of 4) in int64,
+    computed where the tensor lives (on a GPU at memory speed): any changed word changes it."""
+    b = t.detach().contiguous().reshape(-1).view(torch.uint8)
+    w = b.view(torch.int32) if b.numel() % 4 == 0 else b
+    return int(w.sum(dtype=torch.int64))
 
 
 class SnapshotStore:
@@ -107,15 +105,17 @@ class SnapshotStore:
                 log.warning("rank %d: no snapshot written: it needs %.1f GiB, %s has %.1f GiB free", rank,
                             need / 2**30, entry, free / 2**30)
                 return False
-            parts, chunk, size = [], {}, 0
+            parts, chunk, size, sums = [], {}, 0, {}
             for name, p in params + [("", None)]:
                 if p is not None:
                     chunk[name] = p.detach().contiguous().cpu()
+                    sums[name] = tensor_checksum(p)
                     size += p.numel() * p.element_size()
                 if chunk and (p is None or size >= PART_BYTES):
                     path = self._part(entry, rank, world, len(parts))
                     _atomic(entry, path, lambda tmp: save_file(chunk, tmp, metadata={"key": json.dumps(key, sort_keys=True)}))
-                    parts.append({"file": path.name, "bytes": path.stat().st_size, "crc32": file_crc(path)})
+                    parts.append({"file": path.name, "bytes": path.stat().st_size,
+                                  "sums": {n: sums.pop(n) for n in chunk}})
                     chunk, size = {}, 0
             info = {"parts": parts, "key": key}
             _atomic(entry, self._ok_file(entry, rank, world), lambda tmp: Path(tmp).write_text(json.dumps(info)))
@@ -152,8 +152,6 @@ class SnapshotStore:
                 return f"{path.name} missing"
             if path.stat().st_size != part["bytes"]:
                 return f"{path.name}: size {path.stat().st_size} != {part['bytes']} (truncated?)"
-            if file_crc(path) != part["crc32"]:
-                return f"{path.name}: checksum mismatch (corrupted)"
         return None if info.get("parts") else "no parts"
 
     def restore(self, model: nn.Module, key: dict[str, Any], rank: int, world: int, device: torch.device) -> bool:
@@ -169,14 +167,28 @@ class SnapshotStore:
                 self._remove(entry, rank, world)  # parts without their .ok: an interrupted write
             return False
         info = json.loads(self._ok_file(entry, rank, world).read_text())
+        tensors: dict[str, torch.Tensor] = {}
+        for part in info["parts"]:  # every tensor loaded and checked before any goes into the model
+            try:
+                loaded = load_file(str(entry / part["file"]), device=str(device))
+            except Exception as exc:  # noqa: BLE001  (a damaged header: safetensors' own error type)
+                loaded, why = None, f"{part['file']}: unreadable ({exc})"
+            if loaded is not None:
+                bad = [n for n, t in loaded.items() if part["sums"].get(n) != tensor_checksum(t)]
+                bad += sorted(set(part["sums"]) - set(loaded))
+                why = f"{part['file']}: checksum mismatch in {bad[:3]} (corrupted)" if bad else None
+            if why is not None:
+                log.warning("rank %d: snapshot %s is not usable (%s); rebuilding it", rank, entry, why)
+                self._remove(entry, rank, world)
+                return False
+            tensors.update(loaded)
         modules = dict(model.named_modules())
-        for part in info["parts"]:
-            for name, t in load_file(str(entry / part["file"]), device=str(device)).items():
-                mod_name, _, pname = name.rpartition(".")
-                mod = modules.get(mod_name)
-                if mod is None:
-                    raise RuntimeError(f"snapshot {entry}: tensor {name} has no module in this model (key collision?)")
-                mod._parameters[pname] = nn.Parameter(t, requires_grad=False)
+        for name, t in tensors.items():
+            mod_name, _, pname = name.rpartition(".")
+            mod = modules.get(mod_name)
+            if mod is None:
+                raise RuntimeError(f"snapshot {entry}: tensor {name} has no module in this model (key collision?)")
+            mod._parameters[pname] = nn.Parameter(t, requires_grad=False)
         left = [n for n, p in model.named_parameters() if p.is_meta]
         for n in left:  # declared but removed by processing (e.g. kv_b_proj's scale after dequantization)
             mod_name, _, pname = n.rpartition(".")
