@@ -28,6 +28,9 @@ TOOL_MODULES = (
     "tpserve.tools.agent_tools",
     "tpserve.tools.bench_fuzz",
     "tpserve.tools.bench_soak",
+    "tpserve.tools.quantize",
+    "tpserve.tools.snapshot",
+    "tpserve.tools.plan",
 )
 
 

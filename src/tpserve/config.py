@@ -61,8 +61,8 @@ class EngineConfig:
                             "loop over the chosen experts), or auto (triton on cuda)", switch=True,
                             choices=("auto", "triton", "torch"))
     moe_triton_max_tokens: int = _opt(2048, "largest forward (tokens) that takes the triton MoE (it needs a "
-                                      "tokens x top-k x hidden fp32 buffer: 268 MB at 2048); longer ones "
-                                      "loop over experts with cuBLAS", switch=True)
+                                      "tokens x top-k x hidden fp32 buffer: 268 MB at 2048); longer bf16/fp16 "
+                                      "ones take torch grouped_mm (no loop)", switch=True)
     sequence_parallel: bool = _opt(True, "split the residual stream across ranks for forwards of "
                                    "at least --sp-min-tokens tokens (TP>1 only)", switch=True,
                                    flag="--sp")
@@ -79,6 +79,14 @@ class EngineConfig:
                                    "peer) or ring (neighbours only, for boxes linked in a ring; "
                                    "bitwise the same sums; all-gather / reduce-scatter then use "
                                    "the process group)", switch=True, choices=("mesh", "ring"))
+    # ---- weights: quantization and snapshots (model/quant.py, model/snapshot.py) ----
+    quantization: str | None = _opt(None, "quantization method (vLLM's name): fp8 (block-wise), nvfp4 / modelopt_fp4, "
+                                    "or none; default: what the checkpoint's quantization_config says")
+    dense_fp8: bool = _opt(False, "convert a bf16 checkpoint's dense linears to FP8 at load (per-channel scales, "
+                           "W8A16 GEMMs)", switch=True)
+    snapshot: bool | None = _opt(None, "processed-weight snapshots: restore them, or write them on first boot "
+                                 "(default: on for cuda, off on cpu)", switch=True)
+    snapshot_dir: str | None = _opt(None, "where snapshots live (default: <cache dir>/snapshots)", switch=True)
 
     def __post_init__(self) -> None:
         if self.tensor_parallel_size < 1:
@@ -95,6 +103,10 @@ class EngineConfig:
             raise ValueError(f"moe_triton_max_tokens must be >= 0, got {self.moe_triton_max_tokens}")
         if self.sp_min_tokens < 1:
             raise ValueError(f"sp_min_tokens must be >= 1, got {self.sp_min_tokens}")
+        if self.quantization is not None:
+            from tpserve.model.quant import method_name
+
+            method_name(self.quantization)  # unknown / unsupported: a clear error naming it
         for f in dataclasses.fields(self):
             choices = f.metadata.get("choices")
             if choices and getattr(self, f.name) not in choices:

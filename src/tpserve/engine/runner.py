@@ -16,9 +16,8 @@ from tpserve.engine import cache as cache_mod
 from tpserve.kernels.choice import Kernels
 from tpserve.model.batch import ForwardBatch
 from tpserve.model.config import ModelConfig
-from tpserve.model.glm5_next import Glm5NextModel
 from tpserve.model.layers import ShardContext
-from tpserve.model.loader import load_weights
+from tpserve.model.build import build_model
 
 log = logging.getLogger("tpserve.runner")
 
@@ -53,16 +52,7 @@ class ModelRunner:
     def __init__(self, model_dir: str, cfg: ModelConfig, ctx: ShardContext, device: torch.device,
                  kernels: Kernels, progress: bool | None = None, load_format: str = "auto"):
         self.cfg, self.ctx, self.device = cfg, ctx, device
-        with torch.device(device):
-            self.model = Glm5NextModel(ctx, cfg, kernels)
-        if load_format == "dummy":
-            from tpserve.model.tiny import randomize_
-
-            randomize_(self.model, seed=1234 + ctx.rank)
-        else:
-            load_weights(self.model, model_dir, rank=ctx.rank, world=ctx.world, num_layers=cfg.num_hidden_layers,
-                         progress=progress)
-        self.model.eval()
+        self.model = build_model(model_dir, cfg, ctx, device, kernels, load_format=load_format, progress=progress)
         self.kernels = kernels
         self.kda_report = f"{kernels.kda} KDA path"
         if kernels.kda == "fla":

@@ -13,6 +13,7 @@ import torch
 
 from tpserve.config import EngineConfig
 from tpserve.kernels.choice import Kernels
+from tpserve.model.build import weight_options
 
 log = logging.getLogger("tpserve.setup")
 
@@ -78,7 +79,8 @@ def resolve_runtime(ecfg: EngineConfig) -> Runtime:
         raise ValueError("kda_backend: fla needs a CUDA device (use torch on cpu)")
     kernels = Kernels(kda=backend, mhc=_triton_or_torch("mhc_backend", ecfg.mhc_backend, device),
                       moe=_triton_or_torch("moe_backend", ecfg.moe_backend, device),
-                      moe_triton_max_tokens=ecfg.moe_triton_max_tokens, mla_prefill=ecfg.mla_prefill)
+                      moe_triton_max_tokens=ecfg.moe_triton_max_tokens, mla_prefill=ecfg.mla_prefill,
+                      weights=weight_options(ecfg, device))
     return Runtime(model_dir, device, dtype, kernels)
 
 

@@ -6,6 +6,18 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
+class WeightOptions:
+    """How weights are processed at load (model/build.py): quantization override, --dense-fp8, snapshots."""
+
+    quantization: str | None = None   # None: what the checkpoint says
+    dense_fp8: bool = False
+    snapshot: bool = False            # read / write processed-weight snapshots
+    snapshot_dir: str | None = None   # default: <cache dir>/snapshots
+    gpu_memory_utilization: float = 0.85  # for the start-up memory plan (model/plan.py)
+    block_size: int = 64
+
+
+@dataclass(frozen=True)
 class Kernels:
     kda: str = "torch"            # "fla": fla-core's Triton kernels; "torch": our chunked / recurrent forms
     mhc: str = "torch"            # "triton": one fused kernel for the mHC weights; "torch": plain ops
@@ -13,6 +25,7 @@ class Kernels:
     moe_triton_max_tokens: int = 0  # the triton MoE runs forwards of at most this many tokens
     mla_prefill: str = "dense"    # "sparse": each query attends its selected rows only; "dense": masked SDPA;
                                   # "auto": sparse once the context exceeds 4x the selection width
+    weights: WeightOptions = WeightOptions()
 
     def describe(self) -> str:
         moe = f"triton up to {self.moe_triton_max_tokens} tokens" if self.moe == "triton" else self.moe

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tpserve.kernels.moe import align_by_expert
+from tpserve.kernels.moe_align import align_by_expert
 
 BLOCK_M = 16
 

@@ -111,12 +111,10 @@ class ModelConfig:
             text = dict(text)
             if "tie_word_embeddings" in raw:  # the top-level flag ties the LM head (transformers)
                 text["tie_word_embeddings"] = raw["tie_word_embeddings"]
-        if raw.get("quantization_config") or text.get("quantization_config"):
-            method = (raw.get("quantization_config") or text.get("quantization_config") or {})
-            method = method.get("quant_method", "?") if isinstance(method, dict) else method
-            raise UnsupportedConfigError(
-                f"quantization_config: quantized checkpoints ({method}) are not supported yet; "
-                "use a bfloat16/float32 checkpoint")
+        if raw.get("quantization_config") or text.get("quantization_config"):  # supported methods: model/quant.py
+            from tpserve.model.quant import parse_quant_config
+
+            parse_quant_config(raw.get("quantization_config") or text.get("quantization_config"))
         return cls._from_text_dict(text)
 
     @classmethod

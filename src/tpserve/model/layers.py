@@ -5,10 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from tpserve.dist.comm import Communicator
+from tpserve.kernels.moe import clamped_swiglu  # noqa: F401  (re-exported)
+from tpserve.model.quant_methods import Bf16Linear
 from tpserve.model.weights import COLUMN, REPLICATED, ROW, Shard, declare
 
 
@@ -32,12 +33,16 @@ class ShardContext:
 
 
 class Linear(nn.Module):
-    """y = x W^T (+ b); W declared with its full shape [out, in] and a Shard."""
+    """y = x W^T (+ b); W declared with its full shape [out, in] and a Shard. The weight layout,
+    loading and forward belong to `self.quant` (model/quant_methods.py: bf16, fp8, nvfp4, ...)."""
 
     def __init__(self, ctx: ShardContext, in_features: int, out_features: int, shard: Shard = REPLICATED,
                  bias: bool = False):
         super().__init__()
-        declare(self, "weight", (out_features, in_features), shard, dtype=ctx.dtype, world=ctx.world)
+        self.ctx, self.in_features, self.out_features, self.shard = ctx, in_features, out_features, shard
+        self.qualname: str | None = None
+        self.quant = Bf16Linear()
+        self.quant.create(self, ctx, in_features, out_features, shard)
         if bias:  # a row-parallel bias is added once, after the reduction (by rank 0 only)
             bias_shard = REPLICATED if shard.dim != 0 else Shard(dim=0, parts=shard.parts)
             declare(self, "bias", (out_features,), bias_shard, dtype=ctx.dtype, world=ctx.world)
@@ -46,8 +51,26 @@ class Linear(nn.Module):
             self.bias = None
             self.bias_on_this_rank = False
 
+    def set_quant(self, method, qualname: str | None = None) -> None:
+        """Replace the weight layout (before the weights are materialised and loaded)."""
+        if qualname is not None:
+            self.qualname = qualname
+        for name in ("weight", "weight_scale_inv", "weight_scale", "weight_scale_2"):
+            if name in self._parameters:
+                del self._parameters[name]
+            self.__dict__.get("_sources", {}).pop(name, None)
+        self.quant = method
+        method.create(self, self.ctx, self.in_features, self.out_features, self.shard)
+
+    def dense_weight(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """The weight [out_local, in_local] as a plain tensor (dequantized for quantized layouts)."""
+        return self.quant.dense_weight(self, dtype or self.ctx.dtype)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias if self.bias_on_this_rank else None)
+        return self.quant.forward(self, x, self.bias if self.bias_on_this_rank else None)
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}, quant={self.quant.describe()}"
 
 
 def column(ctx: ShardContext, i: int, o: int, *, parts: tuple[int, ...] | None = None,
@@ -92,8 +115,3 @@ class GatedRMSNorm(nn.Module):
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         h = self.weight.float() * h
         return (h * torch.sigmoid(gate.float())).to(dtype)
-
-
-def clamped_swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.Tensor:
-    """silu(min(gate, limit)) * clamp(up, -limit, limit)."""
-    return F.silu(gate.clamp(max=limit)) * up.clamp(-limit, limit)

@@ -24,6 +24,8 @@ _PREFIXES = ("model.language_model.", "language_model.model.", "model.")
 _SKIP = re.compile(r"^(model\.visual\.|visual\.|model\.vision|mtp\.)|\.rotary_emb\.|\.shared_head\.")
 _HC = re.compile(r"\.hc_(attn|ffn)_(fn|base|scale)$")
 _LAYER = re.compile(r"^layers\.(\d+)\.")
+_IGNORED_SUFFIXES = (".input_scale",)  # ModelOpt activation scales: W4A16 keeps activations in 16 bits
+_QUANT_DTYPES = (torch.float8_e4m3fn, torch.uint8)
 PROGRESS_BYTES = 1 << 28  # show a progress bar from 256 MiB
 
 
@@ -94,19 +96,23 @@ def load_weights(model: nn.Module, model_dir: str | Path, *, rank: int = 0, worl
                     if target_name is None:
                         continue
                     if target_name not in sources:
-                        unexpected.append(name)
+                        if not target_name.endswith(_IGNORED_SUFFIXES):
+                            unexpected.append(name)
                         continue
                     module, src = sources[target_name]
                     piece = f.get_slice(name)
                     shape = tuple(piece.get_shape())
-                    if shape != src.full_shape:
+                    if shape != src.full_shape and not (src.full_shape == () and shape == (1,)):
                         raise CheckpointError(f"{name}: shape {list(shape)} does not match the config, "
                                               f"expected {list(src.full_shape)}")
                     local = src.shard.take(piece, rank, world, shape)
+                    if src.full_shape == () and shape == (1,):
+                        local = local.reshape(())
                     target = getattr(module, src.target)[src.index]
                     if tuple(target.shape) != tuple(local.shape):
                         raise CheckpointError(f"{name}: rank {rank} piece {list(local.shape)} does not fit "
                                               f"{list(target.shape)}")
+                    _check_dtype(name, local.dtype, target.dtype)
                     with torch.no_grad():
                         target.copy_(local)
                     seen.add(target_name)
@@ -116,6 +122,26 @@ def load_weights(model: nn.Module, model_dir: str | Path, *, rank: int = 0, worl
     missing = sorted(set(sources) - seen)
     if missing:
         raise CheckpointError(f"missing tensor(s) in checkpoint: {_few([checkpoint_name(m) for m in missing])}")
+
+
+def _check_dtype(name: str, stored: torch.dtype, target: torch.dtype) -> None:
+    """Quantized tensors go only into parameters of the same dtype: never silently upcast or cast."""
+    if (stored in _QUANT_DTYPES or target in _QUANT_DTYPES) and stored != target:
+        raise CheckpointError(f"{name}: stored as {stored} but the layer expects {target} (a quantized tensor is "
+                              "never converted silently; check --quantization)")
+
+
+def tensor_info(model_dir: str | Path, num_layers: int) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """internal name -> (safetensors dtype, shape) for every tensor tpserve reads (headers only)."""
+    out: dict[str, tuple[str, tuple[int, ...]]] = {}
+    for path in checkpoint_files(model_dir):
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            for name in f.keys():
+                internal = internal_name(name, num_layers)
+                if internal is not None:
+                    s = f.get_slice(name)
+                    out[internal] = (s.get_dtype(), tuple(s.get_shape()))
+    return out
 
 
 def _few(names: list[str], n: int = 5) -> str:

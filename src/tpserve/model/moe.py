@@ -10,11 +10,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from tpserve.kernels.choice import Kernels
-from tpserve.kernels.moe import experts_forward
 from tpserve.model.config import ModelConfig
 from tpserve.model.layers import ShardContext
 from tpserve.model.mlp import DenseMLP
-from tpserve.model.weights import COLUMN, REPLICATED, ROW, add_source, declare
+from tpserve.model.quant_methods import Bf16Experts
+from tpserve.model.weights import REPLICATED, declare
 
 
 class Router(nn.Module):
@@ -47,25 +47,34 @@ class Router(nn.Module):
 
 class Experts(nn.Module):
     """Fused gate_up_proj [E, 2I_local, D] (gate|up) and down_proj [E, D, I_local], filled from the
-    checkpoint's per-expert `experts.{e}.{gate,up,down}_proj.weight`."""
+    checkpoint's per-expert `experts.{e}.{gate,up,down}_proj.*`. The layout, loading and forward
+    belong to `self.quant` (model/quant_methods.py: bf16, fp8, nvfp4)."""
 
     def __init__(self, ctx: ShardContext, cfg: ModelConfig, kernels: Kernels):
         super().__init__()
-        self.kernels = kernels
-        e, i, d = cfg.n_routed_experts, cfg.moe_intermediate_size, cfg.hidden_size
-        il = ctx.split(i, "moe_intermediate_size")
-        self.gate_up_proj = nn.Parameter(torch.empty(e, 2 * il, d, dtype=ctx.dtype), requires_grad=False)
-        self.down_proj = nn.Parameter(torch.empty(e, d, il, dtype=ctx.dtype), requires_grad=False)
-        for x in range(e):
-            add_source(self, f"{x}.gate_proj.weight", (i, d), COLUMN, "gate_up_proj", (x, slice(0, il)), ctx.world)
-            add_source(self, f"{x}.up_proj.weight", (i, d), COLUMN, "gate_up_proj", (x, slice(il, 2 * il)),
-                       ctx.world)
-            add_source(self, f"{x}.down_proj.weight", (d, i), ROW, "down_proj", (x,), ctx.world)
+        self.kernels, self.ctx = kernels, ctx
+        self.dims = (cfg.n_routed_experts, cfg.moe_intermediate_size, cfg.hidden_size)
+        ctx.split(cfg.moe_intermediate_size, "moe_intermediate_size")
         self.limit = cfg.swiglu_limit
+        self.qualname: str | None = None
+        self.quant = Bf16Experts()
+        self.quant.create(self, ctx, *self.dims)
+
+    def set_quant(self, method, qualname: str | None = None) -> None:
+        """Replace the weight layout (before the weights are materialised and loaded)."""
+        if qualname is not None:
+            self.qualname = qualname
+        for name in list(self._parameters):
+            del self._parameters[name]
+        self.__dict__.get("_sources", {}).clear()
+        self.quant = method
+        method.create(self, self.ctx, *self.dims)
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        return experts_forward(x, weights, ids, self.gate_up_proj, self.down_proj, self.limit,
-                               self.kernels.moe, self.kernels.moe_triton_max_tokens)
+        return self.quant.forward(self, x, weights, ids)
+
+    def extra_repr(self) -> str:
+        return f"experts={self.dims[0]}, quant={self.quant.describe()}"
 
 
 class MoE(nn.Module):

@@ -1,0 +1,229 @@
+"""Quantized GEMM and MoE kernels on one GPU: accuracy against dequantized fp32 math and time.
+
+Needs only torch + Triton (no other tpserve dependency). Sections (each prints its own table):
+  w8a16   fp8 block-128 W8A16 split-K (Triton) at M 1/8/16, vs the FP8 weight-streaming floor and
+          vs cuBLAS bf16 on the same shape (whose floor is twice as many bytes)
+  w4a16   nvfp4 W4A16 (Triton) at M 1/8/16, vs its 4-bit floor
+  w8a8    torch._scaled_mm blockwise (sm90) at M 4096, vs bf16 matmul; relative error
+  moe     decode: grouped nvfp4 / fp8 / bf16 experts at 1/8 tokens (288 experts, top-8, D 4096, I 2048)
+          vs the floor of the experts touched; prefill: bf16 grouped_mm at 16k tokens (TFLOP/s, MFU)
+Times: CUDA-graph replays of 20 calls after warm-up, median of 5 (eager if capture fails).
+Usage: PYTHONPATH=src python bench/quant_kernels.py [--out DIR] [--sections w8a16,w4a16,w8a8,moe]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+HBM = 4.3e12
+BF16_PEAK = 790e12
+
+
+def timed(fn, reps: int = 20) -> float:
+    """Seconds per call."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    runner = None
+    try:
+        g = torch.cuda.CUDAGraph()
+        s = torch.cuda.Stream()
+        with torch.cuda.stream(s):
+            with torch.cuda.graph(g):
+                for _ in range(reps):
+                    fn()
+        runner = g.replay
+    except Exception:  # noqa: BLE001  (some paths cannot be captured: time them eagerly)
+        def runner():
+            for _ in range(reps):
+                fn()
+    out = []
+    for _ in range(5):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        runner()
+        b.record()
+        torch.cuda.synchronize()
+        out.append(a.elapsed_time(b) / 1e3 / reps)
+    return statistics.median(out)
+
+
+def rel(y, ref) -> float:
+    return ((y.double() - ref.double()).abs().max() / ref.double().abs().max()).item()
+
+
+def sec_w8a16(res):
+    from tpserve.kernels import quant_ref as qr
+    from tpserve.kernels.quant_triton import w8a16_gemm
+
+    print("\n| W8A16 fp8 block 128 | M | Triton us | floor us | % floor | best tiles | cuBLAS bf16 us | rel err |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for n, k in ((12288, 4096), (4096, 12288)):
+        w = torch.randn(n, k, device="cuda") / k**0.5
+        q, s = qr.fp8_block_quantize(w)
+        wd = qr.fp8_block_dequantize(q, s)
+        wb = wd.bfloat16()
+        floor = (n * k + s.numel() * 4) / HBM
+        for m in (1, 8, 16):
+            x = torch.randn(m, k, device="cuda").bfloat16()
+            ref = x.float() @ wd.T
+            best = None
+            for bn, bk in ((32, 128), (64, 128), (64, 256)):
+                t = timed(lambda: w8a16_gemm(x, q, s, (128, 128), block_n=bn, block_k=bk))
+                if best is None or t < best[0]:
+                    best = (t, bn, bk)
+            err = rel(w8a16_gemm(x, q, s, (128, 128), block_n=best[1], block_k=best[2]), ref)
+            tb = timed(lambda: torch.nn.functional.linear(x, wb))
+            row = dict(n=n, k=k, m=m, us=best[0] * 1e6, floor_us=floor * 1e6, pct=100 * floor / best[0],
+                       tiles=best[1:], cublas_bf16_us=tb * 1e6, rel_err=err)
+            res.setdefault("w8a16", []).append(row)
+            print(f"| {n}x{k} | {m} | {row['us']:.1f} | {row['floor_us']:.1f} | {row['pct']:.0f}% | {best[1]}x{best[2]} "
+                  f"| {row['cublas_bf16_us']:.1f} | {err:.1e} |")
+
+
+def sec_w4a16(res):
+    from tpserve.kernels import quant_ref as qr
+    from tpserve.kernels.quant_triton import w4a16_gemm
+
+    print("\n| W4A16 nvfp4 | M | Triton us | floor us | % floor | best tiles | rel err |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for n, k in ((12288, 4096), (4096, 12288)):
+        w = torch.randn(n, k, device="cuda") / k**0.5
+        p, bs, s2 = qr.nvfp4_quantize(w)
+        wd = qr.nvfp4_dequantize(p, bs, s2)
+        s2r = s2.reshape(1).expand(n).contiguous()
+        floor = (n * k // 2 + n * k // 16) / HBM
+        for m in (1, 8, 16):
+            x = torch.randn(m, k, device="cuda").bfloat16()
+            ref = x.float() @ wd.T
+            best = None
+            for bn, bk in ((32, 128), (64, 128), (64, 256)):
+                t = timed(lambda: w4a16_gemm(x, p, bs, s2r, block_n=bn, block_k=bk))
+                if best is None or t < best[0]:
+                    best = (t, bn, bk)
+            err = rel(w4a16_gemm(x, p, bs, s2r, block_n=best[1], block_k=best[2]), ref)
+            row = dict(n=n, k=k, m=m, us=best[0] * 1e6, floor_us=floor * 1e6, pct=100 * floor / best[0],
+                       tiles=best[1:], rel_err=err)
+            res.setdefault("w4a16", []).append(row)
+            print(f"| {n}x{k} | {m} | {row['us']:.1f} | {row['floor_us']:.1f} | {row['pct']:.0f}% | {best[1]}x{best[2]} "
+                  f"| {err:.1e} |")
+
+
+def sec_w8a8(res):
+    from tpserve.kernels import quant_ref as qr
+    from tpserve.kernels.quant_ops import w8a8_block_scaled_mm
+
+    print("\n| W8A8 scaled_mm blockwise | M x N x K | us | TFLOP/s | bf16 matmul us | speedup | rel err |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for m, n, k in ((4096, 12288, 4096), (16384, 4096, 12288)):
+        w = torch.randn(n, k, device="cuda") / k**0.5
+        q, s = qr.fp8_block_quantize(w)
+        wb = qr.fp8_block_dequantize(q, s).bfloat16()
+        x = torch.randn(m, k, device="cuda").bfloat16()
+        ref = x.float() @ qr.fp8_block_dequantize(q, s).T
+        t = timed(lambda: w8a8_block_scaled_mm(x, q, s), reps=5)
+        tb = timed(lambda: x @ wb.T, reps=5)
+        err = rel(w8a8_block_scaled_mm(x, q, s), ref)
+        row = dict(m=m, n=n, k=k, us=t * 1e6, tflops=2 * m * n * k / t / 1e12, bf16_us=tb * 1e6, rel_err=err)
+        res.setdefault("w8a8", []).append(row)
+        print(f"| {m}x{n}x{k} | {t * 1e6:.0f} | {row['tflops']:.0f} | {tb * 1e6:.0f} | {tb / t:.2f}x | {err:.1e} |")
+
+
+def sec_moe(res):
+    from tpserve.kernels import moe
+    from tpserve.kernels import quant_ref as qr
+    from tpserve.kernels.moe_triton import experts_triton
+    from tpserve.kernels.quant_triton import experts_fp8_triton, experts_nvfp4_triton
+
+    e, d, i, k = 288, 4096, 2048, 8
+    g = torch.Generator(device="cuda").manual_seed(0)
+    gu = torch.randn(e, 2 * i, d, device="cuda", generator=g, dtype=torch.bfloat16) / d**0.5
+    dn = torch.randn(e, d, i, device="cuda", generator=g, dtype=torch.bfloat16) / i**0.5
+    # nvfp4 (one global scale per expert x projection, like ModelOpt) and fp8 copies, expert by expert
+    P = {n: [] for n in ("gp", "gb", "g2", "dp", "db", "d2", "gq", "gs", "dq", "ds")}
+    for x_ in range(e):
+        a, b = qr.nvfp4_quantize(gu[x_, :i]), qr.nvfp4_quantize(gu[x_, i:])
+        c = qr.nvfp4_quantize(dn[x_])
+        P["gp"].append(torch.cat([a[0], b[0]])); P["gb"].append(torch.cat([a[1], b[1]]))
+        P["g2"].append(torch.stack([a[2], b[2]])); P["dp"].append(c[0]); P["db"].append(c[1]); P["d2"].append(c[2])
+        fa, fb, fc = qr.fp8_block_quantize(gu[x_, :i]), qr.fp8_block_quantize(gu[x_, i:]), qr.fp8_block_quantize(dn[x_])
+        P["gq"].append(torch.cat([fa[0], fb[0]])); P["gs"].append(torch.cat([fa[1], fb[1]]))
+        P["dq"].append(fc[0]); P["ds"].append(fc[1])
+    P = {n: torch.stack(v) for n, v in P.items()}
+    g2rows = P["g2"].repeat_interleave(i, dim=1).contiguous()
+    d2rows = P["d2"][:, None].expand(-1, d).contiguous()
+    print("\n| MoE decode (288 experts, top-8) | tokens | experts touched | us | floor us | % floor | rel err vs fp32 |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for t in (1, 8):
+        ids = torch.stack([torch.randperm(e, device="cuda")[:k] for _ in range(t)])
+        w = torch.rand(t, k, device="cuda")
+        x = torch.randn(t, d, device="cuda").bfloat16()
+        touched = ids.unique().numel()
+        per = 3 * i * d
+        cases = {
+            "nvfp4": (lambda: experts_nvfp4_triton(x, w, ids, P["gp"], P["gb"], g2rows, P["dp"], P["db"], d2rows, 10.0),
+                      per * (0.5 + 1 / 16),
+                      lambda ex: (qr.nvfp4_dequantize(P["gp"][ex], P["gb"][ex], g2rows[ex]),
+                                  qr.nvfp4_dequantize(P["dp"][ex], P["db"][ex], d2rows[ex]))),
+            "fp8": (lambda: experts_fp8_triton(x, w, ids, P["gq"], P["gs"], P["dq"], P["ds"], (128, 128), 10.0),
+                    per * (1 + 4 / 128**2),
+                    lambda ex: (torch.cat([qr.fp8_block_dequantize(P["gq"][ex, :i], P["gs"][ex, :16]),
+                                           qr.fp8_block_dequantize(P["gq"][ex, i:], P["gs"][ex, 16:])]),
+                                qr.fp8_block_dequantize(P["dq"][ex], P["ds"][ex]))),
+            "bf16": (lambda: experts_triton(x, w, ids, gu, dn, 10.0), per * 2,
+                     lambda ex: (gu[ex].float(), dn[ex].float())),
+        }
+        for name, (fn, bytes_per_expert, deq) in cases.items():
+            tt = timed(fn)
+            ref = moe.experts_loop_fn(x.float(), w, ids, e, lambda ex: deq(ex)[0], lambda ex: deq(ex)[1], 10.0)
+            err = rel(fn(), ref)
+            floor = touched * bytes_per_expert / HBM
+            row = dict(kind=name, tokens=t, touched=touched, us=tt * 1e6, floor_us=floor * 1e6, pct=100 * floor / tt,
+                       rel_err=err)
+            res.setdefault("moe_decode", []).append(row)
+            print(f"| {name} | {t} | {touched} | {tt * 1e6:.0f} | {floor * 1e6:.0f} | {row['pct']:.0f}% | {err:.1e} |")
+    print("\n| MoE prefill bf16 grouped_mm | tokens | ms | TFLOP/s | MFU (790) |")
+    print("| --- | --- | --- | --- | --- |")
+    for t in (4096, 16384):
+        ids = torch.stack([torch.randperm(e, device="cuda")[:k] for _ in range(t)])
+        w = torch.rand(t, k, device="cuda")
+        x = torch.randn(t, d, device="cuda").bfloat16()
+        tt = timed(lambda: moe.experts_grouped(x, w, ids, gu, dn, 10.0), reps=3)
+        flops = 2 * t * k * 3 * i * d
+        row = dict(tokens=t, ms=tt * 1e3, tflops=flops / tt / 1e12, mfu=100 * flops / tt / BF16_PEAK)
+        res.setdefault("moe_prefill", []).append(row)
+        print(f"| grouped_mm | {t} | {tt * 1e3:.2f} | {row['tflops']:.0f} | {row['mfu']:.0f}% |")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--sections", default="moe,w8a16,w4a16,w8a8")
+    args = ap.parse_args()
+    print(torch.cuda.get_device_name(), torch.__version__)
+    res: dict = {}
+    for name in args.sections.split(","):
+        t0 = time.time()
+        try:
+            globals()[f"sec_{name}"](res)
+        except Exception as exc:  # noqa: BLE001  (report and go on to the next section)
+            import traceback
+
+            traceback.print_exc()
+            res[f"{name}_error"] = repr(exc)
+        print(f"[{name}: {time.time() - t0:.0f} s]", flush=True)
+        if args.out:
+            Path(args.out).mkdir(parents=True, exist_ok=True)
+            (Path(args.out) / "quant_kernels.json").write_text(json.dumps(res, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,115 @@
+"""Build one rank's model with its weights: choose each layer's quantization method, then restore a
+processed-weight snapshot or load (or randomise) and process the weights, and write the snapshot.
+
+The model is first built on the meta device, so choosing a quantized layout never allocates the
+unquantized one; `to_empty` then allocates each parameter once, on the target device.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from tpserve.kernels.choice import Kernels
+from tpserve.model.config import ModelConfig
+from tpserve.model.layers import ShardContext
+from tpserve.model.quant import QuantConfig, apply_plan, plan_for_dummy, plan_from_checkpoint, read_quant_config
+
+log = logging.getLogger("tpserve.build")
+
+
+def quant_modules(model: nn.Module):
+    for name, mod in model.named_modules():
+        if hasattr(mod, "quant") and hasattr(mod, "set_quant"):
+            yield name, mod
+
+
+def plan_model(model_dir: str | Path, cfg: ModelConfig, ctx: ShardContext, kernels: Kernels,
+               load_format: str = "auto") -> tuple[nn.Module, QuantConfig, dict[str, str]]:
+    """The model on the meta device, every Linear / Experts given its method."""
+    from tpserve.model.glm5_next import Glm5NextModel
+    from tpserve.model.loader import tensor_info
+
+    opts = kernels.weights
+    qc = read_quant_config(model_dir, opts.quantization, opts.dense_fp8)
+    with torch.device("meta"):
+        model = Glm5NextModel(ctx, cfg, kernels)
+    if load_format == "dummy":
+        plan = plan_for_dummy(model, qc)
+    else:
+        qc, plan = plan_from_checkpoint(model, qc, tensor_info(model_dir, cfg.num_hidden_layers))
+    with torch.device("meta"):
+        apply_plan(model, qc, plan)
+    return model, qc, plan
+
+
+@torch.no_grad()
+def finish_loading(model: nn.Module) -> None:
+    """Per-layer processing after the checkpoint tensors are in (e.g. --dense-fp8 conversion)."""
+    for _, mod in quant_modules(model):
+        after = getattr(mod.quant, "after_load", None)
+        if after is not None:
+            after(mod)
+
+
+@torch.no_grad()
+def randomize_quantized_(model: nn.Module, seed: int) -> None:
+    gen = None
+    for _, mod in quant_modules(model):
+        p = next(mod.parameters())
+        if gen is None or gen.device != p.device:
+            gen = torch.Generator(p.device).manual_seed(seed)
+        mod.quant.randomize(mod, gen)
+
+
+def build_model(model_dir: str | Path, cfg: ModelConfig, ctx: ShardContext, device: torch.device,
+                kernels: Kernels, *, load_format: str = "auto", progress: bool | None = None,
+                seed: int = 1234) -> nn.Module:
+    from tpserve.model.loader import load_weights
+    from tpserve.model.snapshot import SnapshotStore
+
+    model, qc, plan = plan_model(model_dir, cfg, ctx, kernels, load_format)
+    opts = kernels.weights
+    if device.type == "cuda":  # the plan per rank, checked before anything is allocated
+        from tpserve.engine.executor import ACTIVATION_RESERVE
+        from tpserve.model.plan import memory_plan
+
+        mplan = memory_plan(model, cfg, rank=ctx.rank, world=ctx.world, dtype=ctx.dtype,
+                            device_bytes=torch.cuda.get_device_properties(device).total_memory,
+                            utilization=opts.gpu_memory_utilization, activation_bytes=ACTIVATION_RESERVE,
+                            block_size=opts.block_size)
+        log.warning("memory plan (%s weights): %s", qc.method, mplan.describe())
+        mplan.check()
+    store = None
+    if opts.snapshot and load_format != "dummy":
+        store = SnapshotStore(opts.snapshot_dir)
+        key = store.key(model_dir, cfg, ctx, qc, plan)
+        if store.restore(model, key, ctx.rank, ctx.world, device):
+            log.warning("rank %d: weights restored from snapshot %s", ctx.rank, store.entry_dir(key).name)
+            return model.eval()
+    model.to_empty(device=device)
+    if load_format == "dummy":
+        from tpserve.model.tiny import randomize_
+
+        randomize_(model, seed=seed + ctx.rank)
+        randomize_quantized_(model, seed=seed + ctx.rank)
+    else:
+        load_weights(model, model_dir, rank=ctx.rank, world=ctx.world, num_layers=cfg.num_hidden_layers,
+                     progress=progress)
+    finish_loading(model)
+    if store is not None:
+        store.write(model, key, ctx.rank, ctx.world)
+    return model.eval()
+
+
+def weight_options(ecfg, device: torch.device):
+    """EngineConfig -> WeightOptions (snapshots default on for cuda, off on cpu)."""
+    from tpserve.kernels.choice import WeightOptions
+
+    snapshot = ecfg.snapshot if ecfg.snapshot is not None else device.type == "cuda"
+    return WeightOptions(quantization=ecfg.quantization, dense_fp8=ecfg.dense_fp8,
+                         snapshot=bool(snapshot) and ecfg.load_format != "dummy", snapshot_dir=ecfg.snapshot_dir,
+                         gpu_memory_utilization=ecfg.gpu_memory_utilization, block_size=ecfg.block_size)

@@ -1,0 +1,262 @@
+"""Which quantization method each linear / expert layer uses.
+
+The checkpoint's `quantization_config` (config.json, or ModelOpt's hf_quant_config.json) names
+the method; `--quantization` (vLLM's name) overrides that name. Which layers are quantized is read
+per tensor from the checkpoint: a weight stored as float8_e4m3fn with a `weight_scale_inv`
+beside it is FP8 block, a uint8 weight with `weight_scale` and `weight_scale_2` is NVFP4, anything
+else is the model dtype, whatever `modules_to_not_convert` says. Nothing is upcast silently: a
+float8 weight without its scale, or a layout that disagrees with the method, is an error.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from tpserve.model.config import UnsupportedConfigError
+from tpserve.model.quant_methods import (Bf16Experts, Bf16Linear, Fp8BlockLinear, Fp8ChannelLinear, Fp8Experts,
+                                         Nvfp4Experts, Nvfp4Linear)
+
+log = logging.getLogger("tpserve.quant")
+
+METHODS = ("bf16", "fp8", "nvfp4")
+ALIASES = {"none": "bf16", "bf16": "bf16", "fp8": "fp8", "nvfp4": "nvfp4", "modelopt_fp4": "nvfp4"}
+DEQUANT_AFTER_LOAD = ("kv_b_proj",)  # read as a plain weight by the attention (absorbed into q / out)
+
+
+@dataclass(frozen=True)
+class QuantConfig:
+    method: str = "bf16"                       # bf16 | fp8 | nvfp4
+    fp8_block: tuple[int, int] = (128, 128)
+    not_convert: tuple[str, ...] = ()          # module names / patterns the checkpoint keeps unquantized
+    dense_fp8: bool = False
+    raw: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    def key(self) -> str:
+        return f"{self.method}:{self.fp8_block[0]}x{self.fp8_block[1]}:dense_fp8={self.dense_fp8}"
+
+    def excluded(self, module: str) -> bool:
+        return any(module == p or module.endswith("." + p) or fnmatch.fnmatch(module, p) for p in self.not_convert)
+
+
+def method_name(name: str, what: str = "quantization") -> str:
+    key = name.strip().lower()
+    if key not in ALIASES:
+        raise UnsupportedConfigError(f"{what}: unknown or unsupported quantization method {name!r}; "
+                                     f"supported: fp8 (block-wise), nvfp4 (modelopt_fp4), none")
+    return ALIASES[key]
+
+
+def parse_quant_config(raw: dict[str, Any] | None) -> QuantConfig:
+    """A checkpoint's quantization_config (or hf_quant_config.json) -> QuantConfig."""
+    if not raw:
+        return QuantConfig()
+    if "quantization" in raw and isinstance(raw["quantization"], dict):  # ModelOpt hf_quant_config.json
+        raw = {"quant_method": "modelopt", **raw["quantization"]}
+    qm = str(raw.get("quant_method", "")).lower()
+    if qm == "fp8":
+        block = raw.get("weight_block_size")
+        if not (isinstance(block, (list, tuple)) and len(block) == 2 and all(isinstance(b, int) and b > 0
+                                                                          for b in block)):
+            raise UnsupportedConfigError(f"quantization_config: fp8 needs weight_block_size [bn, bk] (block-wise "
+                                         f"FP8); got {block!r} (per-tensor FP8 is not supported)")
+        skip = raw.get("modules_to_not_convert") or raw.get("ignored_layers") or ()
+        return QuantConfig("fp8", tuple(block), tuple(skip), raw=raw)
+    if qm in ("modelopt", "modelopt_fp4"):
+        algo = str(raw.get("quant_algo", "NVFP4")).upper()
+        if algo != "NVFP4":
+            raise UnsupportedConfigError(f"quantization_config: modelopt quant_algo {algo!r} is not supported "
+                                         "(only NVFP4)")
+        group = raw.get("group_size", 16)
+        if group != 16:
+            raise UnsupportedConfigError(f"quantization_config: nvfp4 group_size must be 16, got {group!r}")
+        skip = raw.get("exclude_modules") or raw.get("ignore") or raw.get("modules_to_not_convert") or ()
+        return QuantConfig("nvfp4", not_convert=tuple(skip), raw=raw)
+    raise UnsupportedConfigError(f"quantization_config: quant_method {qm or raw!r} is not supported "
+                                 "(supported: fp8 with weight_block_size, modelopt NVFP4)")
+
+
+def read_quant_config(model_dir: str | Path, override: str | None = None, dense_fp8: bool = False) -> QuantConfig:
+    """The checkpoint's method, with --quantization and --dense-fp8 applied."""
+    model_dir = Path(model_dir)
+    raw: dict[str, Any] = {}
+    cfg_file = model_dir / "config.json"
+    if cfg_file.is_file():
+        data = json.loads(cfg_file.read_text())
+        raw = data.get("quantization_config") or (data.get("text_config") or {}).get("quantization_config") or {}
+    hf = model_dir / "hf_quant_config.json"
+    if not raw and hf.is_file():
+        raw = json.loads(hf.read_text())
+    qc = parse_quant_config(raw)
+    if override:
+        want = method_name(override)
+        if qc.method != "bf16" and want != qc.method:
+            raise UnsupportedConfigError(f"quantization: --quantization {override} but the checkpoint is "
+                                         f"{qc.method} (its quantization_config says so)")
+        if want != qc.method:
+            qc = QuantConfig(want, qc.fp8_block, qc.not_convert, raw=qc.raw)
+    if dense_fp8:
+        qc = QuantConfig(qc.method, qc.fp8_block, qc.not_convert, True, raw=qc.raw)
+    return qc
+
+
+# ------------------------------------------------------------------ per-tensor detection
+def tensor_layout(info: dict[str, tuple[str, tuple[int, ...]]], prefix: str) -> str:
+    """'bf16', 'fp8' or 'nvfp4' for the weight `prefix.weight`, from the stored dtypes and the
+    scale tensors beside it. info: internal name -> (safetensors dtype, shape)."""
+    w = info.get(prefix + ".weight")
+    if w is None:
+        return "bf16"
+    dtype = w[0]
+    if dtype.startswith("F8"):
+        if prefix + ".weight_scale_inv" not in info:
+            raise UnsupportedConfigError(f"{prefix}.weight: stored as {dtype} without a weight_scale_inv beside it "
+                                         "(per-tensor FP8 is not supported)")
+        return "fp8"
+    if dtype == "U8":
+        if prefix + ".weight_scale" not in info or prefix + ".weight_scale_2" not in info:
+            raise UnsupportedConfigError(f"{prefix}.weight: stored as uint8 without weight_scale and weight_scale_2 "
+                                         "(not an NVFP4 tensor)")
+        return "nvfp4"
+    return "bf16"
+
+
+def linear_method(qc: QuantConfig, layout: str):
+    if layout == "fp8":
+        return Fp8BlockLinear(qc.fp8_block)
+    if layout == "nvfp4":
+        return Nvfp4Linear()
+    return Fp8ChannelLinear() if qc.dense_fp8 else Bf16Linear()
+
+
+def expert_method(qc: QuantConfig, layout: str):
+    return {"fp8": lambda: Fp8Experts(qc.fp8_block), "nvfp4": Nvfp4Experts, "bf16": Bf16Experts}[layout]()
+
+
+def _check_method(qc: QuantConfig, layout: str, name: str) -> None:
+    if layout != "bf16" and layout != qc.method:
+        raise UnsupportedConfigError(f"{name}: stored as {layout} but the quantization method is {qc.method} "
+                                     "(set --quantization to match the checkpoint)")
+
+
+def plan_from_checkpoint(model: nn.Module, qc: QuantConfig,
+                         info: dict[str, tuple[str, tuple[int, ...]]]) -> tuple[QuantConfig, dict]:
+    """(the method, name -> layout for every Linear / Experts module), read from the checkpoint's
+    tensors. With no quantization_config the stored layout names the method (fp8 block 128)."""
+    from tpserve.model.layers import Linear
+    from tpserve.model.moe import Experts
+
+    plan: dict[str, str] = {}
+    if qc.method == "bf16":
+        found = {tensor_layout(info, n[:-len(".weight")]) for n in info if n.endswith(".weight")} - {"bf16"}
+        if len(found) > 1:
+            raise UnsupportedConfigError(f"checkpoint mixes quantized layouts {sorted(found)}")
+        if found:
+            qc = QuantConfig(found.pop(), qc.fp8_block, qc.not_convert, qc.dense_fp8, raw=qc.raw)
+            log.info("no quantization_config: the stored tensors are %s", qc.method)
+    for name, mod in model.named_modules():
+        if isinstance(mod, Linear):
+            plan[name] = tensor_layout(info, name)
+        elif isinstance(mod, Experts):
+            kinds = {tensor_layout(info, f"{name}.{e}.{p}") for e in range(mod.dims[0])
+                     for p in ("gate_proj", "up_proj", "down_proj")}
+            if len(kinds) > 1:
+                raise UnsupportedConfigError(f"{name}: experts stored in mixed layouts {sorted(kinds)}")
+            plan[name] = kinds.pop()
+        else:
+            continue
+        _check_method(qc, plan[name], name)
+    if qc.method != "bf16" and not any(v != "bf16" for v in plan.values()):
+        raise UnsupportedConfigError(f"quantization: method {qc.method} but the checkpoint holds no {qc.method} "
+                                     "tensors (quantize it with `tpserve quantize`)")
+    if qc.method == "fp8":
+        _check_scale_shapes(info, plan, qc.fp8_block)
+    return qc, plan
+
+
+def _check_scale_shapes(info, plan: dict[str, str], block: tuple[int, int]) -> None:
+    for name, layout in plan.items():
+        w = info.get(name + ".weight")
+        if layout != "fp8" or w is None:
+            continue
+        want = (-(-w[1][0] // block[0]), -(-w[1][1] // block[1]))
+        got = info[name + ".weight_scale_inv"][1]
+        if tuple(got) != want:
+            raise UnsupportedConfigError(f"{name}.weight_scale_inv: shape {list(got)} does not fit block "
+                                         f"{block[0]}x{block[1]} of weight {list(w[1])} (expected {list(want)}; "
+                                         "check weight_block_size)")
+
+
+def plan_for_dummy(model: nn.Module, qc: QuantConfig) -> dict:
+    """--load-format dummy: the layout the real checkpoint of this method has. fp8: every linear and
+    expert not excluded (as `tpserve quantize` writes it: not linears with fewer outputs than one
+    block); nvfp4: the routed experts only (attention, shared experts, router,
+    embeddings and lm_head stay in the model dtype)."""
+    from tpserve.model.layers import Linear
+    from tpserve.model.moe import Experts
+
+    plan: dict[str, str] = {}
+    for name, mod in model.named_modules():
+        if isinstance(mod, Experts):
+            plan[name] = qc.method
+        elif isinstance(mod, Linear):
+            quantize = (qc.method == "fp8" and not qc.excluded(name) and mod.out_features >= qc.fp8_block[0])
+            plan[name] = "fp8" if quantize else "bf16"
+    return plan
+
+
+def apply_plan(model: nn.Module, qc: QuantConfig, plan: dict[str, str]) -> None:
+    """Give every Linear / Experts module its method (on a model not yet materialised)."""
+    from tpserve.model.layers import Linear
+
+    for name, mod in model.named_modules():
+        if name not in plan:
+            continue
+        if isinstance(mod, Linear):
+            method = linear_method(qc, plan[name])
+            if plan[name] != "bf16" and name.rsplit(".", 1)[-1] in DEQUANT_AFTER_LOAD:
+                method = DequantAfterLoad(method)
+            mod.set_quant(method, name)
+        else:
+            mod.set_quant(expert_method(qc, plan[name]), name)
+
+
+class DequantAfterLoad:
+    """A quantized weight that the model reads as a plain tensor (kv_b_proj, absorbed into the
+    attention): loaded in its stored layout, then dequantized once to the model dtype. Logged."""
+
+    def __init__(self, inner):
+        self.inner, self.name = inner, f"{inner.name}->dense"
+
+    def create(self, layer, ctx, in_f, out_f, shard):
+        self.inner.create(layer, ctx, in_f, out_f, shard)
+
+    def after_load(self, layer):
+        if layer.weight.dtype == layer.ctx.dtype:
+            return
+        dense = self.inner.dense_weight(layer, layer.ctx.dtype)
+        for n in ("weight", "weight_scale_inv", "weight_scale", "weight_scale_2"):
+            layer._parameters.pop(n, None)
+        layer.weight = nn.Parameter(dense, requires_grad=False)
+        log.info("%s: %s weight dequantized to %s once at load (the attention absorbs it)", layer.qualname,
+                 self.inner.name, layer.ctx.dtype)
+
+    def forward(self, layer, x, bias):
+        import torch.nn.functional as F
+
+        return F.linear(x, layer.weight, bias)
+
+    def dense_weight(self, layer, dtype):
+        return layer.weight.to(dtype)
+
+    def randomize(self, layer, gen):
+        self.inner.randomize(layer, gen)
+
+    def describe(self):
+        return self.name
