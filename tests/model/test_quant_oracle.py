@@ -5,7 +5,7 @@ dequantizes then multiplies in fp32, so both sides compute with identical weight
 import pytest
 import torch
 
-from helpers import prefill_logits, random_prompts, reference_greedy, reference_logits
+from helpers import assert_logits_match_oracle, prefill_logits, random_prompts, reference_greedy
 from tpserve import LLM, SamplingParams
 from tpserve.tools.quantize import dequantize_checkpoint, quantize_checkpoint
 
@@ -33,8 +33,7 @@ def test_quantized_greedy_matches_transformers_on_dequantized(pairs, name):
                         SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True))
     for prompt, out in zip(prompts, outs):
         assert out.outputs[0].token_ids == reference_greedy(dpath, prompt, NEW_TOKENS), f"prompt of {len(prompt)}"
-    diff = (prefill_logits(llm, prompts[1]) - reference_logits(dpath, prompts[1])).abs().max().item()
-    assert diff < 1e-4
+    assert_logits_match_oracle(prefill_logits(llm, prompts[1]), dpath, prompts[1])
 
 
 def test_quantized_weights_stay_quantized(pairs):
