@@ -93,7 +93,7 @@ def main() -> int:
         print(f"last 32 positions of the {max(args.lengths)}-token prompt: max |sparse - dense| = {diff:.3e} "
               f"(max |logit| {scale:.2f}), argmax equal at {100 * argmax_equal:.0f}% of positions")
         for m in mla:
-            m.prefill_mode = "auto"
+            m.prefill_mode = "dense"
         out["profile"] = profile_decode(llm, 1, 8)
         llm.shutdown()
     if args.json:

@@ -85,3 +85,43 @@ def assert_logits_match_oracle(ours: torch.Tensor, path: Path, prompt: list[int]
     err = (ours.double() - ref64).abs().max().item()
     assert err <= bound, f"logits differ from the float64 oracle by {err:.3e} > bound {bound:.3e}"
     return err
+
+
+def prefill_logits(llm, prompt: list[int]) -> torch.Tensor:
+    """Logits at every prompt position from one tpserve prefill (through the engine's runner)."""
+    from tpserve.engine.runner import StepPlan
+
+    engine = llm.engine
+    bs = engine.executor.cache_shape.block_size
+    blocks = engine.block_pool.allocate(-(-len(prompt) // bs))
+    slot = engine.slot_pool.allocate(1)
+    try:
+        plan = StepPlan(list(prompt), list(range(len(prompt))), [0, len(prompt)], [0], slot, [blocks],
+                        list(range(len(prompt))), list(slot))
+        return engine.executor.execute(plan).cpu()
+    finally:
+        engine.block_pool.free(blocks)
+        engine.slot_pool.free(slot)
+
+
+def random_prompts(lengths, seed: int = 0, vocab: int = 500) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, vocab, (n,), generator=gen).tolist() for n in lengths]
+
+
+def wait_healthy(url: str, proc, timeout: float = 60.0) -> None:
+    """Poll `url`/health until it answers 200; fail with the process output if it exits or times out."""
+    import time
+
+    import httpx
+
+    deadline = time.time() + timeout
+    while True:
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None or time.time() > deadline:
+            raise AssertionError("server did not come up:\n" + proc.stdout.read().decode()[-3000:])
+        time.sleep(0.3)

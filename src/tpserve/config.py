@@ -42,11 +42,11 @@ class EngineConfig:
         "from --gpu-memory-utilization on cuda, 256MiB on cpu")
     gpu_memory_utilization: float = _opt(0.85, "fraction of GPU memory the engine may use")
     # ---- speedup switches (docs/switches.md) ----
-    mla_prefill: str = _opt("auto", "MLA attention of prefill chunks: sparse (each query attends only its <= "
-                            "index_topk selected latent rows, kv_b_proj absorbed; no dense mask, no expansion of "
-                            "the whole context), dense (the context's latent expanded to keys/values, SDPA under "
-                            "the selection mask), or auto (sparse once a sequence is longer than 4x the selection "
-                            "width)", switch=True, choices=("auto", "sparse", "dense"))
+    mla_prefill: str = _opt("dense", "MLA attention of prefill chunks: dense (the context's latent expanded to "
+                            "keys/values, SDPA under the selection mask) or sparse (each query attends only its "
+                            "<= index_topk selected latent rows, kv_b_proj absorbed, in query blocks; measured "
+                            "1.31x / 1.21x slower than dense at 4k / 16k tokens on an H200, BENCHMARKS.md run 12)",
+                            switch=True, choices=("sparse", "dense"))
     enforce_eager: bool = _opt(False, "run every step eagerly: no CUDA graphs (by default, decode steps of up "
                                "to --max-num-seqs sequences replay graphs captured at start, cuda only)",
                                switch=True)

@@ -23,8 +23,7 @@ class Kernels:
     mhc: str = "torch"            # "triton": one fused kernel for the mHC weights; "torch": plain ops
     moe: str = "torch"            # "triton": grouped expert GEMMs; "torch": a loop over the chosen experts
     moe_triton_max_tokens: int = 0  # the triton MoE runs forwards of at most this many tokens
-    mla_prefill: str = "dense"    # "sparse": each query attends its selected rows only; "dense": masked SDPA;
-                                  # "auto": sparse once the context exceeds 4x the selection width
+    mla_prefill: str = "dense"    # "sparse": each query attends its selected rows only; "dense": masked SDPA
     weights: WeightOptions = WeightOptions()
 
     def describe(self) -> str:

@@ -14,7 +14,7 @@ from torch import nn
 
 from tpserve.model.batch import CacheTensors, ForwardBatch
 from tpserve.model.config import ModelConfig
-from tpserve.model.indexer import Indexer, cache_rows, selection_width, token_rows
+from tpserve.model.indexer import Indexer, cache_rows, token_rows
 from tpserve.model.layers import RMSNorm, ShardContext, column, replicated, row
 
 QUERY_BLOCK = 1024  # prefill queries attended per SDPA call
@@ -25,7 +25,6 @@ class MlaAttention(nn.Module):
     def __init__(self, ctx: ShardContext, cfg: ModelConfig, layer: int, prefill: str = "dense"):
         super().__init__()
         self.prefill_mode = prefill
-        self.sparse_from = 4 * selection_width(cfg)  # auto: sparse prefill from this context length
         d, bias = cfg.hidden_size, cfg.attention_bias
         self.layer = layer
         self.heads = ctx.split(cfg.num_attention_heads, "num_attention_heads")
@@ -65,7 +64,7 @@ class MlaAttention(nn.Module):
                 out[:nd] = self._sparse(q[:nd], selection[:nd], batch.token_seq, batch.block_tables, latent_flat, bs)
             for i in range(batch.decode_seqs, batch.num_seqs):
                 a, b = batch.cu_seqlens[i], batch.cu_seqlens[i + 1]
-                if self._sparse_prefill(batch.total_len(i)):
+                if self.prefill_mode == "sparse":
                     for c in range(a, b, SPARSE_QUERY_BLOCK):  # bounded memory: block x width x latent rows
                         d = min(c + SPARSE_QUERY_BLOCK, b)
                         out[c:d] = self._sparse(q[c:d], selection[c:d], batch.token_seq[c:d], batch.block_tables,
@@ -94,9 +93,6 @@ class MlaAttention(nn.Module):
                                                attn_mask=mask[None, None, :, :total], scale=self.scaling)
             out[a:b] = o[0].transpose(0, 1).reshape(b - a, self.heads * self.v_dim)
         return out
-
-    def _sparse_prefill(self, total: int) -> bool:
-        return self.prefill_mode == "sparse" or (self.prefill_mode == "auto" and total > self.sparse_from)
 
     def _sparse(self, q: torch.Tensor, sel: torch.Tensor, token_seq: torch.Tensor, block_tables: torch.Tensor,
                 latent_flat: torch.Tensor, block_size: int) -> torch.Tensor:
