@@ -16,6 +16,8 @@ from tpserve.kernels.kda import kda_chunked
 from tpserve.kernels.mhc import hc_weights_torch
 from tpserve.model.layers import clamped_swiglu
 
+KDA_CHUNK = 32  # the chunked form's [heads, chunks, C, C, K] decay tensor is the largest activation
+
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     dtype = x.dtype
@@ -72,7 +74,7 @@ def route(router, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def moe(block, x: torch.Tensor, loads: list | None = None) -> torch.Tensor:
-    """MoE over x [B, T, D]; appends the per-expert token counts to `loads` (bias balancing)."""
+    """MoE over x [B, T, D]; appends (router, tokens per expert) to `loads` (bias balancing)."""
     shape = x.shape
     flat = x.reshape(-1, shape[-1])
     weights, ids = route(block.gate, flat)
@@ -82,14 +84,12 @@ def moe(block, x: torch.Tensor, loads: list | None = None) -> torch.Tensor:
     out = torch.zeros_like(flat)
     for e in range(n_exp):
         rows, slot = torch.where(ids == e)
-        if rows.numel() == 0:
-            continue
         h = F.linear(flat[rows], experts.gate_up_proj[e])
         h = clamped_swiglu(h[:, :inter], h[:, inter:], experts.limit)
         y = F.linear(h, experts.down_proj[e]) * weights[rows, slot].unsqueeze(-1).to(flat.dtype)
         out = out.index_add(0, rows, y)
     if loads is not None:
-        loads.append(torch.bincount(ids.flatten(), minlength=n_exp))
+        loads.append((block.gate, torch.bincount(ids.flatten(), minlength=n_exp)))
     if block.shared_experts is not None:
         out = out + dense_mlp(block.shared_experts, flat)
     return out.view(shape)
@@ -118,7 +118,7 @@ def kda(attn, x: torch.Tensor) -> torch.Tensor:
     heads_first = lambda y: y.transpose(0, 1).reshape(t, b * h, *y.shape[3:])  # noqa: E731
     state = torch.zeros(b * h, dh, dh, dtype=torch.float32, device=x.device)
     out, _ = kda_chunked(heads_first(q), heads_first(k), heads_first(v), heads_first(g),
-                         beta.transpose(0, 1).reshape(t, b * h), state)
+                         beta.transpose(0, 1).reshape(t, b * h), state, chunk=KDA_CHUNK)
     out = out.view(t, b, h, dh).transpose(0, 1)
     gate = linear(linear(x, attn.g_a_proj), attn.g_b_proj).view(b, t, h, dh)
     norm = attn.o_norm

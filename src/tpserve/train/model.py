@@ -58,7 +58,7 @@ class Output:
     hidden: torch.Tensor                      # [B, T, D] after the final norm (MTP depth 0 input)
     mtp_logits: list[torch.Tensor] = field(default_factory=list)   # depth d: [B, T, V], predicts t+d+1
     indexer_losses: list[torch.Tensor] = field(default_factory=list)
-    loads: list[torch.Tensor] = field(default_factory=list)        # tokens per expert, per MoE layer
+    loads: list = field(default_factory=list)   # (router, tokens per expert) per MoE call
 
 
 class TrainModel(nn.Module):
