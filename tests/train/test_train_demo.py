@@ -58,7 +58,7 @@ def test_seeded_and_resumable(trained, tmp_path):
     for name in ta:
         assert torch.equal(ta[name], tb[name]), name
     history = json.loads((trained / "losses.json").read_text())
-    assert [h["step"] for h in history] == [0, 1, 2] and all(math.isfinite(h["loss"]) for h in history)
+    assert [h["step"] for h in history] == [0, 2] and all(math.isfinite(h["loss"]) for h in history)
     assert (trained / "loss.png").stat().st_size > 1000
 
 
@@ -115,7 +115,7 @@ def test_mtp_draft_loop_runs(trained):
     path = trained / "model"
     model = TrainModel(ModelConfig.from_file(path))
     load_checkpoint_(model, path)
-    stats = draft_and_verify(model, list(range(5, 40)), max_new_tokens=8, k=3)
+    stats = draft_and_verify(model, list(range(5, 40)), max_new_tokens=6, k=3)
     assert stats["drafted"] >= 3 and 0 <= stats["accepted"] <= stats["drafted"]
     # the loop's output is the model's own greedy continuation, drafts or not
-    assert stats["tokens"] == draft_and_verify(model, list(range(5, 40)), max_new_tokens=8, k=0)["tokens"]
+    assert stats["tokens"] == draft_and_verify(model, list(range(5, 40)), max_new_tokens=6, k=0)["tokens"]
