@@ -162,7 +162,6 @@ def _stream(client, body: dict) -> dict:
 
 # --------------------------------------------------------------------------- 3. MTP
 def mtp_prompts() -> list[str]:
-    rng = random.Random(TOOL_SEED + 1)
     out = [corpus.render_chat([{"role": "user", "content": u}], thinking=False, add_generation_prompt=True)
            for u in ("Count from 1 to 60.", "Count from 300 to 700 in steps of 25.",
                      "Write a JSON object with name Alice, age 31 and city Lima.",
@@ -170,7 +169,6 @@ def mtp_prompts() -> list[str]:
     for case in held_out_tool_cases(2, TOOL_SEED + 2):
         out.append(corpus.render_chat([{"role": "user", "content": case["user"]}], case["tools"], thinking=False,
                                       add_generation_prompt=True))
-    del rng
     return out
 
 
