@@ -222,7 +222,7 @@ def plot(results: dict, path: Path) -> None:
 
     labels, values, targets = [], [], []
     if "counting" in results:
-        labels.append("count 1..200")
+        labels.append("count 1..200, stop")
         values.append(100.0 * all(v["ok"] for v in results["counting"].values()))
         targets.append(100)
     if "tools" in results:
