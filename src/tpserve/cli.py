@@ -17,6 +17,7 @@ TOOL_MODULES = (
     "tpserve.tools.serve",
     "tpserve.tools.generate",
     "tpserve.tools.make_tiny",
+    "tpserve.tools.train_demo",
     "tpserve.tools.doctor",
     "tpserve.tools.collectives",
     "tpserve.tools.bench_serve",

@@ -21,7 +21,7 @@ def _opt(default: Any, help: str, *, switch: bool = False, flag: str | None = No
 
 @dataclass(frozen=True)
 class EngineConfig:
-    model: str | None = _opt(None, "checkpoint directory (default: the built-in tiny model)")
+    model: str | None = _opt(None, "checkpoint directory (default: the built-in trained demo model)")
     device: str = _opt("auto", "cpu, cuda or auto (cuda when available)",
                        choices=("auto", "cpu", "cuda"))
     dtype: str = _opt("auto", "weight/activation dtype: auto (bfloat16 on cuda, float32 on cpu), "

@@ -19,6 +19,7 @@ log = logging.getLogger("tpserve.setup")
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 TINY_NAME = "tiny-glm5-next-v1"
+DEMO_NAME = "glm5-next-demo"  # src/tpserve/builtin/<DEMO_NAME>: the trained demo checkpoint
 
 
 @dataclass(frozen=True)
@@ -54,8 +55,24 @@ def builtin_tiny_model() -> Path:
     return target
 
 
+def builtin_demo_model() -> Path | None:
+    """The trained demo model shipped inside the package (`tpserve train-demo`), if present."""
+    path = Path(__file__).resolve().parent.parent / "builtin" / DEMO_NAME
+    return path if (path / "config.json").is_file() else None
+
+
+def default_model() -> Path:
+    """The model used when none is given: the shipped demo model, else the random tiny one.
+    `TPSERVE_DEFAULT_MODEL=tiny` picks the random tiny checkpoint."""
+    if os.environ.get("TPSERVE_DEFAULT_MODEL", "").strip().lower() != "tiny":
+        demo = builtin_demo_model()
+        if demo is not None:
+            return demo
+    return builtin_tiny_model()
+
+
 def resolve_runtime(ecfg: EngineConfig) -> Runtime:
-    model_dir = Path(ecfg.model) if ecfg.model else builtin_tiny_model()
+    model_dir = Path(ecfg.model) if ecfg.model else default_model()
     if not model_dir.is_dir():
         raise FileNotFoundError(f"model: {model_dir} is not a directory (a local checkpoint is needed)")
     if ecfg.device == "auto":

@@ -1,0 +1,121 @@
+"""train-demo: a few CPU steps at tiny size (seeded, resumable), the checkpoint layout with the MTP
+layer, and the training forward being the same function as transformers and the engine."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from helpers import reference_greedy, reference_logits  # noqa: E402
+
+SETTINGS = dict(preset="tiny", batch=2, seq_len=64, docs=120, vocab_size=320, warmup=5, save_every=1,
+                save_dtype="float32", time_budget=0)
+
+
+def _tensors(model_dir: Path) -> dict[str, torch.Tensor]:
+    out = {}
+    for f in sorted(model_dir.glob("*.safetensors")):
+        with safe_open(str(f), "pt") as h:
+            out.update({k: h.get_tensor(k) for k in h.keys()})
+    return out
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    from tpserve.train.settings import TrainSettings
+    from tpserve.train.trainer import train
+
+    out = tmp_path_factory.mktemp("demo") / "a"
+    train(out, TrainSettings(steps=3, **SETTINGS), progress=False)
+    return out
+
+
+def test_seeded_and_resumable(trained, tmp_path):
+    """2 steps, then resume to 3 == 3 steps in one go (warmup covers all steps: same learning rates)."""
+    import shutil
+
+    from tpserve.train.settings import TrainSettings
+    from tpserve.train.trainer import train
+
+    b = tmp_path / "b"
+    b.mkdir()
+    for name in ("data.xz", "data.json"):  # same corpus and tokenizer files, made once
+        shutil.copy(trained / name, b / name)
+    shutil.copytree(trained / "model", b / "model", ignore=shutil.ignore_patterns("model*", "train_info.json"))
+    train(b, TrainSettings(steps=2, **SETTINGS), progress=False)
+    assert torch.load(b / "state.pt", weights_only=False)["state"]["step"] == 2
+    result = train(b, TrainSettings(steps=3, **SETTINGS), progress=False)
+    assert result["steps"] == 3
+    ta, tb = _tensors(trained / "model"), _tensors(b / "model")
+    assert ta.keys() == tb.keys()
+    for name in ta:
+        assert torch.equal(ta[name], tb[name]), name
+    history = json.loads((trained / "losses.json").read_text())
+    assert [h["step"] for h in history] == [0, 2] and all(math.isfinite(h["loss"]) for h in history)
+    assert (trained / "loss.png").stat().st_size > 1000
+
+
+def test_checkpoint_layout_has_the_mtp_layer(trained):
+    cfg = json.loads((trained / "model" / "config.json").read_text())["text_config"]
+    n, d = cfg["num_hidden_layers"], cfg["hidden_size"]
+    assert cfg["num_nextn_predict_layers"] == 1
+    t = _tensors(trained / "model")
+    p = f"model.language_model.layers.{n}."
+    assert t[p + "eh_proj.weight"].shape == (d, 2 * d)
+    for name in ("enorm.weight", "hnorm.weight", "shared_head.norm.weight", "self_attn.kv_b_proj.weight",
+                 "self_attn.indexer.wk.weight", "mlp.gate.weight", "mlp.experts.0.gate_proj.weight",
+                 "mlp.shared_experts.down_proj.weight", "hc_attn_fn", "hc_ffn_base"):
+        assert p + name in t, name
+    assert not any(k.startswith(f"model.language_model.layers.{n + 1}.") for k in t)
+    for f in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        assert (trained / "model" / f).is_file()
+
+
+def test_training_forward_matches_transformers_and_engine(trained):
+    """Logits of our training forward == transformers' (fp32 rounding), and the engine's greedy
+    tokens == transformers' greedy tokens, on the checkpoint train-demo wrote."""
+    from tpserve import LLM, SamplingParams
+    from tpserve.model.config import ModelConfig
+    from tpserve.train.model import TrainModel, load_checkpoint_
+
+    path = trained / "model"
+    cfg = ModelConfig.from_file(path)
+    model = TrainModel(cfg)
+    load_checkpoint_(model, path)
+    prompt = torch.randint(3, cfg.vocab_size - 20, (90,), generator=torch.Generator().manual_seed(4)).tolist()
+    with torch.no_grad():
+        ours = model(torch.tensor([prompt])).logits[0]
+    ref = reference_logits(path, prompt)
+    # fp32: each layer's dot products (length <= hidden * hc_mult) round at ~eps * sqrt(length)
+    # relative; errors add over the layers and the mHC / Sinkhorn steps of each
+    eps = torch.finfo(torch.float32).eps
+    steps = 2 * cfg.num_hidden_layers * (cfg.hc_sinkhorn_iters + 4)
+    bound = eps * math.sqrt(cfg.hidden_size * cfg.hc_mult) * steps * ref.abs().max().item()
+    err = (ours - ref).abs().max().item()
+    assert err <= bound, (err, bound)
+
+    llm = LLM(str(path), device="cpu", dtype="float32", kv_cache_memory="8MiB", block_size=16)
+    got = llm.generate({"prompt_token_ids": prompt}, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
+    llm.shutdown()
+    assert got[0].outputs[0].token_ids == reference_greedy(path, prompt, 12)
+
+
+def test_mtp_draft_loop_runs(trained):
+    from tpserve.model.config import ModelConfig
+    from tpserve.train.mtp_eval import draft_and_verify
+    from tpserve.train.model import TrainModel, load_checkpoint_
+
+    path = trained / "model"
+    model = TrainModel(ModelConfig.from_file(path))
+    load_checkpoint_(model, path)
+    stats = draft_and_verify(model, list(range(5, 40)), max_new_tokens=6, k=3)
+    assert stats["drafted"] >= 3 and 0 <= stats["accepted"] <= stats["drafted"]
+    # the loop's output is the model's own greedy continuation, drafts or not
+    assert stats["tokens"] == draft_and_verify(model, list(range(5, 40)), max_new_tokens=6, k=0)["tokens"]
