@@ -98,3 +98,9 @@ def test_uniform_sampling_is_uniform():
     counts = torch.bincount(toks, minlength=8).float()
     chi2 = ((counts - 500) ** 2 / 500).sum().item()
     assert chi2 < 24.3  # 99.9th percentile of chi-square with 7 degrees of freedom
+
+
+def test_huge_top_k_is_off_not_an_overflow():
+    seqs = [Sequence("r", 0, [1], SamplingParams(temperature=1.0, top_k=123456789012345, seed=1), 5, frozenset())]
+    seqs[0].generator = torch.Generator().manual_seed(1)
+    assert 0 <= sampler.sample(torch.randn(1, 30), seqs, torch.Generator())[0].token < 30

@@ -65,7 +65,7 @@ class DecodeGraphs:
         ids, pos, slots, rows, tables = self._views(self.device_buf, b)
         return ForwardBatch(input_ids=ids, positions=pos, cu_seqlens=list(range(b + 1)), context_lens=[0] * b,
                             slots=slots, block_tables=tables, slot_mapping=rows, logits_indices=self.arange[:b],
-                            token_seq=self.arange[:b], decode_seqs=b)
+                            token_seq=self.arange[:b], decode_seqs=b, fixed_shapes=True)
 
     def _fill(self, plan, b: int) -> None:
         """Write a plan (or only padding, plan None) into the host twin, then one copy to the device."""

@@ -100,7 +100,7 @@ def _sample_rows(logits: torch.Tensor, seqs: list[Sequence], engine_generator: t
     dev, vocab = logits.device, logits.shape[1]
     params = [s.params for s in seqs]
     temp = torch.tensor([p.temperature for p in params], device=dev).unsqueeze(1)
-    top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params], device=dev)
+    top_k = torch.tensor([min(p.top_k, vocab) if p.top_k > 0 else vocab for p in params], device=dev)  # any int
     top_p = torch.tensor([p.top_p for p in params], device=dev)
     min_p = torch.tensor([p.min_p for p in params], device=dev)
     probs = _filter(logits / temp, top_k, top_p, min_p).softmax(-1)

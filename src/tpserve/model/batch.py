@@ -40,6 +40,7 @@ class ForwardBatch:
     sequence_parallel: bool = False  # split the residual stream across ranks this step
     token_seq: torch.Tensor | None = None  # [T] long, index of the sequence owning each token
     decode_seqs: int = 0             # the first decode_seqs sequences take the decode kernels
+    fixed_shapes: bool = False       # a graph step: shapes from the buffers only, never from host lengths
 
     @property
     def num_seqs(self) -> int:

@@ -156,10 +156,14 @@ class Indexer(nn.Module):
     def _select_tokens(self, q: torch.Tensor, w: torch.Tensor, batch: ForwardBatch,
                        cache: CacheTensors) -> torch.Tensor:
         """Decode / verify tokens (the first q.shape[0] rows): each scores the pools of its own
-        sequence over the block table's whole width (a fixed shape), invisible pools masked."""
+        sequence, invisible pools masked; in a graph step over the block table's whole width."""
         n = q.shape[0]
         pos = batch.positions[:n]
-        n_pools = batch.block_tables.shape[1] * cache.block_size // self.kpool
+        if batch.fixed_shapes:
+            n_pools = batch.block_tables.shape[1] * cache.block_size // self.kpool
+        else:  # the reference's width: exact ties between pool scores are broken by top-k's algorithm,
+            # which depends on the width (tie choices can differ from the fixed-width graph step)
+            n_pools = max(batch.total_len(i) for i in range(batch.decode_seqs)) // self.kpool
         starts = (torch.arange(n_pools, device=q.device) * self.kpool).expand(n, -1)
         rows = token_rows(batch.block_tables, batch.token_seq[:n], starts, cache.block_size) // self.kpool
         pool_keys = cache.pool_k[self.layer].view(-1, self.head_dim)[rows]            # [n, P, d]
