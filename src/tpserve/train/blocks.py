@@ -55,29 +55,11 @@ def dense_mlp(mlp, x: torch.Tensor) -> torch.Tensor:
     return linear(clamped_swiglu(linear(x, mlp.gate_proj), linear(x, mlp.up_proj), mlp.limit), mlp.down_proj)
 
 
-def route(router, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [M, D] -> (weights [M, k] fp32 with gradient to the router, expert ids [M, k])."""
-    scores = F.linear(x.float(), router.weight.float()).sigmoid()
-    choice = scores.detach() + router.e_score_correction_bias
-    if router.n_group > 1:
-        grouped = choice.view(x.shape[0], router.n_group, -1)
-        group_scores = grouped.topk(2, dim=-1)[0].sum(dim=-1)
-        keep = torch.topk(group_scores, k=router.topk_group, dim=-1, sorted=False)[1]
-        group_mask = torch.zeros_like(group_scores).scatter_(1, keep, 1.0).bool()
-        choice = choice.masked_fill(~group_mask.unsqueeze(-1).expand_as(grouped).reshape_as(choice),
-                                    float("-inf"))
-    ids = torch.topk(choice, k=router.top_k, dim=-1, sorted=False)[1]
-    weights = scores.gather(1, ids)
-    if router.norm:
-        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
-    return weights * router.scaling, ids
-
-
 def moe(block, x: torch.Tensor, loads: list | None = None) -> torch.Tensor:
     """MoE over x [B, T, D]; appends (router, tokens per expert) to `loads` (bias balancing)."""
     shape = x.shape
     flat = x.reshape(-1, shape[-1])
-    weights, ids = route(block.gate, flat)
+    weights, ids = block.gate(flat)  # model/moe.py Router: plain differentiable torch (grads via the weights)
     experts = block.experts
     n_exp = experts.gate_up_proj.shape[0]
     inter = experts.down_proj.shape[-1]
