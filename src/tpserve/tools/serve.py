@@ -56,12 +56,14 @@ def run(args) -> int:
         return 0
     from tpserve.engine.async_engine import AsyncEngine
     from tpserve.engine.engine import LLMEngine
+    from tpserve.engine.setup import DEMO_NAME
     from tpserve.server.api import ServerState, build_app, generation_defaults
     from tpserve.server.runner import ServerRunner
 
     engine = LLMEngine(cfg)
     async_engine = AsyncEngine(engine, max_waiting=cfg.max_waiting)
-    names = args.served_model_name or [cfg.model or "tiny-glm5-next"]
+    builtin = "glm5-next-demo" if engine.model_dir.name == DEMO_NAME else "tiny-glm5-next"
+    names = args.served_model_name or [cfg.model or builtin]
     state = ServerState(async_engine, names, api_key=args.api_key,
                         sampling_defaults=generation_defaults(engine.model_dir),
                         max_request_bytes=args.max_request_bytes, metrics_public=args.metrics_public)
