@@ -240,10 +240,13 @@ def plot(results: dict, path: Path) -> None:
         targets.append(float("nan"))
     fig, ax = plt.subplots(figsize=(7, 3.5))
     ax.bar(labels, values, color="tab:blue")
-    ax.scatter(labels, targets, color="tab:red", marker="_", s=900, label="target")
+    marked = [(label, t) for label, t in zip(labels, targets) if t == t]  # GSM8K has no target (nan)
+    if marked:
+        ax.scatter([m[0] for m in marked], [m[1] for m in marked], color="tab:red", marker="_", s=900,
+                   label="target")
+        ax.legend()
     ax.set_ylabel("%")
     ax.set_ylim(0, 105)
-    ax.legend()
     ax.set_title("built-in demo model: acceptance checks")
     plt.setp(ax.get_xticklabels(), rotation=15)
     fig.tight_layout()
