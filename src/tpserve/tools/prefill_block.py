@@ -48,7 +48,10 @@ async def _stream(client, url, body, stamps: list, stop: asyncio.Event | None = 
                     return f"broken SSE event {line[:60]!r}"
                 if "error" in chunk:
                     return f"error event: {chunk['error'].get('message')}"
-                if any(c.get("text") for c in chunk.get("choices") or []):
+                choices = chunk.get("choices") or []
+                # a token whose text is still empty (a partial UTF-8 character) shows up at the latest
+                # in the chunk that finishes the stream
+                if any(c.get("text") for c in choices) or (not stamps and any(c.get("finish_reason") for c in choices)):
                     stamps.append(time.perf_counter())
                 if stop is not None and stop.is_set():
                     return None
