@@ -1,0 +1,270 @@
+"""How many tokens to draft per step (adaptive k) and when to stop a draft chain early (truncation).
+
+k is chosen per step to maximise expected emitted tokens per second. A sequence drafting k tokens
+emits 1 + sum_{j<=k} prod_{i<=j} alpha_i tokens on average (alpha_i: the acceptance rate at draft
+position i given the earlier ones were accepted), and the step costs
+    step_cost = a + b * experts_touched(tokens) + c * tokens,  tokens = num_seqs * (1 + k)
+plus draft_cost = d0 + d1 * k. experts_touched is E (1 - (1 - topk/E)^tokens) per MoE layer
+(uniform routing). Verifying drafts is cheap when the fixed part dominates (small batches) and dear
+when the per-token part does (large batches, or small MoE batches where each extra token reads new
+experts). A request's own acceptance history scales the global per-position rates (see _ratio).
+
+Only exploration steps (every explore_every-th, k = max_k, no truncation) train the acceptance
+estimates: on other steps truncation and small k would censor and bias them. Cost coefficients are
+fitted online from every step by least squares in relative error, with a small ridge toward
+priors, over a window of recent steps.
+Pure Python floats; all state lives in the instance.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from operator import mul
+
+# Priors (seconds; guesses, replaced by the online fit within a few dozen steps). Step: 3 ms fixed,
+# 30 us per token, and reading every expert of every MoE layer once costs as much as the fixed part
+# (b = 3 ms / (E * layers)). Draft: 0.3 ms + 0.5 ms per drafted position. With the acceptance prior
+# 0.6, 0.54, ... a batch of 1 drafts (k = 2) and batches of 256 and more do not, dense or MoE.
+STEP_FIXED_PRIOR, FULL_EXPERT_READ_PRIOR, PER_TOKEN_PRIOR = 3e-3, 3e-3, 30e-6
+DRAFT_PRIOR = (3e-4, 5e-4)
+ALPHA_PRIOR, ALPHA_DECAY = 0.6, 0.9   # prior acceptance at position i: 0.6 * 0.9^(i-1)
+PRIOR_COUNT = 2.0                     # pseudo-observations behind the global acceptance prior
+GLOBAL_MEMORY = 0.999                 # per-observation decay of global counts (~1000-obs memory)
+REQUEST_WEIGHT = 8.0                  # a request's own ratio weighs n / (n + REQUEST_WEIGHT)
+COST_WINDOW = 256                     # recent cost observations kept per fit
+RIDGE = 0.01                          # a coefficient 100% off its prior costs as much as 0.01 of
+                                      # relative squared error (an observation 10% off costs 0.01)
+
+
+@dataclass(frozen=True)
+class StepChoice:
+    step: int      # 1-based step count
+    explore: bool  # k = max_k and no truncation; acceptances of this step train the estimators
+
+
+def _solve(m: list[list[float]], v: list[float]) -> list[float]:
+    """Gaussian elimination with partial pivoting for a small symmetric positive-definite system."""
+    n = len(v)
+    a = [row[:] + [v[i]] for i, row in enumerate(m)]
+    for col in range(n):
+        piv = max(range(col, n), key=lambda r: abs(a[r][col]))
+        a[col], a[piv] = a[piv], a[col]
+        for r in range(col + 1, n):
+            f = a[r][col] / a[col][col]
+            for c in range(col, n + 1):
+                a[r][c] -= f * a[col][c]
+    x = [0.0] * n
+    for r in range(n - 1, -1, -1):
+        x[r] = (a[r][n] - sum(a[r][c] * x[c] for c in range(r + 1, n))) / a[r][r]
+    return x
+
+
+def _accumulate(m: list[list[float]], v: list[float], x: list[float], y: float, w: float) -> None:
+    """m += w x x^T, v += w x y (the normal equations of weighted least squares)."""
+    for i, xi in enumerate(x):
+        v[i] += w * xi * y
+        for j, xj in enumerate(x):
+            m[i][j] += w * xi * xj
+
+
+class _RidgeFit:
+    """y ~ theta . x over the last `window` observations by least squares in relative error (weight
+    1 / y^2: timing noise scales with the time), with a ridge on the coefficients' relative distance
+    from `prior`: RIDGE * sum_j ((theta_j - prior_j) / prior_j)^2. Directions the data do not
+    determine (e.g. the per-token cost while only batch-1 steps were seen) stay at the prior.
+    Coefficients kept >= 0 (active set). The sums are incremental, recomputed from the window every
+    `window` additions against rounding drift."""
+
+    def __init__(self, prior: tuple[float, ...], window: int = COST_WINDOW):
+        self.prior = list(prior)
+        self.rows: deque[tuple[list[float], float]] = deque(maxlen=window)
+        d = len(prior)
+        # a zero prior (the expert term without MoE, whose feature is always 0): plain unit ridge to 0
+        self._pen = [RIDGE / p ** 2 if p > 0 else 1.0 for p in self.prior]
+        self._xtx, self._xty = [[0.0] * d for _ in range(d)], [0.0] * d
+        self._adds = 0
+        self._coef: list[float] | None = list(prior)
+
+    def add(self, x: list[float], y: float) -> None:
+        if len(self.rows) == self.rows.maxlen:
+            old_x, old_y = self.rows[0]
+            _accumulate(self._xtx, self._xty, old_x, old_y, -1.0 / max(old_y, 1e-9) ** 2)
+        self.rows.append((x, y))
+        _accumulate(self._xtx, self._xty, x, y, 1.0 / max(y, 1e-9) ** 2)
+        self._adds += 1
+        if self._adds % self.rows.maxlen == 0:
+            d = len(self.prior)
+            self._xtx, self._xty = [[0.0] * d for _ in range(d)], [0.0] * d
+            for rx, ry in self.rows:
+                _accumulate(self._xtx, self._xty, rx, ry, 1.0 / max(ry, 1e-9) ** 2)
+        self._coef = None
+
+    def coef(self) -> list[float]:
+        if self._coef is None:
+            self._coef = self._fit()
+        return self._coef
+
+    def _fit(self) -> list[float]:
+        d, xtx, xty, pen = len(self.prior), self._xtx, self._xty, self._pen
+        free = list(range(d))
+        while True:
+            theta = [0.0] * d
+            m = [[xtx[i][j] + (pen[i] if i == j else 0.0) for j in free] for i in free]
+            v = [xty[i] + pen[i] * self.prior[i] for i in free]
+            for i, t in zip(free, _solve(m, v)):
+                theta[i] = t
+            worst = min(free, key=lambda i: theta[i])
+            if theta[worst] >= 0 or len(free) == 1:
+                return [max(t, 0.0) for t in theta]
+            free.remove(worst)
+
+
+class SpecPolicy:
+    """Adaptive draft length and truncation for speculative decoding (see the module docstring).
+    Per step: choice = begin_step(); k = choose_k(n, keys) (reads the step begin_step started);
+    keep_drafting(choice.explore, survival) before each further draft position; observe_draft(k, s)
+    and observe_step(tokens, s) with the measured times; observe_acceptance(key, drafted, accepted,
+    choice.explore) per sequence; forget(key) when a request ends. Not thread-safe."""
+
+    def __init__(self, max_k: int, adaptive: bool = True, truncate_threshold: float = 0.3, explore_every: int = 4,
+                 num_experts: int = 0, experts_per_token: int = 0, num_moe_layers: int = 0):
+        if not isinstance(max_k, int) or not 0 <= max_k <= 7:
+            raise ValueError(f"max_k: must be an int in 0..7, got {max_k!r}")
+        if not 0.0 <= truncate_threshold <= 1.0:
+            raise ValueError(f"truncate_threshold: must be in [0, 1], got {truncate_threshold!r}")
+        if not isinstance(explore_every, int) or explore_every < 1:
+            raise ValueError(f"explore_every: must be an int >= 1, got {explore_every!r}")
+        if num_experts < 0 or num_moe_layers < 0:
+            raise ValueError(f"num_experts: and num_moe_layers: must be >= 0, got {num_experts}, {num_moe_layers}")
+        if num_experts and not 1 <= experts_per_token <= num_experts:
+            raise ValueError(f"experts_per_token: must be in 1..num_experts ({num_experts}), got {experts_per_token!r}")
+        self.max_k, self.adaptive = max_k, adaptive
+        self.truncate_threshold, self.explore_every = truncate_threshold, explore_every
+        self.num_experts, self.experts_per_token, self.num_moe_layers = num_experts, experts_per_token, num_moe_layers
+        self._step, self._explore = 0, False
+        prior = [ALPHA_PRIOR * ALPHA_DECAY ** i for i in range(max_k)]
+        self._acc = [PRIOR_COUNT * a for a in prior]   # decayed accepted counts per position
+        self._obs = [PRIOR_COUNT] * max_k              # decayed observation counts per position
+        self._req: dict[object, list] = {}  # key -> [accepted, expected under global rates, observed, ratio]
+        per_expert = FULL_EXPERT_READ_PRIOR / (num_experts * num_moe_layers) if num_experts and num_moe_layers else 0.0
+        self._step_fit = _RidgeFit((STEP_FIXED_PRIOR, per_expert, PER_TOKEN_PRIOR))
+        self._draft_fit = _RidgeFit(DRAFT_PRIOR)
+
+    # ------------------------------------------------------------------ steps
+    def begin_step(self) -> StepChoice:
+        """Start a step; every explore_every-th step (steps explore_every, 2*explore_every, ...) explores."""
+        self._step += 1
+        self._explore = self.max_k > 0 and self._step % self.explore_every == 0
+        return StepChoice(self._step, self._explore)
+
+    def choose_k(self, num_seqs: int, seq_keys: list) -> int:
+        """k in 0..max_k for this step's batch (max_k on the current step if it explores or when not
+        adaptive). seq_keys: the keys of the sequences with estimates; missing ones use the global."""
+        if num_seqs < 0 or len(seq_keys) > num_seqs:
+            raise ValueError(f"num_seqs: must be >= len(seq_keys) ({len(seq_keys)}), got {num_seqs}")
+        if self._explore or not self.adaptive or self.max_k == 0:
+            return self.max_k
+        if num_seqs == 0:
+            return 0
+        # Request s has rates glob_i * r_s (see _ratio), so its expected emitted tokens for k are
+        # 1 + sum_{j<=k} G_j r_s^j with G_j = prod_{i<=j} glob_i: sum the powers of r over the batch.
+        glob = self.acceptance()
+        cap = 1.0 / max(max(glob), 1e-12)  # keeps every rate <= 1
+        ratios = [min(own[3], cap) for own in map(self._req.get, seq_keys) if own is not None]
+        unknown, powers, power_sums = num_seqs - len(ratios), ratios, [0.0]  # r = 1 for unknown keys
+        for _ in range(self.max_k):
+            power_sums.append(unknown + sum(powers))
+            powers = list(map(mul, powers, ratios))
+        gains, g_prod = [float(num_seqs)], 1.0  # expected emitted tokens for k = 0..max_k
+        for j in range(1, self.max_k + 1):
+            g_prod *= glob[j - 1]
+            gains.append(gains[-1] + g_prod * power_sums[j])
+        best, best_rate = 0, gains[0] / self.step_cost(num_seqs)
+        for k in range(1, self.max_k + 1):
+            rate = gains[k] / (self.step_cost(num_seqs * (1 + k)) + self.draft_cost(k))
+            if rate > best_rate * (1 + 1e-9):
+                best, best_rate = k, rate
+        return best
+
+    def keep_drafting(self, explore: bool, survival: float) -> bool:
+        """Draft another position? survival: product of the draft's probabilities of its chain so far."""
+        return explore or survival >= self.truncate_threshold
+
+    # ------------------------------------------------------------ estimators
+    def acceptance(self) -> list[float]:
+        """The global acceptance rate estimate per draft position (1..max_k)."""
+        return [a / o for a, o in zip(self._acc, self._obs)]
+
+    @staticmethod
+    def _ratio(accepted: float, expected: float, n: int) -> float:
+        """A request's rates are the global ones times this ratio: its accepted / expected-under-the-
+        global-rates over all positions it was seen at, blended toward 1 with weight
+        n / (n + REQUEST_WEIGHT). One ratio rather than one rate per position: a request rejected at
+        position 1 is rarely seen deeper, and its deeper positions should not keep the global rates."""
+        w = n / (n + REQUEST_WEIGHT)
+        return w * (accepted / expected if expected > 0 else 1.0) + (1 - w)
+
+    def observe_acceptance(self, seq_key, drafted: int, accepted: int, explore: bool) -> None:
+        """Positions 1..accepted were accepted, accepted+1 (if <= drafted) rejected, later ones not
+        seen. Only exploration steps train (the others are ignored)."""
+        if not 0 <= drafted <= self.max_k:
+            raise ValueError(f"drafted: must be in 0..max_k ({self.max_k}), got {drafted}")
+        if not 0 <= accepted <= drafted:
+            raise ValueError(f"accepted: must be in 0..drafted ({drafted}), got {accepted}")
+        if not explore:
+            return
+        own = self._req.setdefault(seq_key, [0.0, 0.0, 0, 1.0])
+        for i in range(min(accepted + 1, drafted)):
+            hit = 1 if i < accepted else 0
+            own[0] += hit
+            own[1] += self._acc[i] / self._obs[i]
+            own[2] += 1
+            self._acc[i] = self._acc[i] * GLOBAL_MEMORY + hit
+            self._obs[i] = self._obs[i] * GLOBAL_MEMORY + 1
+        own[3] = self._ratio(own[0], own[1], own[2])
+
+    def forget(self, seq_key) -> None:
+        """Drop a finished request's estimates (no-op for an unknown key)."""
+        self._req.pop(seq_key, None)
+
+    # ----------------------------------------------------------------- costs
+    def experts_touched(self, num_tokens: int) -> float:
+        """Expected distinct experts read over all MoE layers under uniform routing."""
+        if not self.num_experts or num_tokens <= 0:
+            return 0.0
+        e = self.num_experts
+        return self.num_moe_layers * e * (1 - (1 - self.experts_per_token / e) ** num_tokens)
+
+    def step_cost(self, num_tokens: int) -> float:
+        a, b, c = self._step_fit.coef()
+        return a + b * self.experts_touched(num_tokens) + c * num_tokens
+
+    def draft_cost(self, k: int) -> float:
+        d0, d1 = self._draft_fit.coef()
+        return d0 + d1 * k if k > 0 else 0.0
+
+    def observe_step(self, num_tokens: int, seconds: float) -> None:
+        """One target step (verify or plain decode) of num_tokens tokens took `seconds`."""
+        if num_tokens < 1:
+            raise ValueError(f"num_tokens: must be >= 1, got {num_tokens}")
+        if not seconds > 0:  # also NaN; the fit weighs observations by 1 / seconds^2
+            raise ValueError(f"seconds: must be > 0, got {seconds}")
+        self._step_fit.add([1.0, self.experts_touched(num_tokens), float(num_tokens)], seconds)
+
+    def observe_draft(self, k: int, seconds: float) -> None:
+        """Drafting k positions for a step took `seconds`."""
+        if not 1 <= k <= self.max_k:
+            raise ValueError(f"k: must be in 1..max_k ({self.max_k}), got {k}")
+        if not seconds > 0:  # also NaN; the fit weighs observations by 1 / seconds^2
+            raise ValueError(f"seconds: must be > 0, got {seconds}")
+        self._draft_fit.add([1.0, float(k)], seconds)
+
+    def snapshot(self) -> dict:
+        """Global acceptance rates by position and the fitted cost coefficients (for logs, benchmarks)."""
+        a, b, c = self._step_fit.coef()
+        d0, d1 = self._draft_fit.coef()
+        return {"step": self._step, "acceptance": self.acceptance(),
+                "acceptance_obs": list(self._obs), "requests_tracked": len(self._req),
+                "step_cost": {"a": a, "b_per_expert": b, "c_per_token": c, "n": len(self._step_fit.rows)},
+                "draft_cost": {"d0": d0, "d1": d1, "n": len(self._draft_fit.rows)}}
