@@ -22,6 +22,7 @@ TOOL_MODULES = (
     "tpserve.tools.collectives",
     "tpserve.tools.bench_serve",
     "tpserve.tools.bench_model",
+    "tpserve.tools.bench_spec",
     # operator tools (issue 14)
     "tpserve.tools.smoke",
     "tpserve.tools.prefill_block",

@@ -8,6 +8,7 @@ Precedence: explicit keyword / CLI flag > environment variable > default.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -79,6 +80,11 @@ class EngineConfig:
                                    "peer) or ring (neighbours only, for boxes linked in a ring; "
                                    "bitwise the same sums; all-gather / reduce-scatter then use "
                                    "the process group)", switch=True, choices=("mesh", "ring"))
+    speculative_config: str | None = _opt(
+        None, "speculative decoding, as JSON (vLLM's keys): {\"method\": \"mtp\", \"num_speculative_tokens\": 3} "
+        "drafts with the checkpoint's MTP layer and verifies the drafts in one step; keys adaptive (true: k per "
+        "step from measured acceptance and step cost) and truncate_threshold (0.3: stop drafting a request when "
+        "its predicted survival falls below). Off by default", switch=True)
     # ---- weights: quantization and snapshots (model/quant.py, model/snapshot.py) ----
     quantization: str | None = _opt(None, "quantization method (vLLM's name): fp8 (block-wise), nvfp4 / modelopt_fp4, "
                                     "or none; default: what the checkpoint's quantization_config says")
@@ -107,10 +113,20 @@ class EngineConfig:
             from tpserve.model.quant import method_name
 
             method_name(self.quantization)  # unknown / unsupported: a clear error naming it
+        if isinstance(self.speculative_config, dict):  # LLM(speculative_config={...})
+            object.__setattr__(self, "speculative_config", json.dumps(self.speculative_config, sort_keys=True))
+        spec = self.speculative
+        if spec is not None and self.tensor_parallel_size > 1:
+            raise ValueError("speculative_config: speculative decoding runs with tensor_parallel_size 1 only "
+                             "(the MTP draft steps are not sent to other ranks yet)")
         for f in dataclasses.fields(self):
             choices = f.metadata.get("choices")
             if choices and getattr(self, f.name) not in choices:
                 raise ValueError(f"{f.name} must be one of {choices}, got {getattr(self, f.name)!r}")
+
+    @property
+    def speculative(self) -> "SpeculativeConfig | None":
+        return SpeculativeConfig.parse(self.speculative_config)
 
     # ------------------------------------------------------------------ sources
     @staticmethod
@@ -137,6 +153,45 @@ class EngineConfig:
         if isinstance(values.get("kv_cache_memory"), str):
             values["kv_cache_memory"] = parse_bytes(values["kv_cache_memory"])
         return cls(**values)
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """Speculative decoding with the checkpoint's MTP layer (engine/speculate.py)."""
+
+    method: str = "mtp"
+    num_speculative_tokens: int = 3   # most drafts verified per step (k), 1..7
+    adaptive: bool = True             # choose k in 0..num_speculative_tokens per step
+    truncate_threshold: float = 0.3   # stop drafting a request when its predicted survival falls below
+
+    @classmethod
+    def parse(cls, raw: str | dict | None) -> "SpeculativeConfig | None":
+        if raw is None or raw == "":
+            return None
+        if isinstance(raw, str):
+            try:
+                raw = json.loads(raw)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"speculative_config: not valid JSON ({exc})") from None
+        if not isinstance(raw, dict):
+            raise ValueError(f"speculative_config: expected a JSON object, got {type(raw).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise ValueError(f"speculative_config: unknown key(s) {unknown}; known: {sorted(known)}")
+        spec = cls(**raw)
+        if spec.method not in ("mtp", "deepseek_mtp", "glm4_moe_mtp"):
+            raise ValueError(f"speculative_config.method: only 'mtp' (the checkpoint's MTP layer) is supported, "
+                             f"got {spec.method!r}")
+        k = spec.num_speculative_tokens
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 7:
+            raise ValueError(f"speculative_config.num_speculative_tokens: an integer in 1..7, got {k!r}")
+        if not isinstance(spec.adaptive, bool):
+            raise ValueError(f"speculative_config.adaptive: true or false, got {spec.adaptive!r}")
+        t = spec.truncate_threshold
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0.0 <= t <= 1.0:
+            raise ValueError(f"speculative_config.truncate_threshold: a number in [0, 1], got {t!r}")
+        return spec
 
 
 def parse_bytes(text: str | float | int) -> float:

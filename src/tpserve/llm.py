@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass, field
 from collections.abc import Sequence as Seq
 from typing import Any
 
@@ -10,6 +11,17 @@ from tpserve.config import EngineConfig
 from tpserve.engine.engine import LLMEngine
 from tpserve.engine.outputs import RequestOutput
 from tpserve.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One metric of LLM.get_metrics() (vLLM's Counter / Gauge / Vector have these fields)."""
+
+    name: str
+    kind: str                      # counter, gauge or vector
+    value: float = 0.0
+    values: list[int] = field(default_factory=list)
+    labels: dict[str, str] = field(default_factory=dict)
 
 
 class LLM:
@@ -99,6 +111,19 @@ class LLM:
             raise ValueError("prompt: text prompts need a tokenizer; with skip_tokenizer_init=True pass "
                              "{'prompt_token_ids': [...]}")
         return self.engine.tokenizer.encode(prompt), prompt
+
+    def get_metrics(self) -> list["Metric"]:
+        """vLLM's LLM.get_metrics(): the engine's counters and gauges, each with `name` and `value`
+        (`values` for per-position vectors), named as on the server's /metrics."""
+        out = []
+        for key, value in self.engine.stats().items():
+            name = "tpserve:" + key
+            if isinstance(value, list):
+                out.append(Metric(name, "vector", values=list(value)))
+            else:
+                kind = "counter" if key.startswith(("spec_decode_num", "preemptions")) else "gauge"
+                out.append(Metric(name, kind, value=value))
+        return out
 
     def shutdown(self) -> None:
         self.engine.shutdown()

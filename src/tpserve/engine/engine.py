@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from pathlib import Path
 
 import torch
 
 from tpserve.config import EngineConfig
-from tpserve.engine import logits_process, prompt_logprobs, sampler
+from tpserve.engine import logits_process, prompt_logprobs, sampler, speculate
 from tpserve.engine.detokenize import Detokenizer
 from tpserve.engine.executor import EngineDeadError, make_executor
 from tpserve.engine.outputs import CompletionOutput, RequestOutput
@@ -35,6 +36,9 @@ class LLMEngine:
 
             self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         self.eos_ids = frozenset(self._eos_ids())
+        spec = ecfg.speculative
+        if spec is not None:
+            speculate.check_checkpoint(self.model_dir, self.model_config)
         self.executor = make_executor(ecfg, str(self.model_dir), self.model_config, self.device, self.dtype,
                                       rt.kernels)
         shape = self.executor.cache_shape
@@ -46,6 +50,7 @@ class LLMEngine:
         self.requests: dict[str, tuple[list[Sequence], str | None]] = {}
         self.dead: str | None = None
         self.step_count = 0
+        self.speculator = speculate.Speculator(self, spec) if spec is not None else None
         log.info("engine ready: %s on %s (%s), TP=%d, %d cache blocks of %d tokens, %d slots, max_model_len %d",
                  self.model_dir, self.device, self.dtype, ecfg.tensor_parallel_size, shape.num_blocks,
                  shape.block_size, shape.num_slots, self.max_model_len)
@@ -122,6 +127,8 @@ class LLMEngine:
         for seq in entry[0]:
             if not seq.is_finished:
                 self.scheduler.finish(seq, "abort")
+            if self.speculator is not None:
+                self.speculator.forget(seq)
         return True
 
     def has_unfinished(self) -> bool:
@@ -134,9 +141,10 @@ class LLMEngine:
         scheduled = self.scheduler.schedule()
         if not scheduled:
             return []
-        # decodes first: they take the decode kernels, the prefill chunks after them the prefill path
-        scheduled.sort(key=lambda s: s.num_tokens != 1)
+        # decodes first (they take the decode kernels), verifies of drafts next, prefill chunks last
+        scheduled.sort(key=lambda s: (not s.decode, s.num_tokens != 1))
         plan = self._plan(scheduled)
+        t0 = time.perf_counter()
         try:
             logits = self.executor.execute(plan)
         except Exception as exc:
@@ -145,10 +153,20 @@ class LLMEngine:
         self.step_count += 1
         logits = prompt_logprobs.take(logits, scheduled, self.tokenizer)  # prompt_logprobs: split off its rows
         sampled = [s for s in scheduled if s.completes]
+        starts = [s.seq.num_computed for s in scheduled]
         for s in scheduled:
-            s.seq.num_computed += s.num_tokens
+            s.seq.num_computed += s.num_tokens - max(s.num_drafts, 0)  # drafts count once accepted
         touched = {s.seq.request_id for s in sampled}
-        if sampled:
+        if self.speculator is not None:
+            try:
+                counts = self.speculator.verify(sampled, logits)
+                if counts:
+                    self.executor.commit(counts)
+                self.speculator.propose(scheduled, starts, time.perf_counter() - t0, len(plan.input_ids))
+            except Exception as exc:
+                self.dead = f"engine step failed while speculating: {type(exc).__name__}: {exc}"
+                raise EngineDeadError(self.dead) from exc
+        elif sampled:
             results = sampler.sample(logits, [s.seq for s in sampled], self.generator)
             for s, res in zip(sampled, results):
                 self._append(s.seq, res)
@@ -166,11 +184,11 @@ class LLMEngine:
             slots.append(seq.slot)
             tables.append(list(seq.blocks))
             logits_idx.extend(prompt_logprobs.rows(seq, start, s.num_tokens, cu[-2]))  # prompt_logprobs rows
-            if s.completes:
-                logits_idx.append(cu[-1] - 1)
+            if s.completes:  # the last row, and the rows before it that verify drafts
+                logits_idx.extend(range(cu[-1] - 1 - max(s.num_drafts, 0), cu[-1]))
         sp = (self.ecfg.sequence_parallel and self.ecfg.tensor_parallel_size > 1
               and cu[-1] >= self.ecfg.sp_min_tokens)
-        num_decode = sum(1 for s in scheduled if s.num_tokens == 1)
+        num_decode = sum(1 for s in scheduled if s.decode)
         return StepPlan(ids, pos, cu, ctx, slots, tables, logits_idx, self.scheduler.take_fresh_slots(), sp,
                         num_decode)
 
@@ -217,7 +235,8 @@ class LLMEngine:
         return {"running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting),
                 "blocks_total": self.block_pool.num_blocks, "blocks_free": self.block_pool.num_free,
                 "slots_total": self.slot_pool.num_blocks, "slots_free": self.slot_pool.num_free,
-                "preemptions": self.scheduler.num_preemptions}
+                "preemptions": self.scheduler.num_preemptions,
+                **(self.speculator.stats() if self.speculator is not None else {})}
 
     def shutdown(self) -> None:
         self.executor.shutdown()

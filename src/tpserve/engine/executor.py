@@ -60,13 +60,19 @@ class LocalExecutor:
     def __init__(self, ecfg: EngineConfig, model_dir: str, cfg: ModelConfig, device: torch.device,
                  dtype: torch.dtype, kernels: Kernels):
         self.runner = ModelRunner(model_dir, cfg, ShardContext.single(dtype, device), device, kernels,
-                                  load_format=ecfg.load_format)
-        self.cache_shape = cache_budget(ecfg, cfg, device, dtype, 1)
+                                  load_format=ecfg.load_format, mtp=ecfg.speculative is not None)
+        self.cache_shape = cache_budget(ecfg, self.runner.cache_config, device, dtype, 1)
         self.runner.allocate_cache(self.cache_shape)
         self.runner.setup_graphs(ecfg.max_num_seqs, ecfg.max_model_len, ecfg.enforce_eager)
 
     def execute(self, plan: StepPlan) -> torch.Tensor:
         return self.runner.execute(plan)
+
+    def commit(self, counts: list[int]) -> None:
+        self.runner.commit(counts)
+
+    def draft(self, plan: StepPlan, source_rows: list[int], from_main: bool) -> torch.Tensor:
+        return self.runner.draft(plan, source_rows, from_main)
 
     def check_alive(self) -> None:
         pass

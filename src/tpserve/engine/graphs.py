@@ -49,7 +49,7 @@ class DecodeGraphs:
         self.host_np = self.host_buf.numpy()
         self.arange = torch.arange(self.max_bs, dtype=torch.long, device=dev)
         self.copied = torch.cuda.Event() if dev.type == "cuda" else None  # the host twin may be rewritten
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph | None, torch.Tensor | None]] = {}
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph | None, tuple[torch.Tensor, torch.Tensor]]] = {}
         self.pool = None
         self.capture_seconds = 0.0
         self.graph_bytes = 0
@@ -107,11 +107,11 @@ class DecodeGraphs:
             for b in reversed(self.buckets):  # largest first: the smaller ones reuse its pool
                 self._fill(None, b)
                 batch = self._batch(b)
-                model(batch, cache)  # warm-up: Triton autotuning and lazy init outside capture
+                model.forward_hidden(batch, cache)  # warm-up: Triton autotuning and lazy init outside capture
                 torch.cuda.synchronize(self.runner.device)
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=self.pool):
-                    out = model(batch, cache)
+                    out = model.forward_hidden(batch, cache)
                 if self.pool is None:
                     self.pool = graph.pool()
                 self.graphs[b] = (graph, out)
@@ -138,16 +138,17 @@ class DecodeGraphs:
     def bucket(self, n: int) -> int:
         return next(b for b in self.buckets if b >= n)
 
-    def run(self, plan) -> torch.Tensor:
+    def run(self, plan) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (logits, hidden rows) of the plan's sequences (model.forward_hidden)."""
         n = len(plan.slots)
         b = self.bucket(n)
         self._fill(plan, b)
         if self.capture:
-            graph, out = self.graphs[b]
+            graph, (logits, hidden) = self.graphs[b]
             graph.replay()
         else:
-            out = self.runner.model(self._batch(b), self.runner.cache)
-        return out[:n]
+            logits, hidden = self.runner.model.forward_hidden(self._batch(b), self.runner.cache)
+        return logits[:n], hidden[:n]
 
     def close(self) -> None:
         self.graphs.clear()

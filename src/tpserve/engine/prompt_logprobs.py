@@ -79,7 +79,8 @@ def take(logits: torch.Tensor, scheduled, tokenizer=None) -> torch.Tensor:
                 seq.prompt_logprobs.extend(scored)
         elif wants(seq) and seq.prompt_logprobs is None and len(seq.prompt_ids) == 1:
             seq.prompt_logprobs = [None]
-        if s.completes:
-            keep.append(row)
-            row += 1
+        if s.completes:  # the sampling row, and one more per draft verified
+            n = 1 + max(s.num_drafts, 0)
+            keep.extend(range(row, row + n))
+            row += n
     return logits[keep]

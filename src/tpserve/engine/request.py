@@ -45,14 +45,26 @@ class Sequence:
     detok: object | None = None      # engine.detokenize.Detokenizer when a tokenizer is loaded
     prompt_logprobs: list | None = None  # engine.prompt_logprobs: [None, {token id: Logprob}, ...]
     constraint: object | None = None  # engine.logits_process.SeqConstraint when the output is constrained
+    # speculative decoding (engine/speculate.py)
+    drafts: list[int] = field(default_factory=list)  # tokens drafted after the last one, verified next step
+    draft_probs: list | None = None  # sampled requests: the draft distribution q of each draft [V]
+    mtp_computed: int = 0            # positions whose MTP drafter cache rows are real
+
+    @property
+    def in_decode(self) -> bool:
+        """Every token but the last is in the cache: the next step decodes (or verifies drafts)."""
+        return self.num_computed == self.num_tokens - 1
 
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_ids) + len(self.output_ids)
 
     def token_at(self, pos: int) -> int:
+        """Token at `pos`; positions past the known tokens are the pending drafts."""
         n = len(self.prompt_ids)
-        return self.prompt_ids[pos] if pos < n else self.output_ids[pos - n]
+        if pos < n:
+            return self.prompt_ids[pos]
+        return self.output_ids[pos - n] if pos - n < len(self.output_ids) else self.drafts[pos - self.num_tokens]
 
     @property
     def is_finished(self) -> bool:

@@ -18,6 +18,8 @@ from tpserve.model.batch import ForwardBatch
 from tpserve.model.config import ModelConfig
 from tpserve.model.layers import ShardContext
 from tpserve.model.build import build_model
+from tpserve.model.kda import commit as kda_commit
+from tpserve.model.mtp import mtp_config
 
 log = logging.getLogger("tpserve.runner")
 
@@ -50,9 +52,12 @@ class CacheShape:
 
 class ModelRunner:
     def __init__(self, model_dir: str, cfg: ModelConfig, ctx: ShardContext, device: torch.device,
-                 kernels: Kernels, progress: bool | None = None, load_format: str = "auto"):
-        self.cfg, self.ctx, self.device = cfg, ctx, device
-        self.model = build_model(model_dir, cfg, ctx, device, kernels, load_format=load_format, progress=progress)
+                 kernels: Kernels, progress: bool | None = None, load_format: str = "auto", mtp: bool = False):
+        self.cfg, self.ctx, self.device, self.mtp = cfg, ctx, device, mtp
+        self.model = build_model(model_dir, cfg, ctx, device, kernels, load_format=load_format, progress=progress,
+                                 mtp=mtp)
+        self.last_hidden: torch.Tensor | None = None   # speculative decoding: the last step's hidden rows
+        self.draft_hidden: torch.Tensor | None = None  # ... and the last MTP depth's output rows
         self.kernels = kernels
         self.kda_report = f"{kernels.kda} KDA path"
         if kernels.kda == "fla":
@@ -80,11 +85,17 @@ class ModelRunner:
             layer.fla_options = opts or {}
         self.kda_report = report
 
+    @property
+    def cache_config(self) -> ModelConfig:
+        """The layers that own cache: with the MTP drafter, its MLA layer (index num_hidden_layers) too."""
+        return mtp_config(self.cfg) if self.mtp else self.cfg
+
     def allocate_cache(self, shape: CacheShape) -> None:
         """The scheduler's blocks and slots, plus one reserved dummy block (id num_blocks) and dummy
         slot (id num_slots): padding rows of graph steps and pools no token completes write there."""
         self.cache_shape = shape
-        self.cache = cache_mod.allocate_cache(self.cfg, num_blocks=shape.num_blocks + 1, block_size=shape.block_size,
+        self.cache = cache_mod.allocate_cache(self.cache_config, num_blocks=shape.num_blocks + 1,
+                                              block_size=shape.block_size,
                                               num_slots=shape.num_slots + 1, world=self.ctx.world,
                                               dtype=self.ctx.dtype, device=self.device)
 
@@ -122,8 +133,30 @@ class ModelRunner:
     def execute(self, plan: StepPlan) -> torch.Tensor:
         cache_mod.reset_slots(self.cache, plan.reset_slots)
         if self.graphs is not None and plan.is_uniform_decode and self.graphs.fits(plan):
-            return self.graphs.run(plan)
-        return self.model(self.build_batch(plan), self.cache)
+            logits, hidden = self.graphs.run(plan)
+        else:
+            logits, hidden = self.model.forward_hidden(self.build_batch(plan), self.cache)
+        self.last_hidden = hidden if self.mtp else None
+        return logits
+
+    # ------------------------------------------------------- speculative decoding
+    def commit(self, counts: list[int]) -> None:
+        """Commit the accepted prefix of each verify sequence of the last step (model/kda.py)."""
+        kda_commit(self.cache, counts)
+
+    @torch.inference_mode()
+    def draft(self, plan: StepPlan, source_rows: list[int], from_main: bool) -> torch.Tensor:
+        """One MTP depth over `plan`'s tokens (the token after each position). Hidden inputs: rows
+        `source_rows` of the main model's last hidden (from_main) or of the previous depth's output.
+        -> fp32 logits at plan.logits_indices; their hidden rows feed the next depth."""
+        if not self.mtp:
+            raise RuntimeError("draft: the model was built without the MTP drafter")
+        batch = self.build_batch(plan)
+        src = self.last_hidden if from_main else self.draft_hidden
+        hidden = src[torch.tensor(source_rows, dtype=torch.long, device=self.device)]
+        new_hidden, normed = self.model.mtp.draft(hidden, self.model.embed(batch.input_ids, batch), batch, self.cache)
+        self.draft_hidden = new_hidden[batch.logits_indices]
+        return self.model.lm_logits(normed[batch.logits_indices])
 
     def close(self) -> None:
         """Release graphs and their memory pool (before the process group goes)."""

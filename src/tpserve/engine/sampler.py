@@ -95,15 +95,27 @@ def _filter(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_
     return logits
 
 
-def _sample_rows(logits: torch.Tensor, seqs: list[Sequence], engine_generator: torch.Generator) -> torch.Tensor:
-    """Sampled (non-greedy) rows -> token ids [n] on the device."""
+def filtered_probs(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+    """Temperature, top-k, min-p, top-p of each row's request, then softmax -> probs [n, V]."""
     dev, vocab = logits.device, logits.shape[1]
     params = [s.params for s in seqs]
     temp = torch.tensor([p.temperature for p in params], device=dev).unsqueeze(1)
     top_k = torch.tensor([min(p.top_k, vocab) if p.top_k > 0 else vocab for p in params], device=dev)  # any int
     top_p = torch.tensor([p.top_p for p in params], device=dev)
     min_p = torch.tensor([p.min_p for p in params], device=dev)
-    probs = _filter(logits / temp, top_k, top_p, min_p).softmax(-1)
+    return _filter(logits / temp, top_k, top_p, min_p).softmax(-1)
+
+
+def processed_logits(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+    """Logits processors, penalties and the min_tokens ban, as `sample` applies them."""
+    logits = _apply_penalties(apply_logits_processors(logits.clone(), seqs), seqs)
+    return _ban_stops_before_min_tokens(logits, seqs)
+
+
+def _sample_rows(logits: torch.Tensor, seqs: list[Sequence], engine_generator: torch.Generator) -> torch.Tensor:
+    """Sampled (non-greedy) rows -> token ids [n] on the device."""
+    dev, vocab = logits.device, logits.shape[1]
+    probs = filtered_probs(logits, seqs)
     noise = torch.empty_like(probs)
     shared = [i for i, s in enumerate(seqs) if s.generator is None]
     if shared:
@@ -117,17 +129,27 @@ def _sample_rows(logits: torch.Tensor, seqs: list[Sequence], engine_generator: t
 
 def sample(logits: torch.Tensor, seqs: list[Sequence], engine_generator: torch.Generator) -> list[SampleResult]:
     """logits [B, V] fp32, one row per sequence."""
-    want = [s.params.logprobs is not None for s in seqs]
-    raw_logprobs = logits.log_softmax(-1) if any(want) else None
-    logits = _apply_penalties(apply_logits_processors(logits.clone(), seqs), seqs)
-    logits = _ban_stops_before_min_tokens(logits, seqs)
-    tokens = logits.argmax(-1)
+    return results_for(logits, seqs, choose(logits, seqs, engine_generator))
+
+
+def choose(logits: torch.Tensor, seqs: list[Sequence], engine_generator: torch.Generator) -> torch.Tensor:
+    """The next token of each row [B] (device): argmax of the processed logits, or a draw for sampled rows."""
+    processed = processed_logits(logits, seqs)
+    tokens = processed.argmax(-1)
     sampled = [i for i, s in enumerate(seqs) if not s.params.greedy]
     if sampled:
         idx = torch.tensor(sampled, device=logits.device)
-        tokens[idx] = _sample_rows(logits[idx], [seqs[i] for i in sampled], engine_generator)
-    if raw_logprobs is None:
+        tokens[idx] = _sample_rows(processed[idx], [seqs[i] for i in sampled], engine_generator)
+    return tokens
+
+
+def results_for(logits: torch.Tensor, seqs: list[Sequence], tokens: torch.Tensor) -> list[SampleResult]:
+    """Chosen tokens [n] (device) of raw logits [n, V] -> results with the logprobs each request asked for
+    (of the raw model distribution)."""
+    want = [s.params.logprobs is not None for s in seqs]
+    if not any(want):
         return [SampleResult(t, None, None) for t in tokens.tolist()]
+    raw_logprobs = logits.log_softmax(-1)
     k = max(s.params.logprobs or 0 for s in seqs)
     chosen = raw_logprobs.gather(1, tokens.unsqueeze(1))
     rank = (raw_logprobs > chosen).sum(-1, keepdim=True) + 1

@@ -20,12 +20,18 @@ from tpserve.engine.request import Sequence, Status
 @dataclass
 class Scheduled:
     seq: Sequence
-    num_tokens: int  # tokens computed this step, starting at seq.num_computed
+    num_tokens: int  # tokens computed this step, starting at seq.num_computed (a decode's drafts included)
+    decode: bool = False  # a decode / verify (every known token but the last was in the cache)
 
     @property
     def completes(self) -> bool:
         """After this chunk every known token is in the cache: sample the next one."""
-        return self.seq.num_computed + self.num_tokens == self.seq.num_tokens
+        return self.seq.num_computed + self.num_tokens >= self.seq.num_tokens
+
+    @property
+    def num_drafts(self) -> int:
+        """Drafted tokens verified in this step (past the known ones)."""
+        return self.seq.num_computed + self.num_tokens - self.seq.num_tokens
 
 
 class Scheduler:
@@ -63,7 +69,8 @@ class Scheduler:
             if seq.slot in self.fresh_slots:
                 self.fresh_slots.remove(seq.slot)
             seq.slot = None
-        seq.num_computed = 0
+        seq.num_computed = seq.mtp_computed = 0
+        seq.drafts, seq.draft_probs = [], None
 
     # ------------------------------------------------------------------- step
     def schedule(self) -> list[Scheduled]:
@@ -74,10 +81,14 @@ class Scheduler:
                 break
             if seq.status is not Status.RUNNING:  # preempted below while making room
                 continue
-            n = min(seq.num_tokens - seq.num_computed, budget)
+            n = min(seq.num_tokens - seq.num_computed + (len(seq.drafts) if seq.in_decode else 0), budget)
             if not self._grow(seq, seq.num_computed + n):
                 continue
-            out.append(Scheduled(seq, n))
+            if seq.in_decode and n - 1 < len(seq.drafts):  # the budget verifies fewer drafts
+                del seq.drafts[n - 1:]
+                if seq.draft_probs is not None:
+                    del seq.draft_probs[n - 1:]
+            out.append(Scheduled(seq, n, seq.in_decode))
             budget -= n
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and self.slots.num_free:
             seq = self.waiting[0]
@@ -91,13 +102,22 @@ class Scheduler:
             self.fresh_slots.append(seq.slot)
             seq.status = Status.RUNNING
             self.running.append(seq)
-            out.append(Scheduled(seq, n))
+            out.append(Scheduled(seq, n, seq.in_decode))
             budget -= n
         return out
 
     def take_fresh_slots(self) -> list[int]:
         fresh, self.fresh_slots = self.fresh_slots, []
         return fresh
+
+    def reserve(self, seq: Sequence, tokens: int) -> bool:
+        """Blocks for `tokens` tokens if free ones suffice (drafting never preempts anyone)."""
+        need = self._blocks_for(tokens) - len(seq.blocks)
+        if need > self.blocks.num_free:
+            return False
+        if need > 0:
+            seq.blocks.extend(self.blocks.allocate(need))
+        return True
 
     def _blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.block_size)

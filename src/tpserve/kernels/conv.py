@@ -21,5 +21,27 @@ def causal_conv_seq(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor) 
 def causal_conv_step(x: torch.Tensor, states: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """One token per sequence: x [B, C]; states [B, C, k-1] -> (out [B, C], new states)."""
     full = torch.cat([states.to(x.dtype), x.unsqueeze(-1)], dim=-1)          # [B, C, k]
-    out = (full.to(weight.dtype) * weight).sum(-1)
-    return F.silu(out).to(x.dtype), full[..., 1:]
+    return F.silu(_taps(full, weight)).to(x.dtype), full[..., 1:]
+
+
+def _taps(windows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """sum_i windows[..., i] * weight[:, i], added tap by tap in a fixed order: elementwise ops only, so
+    a row's result does not depend on how many rows there are (a reduction kernel may vectorise the
+    sum differently for different shapes, and verify rows must equal decode steps bit for bit)."""
+    prod = windows.to(weight.dtype) * weight
+    out = prod[..., 0]
+    for i in range(1, prod.shape[-1]):
+        out = out + prod[..., i]
+    return out
+
+
+def causal_conv_verify(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Verify rows: x [n, C] after state [C, k-1] -> out [n, C], each row computed exactly as
+    `causal_conv_step` computes a one-token decode (same products, same sum); the state is not
+    advanced (model/kda.py commits the accepted rows)."""
+    k = weight.shape[-1]
+    full = torch.cat([state.to(x.dtype), x.t()], dim=-1)                      # [C, k-1+n]
+    pre = _taps(full.unfold(-1, k, 1).transpose(0, 1).contiguous(), weight)   # [n, C], rows contiguous
+    # SiLU row by row: a vectorised exp may round a vector body and its scalar tail differently, so
+    # each row takes the [1, C] shape of a decode step (at most 1+k rows: a few small calls)
+    return torch.cat([F.silu(pre[j:j + 1]) for j in range(pre.shape[0])]).to(x.dtype)

@@ -25,6 +25,8 @@ class CacheTensors:
     pool_k: dict[int, torch.Tensor] = field(default_factory=dict)      # [blocks, bs/kpool, idx_dim]
     kda_state: dict[int, torch.Tensor] = field(default_factory=dict)   # [slots, H_local, K, V] fp32
     conv_state: dict[int, torch.Tensor] = field(default_factory=dict)  # [slots, conv_local, k-1]
+    # the last step's verified KDA inputs per layer (model/kda.py VerifyInputs), until committed
+    verify: dict[int, object] = field(default_factory=dict)
 
 
 @dataclass
@@ -62,8 +64,15 @@ class ForwardBatch:
 
     @property
     def single_token_seqs(self) -> int:
-        """Leading sequences of one token each (the recurrent KDA / conv step applies to them)."""
-        return self.decode_seqs if self.decode_tokens == self.decode_seqs else 0
+        """Leading decode sequences of one token each (the recurrent KDA / conv step applies to them).
+        The decode sequences after them verify drafts: their KDA / conv states are read, not written
+        (the engine commits the accepted tokens afterwards, model/kda.py)."""
+        if self.fixed_shapes or self.decode_tokens == self.decode_seqs:
+            return self.decode_seqs
+        n = 0
+        while n < self.decode_seqs and self.cu_seqlens[n + 1] - self.cu_seqlens[n] == 1:
+            n += 1
+        return n
 
     def seq_len(self, i: int) -> int:
         return self.cu_seqlens[i + 1] - self.cu_seqlens[i]

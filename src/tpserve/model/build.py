@@ -28,8 +28,9 @@ def quant_modules(model: nn.Module):
 
 
 def plan_model(model_dir: str | Path, cfg: ModelConfig, ctx: ShardContext, kernels: Kernels,
-               load_format: str = "auto") -> tuple[nn.Module, QuantConfig, dict[str, str]]:
-    """The model on the meta device, every Linear / Experts given its method."""
+               load_format: str = "auto", mtp: bool = False) -> tuple[nn.Module, QuantConfig, dict[str, str]]:
+    """The model on the meta device, every Linear / Experts given its method; with `mtp` the MTP
+    drafter (model/mtp.py) is attached as `model.mtp` and loaded from layer num_hidden_layers."""
     from tpserve.model.glm5_next import Glm5NextModel
     from tpserve.model.loader import tensor_info
 
@@ -37,10 +38,14 @@ def plan_model(model_dir: str | Path, cfg: ModelConfig, ctx: ShardContext, kerne
     qc = read_quant_config(model_dir, opts.quantization, opts.dense_fp8)
     with torch.device("meta"):
         model = Glm5NextModel(ctx, cfg, kernels)
+        if mtp:
+            from tpserve.model.mtp import MtpLayer
+
+            model.mtp = MtpLayer(ctx, cfg, kernels)
     if load_format == "dummy":
         plan = plan_for_dummy(model, qc)
     else:
-        qc, plan = plan_from_checkpoint(model, qc, tensor_info(model_dir, cfg.num_hidden_layers))
+        qc, plan = plan_from_checkpoint(model, qc, tensor_info(model_dir, cfg.num_hidden_layers, mtp))
     with torch.device("meta"):
         apply_plan(model, qc, plan)
     return model, qc, plan
@@ -67,11 +72,11 @@ def randomize_quantized_(model: nn.Module, seed: int) -> None:
 
 def build_model(model_dir: str | Path, cfg: ModelConfig, ctx: ShardContext, device: torch.device,
                 kernels: Kernels, *, load_format: str = "auto", progress: bool | None = None,
-                seed: int = 1234) -> nn.Module:
+                seed: int = 1234, mtp: bool = False) -> nn.Module:
     from tpserve.model.loader import load_weights
     from tpserve.model.snapshot import SnapshotStore
 
-    model, qc, plan = plan_model(model_dir, cfg, ctx, kernels, load_format)
+    model, qc, plan = plan_model(model_dir, cfg, ctx, kernels, load_format, mtp)
     opts = kernels.weights
     if device.type == "cuda":  # the plan per rank, checked before anything is allocated
         from tpserve.engine.executor import ACTIVATION_RESERVE
@@ -98,7 +103,7 @@ def build_model(model_dir: str | Path, cfg: ModelConfig, ctx: ShardContext, devi
         randomize_quantized_(model, seed=seed + ctx.rank)
     else:
         load_weights(model, model_dir, rank=ctx.rank, world=ctx.world, num_layers=cfg.num_hidden_layers,
-                     progress=progress)
+                     progress=progress, mtp=mtp)
     finish_loading(model)
     if store is not None:
         store.write(model, key, ctx.rank, ctx.world)

@@ -69,6 +69,7 @@ class ModelConfig:
     hc_sinkhorn_iters: int = 20
     index_kpool: int = 16
     index_kpool_always_select_tail: bool = True
+    num_nextn_predict_layers: int = 0  # MTP layers after the main ones (the drafter of speculative decoding)
 
     # ---------------------------------------------------------------- derived
     @property

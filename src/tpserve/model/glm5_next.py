@@ -111,6 +111,11 @@ class Glm5NextModel(nn.Module):
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, cache: CacheTensors) -> torch.Tensor:
         """-> next-token logits [len(batch.logits_indices), vocab] in fp32."""
+        return self.forward_hidden(batch, cache)[0]
+
+    @torch.inference_mode()
+    def forward_hidden(self, batch: ForwardBatch, cache: CacheTensors) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (logits as `forward` gives them, hidden [T, D] after the final norm: the MTP drafter's input)."""
         x = self.embed(batch.input_ids, batch)
         streams = x.unsqueeze(1).expand(-1, self.cfg.hc_mult, -1).contiguous()
         selection = None
@@ -120,8 +125,11 @@ class Glm5NextModel(nn.Module):
         hidden = self.norm(streams.mean(dim=1))
         if batch.sequence_parallel:
             hidden = self.ctx.comm.all_gather(hidden, dim=0)[:batch.num_tokens]
-        hidden = hidden[batch.logits_indices]
-        logits = F.linear(hidden, self.head_weight)
+        return self.lm_logits(hidden[batch.logits_indices]), hidden
+
+    def lm_logits(self, rows: torch.Tensor) -> torch.Tensor:
+        """LM head on normed rows [N, D] -> fp32 logits [N, vocab] (gathered across ranks)."""
+        logits = F.linear(rows, self.head_weight)
         if self.ctx.world > 1:
             logits = self.ctx.comm.all_gather(logits, dim=-1)
         return logits[:, :self.cfg.vocab_size].float()

@@ -7,6 +7,9 @@ kda_backend "fla" the recurrences run in fla-core's Triton kernels over all sequ
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
@@ -43,12 +46,18 @@ class KdaAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: CacheTensors) -> torch.Tensor:
         t, h, dh = x.shape[0], self.heads, self.head_dim
-        mixed = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
-        mixed = self._conv(mixed, batch, cache.conv_state[self.layer])
+        raw = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
+        mixed = self._conv(raw, batch, cache.conv_state[self.layer])
         q, k, v = (y.reshape(t, h, dh) for y in mixed.split(h * dh, dim=-1))
         g = self._forget_gate(x)
         beta = torch.sigmoid(self.b_proj(x))
         states = cache.kda_state[self.layer]
+        nv = batch.single_token_seqs
+        if nv < batch.decode_seqs:  # verify rows: read the states, commit later (`commit`)
+            a, b = batch.cu_seqlens[nv], batch.decode_tokens
+            cache.verify[self.layer] = VerifyInputs(batch.slots[nv:batch.decode_seqs],
+                                                    [c - a for c in batch.cu_seqlens[nv:batch.decode_seqs + 1]],
+                                                    raw[a:b], q[a:b], k[a:b], v[a:b], g[a:b], beta[a:b])
         if self.backend == "fla":
             out = self._fla(q, k, v, g, beta, batch, states)
         else:
@@ -80,6 +89,9 @@ class KdaAttention(nn.Module):
         for i in range(nd, batch.num_seqs):
             a, b = batch.cu_seqlens[i], batch.cu_seqlens[i + 1]
             slot = batch.slots[i]
+            if i < batch.decode_seqs:  # verify rows: as decode steps; the state is committed after acceptance
+                out[a:b] = conv.causal_conv_verify(mixed[a:b], conv_states[slot], weight)
+                continue
             out[a:b], new = conv.causal_conv_seq(mixed[a:b], conv_states[slot], weight)
             conv_states[slot] = new.to(conv_states.dtype)
         return out
@@ -95,7 +107,13 @@ class KdaAttention(nn.Module):
         out = torch.empty_like(v)
         if nd:
             out[:nd] = head
-        for i in range(nd, batch.num_seqs):
+        for i in range(nd, batch.decode_seqs):  # verify: the decode update token by token, not stored
+            a, b = batch.cu_seqlens[i], batch.cu_seqlens[i + 1]
+            state = states[batch.slots[i]].unsqueeze(0)
+            for j in range(a, b):
+                out[j:j + 1], state = kda_ops.kda_recurrent_batched(q[j:j + 1], k[j:j + 1], v[j:j + 1], g[j:j + 1],
+                                                                    beta[j:j + 1], state)
+        for i in range(batch.decode_seqs, batch.num_seqs):
             a, b = batch.cu_seqlens[i], batch.cu_seqlens[i + 1]
             slot = batch.slots[i]
             fn = kda_ops.kda_recurrent if b - a == 1 else kda_ops.kda_chunked
@@ -110,6 +128,14 @@ class KdaAttention(nn.Module):
         if nd:  # decode: the state pool is read and written in place at the slots
             parts.append(kda_ops.fla_decode_inplace(q[:nd], k[:nd], v[:nd], g[:nd], beta[:nd], states,
                                                     batch.slots[:nd]))
+        if nd < batch.decode_seqs:  # verify rows: the torch decode update, states not written
+            sub = dataclasses.replace(batch, cu_seqlens=[c - batch.cu_seqlens[nd] for c in
+                                                         batch.cu_seqlens[nd:batch.decode_seqs + 1]],
+                                      context_lens=batch.context_lens[nd:batch.decode_seqs],
+                                      slots=batch.slots[nd:batch.decode_seqs], decode_seqs=batch.decode_seqs - nd)
+            a, b = batch.cu_seqlens[nd], batch.decode_tokens
+            parts.append(self._torch(q[a:b], k[a:b], v[a:b], g[a:b], beta[a:b], sub, states))
+            nd = batch.decode_seqs
         if nd < batch.num_seqs:
             slots = batch.slots[nd:]
             cu = torch.tensor(batch.cu_seqlens[nd:], dtype=torch.long, device=q.device) - batch.cu_seqlens[nd]
@@ -120,3 +146,41 @@ class KdaAttention(nn.Module):
             states[slots] = final
             parts.append(out.squeeze(0))
         return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+@dataclass
+class VerifyInputs:
+    """One step's verify rows of a KDA layer: what committing their accepted prefixes needs."""
+
+    slots: torch.Tensor       # [S] the verify sequences' state slots
+    offsets: list[int]        # [S+1] each sequence's rows
+    raw: torch.Tensor         # [N, conv] conv inputs (q|k|v projections before the conv)
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    g: torch.Tensor
+    beta: torch.Tensor
+
+
+def commit(cache: CacheTensors, counts: list[int]) -> None:
+    """After acceptance: replay the first counts[i] verified tokens of verify sequence i through the
+    plain decode update (the conv window shift and the recurrent step of a one-token decode), so each
+    slot's state is exactly what decoding those tokens one by one without drafts would leave.
+    Consumes every layer's VerifyInputs."""
+    for layer, vi in cache.verify.items():
+        if len(counts) != len(vi.offsets) - 1:
+            raise ValueError(f"commit: {len(counts)} counts for {len(vi.offsets) - 1} verify sequences")
+        states, convs = cache.kda_state[layer], cache.conv_state[layer]
+        for i, n in enumerate(counts):
+            if n <= 0:
+                continue
+            a = vi.offsets[i]
+            slot = vi.slots[i]
+            window = torch.cat([convs[slot], vi.raw[a:a + n].t().to(convs.dtype)], dim=-1)
+            convs[slot] = window[:, window.shape[1] - convs.shape[-1]:]
+            state = states[slot].unsqueeze(0)
+            for j in range(a, a + n):
+                _, state = kda_ops.kda_recurrent_batched(vi.q[j:j + 1], vi.k[j:j + 1], vi.v[j:j + 1],
+                                                         vi.g[j:j + 1], vi.beta[j:j + 1], state)
+            states[slot] = state[0]
+    cache.verify.clear()

@@ -3,7 +3,8 @@
 Names are the ones transformers 5.23.0 writes for Glm5NextForConditionalGeneration
 (`model.language_model.*`, `lm_head.weight`; per-expert `experts.{e}.*_proj`, `q/k/v_conv1d`,
 `hc_attn_fn` ...); flat text-only checkpoints (`model.*`) load too. Vision tensors and layers
-past num_hidden_layers (the MTP layer) are skipped. A missing, unexpected or mis-shaped tensor
+past num_hidden_layers (the MTP layer) are skipped unless the MTP drafter is built
+(speculative decoding), which takes layer num_hidden_layers as `mtp.*`. A missing, unexpected or mis-shaped tensor
 raises CheckpointError naming it. Each rank reads only its own slices.
 """
 
@@ -55,17 +56,24 @@ def checkpoint_files(model_dir: str | Path) -> list[Path]:
     raise CheckpointError(f"no safetensors checkpoint in {model_dir}")
 
 
-def internal_name(name: str, num_layers: int) -> str | None:
-    """Checkpoint name -> model parameter name, or None for tensors tpserve skips."""
-    if _SKIP.search(name):
-        return None
-    if name == "lm_head.weight":
-        return name
+def internal_name(name: str, num_layers: int, mtp: bool = False) -> str | None:
+    """Checkpoint name -> model parameter name, or None for tensors tpserve skips. With `mtp`, layer
+    `num_layers` (the MTP drafter) maps to `mtp.*`, less its copies of the shared embedding / head."""
+    full = name
     for prefix in _PREFIXES:
         if name.startswith(prefix):
             name = name[len(prefix):]
             break
     m = _LAYER.match(name)
+    if mtp and m and int(m.group(1)) == num_layers:
+        rest = name[m.end():]
+        if rest.startswith(("embed_tokens.", "shared_head.head.")):
+            return None
+        return "mtp." + _HC.sub(lambda mm: f".{mm.group(1)}_hc.{mm.group(2)}", "." + rest)[1:]
+    if _SKIP.search(full):
+        return None
+    if name == "lm_head.weight":
+        return name
     if m and int(m.group(1)) >= num_layers:
         return None
     return _HC.sub(lambda mm: f".{mm.group(1)}_hc.{mm.group(2)}", name)
@@ -80,7 +88,7 @@ def checkpoint_name(internal: str) -> str:
 
 
 def load_weights(model: nn.Module, model_dir: str | Path, *, rank: int = 0, world: int = 1,
-                 num_layers: int, progress: bool | None = None) -> None:
+                 num_layers: int, progress: bool | None = None, mtp: bool = False) -> None:
     sources = checkpoint_sources(model)
     files = checkpoint_files(model_dir)
     total = sum(f.stat().st_size for f in files)
@@ -92,7 +100,7 @@ def load_weights(model: nn.Module, model_dir: str | Path, *, rank: int = 0, worl
         for path in files:
             with safe_open(str(path), framework="pt", device="cpu") as f:
                 for name in f.keys():
-                    target_name = internal_name(name, num_layers)
+                    target_name = internal_name(name, num_layers, mtp)
                     if target_name is None:
                         continue
                     if target_name not in sources:
@@ -131,13 +139,13 @@ def _check_dtype(name: str, stored: torch.dtype, target: torch.dtype) -> None:
                               "never converted silently; check --quantization)")
 
 
-def tensor_info(model_dir: str | Path, num_layers: int) -> dict[str, tuple[str, tuple[int, ...]]]:
+def tensor_info(model_dir: str | Path, num_layers: int, mtp: bool = False) -> dict[str, tuple[str, tuple[int, ...]]]:
     """internal name -> (safetensors dtype, shape) for every tensor tpserve reads (headers only)."""
     out: dict[str, tuple[str, tuple[int, ...]]] = {}
     for path in checkpoint_files(model_dir):
         with safe_open(str(path), framework="pt", device="cpu") as f:
             for name in f.keys():
-                internal = internal_name(name, num_layers)
+                internal = internal_name(name, num_layers, mtp)
                 if internal is not None:
                     s = f.get_slice(name)
                     out[internal] = (s.get_dtype(), tuple(s.get_shape()))

@@ -29,6 +29,14 @@ class ServerMetrics:
         self.prompt_tokens = Counter("tpserve:prompt_tokens", "Prompt tokens processed", registry=r)
         self.generation_tokens = Counter("tpserve:generation_tokens", "Tokens generated", registry=r)
         self.requests = Counter("tpserve:request_success", "Finished requests", ["finished_reason"], registry=r)
+        # speculative decoding (vLLM's names), fed from the engine's running totals
+        self.spec = {key: Counter(f"tpserve:{key}", text, registry=r) for key, text in (
+            ("spec_decode_num_drafts", "Verify runs (a sequence-step with drafts)"),
+            ("spec_decode_num_draft_tokens", "Drafted tokens verified"),
+            ("spec_decode_num_accepted_tokens", "Drafted tokens accepted"))}
+        self.spec_per_pos = Counter("tpserve:spec_decode_num_accepted_tokens_per_pos",
+                                    "Drafted tokens accepted, by draft position", ["position"], registry=r)
+        self._spec_seen: dict[str, float] = {}
 
     def render(self) -> bytes:
         s = self._stats_fn()
@@ -37,7 +45,18 @@ class ServerMetrics:
         self.cache_usage.set(1 - s["blocks_free"] / max(s["blocks_total"], 1))
         self.slot_usage.set(1 - s["slots_free"] / max(s["slots_total"], 1))
         self.preemptions.set(s["preemptions"])
+        for key, counter in self.spec.items():
+            self._advance(key, s.get(key, 0), counter)
+        for pos, value in enumerate(s.get("spec_decode_num_accepted_tokens_per_pos", [])):
+            self._advance(f"pos{pos}", value, self.spec_per_pos.labels(position=str(pos)))
         return generate_latest(self.registry)
+
+    def _advance(self, key: str, total: float, counter) -> None:
+        """Counters only go up: add what the engine's total gained since the last scrape."""
+        gained = total - self._spec_seen.get(key, 0)
+        if gained > 0:
+            counter.inc(gained)
+            self._spec_seen[key] = total
 
 
 class RequestTimer:

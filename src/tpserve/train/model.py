@@ -10,7 +10,6 @@ t+d, and predicts token t+d+1.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -22,17 +21,9 @@ from tpserve.model.config import ModelConfig
 from tpserve.model.glm5_next import DecoderLayer, Glm5NextModel
 from tpserve.model.layers import RMSNorm, ShardContext, replicated
 from tpserve.model.loader import checkpoint_name
+from tpserve.model.mtp import mtp_config
 from tpserve.model.weights import checkpoint_sources
 from tpserve.train import attention, blocks
-
-
-def mtp_config(cfg: ModelConfig) -> ModelConfig:
-    """The config with one more layer: the MTP block (MLA + full indexer, MoE)."""
-    return dataclasses.replace(
-        cfg, num_hidden_layers=cfg.num_hidden_layers + 1,
-        layer_types=cfg.layer_types + ("indexed_attention",),
-        mlp_layer_types=cfg.mlp_layer_types + ("sparse",),
-        indexer_types=cfg.indexer_types + ("full",))
 
 
 class MtpHead(nn.Module):

@@ -1,0 +1,259 @@
+"""Speculative decoding with the checkpoint's MTP layer: verify drafts, commit, draft again.
+
+A step verifies each decoding sequence's pending drafts d1..dk: its last token and the drafts go
+through the target model as 1+k query rows (the step model's per-sequence query lengths). Row j
+gives the target's distribution after d1..dj; walking j = 0, 1, ... the token emitted at j is the
+one plain decoding would choose there (greedy: the argmax of the processed logits; sampling: the
+draft if a rejection test with min(1, p/q) accepts it, else a draw from the residual max(0, p-q)),
+and the walk continues while that token equals the draft. Every emitted token goes through the
+engine's normal append (stop strings, max_tokens, EOS), so nothing after a stop is emitted.
+
+Then (`propose`): the KDA/conv states commit the accepted prefix (model/kda.py `commit`: a replay
+through the plain decode update, so the state is what decoding without drafts leaves), the MTP
+layer catches up over the positions this step made real (the main model's hidden rows and the
+token after each), and chains k-1 more depths from its own output (vLLM's MTP chaining). The MTP
+cache rows of drafted positions are rewritten by the next catch-up before anything reads them.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from tpserve.config import SpeculativeConfig
+from tpserve.engine import sampler
+from tpserve.engine.request import Sequence, Status
+from tpserve.engine.runner import StepPlan
+from tpserve.engine.scheduler import Scheduled
+from tpserve.engine.spec_policy import SpecPolicy
+from tpserve.engine.spec_verify import rejection_verify, sample_from
+
+
+@dataclass
+class SpecCounters:
+    """vLLM's spec_decode_* counters."""
+
+    num_drafts: int = 0                 # verify runs (a sequence-step with >= 1 draft)
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_pos: list[int] = field(default_factory=list)
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens emitted per verify run (accepted drafts + the target's own token)."""
+        return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0
+
+
+def check_checkpoint(model_dir, cfg) -> None:
+    """A clear error when the checkpoint has no MTP layer to draft with."""
+    from tpserve.model.loader import tensor_info
+
+    if cfg.num_nextn_predict_layers < 1:
+        raise ValueError(f"speculative_config: method 'mtp' needs the checkpoint's MTP layer, but {model_dir}'s "
+                         "config has num_nextn_predict_layers = 0")
+    info = tensor_info(model_dir, cfg.num_hidden_layers, mtp=True)
+    if "mtp.eh_proj.weight" not in info:
+        raise ValueError(f"speculative_config: method 'mtp' needs the MTP layer's weights (layer "
+                         f"{cfg.num_hidden_layers}: eh_proj, enorm, hnorm, ...), and {model_dir} has none")
+
+
+class Speculator:
+    def __init__(self, engine, spec: SpeculativeConfig):
+        self.engine, self.spec = engine, spec
+        cfg = engine.model_config
+        self.policy = SpecPolicy(spec.num_speculative_tokens, adaptive=spec.adaptive,
+                                 truncate_threshold=spec.truncate_threshold, num_experts=cfg.n_routed_experts,
+                                 experts_per_token=cfg.num_experts_per_tok,
+                                 num_moe_layers=sum(t == "sparse" for t in cfg.mlp_layer_types))
+        self.counters = SpecCounters(accepted_per_pos=[0] * spec.num_speculative_tokens)
+        self.choice = self.policy.begin_step()
+
+    # ------------------------------------------------------------------ verify
+    def verify(self, sampled: list[Scheduled], logits: torch.Tensor) -> list[int]:
+        """Emit every completing sequence's tokens (one row each, plus one per draft); return the commit
+        counts (tokens now real) of the sequences that verified drafts, in step order."""
+        eng = self.engine
+        groups, row = [], 0
+        for s in sampled:
+            groups.append(_Walk(s.seq, row, list(s.seq.drafts), s.seq.draft_probs))
+            row += 1 + len(s.seq.drafts)
+        active, j = list(groups), 0
+        while active:
+            rows = logits[torch.tensor([g.base + j for g in active], device=logits.device)]
+            seqs = [g.seq for g in active]
+            rej = [i for i, g in enumerate(active) if j < len(g.drafts) and not g.seq.params.greedy]
+            plain = [i for i in range(len(active)) if i not in set(rej)]
+            tokens = torch.empty(len(active), dtype=torch.long, device=logits.device)
+            if plain:
+                idx = torch.tensor(plain, device=logits.device)
+                tokens[idx] = sampler.choose(rows[idx], [seqs[i] for i in plain], eng.generator)
+            if rej:
+                idx = torch.tensor(rej, device=logits.device)
+                sub = [seqs[i] for i in rej]
+                p = sampler.filtered_probs(sampler.processed_logits(rows[idx], sub), sub)
+                q = torch.stack([active[i].probs[j] for i in rej])
+                drafts = torch.tensor([active[i].drafts[j] for i in rej], device=logits.device)
+                _, toks = rejection_verify(p, q, drafts, [s.generator for s in sub], eng.generator)
+                tokens[idx] = torch.tensor(toks, device=logits.device)
+            results = sampler.results_for(rows, seqs, tokens)
+            still = []
+            for g, res in zip(active, results):
+                eng._append(g.seq, res)
+                g.evaluated = j + 1
+                hit = j < len(g.drafts) and res.token == g.drafts[j]
+                if hit:
+                    g.accepted += 1
+                if g.seq.is_finished:
+                    self.policy.forget(g.seq)
+                if g.seq.is_finished or not hit:
+                    continue
+                g.seq.num_computed += 1  # the accepted draft's cache rows are real now
+                still.append(g)
+            active, j = still, j + 1
+        counts = []
+        for g in groups:
+            g.seq.drafts, g.seq.draft_probs = [], None
+            if not g.drafts:
+                continue
+            counts.append(0 if g.seq.is_finished else 1 + g.accepted)
+            c = self.counters
+            c.num_drafts += 1
+            c.num_draft_tokens += len(g.drafts)
+            c.num_accepted_tokens += g.accepted
+            for i in range(g.accepted):
+                c.accepted_per_pos[i] += 1
+            self.policy.observe_acceptance(g.seq, min(len(g.drafts), g.evaluated), g.accepted, self.choice.explore)
+        return counts
+
+    # ----------------------------------------------------------------- propose
+    def forget(self, seq: Sequence) -> None:
+        self.policy.forget(seq)
+
+    def propose(self, scheduled: list[Scheduled], starts: list[int], step_seconds: float, step_tokens: int) -> None:
+        """After a step's tokens are emitted: draft the next step's tokens with the MTP layer."""
+        eng = self.engine
+        t0 = time.perf_counter()
+        self.policy.observe_step(step_tokens, max(step_seconds, 1e-9))
+        running = [s.seq for s in scheduled if s.seq.status is Status.RUNNING]
+        self.choice = self.policy.begin_step()
+        k = self.policy.choose_k(len(eng.scheduler.running), running)
+        # catch-up: the positions this step made real, with the main model's hidden rows
+        plan, rows, drafting = _Plan(), [], []
+        base = 0
+        for s, start in zip(scheduled, starts):
+            seq, n_rows = s.seq, s.num_tokens
+            if seq.status is Status.RUNNING and seq.mtp_computed == start and seq.num_computed > start:
+                want = self._budget(seq, k)
+                plan.add(seq, list(range(start, seq.num_computed)), want > 0, s.decode)
+                rows.extend(range(base, base + seq.num_computed - start))
+                if want > 0:
+                    drafting.append((seq, want))
+                seq.mtp_computed = seq.num_computed
+            elif seq.status is Status.RUNNING and seq.mtp_computed != seq.num_computed:
+                seq.mtp_computed = -1  # its MTP cache has a gap: this sequence no longer drafts
+            base += n_rows
+        if not plan.ids:
+            return
+        logits = eng.executor.draft(plan.build(), rows, True)
+        survival = [1.0] * len(drafting)
+        deepest = max((want for _, want in drafting), default=0)
+        for depth in range(1, deepest + 1):
+            toks, probs, sure = self._draw(logits, [s for s, _ in drafting])
+            keep, nxt = [], _Plan()
+            for i, (seq, want) in enumerate(drafting):
+                seq.drafts.append(toks[i])
+                if probs is not None:
+                    seq.draft_probs = (seq.draft_probs or []) + [probs[i]]
+                survival[i] *= sure[i]
+                if depth < want and (_fixed(seq) or self.policy.keep_drafting(self.choice.explore, survival[i])):
+                    keep.append(i)
+                    nxt.add(seq, [seq.num_tokens - 2 + depth], True)
+            if not keep:
+                break
+            drafting = [drafting[i] for i in keep]
+            survival = [survival[i] for i in keep]
+            logits = eng.executor.draft(nxt.build(), keep, False)
+        if deepest > 0:
+            self.policy.observe_draft(deepest, max(time.perf_counter() - t0, 1e-9))
+
+    def _budget(self, seq: Sequence, k: int) -> int:
+        """Drafts this sequence may take next step (room before max_tokens / max_model_len, blocks)."""
+        if seq.mtp_computed < 0 or not seq.in_decode:
+            return 0
+        if _fixed(seq):
+            k = self.spec.num_speculative_tokens
+        if k == 0:
+            return 0
+        k = min(k, seq.max_tokens - len(seq.output_ids) - 1, self.engine.max_model_len - seq.num_tokens)
+        while k >= 2 and not self.engine.scheduler.reserve(seq, seq.num_tokens + k - 2):
+            k -= 1
+        return max(k, 0)
+
+    def _draw(self, logits: torch.Tensor, seqs: list[Sequence]):
+        """Draft one token per row: greedy rows the argmax, sampled rows a draw from q (kept for the
+        rejection test). -> (tokens, q rows or None, probability of each token under the drafter)."""
+        probs_all = logits.softmax(-1)
+        tokens = logits.argmax(-1)
+        sampled = [i for i, s in enumerate(seqs) if not s.params.greedy]
+        q_rows = None
+        if sampled:
+            idx = torch.tensor(sampled, device=logits.device)
+            sub = [seqs[i] for i in sampled]
+            q = sampler.filtered_probs(logits[idx], sub)
+            tokens[idx] = torch.tensor(sample_from(q, [s.generator for s in sub], self.engine.generator),
+                                       device=logits.device)
+            probs_all[idx] = q
+            q_rows = {i: q[r] for r, i in enumerate(sampled)}
+        sure = probs_all.gather(1, tokens.unsqueeze(1)).squeeze(1).tolist()
+        toks = tokens.tolist()
+        probs = None if q_rows is None else [q_rows.get(i) for i in range(len(seqs))]
+        return toks, probs, sure
+
+    def stats(self) -> dict:
+        c = self.counters
+        return {"spec_decode_num_drafts": c.num_drafts, "spec_decode_num_draft_tokens": c.num_draft_tokens,
+                "spec_decode_num_accepted_tokens": c.num_accepted_tokens,
+                "spec_decode_num_accepted_tokens_per_pos": list(c.accepted_per_pos),
+                "spec_decode_mean_accepted_length": c.mean_accepted_length}
+
+
+def _fixed(seq: Sequence) -> bool:
+    """A sampled request with a seed drafts a fixed k, never truncated: its random draws then do not depend
+    on step timings (which the adaptive k does), so the same request gives the same output."""
+    return seq.generator is not None and not seq.params.greedy
+
+
+@dataclass
+class _Walk:
+    seq: Sequence
+    base: int
+    drafts: list[int]
+    probs: list | None
+    accepted: int = 0
+    evaluated: int = 0
+
+
+class _Plan:
+    """An MTP step plan: per sequence the positions to draft at; the token fed at position p is p+1's."""
+
+    def __init__(self):
+        self.ids, self.pos, self.cu, self.ctx, self.slots, self.tables, self.logits = [], [], [0], [], [], [], []
+        self.num_decode = 0  # leading sequences that take the per-token (decode / verify) attention
+
+    def add(self, seq: Sequence, positions: list[int], want_logits: bool, decode: bool = True) -> None:
+        if decode and self.num_decode == len(self.slots):
+            self.num_decode += 1
+        self.ids.extend(seq.token_at(p + 1) for p in positions)
+        self.pos.extend(positions)
+        self.cu.append(self.cu[-1] + len(positions))
+        self.ctx.append(positions[0])  # the MTP cache holds the positions before
+        self.slots.append(seq.slot)
+        self.tables.append(list(seq.blocks))
+        if want_logits:
+            self.logits.append(self.cu[-1] - 1)
+
+    def build(self) -> StepPlan:
+        return StepPlan(self.ids, self.pos, self.cu, self.ctx, self.slots, self.tables, self.logits, [], False,
+                        self.num_decode)

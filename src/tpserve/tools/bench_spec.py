@@ -1,0 +1,132 @@
+"""`tpserve bench spec`: speculative decoding (MTP drafts) against plain decoding, in one run.
+
+On the built-in demo model (or --model with MTP weights) and its structured prompts (counting,
+JSON, tool calls: train/acceptance.py), greedy, at each --batch: plain decoding, every fixed k of
+--k (adaptive off, no truncation) and the adaptive policy. Reports output tok/s, the speedup over
+plain, the mean accepted length, whether the tokens equal plain decoding's, and the KDA state
+bytes per request (which speculation must leave unchanged). Optional PNG plot.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from tpserve.tools.common import add_engine_args, engine_config_from_args
+
+
+def register(sub, bench, tune) -> None:
+    p = bench.add_parser("spec", help="speculative decoding (MTP) vs plain decoding: tok/s, accepted length")
+    add_engine_args(p, model_positional=False)
+    p.add_argument("--batch", type=int, nargs="*", default=[1, 64], help="concurrent requests")
+    p.add_argument("--k", type=int, nargs="*", default=[1, 2, 3, 5, 7], help="fixed draft counts to compare")
+    p.add_argument("--max-tokens", type=int, default=96)
+    p.add_argument("--repeats", type=int, default=2, help="timed runs per setting (best taken)")
+    p.add_argument("--json", dest="json_out", default=None)
+    p.add_argument("--plot", default=None, metavar="PNG", help="tok/s per setting and batch size")
+    p.set_defaults(func=run)
+
+
+def _settings(ks: list[int]) -> list[tuple[str, dict | None]]:
+    out: list[tuple[str, dict | None]] = [("off", None)]
+    out += [(f"k={k}", {"method": "mtp", "num_speculative_tokens": k, "adaptive": False, "truncate_threshold": 0.0})
+            for k in ks]
+    out.append((f"adaptive (k<={max(ks)})", {"method": "mtp", "num_speculative_tokens": max(ks)}))
+    return out
+
+
+def _state_bytes(llm) -> int:
+    cache = llm.engine.executor.runner.cache
+    slots = llm.engine.slot_pool.num_blocks + 1  # the reserved dummy slot is allocated too
+    total = sum(t.numel() * t.element_size() for d in (cache.kda_state, cache.conv_state) for t in d.values())
+    return total // slots
+
+
+def measure(args) -> dict:
+    from tqdm import tqdm
+
+    from tpserve import LLM, SamplingParams
+    from tpserve.train.acceptance import mtp_prompts
+
+    base = engine_config_from_args(args)
+    sp = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
+    structured = mtp_prompts()
+    rows, reference = [], {}
+    settings = _settings(sorted(set(args.k)))
+    with tqdm(total=len(settings) * len(args.batch), desc="bench spec") as bar:
+        for name, spec in settings:
+            kw = {f: getattr(base, f) for f in ("model", "device", "dtype", "kv_cache_memory", "enforce_eager",
+                                                 "max_num_seqs", "block_size")}
+            kw["max_num_seqs"] = max(max(args.batch), kw["max_num_seqs"] or 0)
+            llm = LLM(**{k: v for k, v in kw.items() if v is not None}, speculative_config=spec)
+            state = _state_bytes(llm)
+            for batch in args.batch:
+                prompts = [structured[i % len(structured)] for i in range(batch)]
+                llm.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=8))  # warm-up
+                best, outs, stats0 = None, None, llm.engine.stats()
+                for _ in range(args.repeats):
+                    t0 = time.perf_counter()
+                    outs = llm.generate(prompts, sp)
+                    dt = time.perf_counter() - t0
+                    best = dt if best is None else min(best, dt)
+                stats = llm.engine.stats()
+                tokens = [o.outputs[0].token_ids for o in outs]
+                if spec is None:
+                    reference[batch] = tokens
+                drafts = stats.get("spec_decode_num_drafts", 0) - stats0.get("spec_decode_num_drafts", 0)
+                acc = (stats.get("spec_decode_num_accepted_tokens", 0)
+                       - stats0.get("spec_decode_num_accepted_tokens", 0))
+                rows.append({"setting": name, "batch": batch, "seconds": best,
+                             "tok_s": sum(map(len, tokens)) / best,
+                             "mean_accepted_length": 1 + acc / drafts if drafts else None,
+                             "equal_to_plain": tokens == reference.get(batch), "kda_state_bytes_per_request": state})
+                bar.update(1)
+            llm.shutdown()
+    for r in rows:
+        plain = next(x for x in rows if x["batch"] == r["batch"] and x["setting"] == "off")
+        r["speedup"] = r["tok_s"] / plain["tok_s"]
+    return {"device": base.device, "max_tokens": args.max_tokens, "prompts": len(structured), "rows": rows}
+
+
+def table(result: dict) -> str:
+    lines = ["| batch | setting | tok/s | speedup | mean accepted length | tokens = plain | KDA state B/request |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for r in result["rows"]:
+        mal = "-" if r["mean_accepted_length"] is None else f"{r['mean_accepted_length']:.2f}"
+        lines.append(f"| {r['batch']} | {r['setting']} | {r['tok_s']:.1f} | {r['speedup']:.2f}x | {mal} | "
+                     f"{'yes' if r['equal_to_plain'] else 'NO'} | {r['kda_state_bytes_per_request']:,} |")
+    return "\n".join(lines)
+
+
+def plot(result: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    batches = sorted({r["batch"] for r in result["rows"]})
+    fig, axes = plt.subplots(1, len(batches), figsize=(5 * len(batches), 4), squeeze=False)
+    for ax, b in zip(axes[0], batches):
+        rows = [r for r in result["rows"] if r["batch"] == b]
+        ax.bar([r["setting"] for r in rows], [r["speedup"] for r in rows],
+               color=["grey"] + ["tab:blue"] * (len(rows) - 2) + ["tab:orange"])
+        ax.axhline(1.0, color="black", lw=0.8)
+        ax.set_title(f"batch {b} ({result['device']})")
+        ax.set_ylabel("tok/s vs plain decoding")
+        ax.tick_params(axis="x", rotation=45)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def run(args) -> int:
+    if any(b < 1 for b in args.batch) or any(not 1 <= k <= 7 for k in args.k) or args.max_tokens < 1:
+        raise SystemExit("bench spec: --batch >= 1, --k in 1..7 and --max-tokens >= 1")
+    result = measure(args)
+    print(table(result))
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump(result, f, indent=1)
+    if args.plot:
+        plot(result, args.plot)
+        print(f"plot: {args.plot}")
+    return 0

@@ -1,0 +1,224 @@
+"""Speculative decoding with the MTP drafter of the built-in demo model (engine/speculate.py).
+
+Greedy output with speculation equals output without it, token for token; logprobs agree within
+fp32 reassociation (the verify step multiplies 1+k rows where plain decoding multiplies one, so
+GEMM blocking may round differently: the bound below is ~100x the differences seen on CPU, far
+below any change of token). Pools are full after finishes, stops and aborts inside accepted runs.
+"""
+
+import dataclasses
+
+import pytest
+import torch
+
+from tpserve import LLM, SamplingParams
+from tpserve.config import EngineConfig
+from tpserve.engine.scheduler import Scheduled
+from tpserve.kernels import conv
+from tpserve.model.batch import CacheTensors, ForwardBatch
+from tpserve.model.kda import KdaAttention, commit
+
+SPEC = {"method": "mtp", "num_speculative_tokens": 3}
+PROMPTS = ["Count from 1 to 30: 1, 2, 3,", "The capital of France is", "def fibonacci(n):",
+           "Q: What is 12 + 7?\nA:"]
+LOGPROB_TOL = 5e-4
+
+
+@pytest.fixture(scope="module")
+def plain():
+    return LLM(device="cpu", kv_cache_memory="16MiB", block_size=16, max_num_seqs=8)
+
+
+@pytest.fixture(scope="module")
+def spec():
+    return LLM(device="cpu", kv_cache_memory="16MiB", block_size=16, max_num_seqs=8, speculative_config=SPEC)
+
+
+def _pools_full(llm):
+    e = llm.engine
+    return e.block_pool.num_free == e.block_pool.num_blocks and e.slot_pool.num_free == e.slot_pool.num_blocks
+
+
+def test_greedy_identical_tokens_and_logprobs(plain, spec):
+    sp = SamplingParams(temperature=0, max_tokens=40, logprobs=2, ignore_eos=True)
+    a, b = plain.generate(PROMPTS, sp), spec.generate(PROMPTS, sp)
+    for x, y in zip(a, b):
+        assert y.outputs[0].token_ids == x.outputs[0].token_ids
+        for lx, ly in zip(x.outputs[0].logprobs, y.outputs[0].logprobs):
+            assert lx.keys() == ly.keys()
+            assert max(abs(lx[t].logprob - ly[t].logprob) for t in lx) < LOGPROB_TOL
+    stats = spec.engine.stats()
+    assert stats["spec_decode_num_drafts"] > 0
+    assert 0 < stats["spec_decode_num_accepted_tokens"] <= stats["spec_decode_num_draft_tokens"]
+    per_pos = stats["spec_decode_num_accepted_tokens_per_pos"]
+    assert len(per_pos) == 3 and per_pos[0] >= per_pos[1] >= per_pos[2] and sum(per_pos) == \
+        stats["spec_decode_num_accepted_tokens"]
+    assert _pools_full(spec)
+
+
+def test_stops_inside_accepted_runs_and_lengths(plain, spec):
+    """A stop token, a stop string and max_tokens hit inside a run of accepted drafts: nothing after
+    them is emitted and the outputs equal plain decoding's."""
+    base = plain.generate(PROMPTS[:1], SamplingParams(temperature=0, max_tokens=30))[0].outputs[0]
+    stop_tok = base.token_ids[9]
+    cases = [SamplingParams(temperature=0, max_tokens=30, stop_token_ids=[stop_tok]),
+             SamplingParams(temperature=0, max_tokens=30, stop=[base.text[12:16]]),
+             SamplingParams(temperature=0, max_tokens=7),
+             SamplingParams(temperature=0, max_tokens=30, n=2)]
+    for sp in cases:
+        x, y = plain.generate(PROMPTS[:1], sp)[0], spec.generate(PROMPTS[:1], sp)[0]
+        assert [o.token_ids for o in y.outputs] == [o.token_ids for o in x.outputs]
+        assert [o.text for o in y.outputs] == [o.text for o in x.outputs]
+        assert [o.finish_reason for o in y.outputs] == [o.finish_reason for o in x.outputs]
+    assert _pools_full(spec)
+
+
+def test_abort_mid_speculation_frees_everything(spec):
+    eng = spec.engine
+    sp = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
+    ids = spec.get_tokenizer().encode(PROMPTS[0])
+    for i in range(3):
+        eng.add_request(f"abort-{i}", ids, sp)
+    for _ in range(6):
+        eng.step()
+    assert any(s.drafts for s in eng.scheduler.running)
+    for i in range(3):
+        eng.abort(f"abort-{i}")
+    assert not eng.has_unfinished() and _pools_full(spec)
+
+
+def test_sampling_with_seed_is_reproducible(spec):
+    sp = SamplingParams(temperature=0.8, top_p=0.95, max_tokens=30, seed=11, ignore_eos=True)
+    a = spec.generate(PROMPTS[:2], sp)
+    b = spec.generate(PROMPTS[:2], sp)
+    assert [o.outputs[0].token_ids for o in a] == [o.outputs[0].token_ids for o in b]
+    assert all(len(o.outputs[0].token_ids) == 30 for o in a)
+
+
+def test_preemption_during_speculation(spec):
+    """Few blocks: sequences are preempted with drafts pending and recomputed; greedy tokens stay."""
+    from tpserve.engine.cache import bytes_per_block, bytes_per_slot
+    from tpserve.model.mtp import mtp_config
+
+    cfg = mtp_config(spec.engine.model_config)
+    budget = 4 * bytes_per_slot(cfg, 1, torch.float32) + 10 * bytes_per_block(cfg, 16, torch.float32)
+    small = LLM(device="cpu", kv_cache_memory=budget, block_size=16, speculative_config=SPEC, max_num_seqs=4)
+    assert small.engine.block_pool.num_blocks == 10
+    ref = LLM(device="cpu", kv_cache_memory="16MiB", block_size=16, max_num_seqs=8)
+    sp = SamplingParams(temperature=0, max_tokens=60, ignore_eos=True)
+    a = small.generate(PROMPTS, sp)
+    assert small.engine.scheduler.num_preemptions > 0
+    assert [o.outputs[0].token_ids for o in a] == [o.outputs[0].token_ids for o in ref.generate(PROMPTS, sp)]
+    assert _pools_full(small)
+
+
+def test_metrics_offline(spec):
+    names = {m.name: m for m in spec.get_metrics()}
+    assert names["tpserve:spec_decode_num_drafts"].kind == "counter"
+    assert names["tpserve:spec_decode_num_accepted_tokens_per_pos"].kind == "vector"
+    assert len(names["tpserve:spec_decode_num_accepted_tokens_per_pos"].values) == 3
+
+
+def test_checkpoint_without_mtp_is_a_clear_error(tiny):
+    with pytest.raises(ValueError, match="MTP"):
+        LLM(str(tiny("default")), device="cpu", skip_tokenizer_init=True, speculative_config=SPEC)
+
+
+@pytest.mark.parametrize("raw, field", [('{"method": "eagle"}', "method"), ('{"num_speculative_tokens": 0}',
+                                        "num_speculative_tokens"), ('{"truncate_threshold": 2}', "truncate_threshold"),
+                                       ('{"k": 2}', "unknown key"), ("[1]", "JSON object"), ("{", "not valid JSON")])
+def test_bad_speculative_config(raw, field):
+    with pytest.raises(ValueError, match=field):
+        EngineConfig(speculative_config=raw)
+    with pytest.raises(ValueError, match="tensor_parallel_size"):
+        EngineConfig(speculative_config=SPEC, tensor_parallel_size=2)
+
+
+# ---------------------------------------------------------------- KDA state
+def _kda_layer(seed=0):
+    from tpserve.model.config import ModelConfig
+    from tpserve.model.layers import ShardContext
+    from tpserve.model.tiny import randomize_
+
+    cfg = ModelConfig(hidden_size=32, linear_num_heads=2, linear_head_dim=8, num_hidden_layers=1,
+                      layer_types=("linear_attention",), mlp_layer_types=("dense",), indexer_types=("full",))
+    layer = KdaAttention(ShardContext.single(torch.float32), cfg, 0, "torch")
+    randomize_(layer, seed=seed)
+    return cfg, layer
+
+
+def _cache(cfg, slots):
+    c = CacheTensors(block_size=16)
+    c.kda_state[0] = torch.randn(slots, cfg.linear_num_heads, 8, 8, generator=torch.Generator().manual_seed(1))
+    c.conv_state[0] = torch.randn(slots, 3 * 16, cfg.linear_conv_kernel_dim - 1,
+                                  generator=torch.Generator().manual_seed(2))
+    return c
+
+
+def _batch(lens, slots):
+    cu = [0]
+    for n in lens:
+        cu.append(cu[-1] + n)
+    t = cu[-1]
+    return ForwardBatch(input_ids=torch.zeros(t, dtype=torch.long), positions=torch.arange(t), cu_seqlens=cu,
+                        context_lens=[5] * len(lens), slots=torch.tensor(slots), block_tables=torch.zeros(len(lens), 1,
+                        dtype=torch.long), slot_mapping=torch.zeros(t, dtype=torch.long),
+                        logits_indices=torch.arange(t), decode_seqs=len(lens))
+
+
+@pytest.mark.parametrize("accepted", [0, 1, 3])
+def test_kda_state_after_rejection_equals_never_drafting(accepted):
+    """Verify 1+3 rows of slot 1 next to a plain decode of slot 0, then commit 1+accepted of them: the
+    slot's recurrent state and conv window are bit-identical to running the same inputs through the
+    layer's one-token decode path, token by token (a run that never drafted)."""
+    cfg, layer = _kda_layer()
+    h, dh = layer.heads, layer.head_dim
+    x = torch.randn(5, 32, generator=torch.Generator().manual_seed(3))
+    spec_cache, plain_cache = _cache(cfg, 3), _cache(cfg, 3)
+    layer(x, _batch([1, 4], [0, 1]), spec_cache)
+    assert torch.equal(spec_cache.kda_state[0][1], plain_cache.kda_state[0][1])  # read, not written
+    assert torch.equal(spec_cache.conv_state[0][1], plain_cache.conv_state[0][1])
+    vi = spec_cache.verify[0]
+    raw, g, beta, q_v = vi.raw.clone(), vi.g.clone(), vi.beta.clone(), vi.q.clone()
+    commit(spec_cache, [1 + accepted])
+    assert not spec_cache.verify
+    one = _batch([1], [1])
+    for j in range(1 + accepted):
+        mixed = layer._conv(raw[j:j + 1], one, plain_cache.conv_state[0])
+        q, k, v = (y.reshape(1, h, dh) for y in mixed.split(h * dh, dim=-1))
+        assert torch.equal(q, q_v[j:j + 1])  # the verify row's conv output is the decode step's
+        layer._torch(q, k, v, g[j:j + 1], beta[j:j + 1], one, plain_cache.kda_state[0])
+    for key in ("kda_state", "conv_state"):
+        assert torch.equal(getattr(spec_cache, key)[0][1], getattr(plain_cache, key)[0][1])
+        assert torch.equal(getattr(spec_cache, key)[0][2], getattr(plain_cache, key)[0][2])  # untouched slot
+
+
+def test_conv_verify_rows_equal_decode_steps():
+    g = torch.Generator().manual_seed(0)
+    x, state, w = torch.randn(5, 12, generator=g), torch.randn(12, 3, generator=g), torch.randn(12, 4, generator=g)
+    rows, s = [], state[None]
+    for j in range(5):
+        out, s = conv.causal_conv_step(x[j:j + 1], s, w)
+        rows.append(out)
+    assert torch.equal(conv.causal_conv_verify(x, state, w), torch.cat(rows))
+
+
+def test_scheduled_counts_drafts():
+    from tpserve.engine.request import Sequence
+
+    seq = Sequence("r", 0, [1, 2, 3], SamplingParams(), 10, frozenset())
+    seq.num_computed, seq.drafts = 2, [7, 8]
+    s = Scheduled(seq, 3, decode=True)
+    assert s.num_drafts == 2 and s.completes and [seq.token_at(p) for p in range(5)] == [1, 2, 3, 7, 8]
+    assert dataclasses.replace(s, num_tokens=1).num_drafts == 0
+
+
+def test_server_metrics_export_spec_counters(spec):
+    from tpserve.server.metrics import ServerMetrics
+
+    spec.generate(PROMPTS[:1], SamplingParams(temperature=0, max_tokens=12))
+    text = ServerMetrics(spec.engine.stats).render().decode()
+    stats = spec.engine.stats()
+    assert f"tpserve:spec_decode_num_drafts_total {float(stats['spec_decode_num_drafts'])}" in text
+    assert f"tpserve:spec_decode_num_accepted_tokens_total {float(stats['spec_decode_num_accepted_tokens'])}" in text
+    assert 'tpserve:spec_decode_num_accepted_tokens_per_pos_total{position="0"}' in text
