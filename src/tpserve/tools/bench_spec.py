@@ -1,7 +1,8 @@
 """`tpserve bench spec`: speculative decoding (MTP drafts) against plain decoding, in one run.
 
 On the built-in demo model (or --model with MTP weights) and its structured prompts (counting,
-JSON, tool calls: train/acceptance.py), greedy, at each --batch: plain decoding, every fixed k of
+JSON, tool calls: train/acceptance.py; each at least once, in generate calls of --batch requests),
+greedy, at each --batch: plain decoding, every fixed k of
 --k (adaptive off, no truncation) and the adaptive policy. Reports output tok/s, the speedup over
 plain, the mean accepted length, whether the tokens equal plain decoding's, and the KDA state
 bytes per request (which speculation must leave unchanged). Optional PNG plot.
@@ -61,12 +62,14 @@ def measure(args) -> dict:
             llm = LLM(**{k: v for k, v in kw.items() if v is not None}, speculative_config=spec)
             state = _state_bytes(llm)
             for batch in args.batch:
-                prompts = [structured[i % len(structured)] for i in range(batch)]
+                # every structured prompt at least once, in generate calls of `batch` requests
+                prompts = [structured[i % len(structured)] for i in range(max(batch, len(structured)))]
+                groups = [prompts[i:i + batch] for i in range(0, len(prompts), batch)]
                 llm.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=8))  # warm-up
                 best, outs, stats0 = None, None, llm.engine.stats()
                 for _ in range(args.repeats):
                     t0 = time.perf_counter()
-                    outs = llm.generate(prompts, sp)
+                    outs = [o for g in groups for o in llm.generate(g, sp)]
                     dt = time.perf_counter() - t0
                     best = dt if best is None else min(best, dt)
                 stats = llm.engine.stats()
