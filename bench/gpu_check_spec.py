@@ -23,11 +23,11 @@ def main() -> None:
           "mean accepted length |")
     print("| --- | --- | --- | --- | --- | --- |")
     for dtype in ("float32", "bfloat16"):
-        plain = LLM(device=args.device, dtype=dtype, max_num_seqs=16)
+        plain = LLM(device=args.device, dtype=dtype, max_num_seqs=16, kv_cache_memory="2GiB")
         ref = plain.generate(prompts, sp)
         plain.shutdown()
         for k in (1, 3):
-            spec = LLM(device=args.device, dtype=dtype, max_num_seqs=16,
+            spec = LLM(device=args.device, dtype=dtype, max_num_seqs=16, kv_cache_memory="2GiB",
                        speculative_config={"method": "mtp", "num_speculative_tokens": k})
             out = spec.generate(prompts, sp)
             equal, first, diff = 0, [], 0.0

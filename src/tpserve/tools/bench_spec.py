@@ -43,6 +43,16 @@ def _state_bytes(llm) -> int:
     return total // slots
 
 
+def _release_memory() -> None:
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 def measure(args) -> dict:
     from tqdm import tqdm
 
@@ -59,6 +69,8 @@ def measure(args) -> dict:
             kw = {f: getattr(base, f) for f in ("model", "device", "dtype", "kv_cache_memory", "enforce_eager",
                                                  "max_num_seqs", "block_size")}
             kw["max_num_seqs"] = max(max(args.batch), kw["max_num_seqs"] or 0)
+            if kw["kv_cache_memory"] is None:  # several engines live in this process, one after another
+                kw["kv_cache_memory"] = 2 * 2**30
             llm = LLM(**{k: v for k, v in kw.items() if v is not None}, speculative_config=spec)
             state = _state_bytes(llm)
             for batch in args.batch:
@@ -85,6 +97,8 @@ def measure(args) -> dict:
                              "equal_to_plain": tokens == reference.get(batch), "kda_state_bytes_per_request": state})
                 bar.update(1)
             llm.shutdown()
+            del llm
+            _release_memory()
     for r in rows:
         plain = next(x for x in rows if x["batch"] == r["batch"] and x["setting"] == "off")
         r["speedup"] = r["tok_s"] / plain["tok_s"]
