@@ -222,3 +222,44 @@ def test_server_metrics_export_spec_counters(spec):
     assert f"tpserve:spec_decode_num_drafts_total {float(stats['spec_decode_num_drafts'])}" in text
     assert f"tpserve:spec_decode_num_accepted_tokens_total {float(stats['spec_decode_num_accepted_tokens'])}" in text
     assert 'tpserve:spec_decode_num_accepted_tokens_per_pos_total{position="0"}' in text
+
+
+def test_kda_commit_of_several_verify_sequences():
+    """Two verify sequences of different lengths next to a decode; commits of different counts (one of
+    them 0: a finished sequence) advance exactly their own slots, as one-token decodes would."""
+    cfg, layer = _kda_layer(seed=4)
+    h, dh = layer.heads, layer.head_dim
+    x = torch.randn(8, 32, generator=torch.Generator().manual_seed(5))
+    spec_cache, plain_cache = _cache(cfg, 4), _cache(cfg, 4)
+    layer(x, _batch([1, 4, 3], [0, 2, 1]), spec_cache)
+    vi = spec_cache.verify[0]
+    raw, g, beta = vi.raw.clone(), vi.g.clone(), vi.beta.clone()
+    counts = [3, 0]
+    commit(spec_cache, counts)
+    for start, slot, n in ((0, 2, counts[0]), (4, 1, counts[1])):
+        one = _batch([1], [slot])
+        for j in range(start, start + n):
+            mixed = layer._conv(raw[j:j + 1], one, plain_cache.conv_state[0])
+            q, k, v = (y.reshape(1, h, dh) for y in mixed.split(h * dh, dim=-1))
+            layer._torch(q, k, v, g[j:j + 1], beta[j:j + 1], one, plain_cache.kda_state[0])
+    for key in ("kda_state", "conv_state"):
+        for slot in (1, 2, 3):
+            assert torch.equal(getattr(spec_cache, key)[0][slot], getattr(plain_cache, key)[0][slot])
+
+
+def test_k_zero_for_long_stops_the_drafter(plain):
+    """When the policy keeps choosing k = 0 (large batches), the MTP catch-up stops after IDLE_STEPS steps:
+    those steps then cost what plain decoding costs; tokens stay plain decoding's."""
+    from tpserve.engine.speculate import IDLE_STEPS
+
+    llm = LLM(device="cpu", kv_cache_memory="16MiB", block_size=16, max_num_seqs=8, speculative_config=SPEC)
+    eng = llm.engine
+    eng.speculator.policy.choose_k = lambda num_seqs, keys: 0
+    calls = []
+    real = eng.executor.draft
+    eng.executor.draft = lambda *a: calls.append(1) or real(*a)
+    sp = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    out = llm.generate(PROMPTS[:2], sp)
+    assert len(calls) == IDLE_STEPS  # a catch-up in each of the first IDLE_STEPS steps with k = 0, then none
+    assert eng.stats()["spec_decode_num_drafts"] == 0
+    assert [o.outputs[0].token_ids for o in out] == [o.outputs[0].token_ids for o in plain.generate(PROMPTS[:2], sp)]

@@ -31,6 +31,9 @@ from tpserve.engine.spec_policy import SpecPolicy
 from tpserve.engine.spec_verify import rejection_verify, sample_from
 
 
+IDLE_STEPS = 8  # after this many steps in a row with k = 0 the MTP layer stops running
+
+
 @dataclass
 class SpecCounters:
     """vLLM's spec_decode_* counters."""
@@ -69,6 +72,7 @@ class Speculator:
                                  num_moe_layers=sum(t == "sparse" for t in cfg.mlp_layer_types))
         self.counters = SpecCounters(accepted_per_pos=[0] * spec.num_speculative_tokens)
         self.choice = self.policy.begin_step()
+        self.idle_steps = 0  # consecutive steps the policy chose k = 0
 
     # ------------------------------------------------------------------ verify
     def verify(self, sampled: list[Scheduled], logits: torch.Tensor) -> list[int]:
@@ -139,6 +143,14 @@ class Speculator:
         running = [s.seq for s in scheduled if s.seq.status is Status.RUNNING]
         self.choice = self.policy.begin_step()
         k = self.policy.choose_k(len(eng.scheduler.running), running)
+        self.idle_steps = self.idle_steps + 1 if k == 0 else 0
+        if self.idle_steps > IDLE_STEPS and not any(_fixed(seq) for seq in running):
+            # speculation has not paid for a while (large batches): stop the MTP catch-up too, so these
+            # steps cost what plain decoding costs; the running requests no longer draft (their MTP
+            # cache would have a gap), requests that arrive later do when k > 0 again
+            for seq in running:
+                seq.mtp_computed = -1
+            return
         # catch-up: the positions this step made real, with the main model's hidden rows
         plan, rows, drafting = _Plan(), [], []
         base = 0

@@ -107,12 +107,10 @@ class KdaAttention(nn.Module):
         out = torch.empty_like(v)
         if nd:
             out[:nd] = head
-        for i in range(nd, batch.decode_seqs):  # verify: the decode update token by token, not stored
-            a, b = batch.cu_seqlens[i], batch.cu_seqlens[i + 1]
-            state = states[batch.slots[i]].unsqueeze(0)
-            for j in range(a, b):
-                out[j:j + 1], state = kda_ops.kda_recurrent_batched(q[j:j + 1], k[j:j + 1], v[j:j + 1], g[j:j + 1],
-                                                                    beta[j:j + 1], state)
+        if nd < batch.decode_seqs:  # verify: the decode update position by position, states not stored
+            cu = batch.cu_seqlens[nd:batch.decode_seqs + 1]
+            decode_positions(q, k, v, g, beta, cu[:-1], [b - a for a, b in zip(cu, cu[1:])],
+                             states[batch.slots[nd:batch.decode_seqs]], out)
         for i in range(batch.decode_seqs, batch.num_seqs):
             a, b = batch.cu_seqlens[i], batch.cu_seqlens[i + 1]
             slot = batch.slots[i]
@@ -170,17 +168,40 @@ def commit(cache: CacheTensors, counts: list[int]) -> None:
     for layer, vi in cache.verify.items():
         if len(counts) != len(vi.offsets) - 1:
             raise ValueError(f"commit: {len(counts)} counts for {len(vi.offsets) - 1} verify sequences")
+        live = [i for i, n in enumerate(counts) if n > 0]
+        if not live:
+            continue
+        dev = vi.raw.device
+        sel = torch.tensor(live, device=dev)
+        slots, n = vi.slots[sel], torch.tensor([counts[i] for i in live], device=dev)
+        starts = torch.tensor([vi.offsets[i] for i in live], device=dev)
         states, convs = cache.kda_state[layer], cache.conv_state[layer]
-        for i, n in enumerate(counts):
-            if n <= 0:
-                continue
-            a = vi.offsets[i]
-            slot = vi.slots[i]
-            window = torch.cat([convs[slot], vi.raw[a:a + n].t().to(convs.dtype)], dim=-1)
-            convs[slot] = window[:, window.shape[1] - convs.shape[-1]:]
-            state = states[slot].unsqueeze(0)
-            for j in range(a, a + n):
-                _, state = kda_ops.kda_recurrent_batched(vi.q[j:j + 1], vi.k[j:j + 1], vi.v[j:j + 1],
-                                                         vi.g[j:j + 1], vi.beta[j:j + 1], state)
-            states[slot] = state[0]
+        # conv window: the last k-1 inputs of [old window | the accepted rows], by index (copies only)
+        width = int(max(counts))
+        rows = (starts.unsqueeze(1) + torch.arange(width, device=dev)).clamp(max=vi.raw.shape[0] - 1)
+        ext = torch.cat([convs[slots], vi.raw[rows].transpose(1, 2).to(convs.dtype)], dim=-1)
+        cols = n.unsqueeze(1) + torch.arange(convs.shape[-1], device=dev)
+        convs[slots] = ext.gather(-1, cols.unsqueeze(1).expand(-1, ext.shape[1], -1))
+        states[slots] = decode_positions(vi.q, vi.k, vi.v, vi.g, vi.beta, [vi.offsets[i] for i in live],
+                                         [counts[i] for i in live], states[slots])
     cache.verify.clear()
+
+
+def decode_positions(q, k, v, g, beta, starts: list[int], lens: list[int], states: torch.Tensor,
+                     out: torch.Tensor | None = None) -> torch.Tensor:
+    """The one-token decode update (kda_recurrent_batched) at rows starts[i] + j, j < lens[i], position
+    by position with every sequence at once. states [S, H, K, V]: a copy, advanced in place and
+    returned; out: where each row's output goes (optional)."""
+    dev = q.device
+    for j in range(max(lens, default=0)):
+        live = [i for i, n in enumerate(lens) if n > j]
+        rows = torch.tensor([starts[i] + j for i in live], device=dev)
+        if len(live) == len(lens):
+            o, states = kda_ops.kda_recurrent_batched(q[rows], k[rows], v[rows], g[rows], beta[rows], states)
+        else:
+            sel = torch.tensor(live, device=dev)
+            o, states[sel] = kda_ops.kda_recurrent_batched(q[rows], k[rows], v[rows], g[rows], beta[rows],
+                                                           states[sel])
+        if out is not None:
+            out[rows] = o.to(out.dtype)
+    return states
