@@ -263,3 +263,19 @@ def test_k_zero_for_long_stops_the_drafter(plain):
     assert len(calls) == IDLE_STEPS  # a catch-up in each of the first IDLE_STEPS steps with k = 0, then none
     assert eng.stats()["spec_decode_num_drafts"] == 0
     assert [o.outputs[0].token_ids for o in out] == [o.outputs[0].token_ids for o in plain.generate(PROMPTS[:2], sp)]
+
+
+def test_measured_rates_turn_drafting_off_where_it_loses():
+    from tpserve.engine.speculate import MeasuredRates
+
+    r = MeasuredRates()
+    assert [r.override(1, 3) for _ in range(8)] == [3] * 7 + [0]  # no measurements yet: the policy's k
+    r.observe(1, False, 10, 0.1)   # plain: 100 tok/s
+    r.observe(1, True, 30, 0.6)    # drafting: 50 tok/s
+    ks = [r.override(1, 3) for _ in range(120)]
+    assert ks.count(3) == 2 and ks[64 - 9] == 3 and ks[128 - 9] == 3  # only the re-measuring steps
+    r.observe(64, False, 64, 0.1)
+    r.observe(64, True, 200, 0.1)  # faster with drafts at batch 64: k stays, plain probes every 8th step
+    ks = [r.override(40, 2) for _ in range(16)]
+    assert ks.count(0) == 2 and ks.count(2) == 14
+    assert MeasuredRates.bucket(1) == 1 and MeasuredRates.bucket(5) == 8 and MeasuredRates.bucket(64) == 64

@@ -73,6 +73,8 @@ class Speculator:
         self.counters = SpecCounters(accepted_per_pos=[0] * spec.num_speculative_tokens)
         self.choice = self.policy.begin_step()
         self.idle_steps = 0  # consecutive steps the policy chose k = 0
+        self.rates = MeasuredRates()
+        self.last_k, self.last_draft_seconds, self.emitted = 0, 0.0, 0
 
     # ------------------------------------------------------------------ verify
     def verify(self, sampled: list[Scheduled], logits: torch.Tensor) -> list[int]:
@@ -102,6 +104,7 @@ class Speculator:
                 _, toks = rejection_verify(p, q, drafts, [s.generator for s in sub], eng.generator)
                 tokens[idx] = torch.tensor(toks, device=logits.device)
             results = sampler.results_for(rows, seqs, tokens)
+            self.emitted += len(results)
             still = []
             for g, res in zip(active, results):
                 eng._append(g.seq, res)
@@ -141,8 +144,12 @@ class Speculator:
         t0 = time.perf_counter()
         self.policy.observe_step(step_tokens, max(step_seconds, 1e-9))
         running = [s.seq for s in scheduled if s.seq.status is Status.RUNNING]
+        batch = len(eng.scheduler.running)
+        self.rates.observe(batch, self.last_k > 0, self.emitted, step_seconds + self.last_draft_seconds)
+        self.emitted, self.last_draft_seconds = 0, 0.0
         self.choice = self.policy.begin_step()
-        k = self.policy.choose_k(len(eng.scheduler.running), running)
+        k = self.rates.override(batch, self.policy.choose_k(batch, running))
+        self.last_k = k
         self.idle_steps = self.idle_steps + 1 if k == 0 else 0
         if self.idle_steps > IDLE_STEPS and not any(_fixed(seq) for seq in running):
             # speculation has not paid for a while (large batches): stop the MTP catch-up too, so these
@@ -187,8 +194,9 @@ class Speculator:
             drafting = [drafting[i] for i in keep]
             survival = [survival[i] for i in keep]
             logits = eng.executor.draft(nxt.build(), keep, False)
+        self.last_draft_seconds = time.perf_counter() - t0
         if deepest > 0:
-            self.policy.observe_draft(deepest, max(time.perf_counter() - t0, 1e-9))
+            self.policy.observe_draft(deepest, max(self.last_draft_seconds, 1e-9))
 
     def _budget(self, seq: Sequence, k: int) -> int:
         """Drafts this sequence may take next step (room before max_tokens / max_model_len, blocks)."""
@@ -229,6 +237,43 @@ class Speculator:
                 "spec_decode_num_accepted_tokens": c.num_accepted_tokens,
                 "spec_decode_num_accepted_tokens_per_pos": list(c.accepted_per_pos),
                 "spec_decode_mean_accepted_length": c.mean_accepted_length}
+
+
+class MeasuredRates:
+    """Emitted tokens per second actually measured, for steps with and without drafts, per batch-size
+    bucket (powers of two): the policy's cost model sees tokens and experts, not that plain decode
+    steps replay CUDA graphs while verify steps run eagerly. Every PLAIN_PROBE-th step drafts nothing
+    (it measures plain decoding); when drafting is measured slower, k = 0, except every SPEC_PROBE-th
+    step, which lets the policy's k run again to re-measure."""
+
+    PLAIN_PROBE, SPEC_PROBE, DECAY = 8, 64, 0.8
+
+    def __init__(self):
+        self.ema: dict[tuple[int, bool], float] = {}
+        self.step = 0
+
+    @staticmethod
+    def bucket(batch: int) -> int:
+        return 1 << max(batch - 1, 0).bit_length()
+
+    def observe(self, batch: int, drafted: bool, emitted: int, seconds: float) -> None:
+        if emitted <= 0 or seconds <= 0:
+            return
+        key, rate = (self.bucket(batch), drafted), emitted / seconds
+        old = self.ema.get(key)
+        self.ema[key] = rate if old is None else self.DECAY * old + (1 - self.DECAY) * rate
+
+    def override(self, batch: int, k: int) -> int:
+        self.step += 1
+        if k == 0:
+            return 0
+        plain, spec = self.ema.get((self.bucket(batch), False)), self.ema.get((self.bucket(batch), True))
+        if plain is not None and spec is not None and spec < plain:
+            return k if self.step % self.SPEC_PROBE == 0 else 0
+        return 0 if self.step % self.PLAIN_PROBE == 0 else k
+
+    def snapshot(self) -> dict:
+        return {f"batch<={b} {'spec' if d else 'plain'}": round(r, 1) for (b, d), r in sorted(self.ema.items())}
 
 
 def _fixed(seq: Sequence) -> bool:
