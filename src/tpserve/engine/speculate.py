@@ -148,7 +148,9 @@ class Speculator:
         self.rates.observe(batch, self.last_k > 0, self.emitted, step_seconds + self.last_draft_seconds)
         self.emitted, self.last_draft_seconds = 0, 0.0
         self.choice = self.policy.begin_step()
-        k = self.rates.override(batch, self.policy.choose_k(batch, running))
+        k = self.policy.choose_k(batch, running)
+        if self.spec.adaptive:
+            k = self.rates.override(batch, k)
         self.last_k = k
         self.idle_steps = self.idle_steps + 1 if k == 0 else 0
         if self.idle_steps > IDLE_STEPS and not any(_fixed(seq) for seq in running):
