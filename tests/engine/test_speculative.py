@@ -279,3 +279,33 @@ def test_measured_rates_turn_drafting_off_where_it_loses():
     ks = [r.override(40, 2) for _ in range(16)]
     assert ks.count(0) == 2 and ks.count(2) == 14
     assert MeasuredRates.bucket(1) == 1 and MeasuredRates.bucket(5) == 8 and MeasuredRates.bucket(64) == 64
+
+
+def test_mtp_draft_matches_plain_torch_recipe(spec):
+    """The engine's MTP forward (cache, paged latent, decode/prefill kernels) against train/model.py's
+    plain-torch MTP step (x = eh_proj(cat[enorm(embed(t+1)), hnorm(h)]) -> block -> shared_head.norm ->
+    lm_head) on the same checkpoint: depth-1 logits at every prompt position."""
+    from tpserve.engine.runner import StepPlan
+    from tpserve.train.model import TrainModel, load_checkpoint_
+
+    eng = spec.engine
+    runner = eng.executor.runner
+    ids = spec.get_tokenizer().encode(PROMPTS[3] + " 19\nQ: What is 3 + 4?\nA:")
+    n = len(ids)
+    blocks, slot = eng.block_pool.allocate(-(-n // 16)), eng.slot_pool.allocate(1)[0]
+    try:
+        runner.execute(StepPlan(ids, list(range(n)), [0, n], [0], [slot], [blocks], [n - 1], [slot]))
+        got = runner.draft(StepPlan(ids[1:], list(range(n - 1)), [0, n - 1], [0], [slot], [blocks],
+                                    list(range(n - 1)), []), list(range(n - 1)), True)
+    finally:
+        eng.block_pool.free(blocks)
+        eng.slot_pool.free([slot])
+    ref_model = TrainModel(eng.model_config)
+    load_checkpoint_(ref_model, eng.model_dir)
+    with torch.no_grad():
+        out = ref_model(torch.tensor([ids]))
+        _, ref = ref_model.mtp_step(out.hidden[:, :n - 1], torch.tensor([ids[1:]]))
+    ref = ref[0].float()
+    assert torch.equal(got.argmax(-1), ref.argmax(-1))
+    bound = 1e-4 * ref.abs().max().item()  # fp32, two code paths (paged cache, fused forms vs plain torch)
+    assert (got - ref).abs().max().item() < bound, ((got - ref).abs().max().item(), bound)
