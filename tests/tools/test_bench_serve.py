@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from live import LiveServer
 from tpserve.cli import main
 from tpserve.tools.bench_datasets import load_prompts, salt
 from tpserve.tools.gpu_guard import GpuGuard
@@ -105,3 +106,20 @@ def test_gpu_guard_flags_throttling():
     with GpuGuard(interval_s=0.01, nvml=FakeNvml(0)) as g:
         pass
     assert not g.summary()["throttled"] and "not throttled" in g.line()
+
+
+def test_mean_accepted_length_from_a_speculating_server(tmp_path, capsys):
+    """The built-in demo model served with MTP speculation: bench serve reads the spec_decode counters
+    from /metrics and reports the mean accepted length per level."""
+    from tpserve.engine.setup import builtin_demo_model
+
+    s = LiveServer(str(builtin_demo_model()), kv_cache_memory="16MiB", max_num_seqs=8,
+                   speculative_config='{"method": "mtp", "num_speculative_tokens": 3}')
+    try:
+        rc, res = _bench(s.url, tmp_path, "--concurrency", "2", "--num-requests", "2", "--max-tokens", "24",
+                         "--dataset", "structured")
+    finally:
+        s.close()
+    assert rc == 0, res["errors"]
+    assert 1.0 < res["levels"][0]["mean_accepted_length"] <= 4.0
+    assert "mean accepted length" in capsys.readouterr().out

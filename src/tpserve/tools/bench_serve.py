@@ -63,6 +63,10 @@ def report(res: dict) -> str:
                      f"{lv['output_tok_per_s']:.1f} | {lv['requests_per_s']:.2f} | {f3(lv['ttft_ms'])} | "
                      f"{f3(lv['tpot_ms'])} | {f3(lv['itl_ms'])} | {f3(lv['e2e_ms'])} |")
     for lv in res["levels"]:
+        if "mean_accepted_length" in lv:
+            lines.append(f"speculative decoding at concurrency {lv['concurrency']}: mean accepted length "
+                         f"{lv['mean_accepted_length']:.2f}")
+    for lv in res["levels"]:
         for err in sorted(set(lv["errors"]))[:3]:
             lines.append(f"ERROR (concurrency {lv['concurrency']}, {lv['errors'].count(err)}x): {err}")
     if res["cold_prefill"]:
@@ -102,6 +106,24 @@ def plot(res: dict, path: str) -> None:
     plt.close(fig)
 
 
+def spec_counters(url: str, headers: dict) -> dict:
+    """The server's speculative-decoding counters from /metrics ({} when it has none or hides them)."""
+    import httpx
+
+    names = {"tpserve:spec_decode_num_drafts_total": "drafts",
+             "tpserve:spec_decode_num_accepted_tokens_total": "accepted"}
+    try:
+        text = httpx.get(url + "/metrics", headers=headers, timeout=10).text
+    except httpx.HTTPError:
+        return {}
+    out = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in names:
+            out[names[name]] = float(value)
+    return out
+
+
 def bench(url: str, args, headers: dict, model: str) -> dict:
     import asyncio
 
@@ -117,10 +139,15 @@ def bench(url: str, args, headers: dict, model: str) -> dict:
                                    seed=args.prompt_seed + k)
             if args.cold_prefill:
                 prompts = salt(prompts)
+            before = spec_counters(url, headers)
             levels.append(asyncio.run(run_level(url, model, prompts, concurrency=conc, max_tokens=args.max_tokens,
                                                 cold=args.cold_prefill, request_rate=args.request_rate,
                                                 seed=args.prompt_seed + k, headers=headers,
                                                 desc=f"concurrency {conc}")))
+            after = spec_counters(url, headers)
+            drafts = after.get("drafts", 0) - before.get("drafts", 0)
+            if drafts > 0:  # a server with speculative decoding: accepted drafts per verify, plus its own token
+                levels[-1]["mean_accepted_length"] = 1 + (after["accepted"] - before["accepted"]) / drafts
     res = {"url": url, "model": model, "dataset": args.dataset, "max_tokens": args.max_tokens,
            "cold_prefill": args.cold_prefill, "levels": levels,
            "errors": [e for lv in levels for e in lv["errors"]], "gpu_guard": guard.summary(),
