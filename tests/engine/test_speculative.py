@@ -276,8 +276,8 @@ def test_measured_rates_turn_drafting_off_where_it_loses():
     assert ks.count(3) == 2 and ks[64 - 9] == 3 and ks[128 - 9] == 3  # only the re-measuring steps
     r.observe(64, False, 64, 0.1)
     r.observe(64, True, 200, 0.1)  # faster with drafts at batch 64: k stays, plain probes every 8th step
-    ks = [r.override(40, 2) for _ in range(16)]
-    assert ks.count(0) == 2 and ks.count(2) == 14
+    ks = [r.override(40, 2) for _ in range(128)]
+    assert ks.count(0) == 2 and ks.count(2) == 126  # plain re-measured every 64th step only
     assert MeasuredRates.bucket(1) == 1 and MeasuredRates.bucket(5) == 8 and MeasuredRates.bucket(64) == 64
 
 

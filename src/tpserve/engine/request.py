@@ -48,6 +48,7 @@ class Sequence:
     # speculative decoding (engine/speculate.py)
     drafts: list[int] = field(default_factory=list)  # tokens drafted after the last one, verified next step
     draft_probs: list | None = None  # sampled requests: the draft distribution q of each draft [V]
+    draft_sure: list[float] = field(default_factory=list)  # the drafter's probability of each draft
     mtp_computed: int = 0            # positions whose MTP drafter cache rows are real
 
     @property

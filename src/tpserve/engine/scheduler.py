@@ -70,7 +70,7 @@ class Scheduler:
                 self.fresh_slots.remove(seq.slot)
             seq.slot = None
         seq.num_computed = seq.mtp_computed = 0
-        seq.drafts, seq.draft_probs = [], None
+        seq.drafts, seq.draft_probs, seq.draft_sure = [], None, []
 
     # ------------------------------------------------------------------- step
     def schedule(self) -> list[Scheduled]:
@@ -86,6 +86,7 @@ class Scheduler:
                 continue
             if seq.in_decode and n - 1 < len(seq.drafts):  # the budget verifies fewer drafts
                 del seq.drafts[n - 1:]
+                del seq.draft_sure[n - 1:]
                 if seq.draft_probs is not None:
                     del seq.draft_probs[n - 1:]
             out.append(Scheduled(seq, n, seq.in_decode))

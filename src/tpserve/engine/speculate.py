@@ -74,6 +74,7 @@ class Speculator:
         self.choice = self.policy.begin_step()
         self.idle_steps = 0  # consecutive steps the policy chose k = 0
         self.rates = MeasuredRates()
+        self.calibration = Calibration()
         self.last_k, self.last_draft_seconds, self.emitted = 0, 0.0, 0
 
     # ------------------------------------------------------------------ verify
@@ -83,7 +84,7 @@ class Speculator:
         eng = self.engine
         groups, row = [], 0
         for s in sampled:
-            groups.append(_Walk(s.seq, row, list(s.seq.drafts), s.seq.draft_probs))
+            groups.append(_Walk(s.seq, row, list(s.seq.drafts), s.seq.draft_probs, list(s.seq.draft_sure)))
             row += 1 + len(s.seq.drafts)
         active, j = list(groups), 0
         while active:
@@ -121,7 +122,7 @@ class Speculator:
             active, j = still, j + 1
         counts = []
         for g in groups:
-            g.seq.drafts, g.seq.draft_probs = [], None
+            g.seq.drafts, g.seq.draft_probs, g.seq.draft_sure = [], None, []
             if not g.drafts:
                 continue
             counts.append(0 if g.seq.is_finished else 1 + g.accepted)
@@ -131,7 +132,10 @@ class Speculator:
             c.num_accepted_tokens += g.accepted
             for i in range(g.accepted):
                 c.accepted_per_pos[i] += 1
-            self.policy.observe_acceptance(g.seq, min(len(g.drafts), g.evaluated), g.accepted, self.choice.explore)
+            seen = min(len(g.drafts), g.evaluated)
+            self.policy.observe_acceptance(g.seq, seen, g.accepted, self.choice.explore)
+            if self.choice.explore:
+                self.calibration.observe(g.sure[:seen], g.accepted)
         return counts
 
     # ----------------------------------------------------------------- propose
@@ -187,7 +191,8 @@ class Speculator:
                 seq.drafts.append(toks[i])
                 if probs is not None:
                     seq.draft_probs = (seq.draft_probs or []) + [probs[i]]
-                survival[i] *= sure[i]
+                seq.draft_sure.append(sure[i])
+                survival[i] *= min(1.0, self.calibration.factor * sure[i])
                 if depth < want and (_fixed(seq) or self.policy.keep_drafting(self.choice.explore, survival[i])):
                     keep.append(i)
                     nxt.add(seq, [seq.num_tokens - 2 + depth], True)
@@ -244,9 +249,9 @@ class Speculator:
 class MeasuredRates:
     """Emitted tokens per second actually measured, for steps with and without drafts, per batch-size
     bucket (powers of two): the policy's cost model sees tokens and experts, not that plain decode
-    steps replay CUDA graphs while verify steps run eagerly. Every PLAIN_PROBE-th step drafts nothing
-    (it measures plain decoding); when drafting is measured slower, k = 0, except every SPEC_PROBE-th
-    step, which lets the policy's k run again to re-measure."""
+    steps replay CUDA graphs while verify steps run eagerly. Until both are measured every PLAIN_PROBE-th
+    step drafts nothing (it measures plain decoding); then the slower mode runs only every SPEC_PROBE-th
+    step (to re-measure it): k = 0 where drafting is measured slower, the policy's k where faster."""
 
     PLAIN_PROBE, SPEC_PROBE, DECAY = 8, 64, 0.8
 
@@ -270,12 +275,35 @@ class MeasuredRates:
         if k == 0:
             return 0
         plain, spec = self.ema.get((self.bucket(batch), False)), self.ema.get((self.bucket(batch), True))
-        if plain is not None and spec is not None and spec < plain:
-            return k if self.step % self.SPEC_PROBE == 0 else 0
+        if plain is not None and spec is not None:  # both measured: re-measure the loser now and then
+            if spec < plain:
+                return k if self.step % self.SPEC_PROBE == 0 else 0
+            return 0 if self.step % self.SPEC_PROBE == 0 else k
         return 0 if self.step % self.PLAIN_PROBE == 0 else k
 
     def snapshot(self) -> dict:
         return {f"batch<={b} {'spec' if d else 'plain'}": round(r, 1) for (b, d), r in sorted(self.ema.items())}
+
+
+class Calibration:
+    """How far the drafter's own probabilities are from the measured acceptance: factor = accepted /
+    sum of the probabilities of the drafts verified (exploration steps only, so truncation does not
+    bias it). Survival for truncation is the product of min(1, factor * p) along the chain: a drafter
+    that is right more often than its probabilities say (the demo model's) is not cut short."""
+
+    PRIOR = 20.0  # pseudo-observations at factor 1
+
+    def __init__(self):
+        self.accepted, self.prob_sum = self.PRIOR, self.PRIOR
+
+    @property
+    def factor(self) -> float:
+        return self.accepted / self.prob_sum
+
+    def observe(self, sure: list[float], accepted: int) -> None:
+        """Draft probabilities of the positions verified (the first `accepted` of them were accepted)."""
+        self.accepted += accepted
+        self.prob_sum += sum(sure)
 
 
 def _fixed(seq: Sequence) -> bool:
@@ -290,6 +318,7 @@ class _Walk:
     base: int
     drafts: list[int]
     probs: list | None
+    sure: list[float]
     accepted: int = 0
     evaluated: int = 0
 
