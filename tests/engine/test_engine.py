@@ -144,6 +144,8 @@ def test_bad_requests_are_refused_and_nothing_leaks(path):
         llm.generate([{"prompt_token_ids": [10**6]}])
     with pytest.raises(ValueError, match="empty"):
         llm.generate([{"prompt_token_ids": []}])
+    with pytest.raises(ValueError, match="logit_bias"):  # an id the vocabulary does not have: not skipped
+        llm.generate([{"prompt_token_ids": [5]}], SamplingParams(logit_bias={10**6: 5.0}))
     with pytest.raises(ValueError, match="tokenizer"):
         llm.generate(["text needs a tokenizer"])
     assert _pools_full(llm) and not llm.engine.has_unfinished()

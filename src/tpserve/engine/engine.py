@@ -90,6 +90,9 @@ class LLMEngine:
         bad = [t for t in prompt_token_ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab]
         if bad:
             raise ValueError(f"prompt_token_ids: {bad[:3]} out of range for vocab_size {vocab}")
+        oov = [t for t in (params.logit_bias or {}) if not 0 <= t < vocab]
+        if oov:
+            raise ValueError(f"logit_bias: token ids {oov[:3]} are out of range for vocab_size {vocab}")
         n = len(prompt_token_ids)
         if n >= self.max_model_len:
             raise ValueError(f"prompt is {n} tokens, max_model_len is {self.max_model_len}: no room to generate")
