@@ -4,7 +4,7 @@ interpreter) against the torch loop."""
 import pytest
 import torch
 
-from tpserve.kernels import moe
+from tpserve.kernels import moe, moe_align
 
 from interpreted import run_interpreted
 
@@ -20,9 +20,9 @@ def _route(t, k, e, seed):
                                                     (64, 8, 32, 16), (3, 4, 4, 1)])
 def test_align_by_expert(t, k, e, block):
     _, ids = _route(t, k, e, seed=t + e)
-    rows, block_expert = moe.align_by_expert(ids, e, block)
+    rows, block_expert = moe_align.align_by_expert(ids, e, block)
     assert rows.numel() == block_expert.numel() * block
-    assert block_expert.numel() == moe.max_blocks(t * k, e, block)
+    assert block_expert.numel() == moe_align.max_blocks(t * k, e, block)
     real = rows[rows >= 0]
     assert sorted(real.tolist()) == list(range(t * k)), "every assignment exactly once"
     flat = ids.reshape(-1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import shutil
@@ -111,7 +112,7 @@ def _triton_or_torch(name: str, choice: str, device: torch.device) -> str:
 
 def _has_triton() -> bool:
     try:
-        import triton  # noqa: F401
+        importlib.import_module("triton")
     except ImportError:
         return False
     return True

@@ -9,7 +9,6 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from tpserve.kernels.moe_align import align_by_expert, max_blocks  # noqa: F401  (re-exported)
 
 
 def clamped_swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.Tensor:

@@ -8,7 +8,6 @@ import torch
 from torch import nn
 
 from tpserve.dist.comm import Communicator
-from tpserve.kernels.moe import clamped_swiglu  # noqa: F401  (re-exported)
 from tpserve.model.quant_methods import Bf16Linear
 from tpserve.model.weights import COLUMN, REPLICATED, ROW, Shard, declare
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from tpserve.model.layers import ShardContext, clamped_swiglu, column, row
+from tpserve.kernels.moe import clamped_swiglu
+from tpserve.model.layers import ShardContext, column, row
 
 
 class DenseMLP(nn.Module):

@@ -152,7 +152,6 @@ def decode_body(raw: bytes, model) -> Any:
 
 async def read_body(request: Request, limit: int) -> bytes:
     """The request body, or ApiError 413 as soon as it passes `limit` bytes."""
-    declared = request.headers.get("content-length")
     chunks, size = [], 0
     async for chunk in request.stream():  # read to the end even when too large (a reset is no answer)
         size += len(chunk)

@@ -9,9 +9,10 @@ Metrics per request, as in `vllm bench serve`: TTFT (first token), TPOT ((E2E - 
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import time
+
+from tpserve.tools.sse import SseError, sse_event
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -34,20 +35,15 @@ async def one_request(client, url: str, model: str, prompt, max_tokens: int, col
                 text = (await r.aread()).decode(errors="replace")
                 return {"error": f"HTTP {r.status_code}: {text[:160]}", "latency": time.perf_counter() - start}
             async for line in r.aiter_lines():
-                if not line.strip():
-                    continue
-                if done or not line.startswith("data:"):
-                    error = f"broken SSE stream: {line[:60]!r}"
-                    break
-                data = line[5:].strip()
-                if data == "[DONE]":
-                    done = True
-                    continue
                 try:
-                    chunk = json.loads(data)
-                except ValueError:
-                    error = f"broken SSE stream: undecodable event {data[:60]!r}"
+                    kind, chunk = sse_event(line, done)
+                except SseError as exc:
+                    error = str(exc)
                     break
+                if kind == "done":
+                    done = True
+                if kind != "chunk":
+                    continue
                 if "error" in chunk:
                     error = f"error event: {chunk['error'].get('message')}"
                     break

@@ -12,6 +12,8 @@ import sys
 import time
 from collections.abc import Iterator
 
+from tpserve.tools.sse import SseError, sse_event
+
 
 class ToolError(Exception):
     """A problem the operator can fix; printed as one line, no traceback."""
@@ -154,22 +156,14 @@ class Client:
                     self._check(r, f"POST {path} (stream)")
                 done = False
                 for line in r.iter_lines():
-                    if not line.strip():
-                        continue
-                    if done:
-                        raise ToolError(f"POST {path}: data after [DONE]: {line[:80]!r}")
-                    if not line.startswith("data:"):
-                        if line.startswith((":", "event:", "id:", "retry:")):
-                            continue
-                        raise ToolError(f"POST {path}: broken SSE stream, line {line[:80]!r}")
-                    data = line[5:].strip()
-                    if data == "[DONE]":
-                        done = True
-                        continue
                     try:
-                        chunk = json.loads(data)
-                    except ValueError:
-                        raise ToolError(f"POST {path}: broken SSE stream, undecodable event {data[:80]!r}") from None
+                        kind, chunk = sse_event(line, done)
+                    except SseError as exc:
+                        raise ToolError(f"POST {path}: {exc}") from None
+                    if kind == "done":
+                        done = True
+                    if kind != "chunk":
+                        continue
                     if isinstance(chunk, dict) and "error" in chunk:
                         raise ApiError(int(chunk["error"].get("code") or 500) if isinstance(
                             chunk["error"].get("code"), int) else 500, chunk, f"POST {path} (stream)")
