@@ -28,8 +28,11 @@ from tpserve.server.openapi import install_openapi, route_docs
 from tpserve.server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest,
                                      error_body)
 from tpserve.server.responses import DetokenizeResponse, ModelCard, ModelList, TokenizeResponse
+from tpserve.server.responses_models import ResponsesResponse
+from tpserve.server.responses_protocol import ResponsesRequest
 from tpserve.server.serving_chat import chat_completions
 from tpserve.server.serving_completion import completions
+from tpserve.server.serving_responses import create_response
 from tpserve.server.state import ApiError, ServerState, read_json  # noqa: F401  (ServerState re-exported)
 from tpserve.server.tokenize import detokenize_request, tokenize_request
 
@@ -127,6 +130,10 @@ def build_app(state: ServerState) -> FastAPI:
     @v1.post("/completions", **route_docs(CompletionRequest, "CompletionResponse", stream=True))
     async def complete(request: Request):
         return await completions(state, request, await read_json(state, request, CompletionRequest))
+
+    @v1.post("/responses", **route_docs(ResponsesRequest, ResponsesResponse, stream=True))
+    async def responses(request: Request):
+        return await create_response(state, request, await read_json(state, request, ResponsesRequest))
 
     app.include_router(v1)
 
