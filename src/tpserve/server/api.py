@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tpserve.engine.async_engine import QueueFullError
 from tpserve.engine.executor import EngineDeadError
+from tpserve.server.memory import MallocTrimmer
 from tpserve.server.metrics import ServerMetrics
 from tpserve.server.middleware import GuardMiddleware
 from tpserve.server.openapi import install_openapi, route_docs
@@ -90,7 +92,15 @@ def _install_error_handlers(app: FastAPI) -> None:
 
 
 def build_app(state: ServerState) -> FastAPI:
-    app = FastAPI(title="tpserve", version="0.1.0", docs_url=None, redoc_url=None)
+    @asynccontextmanager
+    async def lifespan(_: FastAPI):
+        state.trimmer = MallocTrimmer(state.malloc_trim_interval).start()  # gives free heap pages back
+        try:
+            yield
+        finally:
+            state.trimmer.stop()
+
+    app = FastAPI(title="tpserve", version="0.1.0", docs_url=None, redoc_url=None, lifespan=lifespan)
     app.state.tpserve = state
     state.drain_cut = state.drain_cut or asyncio.Event()
     state.metrics = state.metrics or ServerMetrics(state.engine.stats)
