@@ -20,9 +20,9 @@ def rss_mib() -> float:
 
 def test_interval_from_env(monkeypatch):
     monkeypatch.delenv(ENV_TRIM_INTERVAL, raising=False)
-    assert trim_interval_from_env() == DEFAULT_TRIM_INTERVAL_S == 60.0
-    monkeypatch.setenv(ENV_TRIM_INTERVAL, "0")
-    assert trim_interval_from_env() == 0.0
+    assert trim_interval_from_env() == DEFAULT_TRIM_INTERVAL_S == 0.0  # off unless asked for
+    monkeypatch.setenv(ENV_TRIM_INTERVAL, "60")
+    assert trim_interval_from_env() == 60.0
     for bad in ("soon", "-1", "nan"):
         monkeypatch.setenv(ENV_TRIM_INTERVAL, bad)
         with pytest.raises(ValueError, match=ENV_TRIM_INTERVAL):

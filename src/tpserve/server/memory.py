@@ -1,15 +1,15 @@
 """Heap statistics and a periodic `malloc_trim(0)` for the server process (Linux / glibc only).
 
-Why: a server's RSS is its live heap plus the free memory glibc keeps in its arenas. Under a
-changing load (prompts of every length, clients that hang up, four tokenizer threads, the engine
-thread) glibc keeps freed chunks for reuse and gives pages back only from the top of each heap,
-so RSS creeps up although the bytes in use do not (BENCHMARKS.md, soak: no Python-level leak;
-the only growth in use was the tokenizer's bounded 10,000-word BPE cache). `malloc_trim(0)`
-returns every free page of every arena to the OS (madvise), so RSS follows the heap in use.
+What it is for: RSS is the heap in use plus the free memory glibc keeps in its arenas for reuse
+(it gives pages back only from the top of each heap). `malloc_trim(0)` hands every free page of
+every arena back to the OS (madvise), so RSS follows the bytes in use after a burst of large
+transient allocations. Measured on the soak (BENCHMARKS.md, 2026-12-01): the RSS drift there is
+heap *in use* (the tokenizer's bounded 10,000-word BPE cache filling up), not free memory kept by
+malloc, and a trim every 60 s (~3 ms each) changed no 5-minute slope; hence off by default.
 
 Switch: `--malloc-trim-interval SECONDS` on `tpserve serve`, or the environment variable
 TPSERVE_MALLOC_TRIM_INTERVAL (also read by servers started in-process: benches, tests).
-Default 60 s; 0 turns it off. No effect without glibc (musl, macOS).
+Default 0 (off). No effect without glibc (musl, macOS).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from collections.abc import Callable
 log = logging.getLogger("tpserve.memory")
 
 ENV_TRIM_INTERVAL = "TPSERVE_MALLOC_TRIM_INTERVAL"
-DEFAULT_TRIM_INTERVAL_S = 60.0
+DEFAULT_TRIM_INTERVAL_S = 0.0
 
 
 class _MallInfo2(ctypes.Structure):

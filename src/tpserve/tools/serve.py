@@ -30,7 +30,7 @@ def register(sub, bench, tune) -> None:
                         "with an error event and [DONE]")
     p.add_argument("--malloc-trim-interval", type=float, default=None,
                    help="seconds between glibc malloc_trim(0) calls that give free heap memory back to the OS "
-                        "(0: off; default: env TPSERVE_MALLOC_TRIM_INTERVAL, else 60)")
+                        "(0: off; default: env TPSERVE_MALLOC_TRIM_INTERVAL, else 0)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
                    help="level of tpserve's and uvicorn's loggers")
     p.set_defaults(func=run)
