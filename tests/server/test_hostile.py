@@ -37,7 +37,7 @@ def test_corpus_gets_the_expected_status(server):
 
 def test_openapi_declares_every_body(server):
     spec = httpx.get(server.url + "/openapi.json").json()
-    for path in ("/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize"):
+    for path in ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/tokenize", "/detokenize"):
         op = spec["paths"][path]["post"]
         ref = op["requestBody"]["content"]["application/json"]["schema"]["$ref"]
         assert ref.split("/")[-1] in spec["components"]["schemas"]
@@ -70,18 +70,20 @@ def test_bench_fuzz_command(server, tmp_path, capsys):
 
 
 def test_streamed_responses_are_valid_sse_against_the_schema(server):
-    """Streams (chat and completions) pass schemathesis' SSE schema check (a random stream=true case
-    is rare in a short run, so this one is forced)."""
+    """Streams (chat, completions and responses) pass schemathesis' SSE schema check (a random
+    stream=true case is rare in a short run, so this one is forced)."""
     import schemathesis
     from schemathesis.checks import not_a_server_error, response_schema_conformance
 
     schema = schemathesis.openapi.from_url(server.url + "/openapi.json")
     bodies = {"/v1/chat/completions": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3,
                                        "stream": True},
-              "/v1/completions": {"prompt": "hi", "max_tokens": 3, "stream": True}}
+              "/v1/completions": {"prompt": "hi", "max_tokens": 3, "stream": True},
+              "/v1/responses": {"input": "hi", "max_output_tokens": 3, "stream": True}}
     for path, body in bodies.items():
         op = schema[path]["POST"]
         case = op.Case(body=body, media_type="application/json")
         response = case.call(base_url=server.url, timeout=60)
-        assert response.status_code == 200 and response.text.rstrip().endswith("data: [DONE]")
+        last = "event: response.incomplete" if path == "/v1/responses" else "data: [DONE]"
+        assert response.status_code == 200 and last in response.text.rstrip().rsplit("\n\n", 1)[-1]
         case.validate_response(response, checks=(not_a_server_error, response_schema_conformance))

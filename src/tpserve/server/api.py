@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -22,14 +23,18 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tpserve.engine.async_engine import QueueFullError
 from tpserve.engine.executor import EngineDeadError
+from tpserve.server.memory import MallocTrimmer
 from tpserve.server.metrics import ServerMetrics
 from tpserve.server.middleware import GuardMiddleware
 from tpserve.server.openapi import install_openapi, route_docs
 from tpserve.server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest,
                                      error_body)
 from tpserve.server.responses import DetokenizeResponse, ModelCard, ModelList, TokenizeResponse
+from tpserve.server.responses_models import ResponsesResponse
+from tpserve.server.responses_protocol import ResponsesRequest
 from tpserve.server.serving_chat import chat_completions
 from tpserve.server.serving_completion import completions
+from tpserve.server.serving_responses import create_response
 from tpserve.server.state import ApiError, ServerState, read_json  # noqa: F401  (ServerState re-exported)
 from tpserve.server.tokenize import detokenize_request, tokenize_request
 
@@ -87,7 +92,15 @@ def _install_error_handlers(app: FastAPI) -> None:
 
 
 def build_app(state: ServerState) -> FastAPI:
-    app = FastAPI(title="tpserve", version="0.1.0", docs_url=None, redoc_url=None)
+    @asynccontextmanager
+    async def lifespan(_: FastAPI):
+        state.trimmer = MallocTrimmer(state.malloc_trim_interval).start()  # gives free heap pages back
+        try:
+            yield
+        finally:
+            state.trimmer.stop()
+
+    app = FastAPI(title="tpserve", version="0.1.0", docs_url=None, redoc_url=None, lifespan=lifespan)
     app.state.tpserve = state
     state.drain_cut = state.drain_cut or asyncio.Event()
     state.metrics = state.metrics or ServerMetrics(state.engine.stats)
@@ -127,6 +140,10 @@ def build_app(state: ServerState) -> FastAPI:
     @v1.post("/completions", **route_docs(CompletionRequest, "CompletionResponse", stream=True))
     async def complete(request: Request):
         return await completions(state, request, await read_json(state, request, CompletionRequest))
+
+    @v1.post("/responses", **route_docs(ResponsesRequest, ResponsesResponse, stream=True))
+    async def responses(request: Request):
+        return await create_response(state, request, await read_json(state, request, ResponsesRequest))
 
     app.include_router(v1)
 

@@ -96,6 +96,8 @@ def _narrow(schema: dict, model_names: list[str], vocab_size: int) -> None:
 
 def _request_models() -> dict[str, type[BaseModel]]:
     from tpserve.server import protocol
+    from tpserve.server.responses_protocol import ResponsesRequest
 
-    return {name: getattr(protocol, name) for name in ("ChatCompletionRequest", "CompletionRequest",
-                                                        "TokenizeRequest", "DetokenizeRequest")}
+    return {"ResponsesRequest": ResponsesRequest,
+            **{name: getattr(protocol, name) for name in ("ChatCompletionRequest", "CompletionRequest",
+                                                          "TokenizeRequest", "DetokenizeRequest")}}

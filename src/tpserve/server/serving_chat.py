@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
+from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -21,7 +23,31 @@ from tpserve.server.structured import constraint_for_chat, logit_bias
 from tpserve.server.tokenize import message_chars
 
 
-async def chat_completions(state: ServerState, request: Request, req: ChatCompletionRequest):
+@dataclass
+class ChatRun:
+    """A chat request rendered, tokenized and handed to the engine (shared with /v1/responses)."""
+
+    rid: str
+    model: str
+    stream: Any  # the engine's RequestStream
+    timer: RequestTimer
+    ids: list[int]
+    params: Any  # SamplingParams
+    mode: Any  # the ReasoningMode of the output
+    policy: Any  # the ToolPolicy
+
+    def new_parser(self) -> ChatOutputParser:
+        return ChatOutputParser(self.mode, self.policy.template_tools, parse_tools=self.policy.parse_tools,
+                                allowed_names=self.policy.allowed_names)
+
+    def parse(self, text: str) -> dict:
+        """The whole output as an OpenAI assistant message dict (parsers.parse_chat_output)."""
+        return parse_chat_output(text, self.mode, self.policy.template_tools, parse_tools=self.policy.parse_tools,
+                                 allowed_names=self.policy.allowed_names)
+
+
+async def start_chat(state: ServerState, req: ChatCompletionRequest, rid: str | None = None) -> ChatRun:
+    """Validate, render the template and tokenize (off the event loop), then add the request."""
     model = state.check_model(req.model)
     tok = state.need_tokenizer("chat completions")
     try:
@@ -47,15 +73,19 @@ async def chat_completions(state: ServerState, request: Request, req: ChatComple
 
     prompt, ids = await state.off_loop(render)
     params = sampling_params(req, state.sampling_defaults, logit_bias=bias, structured_outputs=constraint)
-    rid = request_id("chatcmpl")
+    rid = rid or request_id("chatcmpl")
     stream = state.engine.add(rid, ids, params, prompt)
     timer = RequestTimer(state.metrics, stream.arrival, len(ids))
     mode = reasoning_mode_for_prompt(prompt, thinking_enabled(req.reasoning_effort, enable_thinking))
-    k = req.logprobs_count()
+    return ChatRun(rid, model, stream, timer, ids, params, mode, policy)
 
-    def new_parser() -> ChatOutputParser:
-        return ChatOutputParser(mode, policy.template_tools, parse_tools=policy.parse_tools,
-                                allowed_names=policy.allowed_names)
+
+async def chat_completions(state: ServerState, request: Request, req: ChatCompletionRequest):
+    run = await start_chat(state, req)
+    rid, model, stream, timer, ids, params, new_parser = (run.rid, run.model, run.stream, run.timer, run.ids,
+                                                          run.params, run.new_parser)
+    tok = state.tokenizer
+    k = req.logprobs_count()
 
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
@@ -71,8 +101,7 @@ async def chat_completions(state: ServerState, request: Request, req: ChatComple
     final = await until_disconnect(request, collect(), state.drain_cut)
     choices = []
     for c in final.outputs:
-        msg = parse_chat_output(c.text, mode, policy.template_tools, parse_tools=policy.parse_tools,
-                                allowed_names=policy.allowed_names)
+        msg = run.parse(c.text)
         calls = msg.get("tool_calls") or None
         message = ChatMessage(content=msg["content"], reasoning_content=msg["reasoning_content"],
                               reasoning=msg["reasoning_content"], tool_calls=calls)

@@ -16,6 +16,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 
 from tpserve.engine.async_engine import AsyncEngine
+from tpserve.server.memory import MallocTrimmer, trim_interval_from_env
 from tpserve.server.metrics import ServerMetrics
 from tpserve.server.protocol import error_body, parse_request
 
@@ -50,6 +51,9 @@ class ServerState:
     # set (on the event loop) when a SIGTERM drain runs out of time: open streams end with an error
     drain_cut: asyncio.Event | None = None
     grammar: Any = None  # engine.logits_process.GrammarCompiler, built on first use (server/structured.py)
+    # seconds between glibc malloc_trim(0) calls while the app runs (0: off; server/memory.py)
+    malloc_trim_interval: float = field(default_factory=trim_interval_from_env)
+    trimmer: MallocTrimmer | None = None  # running between the app's startup and shutdown
 
     @property
     def tokenizer(self):

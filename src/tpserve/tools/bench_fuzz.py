@@ -15,7 +15,9 @@ from dataclasses import dataclass, field
 
 from tpserve.tools.common import add_engine_args, engine_config_from_args
 
-NUM_OPERATIONS = 8  # routes in /openapi.json (health, metrics, models, models/{id}, chat, completions, tokenize, detokenize)
+NUM_OPERATIONS = 9  # routes in /openapi.json (health, metrics, models, models/{id}, chat, completions, responses,
+#                     tokenize, detokenize)
+GENERATING = ("/chat/completions", "/v1/completions", "/v1/responses")  # routes whose cases --cap-tokens caps
 
 
 def register(sub, bench, tune) -> None:
@@ -140,8 +142,8 @@ def run_schemathesis(url: str, *, examples_per_operation: int, seed: int = 0, he
         @given(case=op.as_strategy(generation_mode=mode))
         @hypothesis.seed(seed)
         def one(case):
-            if cap_tokens is not None and isinstance(case.body, dict) and op.path.endswith("completions"):
-                _cap(case.body, cap_tokens)
+            if cap_tokens is not None and isinstance(case.body, dict) and op.path.endswith(GENERATING):
+                _cap(case.body, cap_tokens, op.path.endswith("responses"))
             response = case.call(base_url=url, headers=headers, timeout=60)
             report.cases += 1
             report.statuses[response.status_code] += 1
@@ -166,12 +168,13 @@ def run_schemathesis(url: str, *, examples_per_operation: int, seed: int = 0, he
     return report
 
 
-def _cap(body: dict, cap: int) -> None:
-    for key in ("max_tokens", "max_completion_tokens"):
+def _cap(body: dict, cap: int, responses: bool = False) -> None:
+    keys = ("max_output_tokens",) if responses else ("max_tokens", "max_completion_tokens")
+    for key in keys:
         value = body.get(key)
         if isinstance(value, int) and not isinstance(value, bool) and value > cap:
             body[key] = cap
-    if body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
-        body["max_tokens"] = cap
+    if all(body.get(key) is None for key in keys):
+        body[keys[0]] = cap
     if isinstance(body.get("n"), int) and body["n"] > 2:
         body["n"] = 2

@@ -2,7 +2,9 @@
 
 Reports requests, errors (anything but a finished stream or an intended hang-up), whether every
 pool (cache blocks, KDA slots) is full again afterwards, and the process RSS at the start and end
-(the server runs in this process). --plot writes RSS and completed requests over time as a PNG.
+(the server runs in this process) with its slope after the first minute (warm-up), and the same
+slope of glibc's heap in use (so a drift can be told apart: bytes in use vs memory malloc keeps).
+--plot writes RSS and completed requests over time as a PNG.
 """
 
 from __future__ import annotations
@@ -12,7 +14,10 @@ import json
 import random
 import time
 
+from tpserve.server.memory import glibc, heap_mib
 from tpserve.tools.common import add_engine_args, engine_config_from_args
+
+WARMUP_S = 60.0  # slopes leave out the first minute (allocator pools, the first batch of every size)
 
 
 def register(sub, bench, tune) -> None:
@@ -26,6 +31,17 @@ def register(sub, bench, tune) -> None:
     p.add_argument("--json", dest="json_out", default=None, help="write the results as JSON here")
     p.add_argument("--plot", default=None, help="write a PNG of RSS and completed requests over time here")
     p.set_defaults(func=run)
+
+
+def slope_per_min(timeline: list, column: int, after: float = WARMUP_S) -> float | None:
+    """Least-squares slope (units per minute) of timeline[column] over the samples after `after` s."""
+    points = [(row[0], row[column]) for row in timeline if row[0] >= after and row[column] is not None]
+    if len(points) < 3:
+        return None
+    n = len(points)
+    mt, mv = sum(p[0] for p in points) / n, sum(p[1] for p in points) / n
+    var = sum((p[0] - mt) ** 2 for p in points)
+    return 60 * sum((p[0] - mt) * (p[1] - mv) for p in points) / var if var else None
 
 
 def rss_mib() -> float:
@@ -80,9 +96,13 @@ async def soak(url: str, args) -> dict:
     deadline = time.monotonic() + args.duration
     start = time.monotonic()
 
+    libc = glibc()
+
     async def sample():
         while time.monotonic() < deadline:
-            stats["timeline"].append((time.monotonic() - start, rss_mib(), stats["completed"]))
+            heap = heap_mib(libc) or {}
+            stats["timeline"].append((time.monotonic() - start, rss_mib(), stats["completed"], heap.get("in_use"),
+                                      heap.get("free")))
             await asyncio.sleep(1.0)
 
     rngs = [random.Random((args.seed or 0) * 100_003 + i) for i in range(args.concurrency)]
@@ -115,12 +135,19 @@ def run(args) -> int:
             time.sleep(0.1)
         pools_full = server.pools_full()
         rss_end = rss_mib()
+        trimmer = server.state.trimmer
     finally:
         server.close()
+    slopes = {"rss_slope_mib_per_min": slope_per_min(stats["timeline"], 1),
+              "heap_in_use_slope_mib_per_min": slope_per_min(stats["timeline"], 3)}
     result = {"duration_s": args.duration, "concurrency": args.concurrency,
               "disconnect_fraction": args.disconnect_fraction, "completed": stats["completed"],
               "disconnects": stats["disconnects"], "errors": len(stats["errors"]),
-              "pools_full_after": pools_full, "rss_start_mib": round(rss_start, 1), "rss_end_mib": round(rss_end, 1)}
+              "pools_full_after": pools_full, "rss_start_mib": round(rss_start, 1), "rss_end_mib": round(rss_end, 1),
+              **{k: None if v is None else round(v, 3) for k, v in slopes.items()},
+              "malloc_trim_interval_s": server.state.malloc_trim_interval,
+              "malloc_trims": trimmer.calls if trimmer else 0,
+              "malloc_trim_max_ms": round(trimmer.max_seconds * 1000, 2) if trimmer else None}
     for key, value in result.items():
         print(f"{key:>22}: {value}")
     for err in stats["errors"][:10]:

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 CHAT, COMP, TOK, DETOK = "/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize"
+RESP = "/v1/responses"
 USER = [{"role": "user", "content": "hi"}]
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
@@ -42,6 +43,9 @@ def cases(max_request_bytes: int = 8 << 20) -> Iterator[Case]:
         ("completions prompt", COMP, {"prompt": "\ud800", "max_tokens": 1}),
         ("completions prompt list", COMP, {"prompt": ["ok", "\udfff"], "max_tokens": 1}),
         ("tokenize prompt", TOK, {"prompt": "\ud800"}),
+        ("responses input", RESP, {"input": "a\ud800b", "max_output_tokens": 1}),
+        ("responses function_call arguments", RESP, {"input": [{"type": "function_call", "call_id": "c", "name": "f",
+                                                    "arguments": json.dumps({"k": "\ud800"})}]}),
         ("tokenize messages", TOK, {"messages": [{"role": "user", "content": "\ud800"}]}),
         ("stop string", COMP, {"prompt": "x", "stop": ["\ud800"], "max_tokens": 1}),
         ("tool name", CHAT, {"messages": USER, "tools": [{"type": "function", "function": {"name": "f\ud800"}}]}),
@@ -90,7 +94,7 @@ def cases(max_request_bytes: int = 8 << 20) -> Iterator[Case]:
                       ("utf-16 bom", '{"prompt":"x"}'.encode("utf-16")), ("empty body", b""), ("null", b"null"),
                       ("array", b"[1,2]"), ("string", b'"x"'), ("truncated", b'{"prompt":"x"'),
                       ("trailing garbage", b'{"prompt":"x"} x'), ("nul byte", b'{"prompt":"\x00"}')]:
-        for path in (CHAT, COMP, TOK, DETOK):
+        for path in (CHAT, COMP, TOK, DETOK, RESP):
             yield Case(f"{name} -> {path}", "POST", path, raw, bad)
     # size
     big = max_request_bytes + 1024
@@ -101,6 +105,8 @@ def cases(max_request_bytes: int = 8 << 20) -> Iterator[Case]:
     yield Case("chat longer than max_model_len", "POST", CHAT,
                _j({"messages": [{"role": "user", "content": "ab " * (half // 3)}]}), bad)
     yield Case("tokenize a huge prompt", "POST", TOK, _j({"prompt": "ab " * (half // 3)}), bad)
+    yield Case("responses input longer than max_model_len", "POST", RESP, _j({"input": "ab " * (half // 3)}), bad)
+    yield from _responses_cases()
     # fields
     for name, body in [("unknown field", {"prompt": "x", "frobnicate": 1}), ("stream yes", {"prompt": "x",
                        "stream": "yes"}), ("stream_options alone", {"prompt": "x", "stream_options": {}}),
@@ -136,6 +142,8 @@ def cases(max_request_bytes: int = 8 << 20) -> Iterator[Case]:
     # models and routes
     yield Case("unknown model", "POST", COMP, _j({"prompt": "x", "model": "gpt-9"}), (404,))
     yield Case("unknown model (chat)", "POST", CHAT, _j({"messages": USER, "model": "gpt-9"}), (404,))
+    yield Case("unknown model (responses)", "POST", RESP, _j({"input": "x", "model": "gpt-9"}), (404,))
+    yield Case("wrong method (responses)", "GET", RESP, None, (405,))
     yield Case("GET unknown model", "GET", "/v1/models/gpt-9", None, (404,))
     yield Case("unknown route", "GET", "/v1/nope", None, (404,))
     yield Case("wrong method", "GET", COMP, None, (405,))
@@ -143,6 +151,46 @@ def cases(max_request_bytes: int = 8 << 20) -> Iterator[Case]:
     # still answering normally afterwards
     yield Case("valid completion", "POST", COMP, _j({"prompt": "x", "max_tokens": 2}), (200,))
     yield Case("valid chat", "POST", CHAT, _j({"messages": USER, "max_tokens": 2}), (200,))
+    yield Case("valid response", "POST", RESP, _j({"input": USER, "max_output_tokens": 2}), (200,))
+
+
+def _responses_cases() -> Iterator[Case]:
+    """/v1/responses: items, tools and the stateful features it refuses (400 naming the field)."""
+    call = {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"}
+    for name, body in [("input empty list", {"input": []}), ("input null", {"input": None}),
+                       ("input int", {"input": 5}), ("no input", {}), ("item a string", {"input": ["hi"]}),
+                       ("item no role", {"input": [{}]}),
+                       ("item role tool", {"input": [{"role": "tool", "content": "x"}]}),
+                       ("item image", {"input": [{"role": "user", "content": [{"type": "input_image"}]}]}),
+                       ("item file type", {"input": [{"type": "file_search_call"}]}),
+                       ("item content null", {"input": [{"role": "user", "content": None}]}),
+                       ("call no name", {"input": [{**call, "name": ""}]}),
+                       ("call arguments list", {"input": [{**call, "arguments": "[1]"}]}),
+                       ("call arguments dict", {"input": [{**call, "arguments": {}}]}),
+                       ("call output no id", {"input": [{"type": "function_call_output", "output": "x"}]}),
+                       ("reasoning only", {"input": [{"type": "reasoning", "summary": []}]}),
+                       ("web_search tool", {"input": "x", "tools": [{"type": "web_search"}]}),
+                       ("tool without type", {"input": "x", "tools": [{"name": "f"}]}),
+                       ("tool_choice unknown", {"input": "x", "tools": [{"type": "function", "name": "f"}],
+                                                "tool_choice": {"type": "function", "name": "g"}}),
+                       ("tool_choice file_search", {"input": "x", "tool_choice": {"type": "file_search"}}),
+                       ("previous_response_id", {"input": "x", "previous_response_id": "resp_1"}),
+                       ("background", {"input": "x", "background": True, "store": True}),
+                       ("prompt template", {"input": "x", "prompt": {"id": "p"}}),
+                       ("logprobs include", {"input": "x", "include": ["message.output_text.logprobs"]}),
+                       ("top_logprobs", {"input": "x", "top_logprobs": 5}),
+                       ("truncation auto", {"input": "x", "truncation": "auto"}),
+                       ("metadata 17 keys", {"input": "x", "metadata": {str(i): "v" for i in range(17)}}),
+                       ("metadata long value", {"input": "x", "metadata": {"k": "v" * 513}}),
+                       ("text format xml", {"input": "x", "text": {"format": {"type": "xml"}}}),
+                       ("json_schema no schema", {"input": "x", "text": {"format": {"type": "json_schema",
+                                                                                    "name": "a"}}}),
+                       ("reasoning effort ultra", {"input": "x", "reasoning": {"effort": "ultra"}}),
+                       ("max_tool_calls", {"input": "x", "max_tool_calls": 2}),
+                       ("stream yes", {"input": "x", "stream": "yes"})]:
+        yield Case(f"responses: {name}", "POST", RESP, _j(body), (400,))
+    for mt in (-1, 0, 2**64 + 1):
+        yield Case(f"max_output_tokens {mt}", "POST", RESP, _j({"input": "x", "max_output_tokens": mt}), (400,))
 
 
 def run_corpus(url: str, *, headers: dict | None = None, max_request_bytes: int = 8 << 20,

@@ -28,6 +28,9 @@ def register(sub, bench, tune) -> None:
     p.add_argument("--drain-timeout", type=float, default=120.0,
                    help="on SIGTERM, seconds to let running requests finish; streams still open then end "
                         "with an error event and [DONE]")
+    p.add_argument("--malloc-trim-interval", type=float, default=None,
+                   help="seconds between glibc malloc_trim(0) calls that give free heap memory back to the OS "
+                        "(0: off; default: env TPSERVE_MALLOC_TRIM_INTERVAL, else 0)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
                    help="level of tpserve's and uvicorn's loggers")
     p.set_defaults(func=run)
@@ -49,6 +52,11 @@ def run(args) -> int:
     cfg = engine_config_from_args(args)
     if args.max_request_bytes < 1:
         raise ValueError("--max-request-bytes must be positive")
+    from tpserve.server.memory import trim_interval_from_env
+
+    trim_interval = trim_interval_from_env() if args.malloc_trim_interval is None else args.malloc_trim_interval
+    if not trim_interval >= 0:
+        raise ValueError("--malloc-trim-interval must be >= 0 (0: off)")
     if under_torchrun() and int(os.environ["RANK"]) != 0:
         from tpserve.dist.group import run_torchrun_worker
 
@@ -66,7 +74,8 @@ def run(args) -> int:
     names = args.served_model_name or [cfg.model or builtin]
     state = ServerState(async_engine, names, api_key=args.api_key,
                         sampling_defaults=generation_defaults(engine.model_dir),
-                        max_request_bytes=args.max_request_bytes, metrics_public=args.metrics_public)
+                        max_request_bytes=args.max_request_bytes, metrics_public=args.metrics_public,
+                        malloc_trim_interval=trim_interval)
     runner = ServerRunner(build_app(state), state, host=args.host, port=args.port, log_level=args.log_level,
                           drain_timeout=args.drain_timeout)
     log.info("serving %s as %s", engine.model_dir, names)
