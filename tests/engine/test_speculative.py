@@ -71,6 +71,7 @@ def test_stops_inside_accepted_runs_and_lengths(plain, spec):
         assert [o.text for o in y.outputs] == [o.text for o in x.outputs]
         assert [o.finish_reason for o in y.outputs] == [o.finish_reason for o in x.outputs]
     assert _pools_full(spec)
+    assert spec.engine.speculator.policy.snapshot()["requests_tracked"] == 0  # finished ones forgotten
 
 
 def test_abort_mid_speculation_frees_everything(spec):

@@ -91,7 +91,7 @@ class Speculator:
             rows = logits[torch.tensor([g.base + j for g in active], device=logits.device)]
             seqs = [g.seq for g in active]
             rej = [i for i, g in enumerate(active) if j < len(g.drafts) and not g.seq.params.greedy]
-            plain = [i for i in range(len(active)) if i not in set(rej)]
+            plain = sorted(set(range(len(active))) - set(rej))
             tokens = torch.empty(len(active), dtype=torch.long, device=logits.device)
             if plain:
                 idx = torch.tensor(plain, device=logits.device)
@@ -113,8 +113,6 @@ class Speculator:
                 hit = j < len(g.drafts) and res.token == g.drafts[j]
                 if hit:
                     g.accepted += 1
-                if g.seq.is_finished:
-                    self.policy.forget(g.seq)
                 if g.seq.is_finished or not hit:
                     continue
                 g.seq.num_computed += 1  # the accepted draft's cache rows are real now
@@ -136,6 +134,9 @@ class Speculator:
             self.policy.observe_acceptance(g.seq, seen, g.accepted, self.choice.explore)
             if self.choice.explore:
                 self.calibration.observe(g.sure[:seen], g.accepted)
+        for g in groups:
+            if g.seq.is_finished:  # after its last observation: the policy keeps nothing of it
+                self.policy.forget(g.seq)
         return counts
 
     # ----------------------------------------------------------------- propose
