@@ -1,7 +1,6 @@
 """Run `tpserve bench soak` in this process with a sampler thread: RSS, glibc mallinfo2 (bytes in use
 vs free in the heap), Python blocks, optionally tracemalloc snapshots (60 s and end) and a periodic
 malloc_trim(0). Env: PROBE_OUT (json), PROBE_TRIM (seconds, 0 off), PROBE_TRACE (frames, 0 off)."""
-import ctypes
 import gc
 import json
 import os
@@ -10,23 +9,8 @@ import threading
 import time
 import tracemalloc
 
-libc = ctypes.CDLL("libc.so.6")
-
-
-class MallInfo2(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
-                                                "fsmblks", "uordblks", "fordblks", "keepcost")]
-
-
-libc.mallinfo2.restype = MallInfo2
-
-
-def rss():
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from soak_probe_lib import heap, libc, rss  # noqa: E402
 
 out = os.environ.get("PROBE_OUT", "/tmp/probe.json")
 trim = float(os.environ.get("PROBE_TRIM", "0"))
@@ -43,9 +27,7 @@ def sampler():
         if trim and now - last_trim >= trim:
             libc.malloc_trim(0)
             last_trim = now
-        m = libc.mallinfo2()
-        s = {"t": now - t0, "rss": rss(), "heap_in_use": m.uordblks / 2**20, "heap_free": m.fordblks / 2**20,
-             "arena": m.arena / 2**20, "mmap": m.hblkhd / 2**20, "py_blocks": sys.getallocatedblocks(),
+        s = {"t": now - t0, "rss": rss(), **heap(), "py_blocks": sys.getallocatedblocks(),
              "threads": threading.active_count()}
         if frames and tracemalloc.is_tracing():
             s["traced"] = tracemalloc.get_traced_memory()[0] / 2**20
