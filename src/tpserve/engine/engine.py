@@ -156,9 +156,9 @@ class LLMEngine:
         self.step_count += 1
         logits = prompt_logprobs.take(logits, scheduled, self.tokenizer)  # prompt_logprobs: split off its rows
         sampled = [s for s in scheduled if s.completes]
-        starts = [s.seq.num_computed for s in scheduled]
+        starts = [s.seq.num_computed for s in scheduled] if self.speculator is not None else []
         for s in scheduled:
-            s.seq.num_computed += s.num_tokens - max(s.num_drafts, 0)  # drafts count once accepted
+            s.seq.num_computed += s.num_tokens - s.num_drafts  # drafts count once accepted
         touched = {s.seq.request_id for s in sampled}
         if self.speculator is not None:
             try:
@@ -188,7 +188,7 @@ class LLMEngine:
             tables.append(list(seq.blocks))
             logits_idx.extend(prompt_logprobs.rows(seq, start, s.num_tokens, cu[-2]))  # prompt_logprobs rows
             if s.completes:  # the last row, and the rows before it that verify drafts
-                logits_idx.extend(range(cu[-1] - 1 - max(s.num_drafts, 0), cu[-1]))
+                logits_idx.extend(range(cu[-1] - 1 - s.num_drafts, cu[-1]))
         sp = (self.ecfg.sequence_parallel and self.ecfg.tensor_parallel_size > 1
               and cu[-1] >= self.ecfg.sp_min_tokens)
         num_decode = sum(1 for s in scheduled if s.decode)

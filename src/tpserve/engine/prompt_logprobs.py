@@ -80,7 +80,7 @@ def take(logits: torch.Tensor, scheduled, tokenizer=None) -> torch.Tensor:
         elif wants(seq) and seq.prompt_logprobs is None and len(seq.prompt_ids) == 1:
             seq.prompt_logprobs = [None]
         if s.completes:  # the sampling row, and one more per draft verified
-            n = 1 + max(s.num_drafts, 0)
+            n = 1 + s.num_drafts
             keep.extend(range(row, row + n))
             row += n
     return logits[keep]

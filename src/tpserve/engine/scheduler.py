@@ -30,8 +30,8 @@ class Scheduled:
 
     @property
     def num_drafts(self) -> int:
-        """Drafted tokens verified in this step (past the known ones)."""
-        return self.seq.num_computed + self.num_tokens - self.seq.num_tokens
+        """Drafted tokens verified in this step (past the known ones; 0 for a prefill chunk)."""
+        return max(self.seq.num_computed + self.num_tokens - self.seq.num_tokens, 0)
 
 
 class Scheduler:
