@@ -49,7 +49,8 @@ class EngineConfig:
                             "1.31x / 1.21x slower than dense at 4k / 16k tokens on an H200, BENCHMARKS.md run 12)",
                             switch=True, choices=("sparse", "dense"))
     enforce_eager: bool = _opt(False, "run every step eagerly: no CUDA graphs (by default, decode steps of up "
-                               "to --max-num-seqs sequences replay graphs captured at start, cuda only)",
+                               "to --max-num-seqs sequences replay graphs captured at start, and with "
+                               "speculation the verify, KDA commit and MTP draft steps of up to 16; cuda only)",
                                switch=True)
     kda_backend: str = _opt("auto", "KDA kernels: fla (fla-core Triton, cuda only; self-tested at start, "
                             "torch if it disagrees), torch, or auto (fla on cuda in bf16/fp16, torch in fp32)",

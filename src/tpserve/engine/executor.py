@@ -63,7 +63,9 @@ class LocalExecutor:
                                   load_format=ecfg.load_format, mtp=ecfg.speculative is not None)
         self.cache_shape = cache_budget(ecfg, self.runner.cache_config, device, dtype, 1)
         self.runner.allocate_cache(self.cache_shape)
-        self.runner.setup_graphs(ecfg.max_num_seqs, ecfg.max_model_len, ecfg.enforce_eager)
+        spec = ecfg.speculative
+        self.runner.setup_graphs(ecfg.max_num_seqs, ecfg.max_model_len, ecfg.enforce_eager,
+                                 num_speculative_tokens=0 if spec is None else spec.num_speculative_tokens)
 
     def execute(self, plan: StepPlan) -> torch.Tensor:
         return self.runner.execute(plan)

@@ -1,13 +1,22 @@
-"""Decode steps replayed from CUDA graphs, one per padded batch size (bucket).
+"""Steps replayed from CUDA graphs: decode steps, and with speculative decoding the verify steps, the
+KDA commit and the MTP draft steps.
 
-All inputs of a decode step live in one persistent int64 device buffer (views: token ids,
-positions, KDA slots, cache rows, block tables), filled from a pinned host twin with one
-non-blocking copy per step. A step of B sequences runs the graph of the smallest bucket >= B;
-rows past B are padding: token 0 at position 0, the reserved dummy KDA slot and dummy cache block,
-so their writes land nowhere that matters and their logits are never read. The block tables
-have a fixed width (the longest sequence the cache can hold), so the indexer and attention see
-fixed shapes. Without CUDA (`capture=False`), the same padded steps run eagerly: the padding is
-then testable on CPU.
+A graph is captured per key (kind, b, q): b sequences (a padded batch size, "bucket") of q rows each.
+Decode steps are ("main", b, 1) for every bucket up to --max-num-seqs. With the MTP drafter, buckets up
+to SPEC_MAX_BATCH also get ("main", b, q) verify steps for q = 2 .. 1+k (a sequence with fewer drafts, or
+none, is padded to q rows), ("commit", b, q) for the KDA commit after each, and ("draft", b, q) for the
+MTP layer (catch-up over up to q positions, then one position per chained depth).
+
+All inputs of a step live in one persistent int64 device buffer, filled from a pinned host twin with
+one non-blocking copy per step. Layout for key (b, q), T = b*q rows: token ids, positions, cache rows
+(slot mapping), owning block-table row of each row [T each]; KDA slots [b]; block tables [b+1, W] whose
+last row is all dummy block; then, read outside the graph, the padded row of each wanted logits row, of
+each real row, and the MTP's source hidden rows. Padding rows (past a sequence's real rows, or of
+padding sequences) own the dummy table row: token 0 at position 0, so every cache write of theirs lands
+in the reserved dummy block; padding sequences use the dummy KDA slot. A padded verify row is a draft
+that is never accepted: its logits are not read and the commit never replays it. The block tables have
+a fixed width (the longest sequence the cache can hold), so the indexer and attention see fixed shapes.
+Without CUDA (`capture=False`), the same padded steps run eagerly: the padding is testable on CPU.
 """
 
 from __future__ import annotations
@@ -19,8 +28,11 @@ import numpy as np
 import torch
 
 from tpserve.model.batch import ForwardBatch
+from tpserve.model.kda import commit_uniform
 
 log = logging.getLogger("tpserve.graphs")
+
+SPEC_MAX_BATCH = 16  # verify / commit / draft graphs for batches up to this (speculation pays at small ones)
 
 
 def buckets(max_num_seqs: int) -> list[int]:
@@ -33,123 +45,235 @@ def buckets(max_num_seqs: int) -> list[int]:
     return out + [max_num_seqs]
 
 
-class DecodeGraphs:
-    FIELDS = 4  # ids, positions, slots, slot_mapping; then the block table
-
-    def __init__(self, runner, max_num_seqs: int, max_blocks: int, capture: bool = True):
+class StepGraphs:
+    def __init__(self, runner, max_num_seqs: int, max_blocks: int, capture: bool = True, max_query: int = 1):
         self.runner, self.capture, self.max_blocks = runner, capture, max_blocks
         self.buckets = buckets(max_num_seqs)
         self.max_bs = self.buckets[-1]
+        self.max_q = max_query
+        self.spec_buckets = [b for b in self.buckets if b <= SPEC_MAX_BATCH] if max_query > 1 or runner.mtp else []
+        if self.spec_buckets and self.spec_buckets[-1] < min(max_num_seqs, SPEC_MAX_BATCH):
+            self.spec_buckets.append(min(max_num_seqs, SPEC_MAX_BATCH))
         shape = runner.cache_shape
         self.dummy_slot, self.dummy_block, self.block_size = shape.num_slots, shape.num_blocks, shape.block_size
         dev = runner.device
-        width = self.max_bs * (self.FIELDS + max_blocks)
-        self.device_buf = torch.zeros(width, dtype=torch.long, device=dev)
-        self.host_buf = torch.zeros(width, dtype=torch.long, pin_memory=dev.type == "cuda")
+        width = max(self._width(b, q) for b, q in [(self.max_bs, 1)] + [(b, max_query) for b in self.spec_buckets])
+        self.counts_at = width
+        self.device_buf = torch.zeros(width + self.max_bs, dtype=torch.long, device=dev)
+        self.host_buf = torch.zeros(width + self.max_bs, dtype=torch.long, pin_memory=dev.type == "cuda")
         self.host_np = self.host_buf.numpy()
-        self.arange = torch.arange(self.max_bs, dtype=torch.long, device=dev)
+        rows = max(self.max_bs, max(self.spec_buckets, default=0) * max_query)
+        self.arange = torch.arange(rows, dtype=torch.long, device=dev)
+        self.hidden_in = None  # the MTP draft graphs' hidden rows (input)
+        if self.spec_buckets and runner.mtp:
+            self.hidden_in = torch.zeros(rows, runner.cfg.hidden_size, dtype=runner.ctx.dtype, device=dev)
         self.copied = torch.cuda.Event() if dev.type == "cuda" else None  # the host twin may be rewritten
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph | None, tuple[torch.Tensor, torch.Tensor]]] = {}
+        self.graphs: dict[tuple[str, int, int], tuple[torch.cuda.CUDAGraph | None, tuple]] = {}
+        self.verify: dict[tuple[int, int], dict] = {}  # (b, q) -> the verify graph's KDA rows (model/kda.py)
         self.pool = None
         self.capture_seconds = 0.0
         self.graph_bytes = 0
 
     # ------------------------------------------------------------------ layout
-    def _views(self, buf: torch.Tensor | np.ndarray, b: int):
-        n = self.max_bs
-        ids, pos, slots, rows = (buf[i * n:i * n + b] for i in range(self.FIELDS))
-        tables = buf[self.FIELDS * n:].reshape(n, self.max_blocks)[:b]
-        return ids, pos, slots, rows, tables
+    def _width(self, b: int, q: int) -> int:
+        t = b * q
+        return 4 * t + b + (b + 1) * self.max_blocks + 3 * t
 
-    def _batch(self, b: int) -> ForwardBatch:
-        ids, pos, slots, rows, tables = self._views(self.device_buf, b)
-        return ForwardBatch(input_ids=ids, positions=pos, cu_seqlens=list(range(b + 1)), context_lens=[0] * b,
-                            slots=slots, block_tables=tables, slot_mapping=rows, logits_indices=self.arange[:b],
-                            token_seq=self.arange[:b], decode_seqs=b, fixed_shapes=True)
+    def _views(self, buf, b: int, q: int):
+        """-> ids, positions, cache rows, owner rows [T]; slots [b]; tables [b+1, W]; then the host-side
+        index fields (padded logits rows, padded real rows, MTP source rows), [T] each."""
+        t, w = b * q, self.max_blocks
+        ids, pos, rows, owner = (buf[i * t:(i + 1) * t] for i in range(4))
+        slots = buf[4 * t:4 * t + b]
+        o = 4 * t + b
+        tables = buf[o:o + (b + 1) * w].reshape(b + 1, w)
+        o += (b + 1) * w
+        lrows, real, src = (buf[o + i * t:o + (i + 1) * t] for i in range(3))
+        return ids, pos, rows, owner, slots, tables, lrows, real, src
 
-    def _fill(self, plan, b: int) -> None:
-        """Write a plan (or only padding, plan None) into the host twin, then one copy to the device."""
+    def _batch(self, b: int, q: int) -> ForwardBatch:
+        ids, pos, rows, owner, slots, tables, *_ = self._views(self.device_buf, b, q)
+        return ForwardBatch(input_ids=ids, positions=pos, cu_seqlens=list(range(0, b * q + 1, q)), context_lens=[0] * b,
+                            slots=slots, block_tables=tables, slot_mapping=rows, logits_indices=self.arange[:b * q],
+                            token_seq=owner, decode_seqs=b, fixed_shapes=True, query_len=q)
+
+    def _wait_host(self) -> None:
         if self.copied is not None:
             self.copied.synchronize()  # the last step's copy has read the host twin
-        ids, pos, slots, rows, tables = self._views(self.host_np, b)
-        n = 0 if plan is None else len(plan.slots)
-        ids[n:], pos[n:], slots[n:] = 0, 0, self.dummy_slot
-        tables[n:] = self.dummy_block
-        rows[n:] = self.dummy_block * self.block_size
-        if n:
-            ids[:n] = plan.input_ids
-            pos[:n] = plan.positions
-            slots[:n] = plan.slots
-            tables[:n] = self.dummy_block
-            bs = self.block_size
-            for i, t in enumerate(plan.block_tables):
-                tables[i, :len(t)] = t
-                p = plan.positions[i]
-                rows[i] = t[p // bs] * bs + p % bs
-        n_all = self.max_bs
-        # copy only what bucket b reads: each field's first b entries and b table rows
-        for i in range(self.FIELDS):
-            self.device_buf[i * n_all:i * n_all + b].copy_(self.host_buf[i * n_all:i * n_all + b], non_blocking=True)
-        t0 = self.FIELDS * n_all
-        self.device_buf[t0:t0 + b * self.max_blocks].copy_(self.host_buf[t0:t0 + b * self.max_blocks],
-                                                           non_blocking=True)
+
+    def _copy(self, start: int, end: int) -> None:
+        self.device_buf[start:end].copy_(self.host_buf[start:end], non_blocking=True)
         if self.copied is not None:
             self.copied.record()
 
+    def _fill(self, plan, b: int, q: int, source_rows: list[int] | None = None) -> tuple[int, int]:
+        """Write a plan (or only padding, plan None) into the host twin, then one copy to the device.
+        -> (real rows, wanted logits rows)."""
+        self._wait_host()
+        ids, pos, rows, owner, slots, tables, lrows, real, src = self._views(self.host_np, b, q)
+        n = 0 if plan is None else len(plan.slots)
+        bs, dummy_row = self.block_size, b
+        ids[:], pos[:], owner[:], slots[n:] = 0, 0, dummy_row, self.dummy_slot
+        rows[:] = self.dummy_block * bs
+        tables[n:] = self.dummy_block
+        n_real = n_logits = 0
+        if n:
+            slots[:n] = plan.slots
+        if n and q == 1:  # decode: one row per sequence
+            ids[:n], pos[:n], owner[:n] = plan.input_ids, plan.positions, np.arange(n)
+            for i, t in enumerate(plan.block_tables):
+                tables[i, :len(t)] = t
+                tables[i, len(t):] = self.dummy_block
+                p = plan.positions[i]
+                rows[i] = t[p // bs] * bs + p % bs
+            real[:n] = np.arange(n)
+        elif n:
+            cu = plan.cu_seqlens
+            for i, t in enumerate(plan.block_tables):
+                tables[i, :len(t)] = t
+                tables[i, len(t):] = self.dummy_block
+                a, e = cu[i], cu[i + 1]
+                r = slice(i * q, i * q + e - a)
+                ids[r] = plan.input_ids[a:e]
+                p = np.asarray(plan.positions[a:e])
+                pos[r] = p
+                owner[r] = i
+                rows[r] = np.asarray(t)[p // bs] * bs + p % bs
+                real[a:e] = np.arange(i * q, i * q + e - a)
+        if n:
+            n_real, n_logits = plan.cu_seqlens[-1], len(plan.logits_indices)
+            lrows[:n_logits] = real[plan.logits_indices]
+            if source_rows is not None:
+                src[:len(source_rows)] = source_rows
+        self._copy(0, self._width(b, q))
+        return n_real, n_logits
+
+    def _fields(self, b: int, q: int, n_real: int, n_logits: int):
+        *_, lrows, real, src = self._views(self.device_buf, b, q)
+        return lrows[:n_logits], real[:n_real], src[:n_real]
+
     # ----------------------------------------------------------------- capture
+    def _forward(self, kind: str, b: int, q: int):
+        model, cache = self.runner.model, self.runner.cache
+        batch = self._batch(b, q)
+        if kind == "main":
+            return model.forward_hidden(batch, cache)
+        if kind == "commit":
+            commit_uniform(cache, self.verify[(b, q)], self.device_buf[self.counts_at:self.counts_at + b])
+            return ()
+        hidden = self.hidden_in[:b * q]
+        new_hidden, normed = model.mtp.draft(hidden, model.embed(batch.input_ids, batch), batch, cache)
+        return new_hidden, model.lm_logits(normed)
+
+    def _capture_one(self, kind: str, b: int, q: int) -> None:
+        cache = self.runner.cache
+        self._fill(None, b, q)
+        self._forward(kind, b, q)  # warm-up: Triton autotuning and lazy init outside capture
+        cache.verify.clear()
+        torch.cuda.synchronize(self.runner.device)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            out = self._forward(kind, b, q)
+        if self.pool is None:
+            self.pool = graph.pool()
+        self.graphs[(kind, b, q)] = (graph, out)
+        if kind == "main" and q > 1:  # the captured verify rows stay alive: the commit graph reads them
+            self.verify[(b, q)] = dict(cache.verify)
+            cache.verify.clear()
+
+    def keys(self) -> list[tuple[str, int, int]]:
+        out = [("main", b, 1) for b in reversed(self.buckets)]  # largest first: the smaller ones reuse its pool
+        for q in range(2, self.max_q + 1):
+            for b in reversed(self.spec_buckets):
+                out += [("main", b, q), ("commit", b, q)]
+        if self.runner.mtp:
+            out += [("draft", b, q) for q in range(1, self.max_q + 1) for b in reversed(self.spec_buckets)]
+        return out
+
     def capture_all(self) -> None:
         if not self.capture:
             return
-        model, cache = self.runner.model, self.runner.cache
         reserved_before = torch.cuda.memory_reserved(self.runner.device)
         start = time.perf_counter()
         try:
-            for b in reversed(self.buckets):  # largest first: the smaller ones reuse its pool
-                self._fill(None, b)
-                batch = self._batch(b)
-                model.forward_hidden(batch, cache)  # warm-up: Triton autotuning and lazy init outside capture
-                torch.cuda.synchronize(self.runner.device)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=self.pool):
-                    out = model.forward_hidden(batch, cache)
-                if self.pool is None:
-                    self.pool = graph.pool()
-                self.graphs[b] = (graph, out)
+            for key in self.keys():
+                self._capture_one(*key)
         except torch.OutOfMemoryError as exc:
             self.close()
             raise RuntimeError(f"out of GPU memory while capturing decode graphs ({exc}); lower --max-num-seqs "
                                "or --gpu-memory-utilization, or pass --enforce-eager") from exc
         except Exception as exc:  # a capture that fails falls back to eager, with the reason
-            log.warning("decode graph capture failed, running eagerly: %s: %s", type(exc).__name__, exc)
+            log.warning("graph capture failed, running eagerly: %s: %s", type(exc).__name__, exc)
             self.close()
             self.capture = False
+            self.spec_buckets = []
             return
         torch.cuda.synchronize(self.runner.device)
         self.capture_seconds = time.perf_counter() - start
         self.graph_bytes = torch.cuda.memory_reserved(self.runner.device) - reserved_before
-        log.info("captured %d decode graphs (batch %s) in %.1f s, %.0f MiB of graph memory", len(self.graphs),
-                 ",".join(map(str, self.buckets)), self.capture_seconds, self.graph_bytes / 2**20)
+        log.info("captured %d graphs (decode batch %s; verify/commit/draft batch %s, up to %d rows each) in %.1f s, "
+                 "%.0f MiB of graph memory", len(self.graphs), ",".join(map(str, self.buckets)),
+                 ",".join(map(str, self.spec_buckets)) or "-", self.max_q, self.capture_seconds,
+                 self.graph_bytes / 2**20)
 
     # -------------------------------------------------------------------- step
-    def fits(self, plan) -> bool:
-        return (len(plan.slots) <= self.max_bs
-                and max(len(t) for t in plan.block_tables) <= self.max_blocks)
+    def key_for(self, plan, kind: str = "main") -> tuple[str, int, int] | None:
+        """The graph that runs this plan (decode / verify sequences only), or None (eager)."""
+        n = len(plan.slots)
+        if n == 0 or plan.num_decode != n or plan.sequence_parallel:
+            return None
+        if max(len(t) for t in plan.block_tables) > self.max_blocks:
+            return None
+        q = max(b - a for a, b in zip(plan.cu_seqlens, plan.cu_seqlens[1:]))
+        if kind == "main" and q == 1:
+            return (kind, self.bucket(n), 1) if n <= self.max_bs else None
+        if q > self.max_q or not self.spec_buckets or n > self.spec_buckets[-1]:
+            return None
+        return kind, next(b for b in self.spec_buckets if b >= n), q
 
     def bucket(self, n: int) -> int:
         return next(b for b in self.buckets if b >= n)
 
-    def run(self, plan) -> tuple[torch.Tensor, torch.Tensor]:
-        """-> (logits, hidden rows) of the plan's sequences (model.forward_hidden)."""
-        n = len(plan.slots)
-        b = self.bucket(n)
-        self._fill(plan, b)
+    def _replay(self, key):
         if self.capture:
-            graph, (logits, hidden) = self.graphs[b]
+            graph, out = self.graphs[key]
             graph.replay()
-        else:
-            logits, hidden = self.runner.model.forward_hidden(self._batch(b), self.runner.cache)
-        return logits[:n], hidden[:n]
+            return out
+        return self._forward(*key)
+
+    def run(self, plan, key) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (logits at plan.logits_indices, hidden of the plan's rows in plan order)."""
+        _, b, q = key
+        n_real, n_logits = self._fill(plan, b, q)
+        logits, hidden = self._replay(key)
+        if not self.capture and q > 1:  # eager: the verify rows are this run's (the commit reads them)
+            self.verify[(b, q)] = dict(self.runner.cache.verify)
+            self.runner.cache.verify.clear()
+        if q == 1:
+            return logits[:n_logits], hidden[:n_real]
+        lrows, real, _ = self._fields(b, q, n_real, n_logits)
+        return logits.index_select(0, lrows), hidden.index_select(0, real)
+
+    def commit(self, key, counts: list[int]) -> None:
+        """The KDA commit after verify graph `key`: counts of every sequence of that step, in order."""
+        _, b, q = key
+        self._wait_host()
+        self.host_np[self.counts_at:self.counts_at + b] = 0
+        self.host_np[self.counts_at:self.counts_at + len(counts)] = counts
+        self._copy(self.counts_at, self.counts_at + b)
+        self._replay(("commit", b, q))
+
+    def draft(self, plan, key, source: torch.Tensor, source_rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """One MTP depth: hidden inputs source[source_rows] for the plan's rows -> (fp32 logits at
+        plan.logits_indices, the MTP hidden rows there)."""
+        _, b, q = key
+        n_real, n_logits = self._fill(plan, b, q, source_rows)
+        lrows, real, src = self._fields(b, q, n_real, n_logits)
+        self.hidden_in.index_copy_(0, real, source.index_select(0, src))
+        new_hidden, logits = self._replay(key)
+        return logits.index_select(0, lrows), new_hidden.index_select(0, lrows)
 
     def close(self) -> None:
         self.graphs.clear()
+        self.verify.clear()
         self.pool = None

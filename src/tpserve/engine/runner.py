@@ -64,7 +64,8 @@ class ModelRunner:
             self._configure_fla()
         self.cache = None
         self.cache_shape: CacheShape | None = None
-        self.graphs = None  # engine.graphs.DecodeGraphs once set up
+        self.graphs = None  # engine.graphs.StepGraphs once set up
+        self.graph_verify = None  # the key of the last step's verify graph, until its commit
 
     def _configure_fla(self) -> None:
         """Check fla-core's kernels against the torch references once, on this device and head size;
@@ -100,17 +101,17 @@ class ModelRunner:
                                               dtype=self.ctx.dtype, device=self.device)
 
     def setup_graphs(self, max_num_seqs: int, max_model_len: int | None, enforce_eager: bool,
-                     pad_on_cpu: bool = False) -> None:
-        """Capture decode graphs (CUDA; not with enforce_eager). pad_on_cpu runs the same padded,
-        fixed-shape steps eagerly (tests of the padding on CPU)."""
-        from tpserve.engine.graphs import DecodeGraphs
+                     pad_on_cpu: bool = False, num_speculative_tokens: int = 0) -> None:
+        """Capture decode graphs, and with speculation verify / commit / draft graphs (CUDA; not with
+        enforce_eager). pad_on_cpu runs the same padded, fixed-shape steps eagerly (tests on CPU)."""
+        from tpserve.engine.graphs import StepGraphs
 
         if enforce_eager or (self.device.type != "cuda" and not pad_on_cpu):
             return
         shape = self.cache_shape
         longest = min(max_model_len or self.cfg.max_position_embeddings, shape.num_blocks * shape.block_size)
-        self.graphs = DecodeGraphs(self, max_num_seqs, -(-longest // shape.block_size),
-                                   capture=self.device.type == "cuda")
+        self.graphs = StepGraphs(self, max_num_seqs, -(-longest // shape.block_size),
+                                 capture=self.device.type == "cuda", max_query=1 + num_speculative_tokens)
         self.graphs.capture_all()
 
     def build_batch(self, plan: StepPlan) -> ForwardBatch:
@@ -132,9 +133,14 @@ class ModelRunner:
 
     def execute(self, plan: StepPlan) -> torch.Tensor:
         cache_mod.reset_slots(self.cache, plan.reset_slots)
-        if self.graphs is not None and plan.is_uniform_decode and self.graphs.fits(plan):
-            logits, hidden = self.graphs.run(plan)
+        key = None if self.graphs is None else self.graphs.key_for(plan)
+        if key is not None:
+            logits, hidden = self.graphs.run(plan, key)
+            # a verify graph verifies every sequence (one-row decodes too): the commit replays them all
+            cu = plan.cu_seqlens
+            self.graph_verify = (key, [b - a for a, b in zip(cu, cu[1:])]) if key[2] > 1 else None
         else:
+            self.graph_verify = None
             logits, hidden = self.model.forward_hidden(self.build_batch(plan), self.cache)
         self.last_hidden = hidden if self.mtp else None
         return logits
@@ -142,6 +148,12 @@ class ModelRunner:
     # ------------------------------------------------------- speculative decoding
     def commit(self, counts: list[int]) -> None:
         """Commit the accepted prefix of each verify sequence of the last step (model/kda.py)."""
+        if self.graph_verify is not None:
+            key, lens = self.graph_verify
+            self.graph_verify = None
+            verified = iter(counts)  # counts of the sequences with drafts; a one-row decode commits its row
+            self.graphs.commit(key, [1 if n == 1 else next(verified) for n in lens])
+            return
         kda_commit(self.cache, counts)
 
     @torch.inference_mode()
@@ -151,8 +163,12 @@ class ModelRunner:
         -> fp32 logits at plan.logits_indices; their hidden rows feed the next depth."""
         if not self.mtp:
             raise RuntimeError("draft: the model was built without the MTP drafter")
-        batch = self.build_batch(plan)
         src = self.last_hidden if from_main else self.draft_hidden
+        key = None if self.graphs is None or self.graphs.hidden_in is None else self.graphs.key_for(plan, "draft")
+        if key is not None:
+            logits, self.draft_hidden = self.graphs.draft(plan, key, src, source_rows)
+            return logits
+        batch = self.build_batch(plan)
         hidden = src[torch.tensor(source_rows, dtype=torch.long, device=self.device)]
         new_hidden, normed = self.model.mtp.draft(hidden, self.model.embed(batch.input_ids, batch), batch, self.cache)
         self.draft_hidden = new_hidden[batch.logits_indices]

@@ -127,6 +127,14 @@ def _sample_rows(logits: torch.Tensor, seqs: list[Sequence], engine_generator: t
     return (probs / noise).argmax(-1)
 
 
+def plain_argmax(seq: Sequence) -> bool:
+    """The next token is the argmax of the raw logits, whatever the tokens before it: greedy, with no
+    logits processor, penalty or min_tokens ban in force (so rows of a verify step can be chosen at once)."""
+    p = seq.params
+    return (p.greedy and not p.logit_bias and p.structured_outputs is None and p.repetition_penalty == 1.0
+            and not p.presence_penalty and not p.frequency_penalty and len(seq.output_ids) >= p.min_tokens)
+
+
 def sample(logits: torch.Tensor, seqs: list[Sequence], engine_generator: torch.Generator) -> list[SampleResult]:
     """logits [B, V] fp32, one row per sequence."""
     return results_for(logits, seqs, choose(logits, seqs, engine_generator))

@@ -86,6 +86,15 @@ class Speculator:
         for s in sampled:
             groups.append(_Walk(s.seq, row, list(s.seq.drafts), s.seq.draft_probs, list(s.seq.draft_sure)))
             row += 1 + len(s.seq.drafts)
+        if all(sampler.plain_argmax(g.seq) for g in groups):  # every row's choice at once: one host copy
+            rows = logits[:row]
+            per_row = [g.seq for g in groups for _ in range(1 + len(g.drafts))]
+            results = sampler.results_for(rows, per_row, rows.argmax(-1))
+            for g in groups:
+                for j in range(1 + len(g.drafts)):
+                    if not self._emit(g, j, results[g.base + j]):
+                        break
+            return self._finish(groups)
         active, j = list(groups), 0
         while active:
             rows = logits[torch.tensor([g.base + j for g in active], device=logits.device)]
@@ -105,19 +114,24 @@ class Speculator:
                 _, toks = rejection_verify(p, q, drafts, [s.generator for s in sub], eng.generator)
                 tokens[idx] = torch.tensor(toks, device=logits.device)
             results = sampler.results_for(rows, seqs, tokens)
-            self.emitted += len(results)
-            still = []
-            for g, res in zip(active, results):
-                eng._append(g.seq, res)
-                g.evaluated = j + 1
-                hit = j < len(g.drafts) and res.token == g.drafts[j]
-                if hit:
-                    g.accepted += 1
-                if g.seq.is_finished or not hit:
-                    continue
-                g.seq.num_computed += 1  # the accepted draft's cache rows are real now
-                still.append(g)
-            active, j = still, j + 1
+            active, j = [g for g, res in zip(active, results) if self._emit(g, j, res)], j + 1
+        return self._finish(groups)
+
+    def _emit(self, g: "_Walk", j: int, res) -> bool:
+        """Append the token chosen at row j of g's run; -> whether the walk goes on (the draft was hit)."""
+        self.emitted += 1
+        self.engine._append(g.seq, res)
+        g.evaluated = j + 1
+        hit = j < len(g.drafts) and res.token == g.drafts[j]
+        if hit:
+            g.accepted += 1
+        if g.seq.is_finished or not hit:
+            return False
+        g.seq.num_computed += 1  # the accepted draft's cache rows are real now
+        return True
+
+    def _finish(self, groups: list["_Walk"]) -> list[int]:
+        """Counters and estimators after the walk; -> the commit counts."""
         counts = []
         for g in groups:
             g.seq.drafts, g.seq.draft_probs, g.seq.draft_sure = [], None, []
@@ -222,22 +236,22 @@ class Speculator:
     def _draw(self, logits: torch.Tensor, seqs: list[Sequence]):
         """Draft one token per row: greedy rows the argmax, sampled rows a draw from q (kept for the
         rejection test). -> (tokens, q rows or None, probability of each token under the drafter)."""
-        probs_all = logits.softmax(-1)
         tokens = logits.argmax(-1)
         sampled = [i for i, s in enumerate(seqs) if not s.params.greedy]
-        q_rows = None
-        if sampled:
-            idx = torch.tensor(sampled, device=logits.device)
-            sub = [seqs[i] for i in sampled]
-            q = sampler.filtered_probs(logits[idx], sub)
-            tokens[idx] = torch.tensor(sample_from(q, [s.generator for s in sub], self.engine.generator),
-                                       device=logits.device)
-            probs_all[idx] = q
-            q_rows = {i: q[r] for r, i in enumerate(sampled)}
+        if not sampled:  # the argmax's probability, without a softmax over the vocabulary
+            sure = (logits.gather(1, tokens.unsqueeze(1)).squeeze(1) - logits.logsumexp(-1)).exp()
+            host = torch.stack([tokens.double(), sure.double()]).tolist()  # one device-to-host copy
+            return [int(t) for t in host[0]], None, host[1]
+        probs_all = logits.softmax(-1)
+        idx = torch.tensor(sampled, device=logits.device)
+        sub = [seqs[i] for i in sampled]
+        q = sampler.filtered_probs(logits[idx], sub)
+        tokens[idx] = torch.tensor(sample_from(q, [s.generator for s in sub], self.engine.generator),
+                                   device=logits.device)
+        probs_all[idx] = q
+        q_rows = {i: q[r] for r, i in enumerate(sampled)}
         sure = probs_all.gather(1, tokens.unsqueeze(1)).squeeze(1).tolist()
-        toks = tokens.tolist()
-        probs = None if q_rows is None else [q_rows.get(i) for i in range(len(seqs))]
-        return toks, probs, sure
+        return tokens.tolist(), [q_rows.get(i) for i in range(len(seqs))], sure
 
     def stats(self) -> dict:
         c = self.counters

@@ -43,6 +43,7 @@ class ForwardBatch:
     token_seq: torch.Tensor | None = None  # [T] long, index of the sequence owning each token
     decode_seqs: int = 0             # the first decode_seqs sequences take the decode kernels
     fixed_shapes: bool = False       # a graph step: shapes from the buffers only, never from host lengths
+    query_len: int = 1               # in a fixed-shape step: rows of every decode sequence (1, or 1+k to verify)
 
     @property
     def num_seqs(self) -> int:
@@ -67,7 +68,9 @@ class ForwardBatch:
         """Leading decode sequences of one token each (the recurrent KDA / conv step applies to them).
         The decode sequences after them verify drafts: their KDA / conv states are read, not written
         (the engine commits the accepted tokens afterwards, model/kda.py)."""
-        if self.fixed_shapes or self.decode_tokens == self.decode_seqs:
+        if self.fixed_shapes:  # a graph step of 1+k rows per sequence verifies every sequence
+            return self.decode_seqs if self.query_len == 1 else 0
+        if self.decode_tokens == self.decode_seqs:
             return self.decode_seqs
         n = 0
         while n < self.decode_seqs and self.cu_seqlens[n + 1] - self.cu_seqlens[n] == 1:

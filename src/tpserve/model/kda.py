@@ -76,6 +76,10 @@ class KdaAttention(nn.Module):
 
     def _conv(self, mixed: torch.Tensor, batch: ForwardBatch, conv_states: torch.Tensor) -> torch.Tensor:
         weight = self.conv_weight.squeeze(1)
+        if batch.fixed_shapes and batch.query_len > 1:  # a graph verify step: every sequence verifies
+            b, n = batch.decode_seqs, batch.query_len
+            out = conv.causal_conv_verify_uniform(mixed.view(b, n, -1), conv_states[batch.slots[:b]], weight)
+            return out.reshape(b * n, -1)
         nd = batch.single_token_seqs
         if nd:
             slots = batch.slots[:nd]
@@ -97,6 +101,9 @@ class KdaAttention(nn.Module):
         return out
 
     def _torch(self, q, k, v, g, beta, batch: ForwardBatch, states: torch.Tensor) -> torch.Tensor:
+        if batch.fixed_shapes and batch.query_len > 1:  # a graph verify step: states read, not written
+            b = batch.decode_seqs
+            return verify_uniform(q, k, v, g, beta, b, batch.query_len, states[batch.slots[:b]])
         nd = batch.single_token_seqs
         if nd:
             slots = batch.slots[:nd]
@@ -185,6 +192,39 @@ def commit(cache: CacheTensors, counts: list[int]) -> None:
         states[slots] = decode_positions(vi.q, vi.k, vi.v, vi.g, vi.beta, [vi.offsets[i] for i in live],
                                          [counts[i] for i in live], states[slots])
     cache.verify.clear()
+
+
+def _position(n: int, j: int, *xs: torch.Tensor) -> list[torch.Tensor]:
+    """Row j of every sequence of n rows each (uniform layout [B * n, ...]), contiguous [B, ...]."""
+    return [x.view(-1, n, *x.shape[1:])[:, j].contiguous() for x in xs]
+
+
+def verify_uniform(q, k, v, g, beta, b: int, n: int, states: torch.Tensor) -> torch.Tensor:
+    """Verify rows of a graph step, b sequences of n rows each: the one-token decode update position by
+    position from each sequence's state (states [b, H, K, V], a copy; nothing is stored) -> out [b*n, H, V]."""
+    out = torch.empty_like(v).view(b, n, *v.shape[1:])
+    for j in range(n):
+        o, states = kda_ops.kda_recurrent_batched(*_position(n, j, q, k, v, g, beta), states)
+        out[:, j] = o.to(out.dtype)
+    return out.view(b * n, *v.shape[1:])
+
+
+def commit_uniform(cache: CacheTensors, verify: dict[int, "VerifyInputs"], counts: torch.Tensor) -> None:
+    """`commit` for a graph verify step (every sequence n rows; counts [b] a device tensor), with fixed
+    shapes and no host values: the update runs for every sequence at every position and is kept where
+    j < counts[i]. The same arithmetic as `commit` on the same rows."""
+    for layer, vi in verify.items():
+        b, n = vi.slots.shape[0], vi.offsets[1] - vi.offsets[0]
+        states, convs = cache.kda_state[layer], cache.conv_state[layer]
+        rows = vi.raw.view(b, n, -1).transpose(1, 2).to(convs.dtype)                  # [b, C, n]
+        ext = torch.cat([convs[vi.slots], rows], dim=-1)
+        cols = counts.unsqueeze(1) + torch.arange(convs.shape[-1], device=counts.device)
+        convs[vi.slots] = ext.gather(-1, cols.unsqueeze(1).expand(-1, ext.shape[1], -1))
+        s = states[vi.slots]
+        for j in range(n):
+            _, new = kda_ops.kda_recurrent_batched(*_position(n, j, vi.q, vi.k, vi.v, vi.g, vi.beta), s)
+            s = torch.where((counts > j).view(-1, 1, 1, 1), new, s)
+        states[vi.slots] = s
 
 
 def decode_positions(q, k, v, g, beta, starts: list[int], lens: list[int], states: torch.Tensor,

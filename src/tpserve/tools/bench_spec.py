@@ -94,7 +94,9 @@ def measure(args) -> dict:
                 rows.append({"setting": name, "batch": batch, "seconds": best,
                              "tok_s": sum(map(len, tokens)) / best,
                              "mean_accepted_length": 1 + acc / drafts if drafts else None,
-                             "equal_to_plain": tokens == reference.get(batch), "kda_state_bytes_per_request": state})
+                             "equal_to_plain": tokens == reference.get(batch),
+                             "outputs_equal": sum(a == b for a, b in zip(tokens, reference.get(batch, []))),
+                             "outputs": len(tokens), "kda_state_bytes_per_request": state})
                 bar.update(1)
             llm.shutdown()
             del llm
@@ -106,12 +108,12 @@ def measure(args) -> dict:
 
 
 def table(result: dict) -> str:
-    lines = ["| batch | setting | tok/s | speedup | mean accepted length | tokens = plain | KDA state B/request |",
+    lines = ["| batch | setting | tok/s | speedup | mean accepted length | outputs = plain | KDA state B/request |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     for r in result["rows"]:
         mal = "-" if r["mean_accepted_length"] is None else f"{r['mean_accepted_length']:.2f}"
         lines.append(f"| {r['batch']} | {r['setting']} | {r['tok_s']:.1f} | {r['speedup']:.2f}x | {mal} | "
-                     f"{'yes' if r['equal_to_plain'] else 'NO'} | {r['kda_state_bytes_per_request']:,} |")
+                     f"{r['outputs_equal']}/{r['outputs']} | {r['kda_state_bytes_per_request']:,} |")
     return "\n".join(lines)
 
 
