@@ -30,6 +30,8 @@ class EngineConfig:
                       choices=("auto", "float32", "bfloat16", "float16"))
     seed: int = _opt(0, "seed of the engine's sampler (requests may bring their own)")
     skip_tokenizer_init: bool = _opt(False, "work on token ids only; no tokenizer is loaded")
+    tokenizer_cache_words: int = _opt(1024, "words the tokenizer's BPE cache keeps (HF tokenizers' own default, "
+                                      "10,000, holds up to ~80 MiB of long unique words in a server's heap); 0: none")
     load_format: str = _opt("auto", "auto: read the safetensors weights; dummy: random weights (benchmarks; "
                             "only config.json is needed)", choices=("auto", "dummy"))
     tensor_parallel_size: int = _opt(1, "number of tensor-parallel ranks", flag="--tp")
@@ -108,6 +110,8 @@ class EngineConfig:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.moe_triton_max_tokens < 0:
             raise ValueError(f"moe_triton_max_tokens must be >= 0, got {self.moe_triton_max_tokens}")
+        if self.tokenizer_cache_words < 0:
+            raise ValueError(f"tokenizer_cache_words must be >= 0, got {self.tokenizer_cache_words}")
         if self.sp_min_tokens < 1:
             raise ValueError(f"sp_min_tokens must be >= 1, got {self.sp_min_tokens}")
         if self.quantization is not None:

@@ -25,6 +25,20 @@ from tpserve.sampling_params import SamplingParams
 log = logging.getLogger("tpserve.engine")
 
 
+def load_tokenizer(model_dir, cache_words: int):
+    """The checkpoint's tokenizer, its BPE word cache capped at cache_words: HF tokenizers caches up to
+    10,000 words by count, not size, so a server that meets many unique long words (numbers, ids, hashes)
+    keeps growing its heap until the cache is full (BENCHMARKS.md, soak). tokenizers exposes the
+    capacity only as the model's `_resize_cache`; a tokenizer without one is left as it is."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    resize = getattr(getattr(getattr(tok, "backend_tokenizer", None), "model", None), "_resize_cache", None)
+    if resize is not None:
+        resize(cache_words)
+    return tok
+
+
 class LLMEngine:
     def __init__(self, ecfg: EngineConfig):
         rt = resolve_runtime(ecfg)
@@ -32,9 +46,7 @@ class LLMEngine:
         self.model_config = ModelConfig.from_file(self.model_dir)
         self.tokenizer = None
         if not ecfg.skip_tokenizer_init:
-            from transformers import AutoTokenizer
-
-            self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+            self.tokenizer = load_tokenizer(self.model_dir, ecfg.tokenizer_cache_words)
         self.eos_ids = frozenset(self._eos_ids())
         spec = ecfg.speculative
         if spec is not None:
