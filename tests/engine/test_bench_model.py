@@ -29,3 +29,18 @@ def test_bench_model_tiny_cpu(tmp_path, capsys):
     assert len(table) == 4 and "nan" not in "".join(table)
     assert "| graphs / eager |" in text
     assert png.stat().st_size > 1000 and png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_bench_model_speculative_reports_accepted_length(tmp_path, capsys):
+    """With --speculative-config the random checkpoint gets a random MTP layer (dummy weights: no
+    checkpoint check); decode rows carry the mean accepted length and tokens per step."""
+    out = tmp_path / "model.json"
+    spec = '{"method": "mtp", "num_speculative_tokens": 2, "adaptive": false, "truncate_threshold": 0}'
+    code = main(["bench", "model", "--device", "cpu", "--size", "tiny", "--dtype", "float32", "--layers", "KM",
+                 "--prefill", "16", "--repeats", "1", "--decode-steps", "4", "--batch", "2",
+                 "--speculative-config", spec, "--json", str(out)])
+    assert code == 0
+    r = json.loads(out.read_text())["runs"]["default"]["decode"]["2"]
+    assert r["mean_accepted_length"] is not None and 1.0 <= r["mean_accepted_length"] <= 3.0
+    assert 2.0 <= r["tokens_per_step"] <= 6.0 and r["steps"] * r["tokens_per_step"] == 8
+    assert "mean accepted length" in capsys.readouterr().out

@@ -49,7 +49,7 @@ class LLMEngine:
             self.tokenizer = load_tokenizer(self.model_dir, ecfg.tokenizer_cache_words)
         self.eos_ids = frozenset(self._eos_ids())
         spec = ecfg.speculative
-        if spec is not None:
+        if spec is not None and ecfg.load_format != "dummy":  # dummy: the MTP layer is random like the rest
             speculate.check_checkpoint(self.model_dir, self.model_config)
         self.executor = make_executor(ecfg, str(self.model_dir), self.model_config, self.device, self.dtype,
                                       rt.kernels)

@@ -239,16 +239,17 @@ class StepGraphs:
             graph, out = self.graphs[key]
             graph.replay()
             return out
-        return self._forward(*key)
+        out = self._forward(*key)
+        if key[0] == "main" and key[2] > 1:  # eager: the verify rows are this run's (the commit reads them)
+            self.verify[key[1:]] = dict(self.runner.cache.verify)
+            self.runner.cache.verify.clear()
+        return out
 
     def run(self, plan, key) -> tuple[torch.Tensor, torch.Tensor]:
         """-> (logits at plan.logits_indices, hidden of the plan's rows in plan order)."""
         _, b, q = key
         n_real, n_logits = self._fill(plan, b, q)
         logits, hidden = self._replay(key)
-        if not self.capture and q > 1:  # eager: the verify rows are this run's (the commit reads them)
-            self.verify[(b, q)] = dict(self.runner.cache.verify)
-            self.runner.cache.verify.clear()
         if q == 1:
             return logits[:n_logits], hidden[:n_real]
         lrows, real, _ = self._fields(b, q, n_real, n_logits)

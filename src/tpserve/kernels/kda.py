@@ -105,16 +105,57 @@ def fla_decode_inplace(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: tor
     q, k, v, g [B, H, K]; beta [B, H] -> out [B, H, V]."""
     from fla.ops.kda.fused_recurrent import fused_recurrent_kda_fwd
 
-    out, _ = fused_recurrent_kda_fwd(q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1), g.unsqueeze(1),
-                                     beta.unsqueeze(1), initial_state=states, inplace_final_state=True,
+    # the kernel indexes rows as contiguous [B, T, H, K]: the layer's q, k, v are column slices of one
+    # projection (row stride 3 H K), so they are made contiguous here
+    q, k, v, g, beta = (x.contiguous().unsqueeze(1) for x in (q, k, v, g, beta))
+    out, _ = fused_recurrent_kda_fwd(q, k, v, g, beta, initial_state=states, inplace_final_state=True,
                                      ssm_state_indices=slots, use_qk_l2norm_in_kernel=True)
     return out.squeeze(1)
+
+
+def _fla_rows(b: int, n: int, states: torch.Tensor, read_col: int, write_cols: list[int], slots: torch.Tensor,
+              q, k, v, g, beta) -> torch.Tensor:
+    """fla-core's recurrent kernel over b sequences of n rows each (rows [b*n, ...], sequence-major) in its
+    speculative-decoding mode: each sequence starts from the pool state at column `read_col` of its index
+    row and writes the state after token t to column t. Columns are the dummy slot (the pool's last)
+    except read_col and write_cols, which hold the sequence's slot. -> out [b*n, H, V]."""
+    from fla.ops.kda.fused_recurrent import fused_recurrent_kda_fwd
+
+    dummy = states.shape[0] - 1
+    idx = torch.full((b, n + 1), dummy, dtype=torch.long, device=q.device)
+    for c in [read_col, *write_cols]:
+        idx[:, c] = slots
+    accepted = torch.full((b,), read_col + 1, dtype=torch.long, device=q.device)
+    rows = [x.contiguous().view(b, n, *x.shape[1:]) for x in (q, k, v, g, beta)]
+    out, _ = fused_recurrent_kda_fwd(*rows, initial_state=states, inplace_final_state=True, ssm_state_indices=idx,
+                                     num_accepted_tokens=accepted, use_qk_l2norm_in_kernel=True)
+    return out.view(b * n, *v.shape[1:])
+
+
+def fla_verify(q, k, v, g, beta, states: torch.Tensor, slots: torch.Tensor, n: int) -> torch.Tensor:
+    """Verify rows of a graph step (b = len(slots) sequences of n rows) in one kernel: row j's output is
+    what the j-th of n one-token `fla_decode_inplace` steps gives (the same loop body of the same kernel);
+    the slots are not written (the per-token states go to the dummy slot)."""
+    return _fla_rows(slots.shape[0], n, states, n, [], slots, q, k, v, g, beta)
+
+
+def fla_commit(q, k, v, g, beta, states: torch.Tensor, slots: torch.Tensor, counts: torch.Tensor, n: int) -> None:
+    """After acceptance: advance each slot by the first counts[i] of its n verified rows, in one kernel.
+    Rows past the count get g = 0 and beta = 0, an exact no-op of the update (decay by exp(0) = 1, a
+    delta of 0), so the state written after row n-1 is the state after row counts[i]-1."""
+    b = slots.shape[0]
+    keep = torch.arange(n, device=q.device) < counts.unsqueeze(1)                        # [b, n]
+    g = torch.where(keep.view(b * n, 1, 1), g, 0.0)
+    beta = torch.where(keep.view(b * n, 1), beta, 0.0)
+    _fla_rows(b, n, states, n, [n - 1], slots, q, k, v, g, beta)
 
 
 def _self_test_inputs(head_dim: int, lower_bound: float | None, device: torch.device, heads: int = 4):
     gen = torch.Generator(device).manual_seed(7)
     t = 80
-    q, k, v = (torch.randn(t, heads, head_dim, generator=gen, device=device) for _ in range(3))
+    # q, k, v as the layer has them: column slices of one [t, 3 H K] tensor (not contiguous)
+    mixed = torch.randn(t, 3 * heads * head_dim, generator=gen, device=device)
+    q, k, v = (x.reshape(t, heads, head_dim) for x in mixed.split(heads * head_dim, dim=-1))
     raw = 2 * torch.randn(t, heads, head_dim, generator=gen, device=device)
     g = lower_bound * torch.sigmoid(raw) if lower_bound is not None else -F.softplus(raw)
     beta = torch.sigmoid(torch.randn(t, heads, generator=gen, device=device))

@@ -57,7 +57,8 @@ class KdaAttention(nn.Module):
             a, b = batch.cu_seqlens[nv], batch.decode_tokens
             cache.verify[self.layer] = VerifyInputs(batch.slots[nv:batch.decode_seqs],
                                                     [c - a for c in batch.cu_seqlens[nv:batch.decode_seqs + 1]],
-                                                    raw[a:b], q[a:b], k[a:b], v[a:b], g[a:b], beta[a:b])
+                                                    raw[a:b], q[a:b], k[a:b], v[a:b], g[a:b], beta[a:b],
+                                                    fla=self.backend == "fla" and batch.fixed_shapes)
         if self.backend == "fla":
             out = self._fla(q, k, v, g, beta, batch, states)
         else:
@@ -128,6 +129,8 @@ class KdaAttention(nn.Module):
     def _fla(self, q, k, v, g, beta, batch: ForwardBatch, states: torch.Tensor) -> torch.Tensor:
         from fla.ops.kda import chunk_kda
 
+        if batch.fixed_shapes and batch.query_len > 1:  # a graph verify step: one kernel, slots not written
+            return kda_ops.fla_verify(q, k, v, g, beta, states, batch.slots[:batch.decode_seqs], batch.query_len)
         nd = batch.single_token_seqs
         parts = []
         if nd:  # decode: the state pool is read and written in place at the slots
@@ -165,6 +168,7 @@ class VerifyInputs:
     v: torch.Tensor
     g: torch.Tensor
     beta: torch.Tensor
+    fla: bool = False         # verified by fla-core's kernel (a graph step): committed by it too
 
 
 def commit(cache: CacheTensors, counts: list[int]) -> None:
@@ -220,6 +224,9 @@ def commit_uniform(cache: CacheTensors, verify: dict[int, "VerifyInputs"], count
         ext = torch.cat([convs[vi.slots], rows], dim=-1)
         cols = counts.unsqueeze(1) + torch.arange(convs.shape[-1], device=counts.device)
         convs[vi.slots] = ext.gather(-1, cols.unsqueeze(1).expand(-1, ext.shape[1], -1))
+        if vi.fla:
+            kda_ops.fla_commit(vi.q, vi.k, vi.v, vi.g, vi.beta, states, vi.slots, counts, n)
+            continue
         s = states[vi.slots]
         for j in range(n):
             _, new = kda_ops.kda_recurrent_batched(*_position(n, j, vi.q, vi.k, vi.v, vi.g, vi.beta), s)

@@ -42,7 +42,7 @@ def register(sub, bench, tune) -> None:
     p.set_defaults(func=run)
 
 
-def real_width_config(layers: str, dense_first: bool, size: str = "real") -> dict:
+def real_width_config(layers: str, dense_first: bool, size: str = "real", mtp: bool = False) -> dict:
     kinds = {"K": "linear_attention", "M": "indexed_attention"}
     bad = set(layers) - set(kinds)
     if bad or not layers:
@@ -51,7 +51,7 @@ def real_width_config(layers: str, dense_first: bool, size: str = "real") -> dic
     mlp = (["dense"] * min(3, n) + ["sparse"] * max(n - 3, 0)) if dense_first else ["sparse"] * n
     text = {"num_hidden_layers": n, "layer_types": [kinds[c] for c in layers], "mlp_layer_types": mlp,
             "indexer_types": ["full"] * n, "pad_token_id": 154820, "eos_token_id": [154820],
-            "max_position_embeddings": 131072}
+            "max_position_embeddings": 131072, "num_nextn_predict_layers": int(mtp)}
     if size == "tiny":
         from tpserve.model.tiny import TINY_TEXT
 
@@ -131,11 +131,16 @@ def measure(llm, prefill: list[int], batches: list[int], steps: int, repeats: in
         for _ in range(b):
             engine.add_request(f"d{next(rid)}", prompt(128), params)
         finish_prefills(engine)
-        times = []
+        times, before = [], engine.stats()
         while engine.has_unfinished():
             times.append(_timed_step(engine))
+        per_step = b * steps / len(times)  # tokens per step: b, or more when drafts are accepted
+        after = engine.stats()
+        drafts = after.get("spec_decode_num_drafts", 0) - before.get("spec_decode_num_drafts", 0)
+        accepted = after.get("spec_decode_num_accepted_tokens", 0) - before.get("spec_decode_num_accepted_tokens", 0)
         out["decode"][b] = {"ms_per_step": 1000 * statistics.median(times), "steps": len(times),
-                            "tok_per_s": b / statistics.median(times)}
+                            "tok_per_s": per_step / statistics.median(times), "tokens_per_step": per_step,
+                            "mean_accepted_length": 1 + accepted / drafts if drafts else None}
     return out
 
 
@@ -229,7 +234,9 @@ def print_table(res: dict, title: str) -> None:
         print(f"| prefill {n} tokens | {r['ms']:.1f} ms | {r['tok_per_s']:.0f} tok/s | FLOPs | "
               f"{100 * r['mfu']:.1f}% MFU |")
     for b, r in res["decode"].items():
-        print(f"| decode step, batch {b} | {r['ms_per_step']:.3f} ms | {r['tok_per_s']:.1f} tok/s | "
+        spec = "" if r.get("mean_accepted_length") is None else \
+            f" (speculative: mean accepted length {r['mean_accepted_length']:.2f}, {r['tokens_per_step']:.2f} tok/step)"
+        print(f"| decode step, batch {b}{spec} | {r['ms_per_step']:.3f} ms | {r['tok_per_s']:.1f} tok/s | "
               f"{r['floor_ms']:.3f} ms | {100 * r['of_floor']:.1f}% |")
 
 
@@ -258,8 +265,8 @@ def plot(results: dict[str, dict], path: str) -> None:
 def run(args) -> int:
     import dataclasses
 
-    cfg_dict = real_width_config(args.layers, args.dense_first, args.size)
     ecfg = engine_config_from_args(args)
+    cfg_dict = real_width_config(args.layers, args.dense_first, args.size, mtp=ecfg.speculative is not None)
     options = {f.name: getattr(ecfg, f.name) for f in dataclasses.fields(ecfg)}
     options.update(load_format="dummy", skip_tokenizer_init=True,
                    max_num_batched_tokens=max([ecfg.max_num_batched_tokens, *args.prefill]),
