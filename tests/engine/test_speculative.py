@@ -357,3 +357,33 @@ def test_greedy_with_penalties_walks_position_by_position(plain, spec):
     a, b = plain.generate(PROMPTS, sp), spec.generate(PROMPTS, sp)
     assert [o.outputs[0].token_ids for o in b] == [o.outputs[0].token_ids for o in a]
     assert _pools_full(spec)
+
+
+def test_only_decode_steps_train_the_cost_model_and_rates(spec):
+    """Steps that hold prefill chunks are not decode costs: neither the step-cost fit nor the measured
+    rates see them (a prefill step emits few tokens in a long time and made plain decoding look slow)."""
+    eng, sp_ = spec.engine, spec.engine.speculator
+    last = {"prefill": None}
+    seen = []
+    plan, observe, observe_step = eng._plan, sp_.rates.observe, sp_.policy.observe_step
+
+    def spy_plan(scheduled):
+        p = plan(scheduled)
+        last["prefill"] = p.num_decode < len(p.slots)
+        return p
+
+    def spy_observe(*a, **kw):
+        seen.append(("rates", last["prefill"]))
+        return observe(*a, **kw)
+
+    def spy_step(*a, **kw):
+        seen.append(("cost", last["prefill"]))
+        return observe_step(*a, **kw)
+
+    eng._plan, sp_.rates.observe, sp_.policy.observe_step = spy_plan, spy_observe, spy_step
+    try:
+        spec.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
+    finally:
+        del eng._plan, sp_.rates.observe, sp_.policy.observe_step
+    assert seen and {kind for kind, _ in seen} == {"rates", "cost"}
+    assert not any(prefill for _, prefill in seen)

@@ -161,10 +161,11 @@ class Speculator:
         """After a step's tokens are emitted: draft the next step's tokens with the MTP layer."""
         eng = self.engine
         t0 = time.perf_counter()
-        self.policy.observe_step(step_tokens, max(step_seconds, 1e-9))
         running = [s.seq for s in scheduled if s.seq.status is Status.RUNNING]
         batch = len(eng.scheduler.running)
-        self.rates.observe(batch, self.last_k > 0, self.emitted, step_seconds + self.last_draft_seconds)
+        if all(s.decode for s in scheduled):  # steps with prefill chunks say nothing of decode costs or rates
+            self.policy.observe_step(step_tokens, max(step_seconds, 1e-9))
+            self.rates.observe(batch, self.last_k > 0, self.emitted, step_seconds + self.last_draft_seconds)
         self.emitted, self.last_draft_seconds = 0, 0.0
         self.choice = self.policy.begin_step()
         k = self.policy.choose_k(batch, running)
