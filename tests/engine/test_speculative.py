@@ -18,7 +18,9 @@ from tpserve.kernels import conv
 from tpserve.model.batch import CacheTensors, ForwardBatch
 from tpserve.model.kda import KdaAttention, commit
 
-SPEC = {"method": "mtp", "num_speculative_tokens": 3}
+# a fixed k (drafts truncated by probability only): the adaptive mode's measured step rates depend on
+# the machine's timing, and tests that need drafts pending must not depend on it
+SPEC = {"method": "mtp", "num_speculative_tokens": 3, "adaptive": False}
 PROMPTS = ["Count from 1 to 30: 1, 2, 3,", "The capital of France is", "def fibonacci(n):",
            "Q: What is 12 + 7?\nA:"]
 LOGPROB_TOL = 5e-4
@@ -387,3 +389,14 @@ def test_only_decode_steps_train_the_cost_model_and_rates(spec):
         del eng._plan, sp_.rates.observe, sp_.policy.observe_step
     assert seen and {kind for kind, _ in seen} == {"rates", "cost"}
     assert not any(prefill for _, prefill in seen)
+
+
+def test_adaptive_mode_gives_plain_tokens(plain):
+    """The default adaptive mode (k per step from measured rates and step costs, so timing-dependent):
+    whatever k it picks, greedy tokens are plain decoding's and every pool is free afterwards."""
+    llm = LLM(device="cpu", kv_cache_memory="16MiB", block_size=16, max_num_seqs=8,
+              speculative_config={"method": "mtp", "num_speculative_tokens": 3})
+    sp = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    got = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, sp)]
+    assert got == [o.outputs[0].token_ids for o in plain.generate(PROMPTS, sp)]
+    assert _pools_full(llm)

@@ -114,7 +114,7 @@ def test_mean_accepted_length_from_a_speculating_server(tmp_path, capsys):
     from tpserve.engine.setup import builtin_demo_model
 
     s = LiveServer(str(builtin_demo_model()), kv_cache_memory="16MiB", max_num_seqs=8,
-                   speculative_config='{"method": "mtp", "num_speculative_tokens": 3}')
+                   speculative_config='{"method": "mtp", "num_speculative_tokens": 3, "adaptive": false}')
     try:
         rc, res = _bench(s.url, tmp_path, "--concurrency", "2", "--num-requests", "2", "--max-tokens", "24",
                          "--dataset", "structured")
