@@ -69,42 +69,45 @@ def _iters(nbytes: int, device: torch.device, scale: float) -> tuple[int, int]:
     return max(2, n // 5), max(3, n)
 
 
+def median_us(fn, warm: int, iters: int, device: torch.device, graph: bool) -> float:
+    """Median microseconds of one fn() after `warm` untimed calls and a barrier: CUDA events (ten calls
+    per replay when `graph`, captured after the warm-up) on GPUs, the wall clock on CPU."""
+    for _ in range(warm):
+        fn()
+    _sync(device)
+    dist.barrier()
+    if device.type != "cuda":
+        samples = []
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            fn()
+            samples.append((time.perf_counter() - t0) * 1e6)
+        return statistics.median(samples)
+    per_replay, run = 1, fn
+    if graph:
+        per_replay, g = 10, torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for _ in range(per_replay):
+                fn()
+        run = g.replay
+        run()
+        _sync(device)
+        dist.barrier()
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+              for _ in range(iters)]
+    for start, end in events:
+        start.record()
+        run()
+        end.record()
+    _sync(device)
+    return statistics.median(s.elapsed_time(e) * 1e3 / per_replay for s, e in events)
+
+
 def _time(comm: Communicator, op: str, backend: str, x: torch.Tensor, dim: int,
           device: torch.device, graph: bool, scale: float) -> float:
     """Median latency in microseconds of `op` through `backend` (rank 0's view)."""
-    warm, iters = _iters(op_bytes(op, x.numel(), x.element_size(), comm.world_size),
-                         device, scale)
-    for _ in range(warm):
-        comm.run(op, x, backend, dim)
-    _sync(device)
-    dist.barrier()
-    samples: list[float] = []
-    if device.type == "cuda":
-        per_replay, fn = 1, (lambda: comm.run(op, x, backend, dim))
-        if graph:
-            per_replay = 10
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                for _ in range(per_replay):
-                    comm.run(op, x, backend, dim)
-            fn = g.replay
-            fn()
-            _sync(device)
-            dist.barrier()
-        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-                  for _ in range(iters)]
-        for start, end in events:
-            start.record()
-            fn()
-            end.record()
-        _sync(device)
-        samples = [s.elapsed_time(e) * 1e3 / per_replay for s, e in events]
-    else:
-        for _ in range(iters):
-            t0 = time.perf_counter()
-            comm.run(op, x, backend, dim)
-            samples.append((time.perf_counter() - t0) * 1e6)
-    return statistics.median(samples)
+    warm, iters = _iters(op_bytes(op, x.numel(), x.element_size(), comm.world_size), device, scale)
+    return median_us(lambda: comm.run(op, x, backend, dim), warm, iters, device, graph)
 
 
 def _input(op: str, nbytes: int, dtype: torch.dtype, world: int, device: torch.device,

@@ -5,8 +5,6 @@ fused.rmsnorm_bound; bitwise on the exact paths)."""
 
 from __future__ import annotations
 
-import statistics
-import time
 from typing import Any
 
 import torch
@@ -14,7 +12,7 @@ import torch.distributed as dist
 
 from tpserve.dist.comm import Communicator
 from tpserve.dist.tuning import TORCH
-from tpserve.dist.workspace_bench import DTYPES, FUSED, _iters, _reference, _sync
+from tpserve.dist.workspace_bench import DTYPES, FUSED, _iters, _reference, _sync, median_us
 
 FUSED_HIDDEN = 4096
 
@@ -51,35 +49,7 @@ def _time_fused(comm: Communicator, fn: Any, args: tuple, device: torch.device, 
                 scale: float) -> float:
     partial = args[0]
     warm, iters = _iters(partial.numel() * partial.element_size(), device, scale)
-    for _ in range(warm):
-        fn(*args)
-    _sync(device)
-    dist.barrier()
-    if device.type != "cuda":
-        samples = []
-        for _ in range(iters):
-            t0 = time.perf_counter()
-            fn(*args)
-            samples.append((time.perf_counter() - t0) * 1e6)
-        return statistics.median(samples)
-    per_replay, run = 1, (lambda: fn(*args))
-    if graph:
-        per_replay, g = 10, torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            for _ in range(per_replay):
-                fn(*args)
-        run = g.replay
-        run()
-        _sync(device)
-        dist.barrier()
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-              for _ in range(iters)]
-    for start, end in events:
-        start.record()
-        run()
-        end.record()
-    _sync(device)
-    return statistics.median(s.elapsed_time(e) * 1e3 / per_replay for s, e in events)
+    return median_us(lambda: fn(*args), warm, iters, device, graph)
 
 
 def fused_row(comm: Communicator, dt_name: str, size: int, device: torch.device, spec: dict,
