@@ -1,9 +1,9 @@
 """Where a decode step's time goes, with and without MTP speculation: wall time per engine step split
 into the engine's phases (schedule, plan, forward, verify, commit, draft ...), each timed with a device
-synchronize before and after (so GPU time lands in the phase that launched it). Batch 1 over the
-demo model's structured prompts, greedy.
+synchronize before and after (so GPU time lands in the phase that launched it). The demo model's
+structured prompts, greedy, --batch of them at a time (batch 1: one by one).
 
-    python bench/spec_profile.py [--device cuda] [--k 3] [--max-tokens 96]
+    python bench/spec_profile.py [--device cuda] [--k 3] [--max-tokens 96] [--batch 1]
 """
 
 import argparse
@@ -51,24 +51,27 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--k", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--batch", type=int, default=1, help="requests per generate call")
     args = ap.parse_args()
     sp = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
-    prompts = mtp_prompts()
+    structured = mtp_prompts()
+    prompts = [structured[i % len(structured)] for i in range(max(args.batch, len(structured)))]
+    groups = [prompts[i:i + args.batch] for i in range(0, len(prompts), args.batch)]
     print("| setting | phase | calls per step | ms per step | ms per call |")
     print("| --- | --- | --- | --- | --- |")
     for name, spec in (("plain", None), (f"k={args.k}", {"method": "mtp", "num_speculative_tokens": args.k,
                                                           "adaptive": False, "truncate_threshold": 0.0})):
-        llm = LLM(device=args.device, max_num_seqs=8, kv_cache_memory="1GiB", speculative_config=spec)
+        llm = LLM(device=args.device, max_num_seqs=max(8, args.batch), kv_cache_memory="1GiB", speculative_config=spec)
         llm.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=8))  # warm-up
         t0 = time.perf_counter()  # first without the timers (no added synchronizes)
-        tokens = sum(len(llm.generate([p], sp)[0].outputs[0].token_ids) for p in prompts)
+        tokens = sum(len(o.outputs[0].token_ids) for g in groups for o in llm.generate(g, sp))
         print(f"| {name} | (no timers) | - | {1000 * (time.perf_counter() - t0) / tokens:.3f} ms per token | "
               f"{tokens / (time.perf_counter() - t0):.1f} tok/s |")
         totals, calls = instrument(llm, args.device)
         tokens = 0
         t0 = time.perf_counter()
-        for p in prompts:
-            tokens += len(llm.generate([p], sp)[0].outputs[0].token_ids)
+        for g in groups:
+            tokens += sum(len(o.outputs[0].token_ids) for o in llm.generate(g, sp))
         wall = time.perf_counter() - t0
         steps = calls["step"]
         for phase in sorted(totals, key=lambda k: -totals[k]):
