@@ -126,7 +126,8 @@ class StepGraphs:
                 tables[i, len(t):] = self.dummy_block
                 p = plan.positions[i]
                 rows[i] = t[p // bs] * bs + p % bs
-            real[:n] = np.arange(n)
+            if source_rows is not None:  # an MTP depth: rows are their own padded rows
+                real[:n] = np.arange(n)
         elif n:
             cu = plan.cu_seqlens
             for i, t in enumerate(plan.block_tables):
@@ -142,7 +143,8 @@ class StepGraphs:
                 real[a:e] = np.arange(i * q, i * q + e - a)
         if n:
             n_real, n_logits = plan.cu_seqlens[-1], len(plan.logits_indices)
-            lrows[:n_logits] = real[plan.logits_indices]
+            if q > 1 or source_rows is not None:  # the index fields are read by verify and draft steps only
+                lrows[:n_logits] = real[plan.logits_indices]
             if source_rows is not None:
                 src[:len(source_rows)] = source_rows
         self._copy(0, self._width(b, q))

@@ -264,10 +264,11 @@ class Speculator:
 
 class MeasuredRates:
     """Emitted tokens per second actually measured, for steps with and without drafts, per batch-size
-    bucket (powers of two): the policy's cost model sees tokens and experts, not that plain decode
-    steps replay CUDA graphs while verify steps run eagerly. Until both are measured every PLAIN_PROBE-th
-    step drafts nothing (it measures plain decoding); then the slower mode runs only every SPEC_PROBE-th
-    step (to re-measure it): k = 0 where drafting is measured slower, the policy's k where faster."""
+    bucket (powers of two): the policy's cost model sees tokens and experts, not what the machine does
+    with them (graphs for some steps, host overheads, a compute-bound CPU). Until both are measured every
+    PLAIN_PROBE-th step drafts nothing (it measures plain decoding); then the slower mode runs only every
+    SPEC_PROBE-th step (to re-measure it): k = 0 where drafting is measured slower, the policy's k where
+    faster."""
 
     PLAIN_PROBE, SPEC_PROBE, DECAY = 8, 64, 0.8
 

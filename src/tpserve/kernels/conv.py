@@ -39,18 +39,13 @@ def causal_conv_verify(x: torch.Tensor, state: torch.Tensor, weight: torch.Tenso
     """Verify rows: x [n, C] after state [C, k-1] -> out [n, C], each row computed exactly as
     `causal_conv_step` computes a one-token decode (same products, same sum); the state is not
     advanced (model/kda.py commits the accepted rows)."""
-    k = weight.shape[-1]
-    full = torch.cat([state.to(x.dtype), x.t()], dim=-1)                      # [C, k-1+n]
-    pre = _taps(full.unfold(-1, k, 1).transpose(0, 1).contiguous(), weight)   # [n, C], rows contiguous
-    # SiLU row by row: a vectorised exp may round a vector body and its scalar tail differently, so
-    # each row takes the [1, C] shape of a decode step (at most 1+k rows: a few small calls)
-    return torch.cat([F.silu(pre[j:j + 1]) for j in range(pre.shape[0])]).to(x.dtype)
+    return causal_conv_verify_uniform(x.unsqueeze(0), state.unsqueeze(0), weight)[0]
 
 
 def causal_conv_verify_uniform(x: torch.Tensor, states: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """`causal_conv_verify` for B sequences of n rows each at once (a graph verify step): x [B, n, C],
-    states [B, C, k-1] -> out [B, n, C]. Same products and sums as a decode step; SiLU over one
-    [B, C] block per position, the shape of a decode step of B sequences."""
+    """Verify rows of B sequences of n rows each: x [B, n, C], states [B, C, k-1] -> out [B, n, C]. Same
+    products and sums as a decode step; SiLU over one [B, C] block per position, the shape of a decode
+    step of B sequences (a vectorised exp may round a vector body and its scalar tail differently)."""
     k = weight.shape[-1]
     full = torch.cat([states.to(x.dtype), x.transpose(1, 2)], dim=-1)         # [B, C, k-1+n]
     pre = _taps(full.unfold(-1, k, 1).permute(2, 0, 1, 3).contiguous(), weight)  # [n, B, C]

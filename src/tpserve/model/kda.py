@@ -187,15 +187,20 @@ def commit(cache: CacheTensors, counts: list[int]) -> None:
         slots, n = vi.slots[sel], torch.tensor([counts[i] for i in live], device=dev)
         starts = torch.tensor([vi.offsets[i] for i in live], device=dev)
         states, convs = cache.kda_state[layer], cache.conv_state[layer]
-        # conv window: the last k-1 inputs of [old window | the accepted rows], by index (copies only)
         width = int(max(counts))
         rows = (starts.unsqueeze(1) + torch.arange(width, device=dev)).clamp(max=vi.raw.shape[0] - 1)
-        ext = torch.cat([convs[slots], vi.raw[rows].transpose(1, 2).to(convs.dtype)], dim=-1)
-        cols = n.unsqueeze(1) + torch.arange(convs.shape[-1], device=dev)
-        convs[slots] = ext.gather(-1, cols.unsqueeze(1).expand(-1, ext.shape[1], -1))
+        _advance_conv(convs, slots, vi.raw[rows], n)
         states[slots] = decode_positions(vi.q, vi.k, vi.v, vi.g, vi.beta, [vi.offsets[i] for i in live],
                                          [counts[i] for i in live], states[slots])
     cache.verify.clear()
+
+
+def _advance_conv(convs: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor, counts: torch.Tensor) -> None:
+    """Each slot's conv window becomes the last k-1 inputs of [its window | its first counts[i] rows]
+    (rows [S, width, C]), by index: copies only, no arithmetic."""
+    ext = torch.cat([convs[slots], rows.transpose(1, 2).to(convs.dtype)], dim=-1)      # [S, C, k-1+width]
+    cols = counts.unsqueeze(1) + torch.arange(convs.shape[-1], device=counts.device)
+    convs[slots] = ext.gather(-1, cols.unsqueeze(1).expand(-1, ext.shape[1], -1))
 
 
 def _position(n: int, j: int, *xs: torch.Tensor) -> list[torch.Tensor]:
@@ -220,10 +225,7 @@ def commit_uniform(cache: CacheTensors, verify: dict[int, "VerifyInputs"], count
     for layer, vi in verify.items():
         b, n = vi.slots.shape[0], vi.offsets[1] - vi.offsets[0]
         states, convs = cache.kda_state[layer], cache.conv_state[layer]
-        rows = vi.raw.view(b, n, -1).transpose(1, 2).to(convs.dtype)                  # [b, C, n]
-        ext = torch.cat([convs[vi.slots], rows], dim=-1)
-        cols = counts.unsqueeze(1) + torch.arange(convs.shape[-1], device=counts.device)
-        convs[vi.slots] = ext.gather(-1, cols.unsqueeze(1).expand(-1, ext.shape[1], -1))
+        _advance_conv(convs, vi.slots, vi.raw.view(b, n, -1), counts)
         if vi.fla:
             kda_ops.fla_commit(vi.q, vi.k, vi.v, vi.g, vi.beta, states, vi.slots, counts, n)
             continue
