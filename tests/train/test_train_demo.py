@@ -62,6 +62,27 @@ def test_seeded_and_resumable(trained, tmp_path):
     assert (trained / "loss.png").stat().st_size > 1000
 
 
+def test_stop_after_ends_the_call_and_a_rerun_resumes(trained, tmp_path):
+    """--stop-after: the call stops (state saved, checkpoint exported); running again finishes the
+    same schedule, bit for bit (here the first call stops before its first step)."""
+    import shutil
+
+    from tpserve.train.settings import TrainSettings
+    from tpserve.train.trainer import train
+
+    b = tmp_path / "b"
+    b.mkdir()
+    for name in ("data.xz", "data.json"):
+        shutil.copy(trained / name, b / name)
+    shutil.copytree(trained / "model", b / "model", ignore=shutil.ignore_patterns("model*", "train_info.json"))
+    first = train(b, TrainSettings(steps=3, stop_after=1e-9, **SETTINGS), progress=False)
+    assert first["steps"] == 0 and (b / "model" / "config.json").is_file()
+    assert train(b, TrainSettings(steps=3, **SETTINGS), progress=False)["steps"] == 3
+    ta, tb = _tensors(trained / "model"), _tensors(b / "model")
+    for name in ta:
+        assert torch.equal(ta[name], tb[name]), name
+
+
 def test_checkpoint_layout_has_the_mtp_layer(trained):
     cfg = json.loads((trained / "model" / "config.json").read_text())["text_config"]
     n, d = cfg["num_hidden_layers"], cfg["hidden_size"]
@@ -119,3 +140,33 @@ def test_mtp_draft_loop_runs(trained):
     assert stats["drafted"] >= 3 and 0 <= stats["accepted"] <= stats["drafted"]
     # the loop's output is the model's own greedy continuation, drafts or not
     assert stats["tokens"] == draft_and_verify(model, list(range(5, 40)), max_new_tokens=6, k=0)["tokens"]
+
+
+def test_dense_moe_equals_the_expert_loop():
+    """The dense MoE form (every expert over every token, zero weights off the chosen ones) gives
+    the loop's output and gradients: both sum the same two contributions; only the matmuls'
+    blocking differs, so the bound is a few fp32 ulps of the D-term dot products."""
+    from tpserve.model.config import ModelConfig
+    from tpserve.train import presets
+    from tpserve.train.model import TrainModel, init_weights_
+
+    cfg = ModelConfig.from_dict(presets.config_dict("tiny", 320, [1], 0))
+    outs = []
+    for dense in (False, True):
+        model = TrainModel(cfg, mtp=True, dense_moe=dense)
+        init_weights_(model, 0)
+        ids = torch.randint(0, 320, (2, 48), generator=torch.Generator().manual_seed(1))
+        out = model(ids, mtp_depths=2)
+        loss = out.logits.logsumexp(-1).mean() + sum(m.logsumexp(-1).mean() for m in out.mtp_logits)
+        loss.backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        outs.append((out.logits.detach(), grads))
+    (la, ga), (lb, gb) = outs
+    assert ga.keys() == gb.keys() and any("experts" in n for n in ga)
+    eps = torch.finfo(torch.float32).eps
+    scale = la.abs().max()
+    assert (la - lb).abs().max() <= 64 * cfg.hidden_size * eps * scale
+    for name in ga:
+        bound = 64 * cfg.hidden_size * eps * max(ga[name].abs().max(), 1e-3)
+        assert (ga[name] - gb[name]).abs().max() <= bound, name
+

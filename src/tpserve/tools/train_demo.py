@@ -22,6 +22,11 @@ def register(sub, bench, tune) -> None:
     p.add_argument("--mtp-depths", type=int, default=d.mtp_depths, help="MTP chain depths trained (0: no MTP)")
     p.add_argument("--save-every", type=int, default=d.save_every)
     p.add_argument("--device", default=d.device)
+    p.add_argument("--stop-after", type=float, default=None,
+                   help="seconds: end this call early, save the state and export (run again to resume)")
+    p.add_argument("--moe", choices=("auto", "loop", "dense"), default=d.moe,
+                   help="expert forward in training: per-expert loop, or every expert over every token "
+                        "(no host sync); auto = dense on GPUs")
     p.add_argument("--prepare-only", action="store_true", help="only write the corpus, tokenizer and token rows")
     p.set_defaults(func=run)
 
@@ -36,12 +41,14 @@ def run(args) -> int:
     for name in ("batch", "seq_len", "docs", "vocab_size", "save_every"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')}: must be at least 1")
+    if args.stop_after is not None and args.stop_after <= 0:
+        raise ValueError("--stop-after: must be positive")
     if args.steps is not None and args.steps < 1:
         raise ValueError("--steps: must be at least 1")
     s = TrainSettings(preset=args.preset, seed=args.seed, steps=args.steps, time_budget=args.time_budget,
                       batch=args.batch, seq_len=args.seq_len, lr=args.lr, warmup=args.warmup, docs=args.docs,
                       vocab_size=args.vocab_size, mtp_depths=args.mtp_depths, save_every=args.save_every,
-                      device=args.device)
+                      device=args.device, moe=args.moe, stop_after=args.stop_after)
     if args.prepare_only:
         from tpserve.train.data import prepare
 

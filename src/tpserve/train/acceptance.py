@@ -223,7 +223,7 @@ def plot(results: dict, path: Path) -> None:
     labels, values, targets = [], [], []
     if "counting" in results:
         labels.append("count 1..200, stop")
-        values.append(100.0 * all(v["ok"] for v in results["counting"].values()))
+        values.append(100.0 * all(results["counting"][k]["ok"] for k in ("plain", "thinking")))
         targets.append(100)
     if "tools" in results:
         t = results["tools"]

@@ -55,21 +55,34 @@ def dense_mlp(mlp, x: torch.Tensor) -> torch.Tensor:
     return linear(clamped_swiglu(linear(x, mlp.gate_proj), linear(x, mlp.up_proj), mlp.limit), mlp.down_proj)
 
 
-def moe(block, x: torch.Tensor, loads: list | None = None) -> torch.Tensor:
-    """MoE over x [B, T, D]; appends (router, tokens per expert) to `loads` (bias balancing)."""
+def moe(block, x: torch.Tensor, loads: list | None = None, dense: bool = False) -> torch.Tensor:
+    """MoE over x [B, T, D]; appends (router, tokens per expert) to `loads` (bias balancing).
+
+    dense=False: each expert over its own tokens (a loop with a host sync per expert).
+    dense=True: every expert over every token, weighted by a [N, E] matrix that is zero off the
+    chosen experts: no host sync and a few large matmuls (the demo's 8 small experts cost little
+    more than a loop); the two chosen contributions are summed in the same order (exact zeros in
+    between), so both forms give the same value up to the matmuls' own rounding."""
     shape = x.shape
     flat = x.reshape(-1, shape[-1])
     weights, ids = block.gate(flat)  # model/moe.py Router: plain differentiable torch (grads via the weights)
     experts = block.experts
     n_exp = experts.gate_up_proj.shape[0]
     inter = experts.down_proj.shape[-1]
-    out = torch.zeros_like(flat)
-    for e in range(n_exp):
-        rows, slot = torch.where(ids == e)
-        h = F.linear(flat[rows], experts.gate_up_proj[e])
-        h = clamped_swiglu(h[:, :inter], h[:, inter:], experts.limit)
-        y = F.linear(h, experts.down_proj[e]) * weights[rows, slot].unsqueeze(-1).to(flat.dtype)
-        out = out.index_add(0, rows, y)
+    if dense:
+        mix = torch.zeros(flat.shape[0], n_exp, dtype=weights.dtype, device=flat.device).scatter(1, ids, weights)
+        h = torch.matmul(flat.unsqueeze(0), experts.gate_up_proj.transpose(1, 2))          # [E, N, 2I]
+        h = clamped_swiglu(h[..., :inter], h[..., inter:], experts.limit)
+        y = torch.matmul(h, experts.down_proj.transpose(1, 2))                              # [E, N, D]
+        out = (mix.t().unsqueeze(-1).to(flat.dtype) * y).sum(0)
+    else:
+        out = torch.zeros_like(flat)
+        for e in range(n_exp):
+            rows, slot = torch.where(ids == e)
+            h = F.linear(flat[rows], experts.gate_up_proj[e])
+            h = clamped_swiglu(h[:, :inter], h[:, inter:], experts.limit)
+            y = F.linear(h, experts.down_proj[e]) * weights[rows, slot].unsqueeze(-1).to(flat.dtype)
+            out = out.index_add(0, rows, y)
     if loads is not None:
         loads.append((block.gate, torch.bincount(ids.flatten(), minlength=n_exp)))
     if block.shared_experts is not None:

@@ -1,13 +1,14 @@
 """The demo corpus, generated deterministically from a seed.
 
 Documents: counting (to 1,000, in steps), lists and arithmetic with answers, GSM8K-style word
-problems ("Question: ... Answer: ... #### N"), JSON objects, GLM-format tool calls for tools
+problems ("Question: ... Answer: ... #### N"), JSON objects, repeating words back, GLM-format tool calls for tools
 given in the system prompt (rendered with our chat template, with tool results and a final
 answer), all chats with and without reasoning blocks, and plain text from the Python standard
 library's own source files (docstrings and code, shipped with every Python).
 
 Tool and argument names come from a word list; `is_held_out(word)` splits it so the acceptance
-check can use tools whose names never occur in training.
+check can use tools whose names never occur in training. Half of the training tools take made-up
+names (`pseudo_word`), which cannot be guessed: the model has to copy names from the prompt.
 """
 
 from __future__ import annotations
@@ -169,9 +170,29 @@ def json_doc(rng: random.Random) -> str:
 
 
 # ------------------------------------------------------------------------------- tool calls
+SYLLABLES = tuple("ba be bi bo bu da de di do ka ke ki ko ku la le li lo lu ma me mi mo mu na ne ni no nu "
+                  "pa pe pi po ra re ri ro ru sa se si so ta te ti to tu va ve vi vo za ze zi zo "
+                  "bar ken lor mix nor pel rak sim tor vex zan dul fin gor hap jem wix yat".split())
+PSEUDO_NAMES = 0.5  # share of training tools (and their arguments) named with made-up words
+
+
+def pseudo_word(rng: random.Random) -> str:
+    """A made-up word of 2-3 syllables: names nobody can guess, so the model learns to copy them."""
+    return "".join(rng.choice(SYLLABLES) for _ in range(rng.randint(2, 3)))
+
+
 def make_tool(rng: random.Random, held_out: bool) -> dict:
-    """A random tool: name verb_noun, 1-4 typed arguments (string, integer, number, boolean, enum)."""
-    pick = lambda words: rng.choice(_split(words, held_out))  # noqa: E731
+    """A random tool: name verb_noun, 1-4 typed arguments (string, integer, number, boolean, enum).
+
+    Training tools (held_out=False) are named with made-up words half of the time (the held-out
+    path draws exactly as before, so the acceptance prompts do not move)."""
+    pseudo = not held_out and rng.random() < PSEUDO_NAMES
+    if pseudo:
+        def pick(words):
+            return pseudo_word(rng) if rng.random() < 0.7 else rng.choice(_split(words, held_out))
+    else:
+        def pick(words):
+            return rng.choice(_split(words, held_out))
     name = f"{pick(VERBS)}_{pick(NOUNS)}"
     props, required = {}, []
     for _ in range(rng.randint(1, 4)):
@@ -242,6 +263,16 @@ def tool_chat(rng: random.Random, held_out: bool = False) -> str:
     return render_chat(messages, tools, thinking=thinking) + EOT
 
 
+def copy_chat(rng: random.Random) -> str:
+    """Repeat a list of made-up and real words: the plainest copying exercise."""
+    words = [pseudo_word(rng) if rng.random() < 0.5 else rng.choice(NOUNS + CITIES + NAMES)
+             for _ in range(rng.randint(2, 12))]
+    sep = rng.choice([" ", ", "])
+    text = sep.join(words)
+    user = rng.choice(["Repeat: {t}", "Say this back: {t}", "Copy the words: {t}", "Echo {t}"]).format(t=text)
+    return _chat(rng, user, text, "Repeat the words exactly.")
+
+
 # ------------------------------------------------------------------------------- plain text
 @lru_cache(maxsize=1)
 def stdlib_texts() -> tuple[str, ...]:
@@ -269,8 +300,8 @@ def plain_text(rng: random.Random) -> str:
     return rng.choice(texts) + "\n" + EOT if texts else json_doc(rng)
 
 
-MIXTURE = ((counting, 0.18), (arithmetic, 0.12), (word_problem, 0.08), (json_doc, 0.10), (tool_chat, 0.32),
-           (plain_text, 0.20))
+MIXTURE = ((counting, 0.18), (arithmetic, 0.10), (word_problem, 0.08), (json_doc, 0.10), (tool_chat, 0.32),
+           (copy_chat, 0.06), (plain_text, 0.16))
 
 
 def documents(n: int, seed: int) -> list[str]:

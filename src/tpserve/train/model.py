@@ -53,8 +53,10 @@ class Output:
 
 
 class TrainModel(nn.Module):
-    def __init__(self, cfg: ModelConfig, mtp: bool = True, device: str | torch.device = "cpu"):
+    def __init__(self, cfg: ModelConfig, mtp: bool = True, device: str | torch.device = "cpu",
+                 dense_moe: bool = False):
         super().__init__()
+        self.dense_moe = dense_moe  # blocks.moe: every expert over every token (no host sync; for GPUs)
         ctx = ShardContext.single(torch.float32, device)
         with torch.device(device):
             self.model = Glm5NextModel(ctx, cfg)
@@ -110,7 +112,7 @@ class TrainModel(nn.Module):
         post, comb, x = blocks.hc_collapse(layer.ffn_hc, streams)
         x = blocks.rms_norm(x, layer.post_attention_layernorm.weight, layer.post_attention_layernorm.eps)
         if hasattr(layer.mlp, "gate") and hasattr(layer.mlp, "experts"):
-            y = blocks.moe(layer.mlp, x, out.loads)
+            y = blocks.moe(layer.mlp, x, out.loads, dense=self.dense_moe)
         else:
             y = blocks.dense_mlp(layer.mlp, x)
         return blocks.hc_expand(y, streams, post, comb), mask

@@ -24,5 +24,7 @@ class TrainSettings:
     docs: int = 80000
     vocab_size: int = 4096
     save_every: int = 200
+    stop_after: float | None = None  # seconds of this call: stop, save the state and export (resume later)
     device: str = "auto"
+    moe: str = "auto"  # "loop" (per expert), "dense" (every expert over every token), "auto": dense on GPUs
     save_dtype: str = "bfloat16"

@@ -8,7 +8,8 @@ OUT/loss.png             the loss curves; OUT/model/train_info.json the settings
 Seeded: the init, the batch order (a permutation per epoch from the seed) and the corpus depend
 only on the settings, so a CPU run is bit-for-bit reproducible (CUDA index_add is not).
 Steps: `steps` if given, else as many as `time_budget` seconds allow, measured on steps 3..7 and
-then fixed (and recorded, so a rerun with that `steps` gives the same schedule).
+then fixed (and recorded, so a rerun with that `steps` gives the same schedule). `stop_after`
+ends this call early (state saved and a checkpoint exported), for runs split over several calls.
 """
 
 from __future__ import annotations
@@ -109,7 +110,10 @@ def train(out: str | Path, s: TrainSettings, progress: bool = True) -> dict:
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-    model = TrainModel(cfg, mtp=s.mtp_depths > 0, device=device)
+    if s.moe not in ("auto", "loop", "dense"):
+        raise ValueError(f"moe: {s.moe!r}, expected auto, loop or dense")
+    model = TrainModel(cfg, mtp=s.mtp_depths > 0, device=device,
+                       dense_moe=s.moe == "dense" or (s.moe == "auto" and device.type == "cuda"))
     init_weights_(model, s.seed)
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": s.weight_decay},
@@ -128,11 +132,14 @@ def train(out: str | Path, s: TrainSettings, progress: bool = True) -> dict:
     bar = tqdm(total=total if state["total"] else None, initial=state["step"], desc="train-demo",
                disable=not progress, dynamic_ncols=True)
     t_probe = None
-    start = time.time() - state["seconds"]
+    call_start = time.time()
+    start = call_start - state["seconds"]
     while state["step"] < total:
         step = state["step"]
         if s.steps is None and time.time() - start > 1.2 * s.time_budget:
             break  # the measured step time was too optimistic: stop, export, resume later
+        if s.stop_after is not None and time.time() - call_start > s.stop_after:
+            break  # this call's time is up: save, export, resume later
         if state["total"] is None and step == 3:
             _sync(device)
             t_probe = time.time()
