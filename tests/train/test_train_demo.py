@@ -170,3 +170,30 @@ def test_dense_moe_equals_the_expert_loop():
         bound = 64 * cfg.hidden_size * eps * max(ga[name].abs().max(), 1e-3)
         assert (ga[name] - gb[name]).abs().max() <= bound, name
 
+
+def test_training_tools_never_use_held_out_names():
+    """The acceptance check's tools (new names and argument names) never name a training tool;
+    training tools come in the three name styles (word list, made-up words, stdlib identifiers)."""
+    import random
+
+    from tpserve.train import corpus
+    from tpserve.train.acceptance import held_out_tool_cases
+
+    held_parts = set()
+    for case in held_out_tool_cases():
+        for tool in case["tools"]:
+            fn = tool["function"]
+            held_parts.update(p for p in fn["name"].split("_") if corpus.is_held_out(p))
+            for arg in fn["parameters"]["properties"]:
+                held_parts.update(p for p in arg.split("_") if corpus.is_held_out(p))
+    assert held_parts
+    rng = random.Random(0)
+    names = set()
+    for _ in range(600):
+        fn = corpus.make_tool(rng, held_out=False)["function"]
+        parts = fn["name"].split("_") + [p for a in fn["parameters"]["properties"] for p in a.split("_")]
+        assert not set(parts) & held_parts, fn
+        names.add(fn["name"])
+    idents = set(corpus.stdlib_identifiers())
+    assert len(idents) > 500 and names & idents
+    assert any(n.split("_")[0] not in corpus.VERBS and n not in idents for n in names)  # made-up words

@@ -7,8 +7,9 @@ answer), all chats with and without reasoning blocks, and plain text from the Py
 library's own source files (docstrings and code, shipped with every Python).
 
 Tool and argument names come from a word list; `is_held_out(word)` splits it so the acceptance
-check can use tools whose names never occur in training. Half of the training tools take made-up
-names (`pseudo_word`), which cannot be guessed: the model has to copy names from the prompt.
+check can use tools whose names never occur in training. Most training tools take made-up names
+(`pseudo_word`) or the standard library's identifiers (`stdlib_identifiers`, none containing a
+held-out word), which cannot be guessed: the model has to copy names from the prompt.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import ast
 import hashlib
 import json
 import random
+import re
 import sysconfig
 from functools import lru_cache
 from pathlib import Path
@@ -173,7 +175,8 @@ def json_doc(rng: random.Random) -> str:
 SYLLABLES = tuple("ba be bi bo bu da de di do ka ke ki ko ku la le li lo lu ma me mi mo mu na ne ni no nu "
                   "pa pe pi po ra re ri ro ru sa se si so ta te ti to tu va ve vi vo za ze zi zo "
                   "bar ken lor mix nor pel rak sim tor vex zan dul fin gor hap jem wix yat".split())
-PSEUDO_NAMES = 0.5  # share of training tools (and their arguments) named with made-up words
+PSEUDO_NAMES = 0.35      # share of training tools (and their arguments) named with made-up words
+IDENTIFIER_NAMES = 0.35  # share named with the standard library's snake_case identifiers
 
 
 def pseudo_word(rng: random.Random) -> str:
@@ -181,19 +184,46 @@ def pseudo_word(rng: random.Random) -> str:
     return "".join(rng.choice(SYLLABLES) for _ in range(rng.randint(2, 3)))
 
 
+@lru_cache(maxsize=1)
+def stdlib_identifiers() -> tuple[str, ...]:
+    """snake_case names from the standard library's top-level modules (functions, classes,
+    variables, arguments), none with a held-out word as a part: real words and subwords in
+    unfamiliar combinations, for tool and argument names."""
+    held = {w for w in VERBS + NOUNS + ADJECTIVES if is_held_out(w)}
+    names = set()
+    for path in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")):
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, SyntaxError, ValueError):
+            continue
+        for node in ast.walk(tree):
+            name = getattr(node, "name", None) if isinstance(node, (ast.FunctionDef, ast.ClassDef)) else \
+                node.id if isinstance(node, ast.Name) else node.arg if isinstance(node, ast.arg) else None
+            if (name and re.fullmatch(r"[a-z]+(_[a-z]+)+", name) and 6 <= len(name) <= 24
+                    and not set(name.split("_")) & held):
+                names.add(name)
+    return tuple(sorted(names))
+
+
 def make_tool(rng: random.Random, held_out: bool) -> dict:
     """A random tool: name verb_noun, 1-4 typed arguments (string, integer, number, boolean, enum).
 
-    Training tools (held_out=False) are named with made-up words half of the time (the held-out
-    path draws exactly as before, so the acceptance prompts do not move)."""
-    pseudo = not held_out and rng.random() < PSEUDO_NAMES
-    if pseudo:
+    Training tools (held_out=False) take made-up names or standard-library identifiers most of
+    the time (the held-out path draws exactly as before, so the acceptance prompts do not move)."""
+    style = rng.random() if not held_out else 1.0
+    idents = stdlib_identifiers()
+    if style < PSEUDO_NAMES:
         def pick(words):
             return pseudo_word(rng) if rng.random() < 0.7 else rng.choice(_split(words, held_out))
+        name = f"{pick(VERBS)}_{pick(NOUNS)}"
+    elif style < PSEUDO_NAMES + IDENTIFIER_NAMES and idents:
+        def pick(words):
+            return rng.choice(idents).split("_")[0] if rng.random() < 0.5 else rng.choice(_split(words, held_out))
+        name = rng.choice(idents) if rng.random() < 0.6 else f"{pick(VERBS)}_{pick(NOUNS)}"
     else:
         def pick(words):
             return rng.choice(_split(words, held_out))
-    name = f"{pick(VERBS)}_{pick(NOUNS)}"
+        name = f"{pick(VERBS)}_{pick(NOUNS)}"
     props, required = {}, []
     for _ in range(rng.randint(1, 4)):
         arg = pick(NOUNS) if rng.random() < 0.6 else f"{pick(ADJECTIVES)}_{pick(NOUNS)}"
