@@ -1,7 +1,12 @@
 """All-reduce + mHC expand (dist/fused.py): the torch definition is the model's expand, its error
-bound holds for another evaluation order and catches a wrong formula, and the argument checks."""
+bound holds for another evaluation order and catches a wrong formula, the argument checks, and
+DecoderLayer's choice between the fused call and the two ops. Multi-rank: test_workspace_ring.py
+(Communicator, world 3-4), test_tp.py (the model at TP=2, switch on and off) and
+test_peer_workspace_interpreter.py (the CUDA kernel in Triton's interpreter)."""
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -75,3 +80,36 @@ def test_world_one_is_the_expand_and_the_argument_checks():
     for args, message in cases:
         with pytest.raises(ValueError, match=message):
             comm.all_reduce_hc_expand(*args)
+
+
+class RecordingComm:
+    def __init__(self):
+        self.world_size, self.calls = 2, []
+
+    def all_reduce(self, x):
+        self.calls.append("all_reduce")
+        return x
+
+    def reduce_scatter(self, x, dim=0):
+        self.calls.append("reduce_scatter")
+        return x
+
+    def all_reduce_hc_expand(self, partial, streams, post, comb):
+        self.calls.append("all_reduce_hc_expand")
+        return fused.hc_expand(partial, streams, post, comb)
+
+
+@pytest.mark.parametrize("switch,sp,want", [(True, False, "all_reduce_hc_expand"),
+                                            (False, False, "all_reduce"),
+                                            (True, True, "reduce_scatter")])
+def test_decoder_layer_takes_the_fused_call_where_it_applies(switch, sp, want):
+    from tpserve.model.glm5_next import DecoderLayer
+
+    comm = RecordingComm()
+    layer = SimpleNamespace(fused_expand=switch, comm=comm)
+    layer._reduce = lambda partial, batch: DecoderLayer._reduce(layer, partial, batch)
+    x, streams, post, comb = inputs(2, 4, 8, torch.float32)
+    out = DecoderLayer._reduce_expand(layer, x, streams, post, comb,
+                                      SimpleNamespace(sequence_parallel=sp))
+    assert comm.calls == [want]
+    assert torch.equal(out, HyperConnection.expand(x, streams, post, comb))
