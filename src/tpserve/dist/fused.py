@@ -1,4 +1,4 @@
-"""All-reduce + residual add + RMSNorm: the definition, the unfused path and its error bound.
+"""The fused all-reduce collectives: their definitions, unfused paths and error bounds.
 
 The fused operation (Communicator.all_reduce_add_rmsnorm) computes, for a row-parallel layer's
 partial output `partial` on every rank:
@@ -8,8 +8,8 @@ partial output `partial` on every rank:
     normed       = weight * (h * rsqrt(mean(h^2, -1) + eps)).to(dtype),  h = new_residual.float()
 
 which is exactly model/layers.RMSNorm applied after the add. `add_rmsnorm` is that computation in
-torch (the CPU path and the reference); the CUDA kernel (workspace_fused.py) produces `total` and
-`new_residual` bitwise equal to it and `normed` within `rmsnorm_bound`.
+torch (the CPU path and the reference); the CUDA kernel (workspace_triton_pipe.py) produces
+`total` and `new_residual` bitwise equal to it and `normed` within `rmsnorm_bound`.
 
 All-reduce + mHC expand (Communicator.all_reduce_hc_expand): in this model no plain residual add
 follows a block's all-reduce; the hyper-connection expand does (model/mhc.py):
