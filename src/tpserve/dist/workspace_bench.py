@@ -24,8 +24,9 @@ from tpserve.dist.comm import Communicator
 from tpserve.dist.tuning import TORCH, op_bytes
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-FUSED = "all_reduce_add_rmsnorm"  # bench-only "ops": Communicator.all_reduce_add_rmsnorm and
-HC_EXPAND = "all_reduce_hc_expand"  # Communicator.all_reduce_hc_expand
+# bench-only "ops": the fused Communicator.all_reduce_add_rmsnorm and .all_reduce_hc_expand
+FUSED = "all_reduce_add_rmsnorm"
+HC_EXPAND = "all_reduce_hc_expand"
 FUSED_OPS = (FUSED, HC_EXPAND)
 
 
@@ -336,7 +337,7 @@ def _graph_check(comm: Communicator, device: torch.device, cap: int) -> list[str
             _sync(device)
             if not bool((hc_out == sum(float(r + replay) for r in range(world))).all()):
                 problems.append(f"CUDA graph replay {replay}: fused all-reduce + mHC expand "
-                                f"mismatch")
+                                "mismatch")
         _sync(device)
         for k, out in outs.items():
             want = _reference(k[0], xs_all[k], 0, rank)
