@@ -83,6 +83,10 @@ class EngineConfig:
                                    "peer) or ring (neighbours only, for boxes linked in a ring; "
                                    "bitwise the same sums; all-gather / reduce-scatter then use "
                                    "the process group)", switch=True, choices=("mesh", "ring"))
+    fused_collectives: bool = _opt(True, "fuse each block's all-reduce with the mHC expand that follows it (TP>1, "
+                                   "steps without sequence parallelism: decode steps, prefills shorter than "
+                                   "--sp-min-tokens): one kernel on cuda where the workspace serves the all-reduce "
+                                   "in one round, the same two ops (bit for bit) elsewhere", switch=True)
     speculative_config: str | None = _opt(
         None, "speculative decoding, as JSON (vLLM's keys): {\"method\": \"mtp\", \"num_speculative_tokens\": 3} "
         "drafts with the checkpoint's MTP layer and verifies the drafts in one step; keys adaptive (true: k per "

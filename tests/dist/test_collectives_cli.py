@@ -28,10 +28,13 @@ def test_bench_check_passes_and_prints_a_table(capsys, tmp_path):
         assert f"{op} bfloat16, world 2" in out
     assert "chunked" in out and "oneshot" in out and "pick/torch" in out
     assert "all_reduce_add_rmsnorm bfloat16, world 2" in out and "unfused" in out
+    assert "all_reduce_hc_expand bfloat16, world 2" in out
     assert plot.stat().st_size > 1000
     rows = json.loads((tmp_path / "r.json").read_text())["rows"]
     assert {r["op"] for r in rows} == {"all_reduce", "all_gather", "reduce_scatter",
-                                       "all_reduce_add_rmsnorm"}
+                                       "all_reduce_add_rmsnorm", "all_reduce_hc_expand"}
+    hc = [r for r in rows if r["op"] == "all_reduce_hc_expand"]
+    assert all(isinstance(r["us"].get("unfused"), float) for r in hc)
     ar = [r for r in rows if r["op"] == "all_reduce"]
     assert all(isinstance(r["us"].get("ring"), float) for r in ar)  # the ring is timed too
 

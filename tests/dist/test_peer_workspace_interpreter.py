@@ -132,7 +132,35 @@ def _peer_battery(rank: int, world: int, quick: bool = False) -> dict:
             n_checks += 1
             if not bool((err <= bound).all()):
                 fused_bad[f"fused normed {dtype} {shape}"] = f"max err {float(err.max()):.3g}"
+    # fused all-reduce + mHC expand: post 1 and comb 0 give `total` itself (bitwise the
+    # all-reduce's), random post / comb new streams within fused.hc_expand_bound; shapes with
+    # several column tiles per row, more tiles than programs, one stream, odd stream counts
+    for dtype in (torch.bfloat16,) if quick else (torch.float32, torch.bfloat16, torch.float16):
+        for t, n, d in [(3, 4, 100)] if quick else [(3, 4, 64), (1, 4, 1500), (200, 2, 8),
+                                                    (2, 3, 700), (5, 1, 33)]:
+            case += 1
+            parts = gen(case, (t, d), dtype)
+            streams = gen(case + 500, (t, n, d), dtype)[0]
+            g = torch.Generator().manual_seed(case)
+            post, comb = torch.rand(t, n, generator=g) * 2, torch.rand(t, n, n, generator=g)
+            total = plain_sum(parts)
+            check(f"hc expand total {dtype} {(t, n, d)}",
+                  ws.all_reduce_hc_expand(parts[rank], streams, torch.ones_like(post),
+                                          torch.zeros_like(comb)),
+                  total.unsqueeze(1).expand(-1, n, -1))
+            got = ws.all_reduce_hc_expand(parts[rank], streams, post, comb)
+            err = (got.double() - fused.hc_expand(total, streams, post, comb).double()).abs()
+            n_checks += 1
+            if got.dtype != dtype or not bool((err <= fused.hc_expand_bound(total, streams, post,
+                                                                           comb)).all()):
+                fused_bad[f"hc expand {dtype} {(t, n, d)}"] = f"max err {float(err.max()):.3g}"
     bad.update(fused_bad)
+    if not quick:  # ipc.py's start-up self-test (every kernel, exact sums) passes here too
+        from tpserve.dist.ipc import _self_test
+        problem = _self_test(ws, ops, torch.device("cpu"))
+        n_checks += 1
+        if problem:
+            bad["start-up self-test"] = problem
     calls = int(ws.state[0])
     error = ws.error_flag()
     seg.close()
@@ -234,5 +262,8 @@ def test_kernels_compile_for_sm90_without_a_gpu():
         build(p.pipelined_kernel, MODE=mode, NSLOTS=p.PIPE_SLOTS, CONTIG=False,
               **dict(common, WORLD=8, RANK=7))
     ptx = build(p.allreduce_add_rmsnorm_kernel, RANK=0, WORLD=2, BLOCK_D=8192,
+                INTERP=False).asm["ptx"]
+    assert "ld.acquire.sys.global.b64" in ptx and "trap;" in ptx
+    ptx = build(p.allreduce_hc_expand_kernel, RANK=1, WORLD=2, HC=4, HC_P2=4, BLOCK_D=512,
                 INTERP=False).asm["ptx"]
     assert "ld.acquire.sys.global.b64" in ptx and "trap;" in ptx

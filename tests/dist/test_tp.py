@@ -8,6 +8,7 @@ import threading
 import time
 
 import pytest
+import torch
 
 from helpers import assert_logits_match_oracle, prefill_logits, random_prompts, reference_greedy, wait_healthy
 from tpserve import LLM, SamplingParams
@@ -37,6 +38,25 @@ def test_tp_matches_transformers(tiny, name, tp, sp):
     finally:
         llm.shutdown()
     assert all(not p.is_alive() for p in llm.engine.executor.procs)
+
+
+def test_fused_collectives_switch_changes_no_token(tiny):
+    """--fused-collectives on (all-reduce + mHC expand as one Communicator call in every non-SP
+    step: here all of them) and off (the two ops): bitwise the same logits, the same tokens."""
+    path = tiny("default")
+    prompts = random_prompts((9, 40), seed=5)
+    tokens, logits = {}, {}
+    for on in (True, False):
+        llm = _tp(path, 2, fused_collectives=on)
+        try:
+            assert llm.engine.ecfg.fused_collectives is on
+            outs = llm.generate([{"prompt_token_ids": p} for p in prompts], PARAMS)
+            tokens[on] = [o.outputs[0].token_ids for o in outs]
+            logits[on] = prefill_logits(llm, prompts[1])
+        finally:
+            llm.shutdown()
+    assert tokens[True] == tokens[False]
+    assert torch.equal(logits[True], logits[False])
 
 
 def test_indivisible_sizes_are_refused(tiny):

@@ -1,7 +1,8 @@
 """The neighbour-only ring all-reduce and the pipelined mesh paths on CPU shared memory, world 3
 and 4: bitwise equal to each other and to a rank-order sum, on odd sizes, strided views and sizes
 many times the workspace; the ring maps only its two neighbours' segments; the fused all-reduce +
-add + RMSNorm equals the unfused ops. One spawn per world size (start-up dominates the cost).
+add + RMSNorm and all-reduce + mHC expand equal the unfused ops. One spawn per world size
+(start-up dominates the cost).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ def battery(rank: int, world: int) -> dict:
     from tpserve.config import EngineConfig
     from tpserve.dist import fused
     from tpserve.dist.comm import Communicator
+    from tpserve.model.mhc import HyperConnection
 
     torch.set_num_threads(1)
     group = dist.group.WORLD
@@ -88,6 +90,20 @@ def battery(rank: int, world: int) -> dict:
                 want_n, want_r = fused.add_rmsnorm(plain_sum(parts), res, w, 1e-6)
                 if not (torch.equal(normed, want_n) and torch.equal(new_res, want_r)):
                     bad[f"fused {name} {dtype} {shape}"] = "differs from the unfused ops"
+    # fused all-reduce + mHC expand == all_reduce, then HyperConnection.expand, bit for bit
+    for dtype in (torch.float32, torch.bfloat16):
+        for comm, name in ((mesh, "mesh"), (ring, "ring")):
+            g = [torch.Generator().manual_seed(11 + r) for r in range(world)]
+            parts = [torch.randn(3, 64, generator=gr).to(dtype) for gr in g]
+            gs = torch.Generator().manual_seed(12)
+            streams = torch.randn(3, 4, 64, generator=gs).to(dtype)
+            post, comb = torch.rand(3, 4, generator=gs), torch.rand(3, 4, 4, generator=gs)
+            got = comm.all_reduce_hc_expand(parts[rank].clone(), streams, post, comb)
+            unfused = HyperConnection.expand(comm.all_reduce(parts[rank].clone()), streams, post,
+                                             comb)
+            if not (torch.equal(got, unfused) and torch.equal(
+                    got, HyperConnection.expand(plain_sum(parts), streams, post, comb))):
+                bad[f"fused hc expand {name} {dtype}"] = "differs from the unfused ops"
     mesh.close()
     ring.close()
     return {"bad": bad, "digests": digests, "mapped": mapped, "picks": picks, "rounds": rounds,

@@ -1,7 +1,8 @@
 """Communicator: the one door every tensor-parallel collective goes through.
 
-The model calls `all_reduce`, `all_gather`, `reduce_scatter` (and `all_reduce_add_rmsnorm`, the
-all-reduce fused with the residual add and RMSNorm that follow it) on a Communicator and never
+The model calls `all_reduce`, `all_gather`, `reduce_scatter` (and the fused ones:
+`all_reduce_hc_expand`, the all-reduce with the mHC expand that follows it, and
+`all_reduce_add_rmsnorm`, with a residual add and RMSNorm) on a Communicator and never
 torch.distributed directly, so faster backends plug in here: the workspace collectives (CPU:
 shared memory, workspace.py; CUDA: peer memory, ipc.py / workspace_peer.py) and torch's
 symmetric-memory ops. The backend is chosen per call by `backend_for` from the op, dtype, size,
@@ -223,6 +224,22 @@ class Communicator:
             return ws.all_reduce_add_rmsnorm(partial, residual, weight, eps)
         total = self.run("all_reduce", partial, backend)
         return fused.add_rmsnorm(total, residual, weight, eps)
+
+    def all_reduce_hc_expand(self, partial: torch.Tensor, streams: torch.Tensor,
+                             post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
+        """New mHC streams [T, N, D] = post (x) all_reduce(partial) + comb^T @ streams, as
+        model/mhc.py's expand computes it (fused.py). One kernel on CUDA where the workspace
+        serves the all-reduce in one round (workspace_triton_pipe.py); else the all-reduce
+        followed by the same expand. Collective."""
+        from tpserve.dist import fused
+        fused.check_hc_args(partial, streams, post, comb)
+        backend = self.backend_for("all_reduce", partial)
+        ws = self._ws
+        if (backend in ("oneshot", "twoshot") and hasattr(ws, "all_reduce_hc_expand")
+                and ws.fits_hc_expand(partial, streams, post)):
+            return ws.all_reduce_hc_expand(partial, streams, post, comb)
+        total = self.run("all_reduce", partial, backend)
+        return fused.hc_expand(total, streams, post, comb)
 
     # -- the process group's own collectives --------------------------------------------------
     def _torch_all_reduce(self, x: torch.Tensor, dim: int) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""All-reduce + residual add + RMSNorm: the definition, the unfused path and its error bound.
+"""The fused all-reduce collectives: their definitions, unfused paths and error bounds.
 
 The fused operation (Communicator.all_reduce_add_rmsnorm) computes, for a row-parallel layer's
 partial output `partial` on every rank:
@@ -8,8 +8,19 @@ partial output `partial` on every rank:
     normed       = weight * (h * rsqrt(mean(h^2, -1) + eps)).to(dtype),  h = new_residual.float()
 
 which is exactly model/layers.RMSNorm applied after the add. `add_rmsnorm` is that computation in
-torch (the CPU path and the reference); the CUDA kernel (workspace_fused.py) produces `total` and
-`new_residual` bitwise equal to it and `normed` within `rmsnorm_bound`.
+torch (the CPU path and the reference); the CUDA kernel (workspace_triton_pipe.py) produces
+`total` and `new_residual` bitwise equal to it and `normed` within `rmsnorm_bound`.
+
+All-reduce + mHC expand (Communicator.all_reduce_hc_expand): in this model no plain residual add
+follows a block's all-reduce; the hyper-connection expand does (model/mhc.py):
+
+    total       = sum over ranks of partial [T, D]   (the all-reduce, as above)
+    new_streams = post (x) total + comb^T @ streams  [T, N, D], post [T, N] and comb [T, N, N]
+                                                     cast to the streams' dtype first
+
+`hc_expand` is that expand in torch (HyperConnection.expand is this function, so the unfused path
+and the CPU path are the model's own arithmetic); the CUDA kernel (workspace_triton_pipe.py) sums
+`total` bitwise as the all-reduce does and gives new_streams within `hc_expand_bound`.
 """
 
 from __future__ import annotations
@@ -43,6 +54,41 @@ def add_rmsnorm(total: torch.Tensor, residual: torch.Tensor, weight: torch.Tenso
     return weight * h.to(new_residual.dtype), new_residual
 
 
+def check_hc_args(partial: torch.Tensor, streams: torch.Tensor, post: torch.Tensor,
+                  comb: torch.Tensor) -> None:
+    name = "all_reduce_hc_expand"
+    if partial.dim() != 2:
+        raise ValueError(f"{name}: partial must be [tokens, hidden], got shape "
+                         f"{tuple(partial.shape)}")
+    t, d = partial.shape
+    if streams.dim() != 3 or streams.shape[0] != t or streams.shape[2] != d:
+        raise ValueError(f"{name}: streams shape {tuple(streams.shape)} != ({t}, hc_mult, {d})")
+    n = streams.shape[1]
+    if post.shape != (t, n):
+        raise ValueError(f"{name}: post shape {tuple(post.shape)} != ({t}, {n})")
+    if comb.shape != (t, n, n):
+        raise ValueError(f"{name}: comb shape {tuple(comb.shape)} != ({t}, {n}, {n})")
+    if streams.dtype != partial.dtype:
+        raise ValueError(f"{name}: streams dtype {streams.dtype} != partial dtype {partial.dtype}")
+    for arg, x in (("partial", partial), ("post", post), ("comb", comb)):
+        if not x.is_floating_point():
+            raise ValueError(f"{name}: {arg} must be a floating-point tensor, got {x.dtype}")
+    if comb.dtype != post.dtype:
+        raise ValueError(f"{name}: comb dtype {comb.dtype} != post dtype {post.dtype}")
+    for arg, x in (("streams", streams), ("post", post), ("comb", comb)):
+        if x.device != partial.device:
+            raise ValueError(f"{name}: {arg} is on {x.device}, partial on {partial.device}; "
+                             "all four must be on one device")
+
+
+def hc_expand(total: torch.Tensor, streams: torch.Tensor, post: torch.Tensor,
+              comb: torch.Tensor) -> torch.Tensor:
+    """New streams [T, N, D] = post (x) total + comb^T @ streams (model/mhc.py's expand)."""
+    dtype = streams.dtype
+    return post.to(dtype).unsqueeze(-1) * total.unsqueeze(-2) + torch.matmul(
+        comb.to(dtype).transpose(-1, -2), streams)
+
+
 def _ulp(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """The spacing of `dtype` at |x| (fp32 tensor), with the smallest normal as the floor."""
     info = torch.finfo(dtype)
@@ -70,3 +116,33 @@ def rmsnorm_bound(new_residual: torch.Tensor, weight: torch.Tensor, eps: float,
     w = weight.float().abs()
     dq = _ulp(q, dtype) * 1.01 + q * d_max
     return w * dq + _ulp(ref_normed.float().abs() + w * dq, dtype)
+
+
+def hc_expand_bound(total: torch.Tensor, streams: torch.Tensor, post: torch.Tensor,
+                    comb: torch.Tensor) -> torch.Tensor:
+    """Per-element bound [T, N, D] on |new_streams - hc_expand(total, streams, post, comb)| for an
+    implementation of the same formula with another summation order, fused multiply-adds or
+    another accumulation precision (at least the dtype's) in the matmul.
+
+    Derivation: with p, c = post, comb cast to the dtype (the same values in both), element
+    (t, n, d) is the sum of N + 1 products, v = p[n] x[d] + sum_m c[m, n] s[m, d]. Either
+    implementation rounds each product at most once, the matmul's N terms through at most N - 1
+    additions and one rounding to the dtype, and the final add at most twice (in float32, then
+    to the dtype), each rounding relative with unit roundoff <= u (the dtype's, eps / 2). So every
+    product reaches the result through at most N + 3 factors (1 + delta), |delta| <= u, and
+    |computed - v| <= gamma(N + 3) * S with S = |p x| + sum_m |c[m, n] s[m, d]| and
+    gamma(k) = k u / (1 - k u) (Higham, Accuracy and Stability, Lemma 3.1). Two implementations
+    differ by at most twice that. Below the normal range a rounding adds an absolute error of at
+    most u * tiny (half the subnormal spacing): the floor 2 (N + 3) u tiny.
+    """
+    dtype = streams.dtype
+    info = torch.finfo(dtype)
+    n = streams.shape[1]
+    k = n + 3
+    u = info.eps / 2
+    gamma = k * u / (1 - k * u)
+    p = post.to(dtype).double().abs()
+    c = comb.to(dtype).double().abs()
+    s = p.unsqueeze(-1) * total.double().abs().unsqueeze(-2) + torch.matmul(
+        c.transpose(-1, -2), streams.double().abs())
+    return 2 * gamma * s + 2 * k * u * info.tiny

@@ -99,6 +99,10 @@ def _self_test(ws: Any, ops: GroupOps, device: torch.device) -> str:
         normed, new_res = ws.all_reduce_add_rmsnorm(x.view(1, -1), torch.zeros_like(x).view(1, -1),
                                                     w, 1e-6)
         results["fused all_reduce + add"] = new_res
+        streams = torch.zeros((1, 2, x.shape[-1]), dtype=x.dtype, device=device)
+        ones = torch.ones((1, 2), dtype=torch.float32, device=device)
+        results["fused all_reduce + mHC expand"] = ws.all_reduce_hc_expand(
+            x.view(1, -1), streams, ones, torch.zeros((1, 2, 2), device=device))
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         gathered = torch.arange(1, world + 1, device=device).repeat_interleave(2 * world)

@@ -24,7 +24,10 @@ from tpserve.dist.comm import Communicator
 from tpserve.dist.tuning import TORCH, op_bytes
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-FUSED = "all_reduce_add_rmsnorm"  # a bench-only "op": Communicator.all_reduce_add_rmsnorm
+# bench-only "ops": the fused Communicator.all_reduce_add_rmsnorm and .all_reduce_hc_expand
+FUSED = "all_reduce_add_rmsnorm"
+HC_EXPAND = "all_reduce_hc_expand"
+FUSED_OPS = (FUSED, HC_EXPAND)
 
 
 def _setup(rank: int, world: int, spec: dict) -> tuple[Communicator, torch.device]:
@@ -131,9 +134,9 @@ def timing_worker(rank: int, world: int, spec: dict) -> list[dict] | None:
                    unit="case", leave=False)
     try:
         for op, dt_name, size in cases:
-            if op == FUSED:
+            if op in FUSED_OPS:
                 from tpserve.dist.workspace_bench_fused import fused_row
-                rows.append(fused_row(comm, dt_name, size, device, spec, rank, world))
+                rows.append(fused_row(comm, op, dt_name, size, device, spec, rank, world))
                 if bar is not None:
                     bar.update(1)
                 continue
@@ -235,10 +238,12 @@ def check_worker(rank: int, world: int, spec: dict) -> list[str]:
                         if op != "reduce_scatter":
                             labels.append(label)
                             digests.append(_digest(y) if not problem.startswith("raised") else 0)
-        if FUSED in spec["ops"]:
-            from tpserve.dist.workspace_bench_fused import fused_check
-            for dt_name in spec["dtypes"]:
-                failures += [f"rank {rank}: {f}" for f in fused_check(comm, dt_name, device, cap)]
+        from tpserve.dist.workspace_bench_fused import fused_check, hc_expand_check
+        for op, fused_op_check in ((FUSED, fused_check), (HC_EXPAND, hc_expand_check)):
+            if op in spec["ops"]:
+                for dt_name in spec["dtypes"]:
+                    failures += [f"rank {rank}: {f}"
+                                 for f in fused_op_check(comm, dt_name, device, cap)]
         if device.type == "cuda" and comm._ws is not None:
             failures += [f"rank {rank}: {f}" for f in _graph_check(comm, device, cap)]
         if comm._ws is not None and hasattr(comm._ws, "error_flag") and comm._ws.error_flag():
@@ -296,10 +301,18 @@ def _graph_check(comm: Communicator, device: torch.device, cap: int) -> list[str
         fused_in.append(torch.ones(512, dtype=torch.bfloat16, device=device))
         comm._ws.all_reduce_add_rmsnorm(*fused_in, 1e-6)
         _sync(device)
+    hc_in = None
+    if hasattr(comm._ws, "all_reduce_hc_expand"):  # post 1, comb 0: new streams = the total
+        hc_in = [torch.zeros(3, 700, dtype=torch.bfloat16, device=device),
+                 torch.zeros(3, 4, 700, dtype=torch.bfloat16, device=device),
+                 torch.ones(3, 4, device=device), torch.zeros(3, 4, 4, device=device)]
+        comm._ws.all_reduce_hc_expand(*hc_in)
+        _sync(device)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         outs = {k: comm.run(k[0], x, k[1]) for k, x in statics.items()}
         fused_out = comm._ws.all_reduce_add_rmsnorm(*fused_in, 1e-6) if fused_in else None
+        hc_out = comm._ws.all_reduce_hc_expand(*hc_in) if hc_in else None
     problems: list[str] = []
     for replay in range(4):
         xs_all = {}
@@ -311,6 +324,8 @@ def _graph_check(comm: Communicator, device: torch.device, cap: int) -> list[str
             parts = [torch.full_like(fused_in[0], float(r + replay)) for r in range(world)]
             fused_in[0].copy_(parts[rank])
             fused_in[1].fill_(1.0)
+        if hc_in is not None:
+            hc_in[0].fill_(float(rank + replay))
         graph.replay()
         eager = comm.run("all_reduce", xs_all[("all_reduce", "twoshot")][rank], "oneshot")
         if fused_out is not None:
@@ -318,6 +333,11 @@ def _graph_check(comm: Communicator, device: torch.device, cap: int) -> list[str
             want_res = 1.0 + sum(float(r + replay) for r in range(world))
             if not bool((fused_out[1] == want_res).all()) or not bool((fused_out[0] == 1).all()):
                 problems.append(f"CUDA graph replay {replay}: fused all-reduce + RMSNorm mismatch")
+        if hc_out is not None:
+            _sync(device)
+            if not bool((hc_out == sum(float(r + replay) for r in range(world))).all()):
+                problems.append(f"CUDA graph replay {replay}: fused all-reduce + mHC expand "
+                                "mismatch")
         _sync(device)
         for k, out in outs.items():
             want = _reference(k[0], xs_all[k], 0, rank)

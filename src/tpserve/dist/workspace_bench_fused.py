@@ -1,7 +1,8 @@
-"""The fused all-reduce + residual add + RMSNorm in `tpserve bench collectives` (rows of the
-bench-only op "all_reduce_add_rmsnorm": "unfused" = the table's all-reduce then add + RMSNorm,
-"fused" = the one-kernel CUDA path) and in its `--check` (new residual bitwise, normed within
-fused.rmsnorm_bound; bitwise on the exact paths)."""
+"""The fused all-reduce collectives in `tpserve bench collectives` (rows of the bench-only ops
+"all_reduce_add_rmsnorm" and "all_reduce_hc_expand": "unfused" = the table's all-reduce then the
+same torch ops, "fused" = the one-kernel CUDA path) and in its `--check`: add + RMSNorm: new
+residual bitwise, normed within fused.rmsnorm_bound; mHC expand: `total` bitwise (post 1, comb
+0), new streams within fused.hc_expand_bound; bitwise on the exact unfused paths."""
 
 from __future__ import annotations
 
@@ -12,9 +13,11 @@ import torch.distributed as dist
 
 from tpserve.dist.comm import Communicator
 from tpserve.dist.tuning import TORCH
-from tpserve.dist.workspace_bench import DTYPES, FUSED, _iters, _reference, _sync, median_us
+from tpserve.dist.workspace_bench import (DTYPES, FUSED, HC_EXPAND, _iters, _reference, _sync,
+                                          median_us)
 
 FUSED_HIDDEN = 4096
+HC_MULT = 4  # GLM-5.3-Flash's mHC streams per token
 
 
 def _fused_inputs(nbytes: int, dtype: torch.dtype, device: torch.device, seed: int
@@ -30,18 +33,44 @@ def _fused_inputs(nbytes: int, dtype: torch.dtype, device: torch.device, seed: i
     return partial, residual, weight
 
 
-def _fused_paths(comm: Communicator, partial: torch.Tensor) -> dict[str, Any]:
-    """{"unfused": all_reduce (table's pick) then add + RMSNorm, "fused": one kernel (CUDA)}."""
+def _hc_inputs(shape: tuple[int, int], dtype: torch.dtype, device: torch.device,
+               g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """streams [T, HC_MULT, D] in `dtype`, post [T, HC_MULT] and comb [T, HC_MULT, HC_MULT] in
+    float32 (as HyperConnection gives them)."""
+    t, d = shape
+    streams = torch.randn((t, HC_MULT, d), generator=g).to(dtype).to(device)
+    post = (torch.rand((t, HC_MULT), generator=g) * 2).to(device)
+    comb = torch.rand((t, HC_MULT, HC_MULT), generator=g).to(device)
+    return streams, post, comb
+
+
+def _inputs(op: str, nbytes: int, dtype: torch.dtype, device: torch.device, seed: int
+            ) -> tuple[torch.Tensor, ...]:
+    """The fused op's arguments; the partial (first) of `nbytes` in rows of FUSED_HIDDEN."""
+    partial, residual, weight = _fused_inputs(nbytes, dtype, device, seed)
+    if op == FUSED:
+        return partial, residual, weight
+    return (partial, *_hc_inputs(tuple(partial.shape), dtype, device,
+                                 torch.Generator().manual_seed(seed + 1000)))
+
+
+def _fused_paths(comm: Communicator, op: str, args: tuple[torch.Tensor, ...]) -> dict[str, Any]:
+    """{"unfused": all_reduce (table's pick) then the torch ops, "fused": one kernel (CUDA)}."""
     from tpserve.dist import fused
+    partial = args[0]
     pick = comm.backend_for("all_reduce", partial)
-
-    def unfused(p, r, w):
-        return fused.add_rmsnorm(comm.run("all_reduce", p, pick), r, w, 1e-6)
-
-    paths: dict[str, Any] = {"unfused": unfused}
     ws = comm._ws
-    if ws is not None and hasattr(ws, "all_reduce_add_rmsnorm") and ws.fits_fused(partial):
-        paths["fused"] = lambda p, r, w: ws.all_reduce_add_rmsnorm(p, r, w, 1e-6)
+    if op == FUSED:
+        paths: dict[str, Any] = {"unfused": lambda p, r, w: fused.add_rmsnorm(
+            comm.run("all_reduce", p, pick), r, w, 1e-6)}
+        if ws is not None and hasattr(ws, "all_reduce_add_rmsnorm") and ws.fits_fused(partial):
+            paths["fused"] = lambda p, r, w: ws.all_reduce_add_rmsnorm(p, r, w, 1e-6)
+        return paths
+    paths = {"unfused": lambda p, s, po, c: fused.hc_expand(comm.run("all_reduce", p, pick), s,
+                                                              po, c)}
+    if (ws is not None and hasattr(ws, "all_reduce_hc_expand")
+            and ws.fits_hc_expand(partial, args[1], args[2])):
+        paths["fused"] = ws.all_reduce_hc_expand
     return paths
 
 
@@ -52,10 +81,10 @@ def _time_fused(comm: Communicator, fn: Any, args: tuple, device: torch.device, 
     return median_us(lambda: fn(*args), warm, iters, device, graph)
 
 
-def fused_row(comm: Communicator, dt_name: str, size: int, device: torch.device, spec: dict,
-               rank: int, world: int) -> dict:
-    args = _fused_inputs(size, DTYPES[dt_name], device, seed=rank + 1)
-    paths = _fused_paths(comm, args[0])
+def fused_row(comm: Communicator, op: str, dt_name: str, size: int, device: torch.device,
+              spec: dict, rank: int, world: int) -> dict:
+    args = _inputs(op, size, DTYPES[dt_name], device, seed=rank + 1)
+    paths = _fused_paths(comm, op, args)
     us: dict[str, Any] = {}
     for name, fn in paths.items():
         try:
@@ -65,36 +94,43 @@ def fused_row(comm: Communicator, dt_name: str, size: int, device: torch.device,
             us[name] = f"error: {type(exc).__name__}: {exc}"[:200]
             _sync(device)
             dist.barrier()
-    return {"op": FUSED, "dtype": dt_name, "world": world,
+    return {"op": op, "dtype": dt_name, "world": world,
             "bytes": args[0].numel() * args[0].element_size(),
             "pick": "fused" if "fused" in paths else "unfused", "us": us}
 
 
+def _check_shapes(cap: int) -> list[tuple[int, int]]:
+    return [(3, 64), (5, 1000), (max(1, cap // 4096) + 1, 4096)]
+
+
+def _exact_unfused(comm: Communicator, name: str, partial: torch.Tensor) -> bool:
+    """The unfused path sums in rank order (a workspace backend): bitwise like the reference."""
+    return name == "unfused" and comm.backend_for("all_reduce", partial) not in (
+        TORCH, "symm_oneshot", "symm_twoshot")
+
+
 def fused_check(comm: Communicator, dt_name: str, device: torch.device, cap: int) -> list[str]:
-    """Every fused path against all-reduce (reference sum) + add + RMSNorm: the new residual
-    bitwise, the normed output within fused.rmsnorm_bound."""
+    """Every all_reduce_add_rmsnorm path against all-reduce (reference sum) + add + RMSNorm: the
+    new residual bitwise, the normed output within fused.rmsnorm_bound."""
     from tpserve.dist import fused
     world, rank, dtype = comm.world_size, comm.rank, DTYPES[dt_name]
     problems = []
-    for case, shape in enumerate([(3, 64), (5, 1000), (max(1, cap // 4096) + 1, 4096)]):
+    for case, shape in enumerate(_check_shapes(cap)):
         gens = [torch.Generator().manual_seed(555 + 17 * case + r) for r in range(world)]
         parts = [torch.randn(shape, generator=g).to(dtype).to(device) for g in gens]
         res = torch.randn(shape, generator=torch.Generator().manual_seed(case)).to(dtype).to(device)
         w = (torch.rand(shape[-1], generator=torch.Generator().manual_seed(case)) + 0.5).to(dtype)
         w = w.to(device)
         want_n, want_r = fused.add_rmsnorm(_reference("all_reduce", parts, 0, rank), res, w, 1e-6)
-        for name, fn in _fused_paths(comm, parts[rank]).items():
+        for name, fn in _fused_paths(comm, FUSED, (parts[rank], res, w)).items():
             try:
                 normed, new_res = fn(parts[rank], res, w)
                 _sync(device)
             except Exception as exc:  # noqa: BLE001
                 problems.append(f"{FUSED} {dt_name} {shape} [{name}]: raised {exc!r}")
                 continue
-            exact = name == "unfused" and comm.backend_for("all_reduce", parts[rank]) not in (
-                TORCH, "symm_oneshot", "symm_twoshot")
-            if exact and not torch.equal(new_res, want_r):
-                problems.append(f"{FUSED} {dt_name} {shape} [{name}]: residual mismatch")
-            if name == "fused" and not torch.equal(new_res, want_r):
+            exact = _exact_unfused(comm, name, parts[rank])
+            if (exact or name == "fused") and not torch.equal(new_res, want_r):
                 problems.append(f"{FUSED} {dt_name} {shape} [{name}]: residual mismatch")
             bound = fused.rmsnorm_bound(want_r, w, 1e-6, want_n)
             if exact or name == "fused":
@@ -102,4 +138,40 @@ def fused_check(comm: Communicator, dt_name: str, device: torch.device, cap: int
                 if not bool((err <= bound).all()):
                     problems.append(f"{FUSED} {dt_name} {shape} [{name}]: normed off by "
                                     f"{float(err.max()):.3g}")
+    return problems
+
+
+def hc_expand_check(comm: Communicator, dt_name: str, device: torch.device,
+                    cap: int) -> list[str]:
+    """Every all_reduce_hc_expand path against all-reduce (reference sum) + fused.hc_expand:
+    with post 1 and comb 0 the all-reduced total itself, bitwise; with random post / comb the
+    new streams bitwise on the exact unfused paths, within fused.hc_expand_bound when fused."""
+    from tpserve.dist import fused
+    world, rank, dtype = comm.world_size, comm.rank, DTYPES[dt_name]
+    problems = []
+    for case, shape in enumerate(_check_shapes(cap)):
+        gens = [torch.Generator().manual_seed(777 + 17 * case + r) for r in range(world)]
+        parts = [torch.randn(shape, generator=g).to(dtype).to(device) for g in gens]
+        streams, post, comb = _hc_inputs(shape, dtype, device,
+                                         torch.Generator().manual_seed(case))
+        total = _reference("all_reduce", parts, 0, rank)
+        want = fused.hc_expand(total, streams, post, comb)
+        bound = fused.hc_expand_bound(total, streams, post, comb)
+        label = f"{HC_EXPAND} {dt_name} {shape}"
+        for name, fn in _fused_paths(comm, HC_EXPAND, (parts[rank], streams, post)).items():
+            try:
+                plain = fn(parts[rank], streams, torch.ones_like(post), torch.zeros_like(comb))
+                new = fn(parts[rank], streams, post, comb)
+                _sync(device)
+            except Exception as exc:  # noqa: BLE001
+                problems.append(f"{label} [{name}]: raised {exc!r}")
+                continue
+            exact = _exact_unfused(comm, name, parts[rank])
+            if not (exact or name == "fused"):
+                continue
+            if not torch.equal(plain, total.unsqueeze(1).expand_as(streams)):
+                problems.append(f"{label} [{name}]: total mismatch")
+            err = (new.double() - want.double()).abs()
+            if (exact and not torch.equal(new, want)) or not bool((err <= bound).all()):
+                problems.append(f"{label} [{name}]: new streams off by {float(err.max()):.3g}")
     return problems

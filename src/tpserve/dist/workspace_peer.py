@@ -28,6 +28,8 @@ SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 BLOCK = 1024
 NUM_WARPS = 4
 FUSED_MAX_DIM = 16384      # longest row the fused kernel keeps in registers
+HC_MAX = 16                # most mHC streams the fused expand kernel takes
+HC_BLOCK = 512             # columns per tile of the fused expand kernel
 DEFAULT_MAX_SPIN = 1 << 30  # polls (~10+ minutes, like NCCL's timeout) before a wait gives up
 
 
@@ -173,6 +175,34 @@ class PeerWorkspace:
                 RANK=self.rank, WORLD=self.world_size, BLOCK_D=block_d, INTERP=self.interpret,
                 num_warps=NUM_WARPS if block_d <= 4096 else 8)
         return normed, new_res
+
+    # -- fused all-reduce + mHC expand ---------------------------------------------------------
+    def fits_hc_expand(self, partial: torch.Tensor, streams: torch.Tensor,
+                       post: torch.Tensor) -> bool:
+        return (self.supports(partial) and post.dtype in SUPPORTED_DTYPES
+                and 1 <= streams.shape[1] <= HC_MAX
+                and 0 < partial.numel() <= self.capacity(partial.dtype))
+
+    def all_reduce_hc_expand(self, partial: torch.Tensor, streams: torch.Tensor,
+                             post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
+        """One launch: new streams [T, N, D] of dist/fused.py's all-reduce + mHC expand
+        (partial [T, D], streams [T, N, D], post [T, N], comb [T, N, N])."""
+        if not self.fits_hc_expand(partial, streams, post):
+            raise ValueError(f"fused all-reduce + mHC expand needs at most {HC_MAX} streams and "
+                             f"a non-empty partial that fits one slot; got partial "
+                             f"{tuple(partial.shape)}, streams {tuple(streams.shape)}")
+        rows, dim = partial.shape
+        hc = streams.shape[1]
+        x, s, p, c = (t.contiguous() for t in (partial, streams, post, comb))
+        out = torch.empty(s.shape, dtype=s.dtype, device=self.device)
+        block_d = min(HC_BLOCK, 1 << max(0, dim - 1).bit_length())
+        units = rows * -(-dim // block_d)
+        pipe.allreduce_hc_expand_kernel[(min(kernels.MAX_PROGRAMS, units),)](
+            x, s, p, c, out, self.state, self.counters, *self.addrs, rows, dim, self.slot_bytes,
+            self.max_spin, int(self.trap_on_timeout), RANK=self.rank, WORLD=self.world_size,
+            HC=hc, HC_P2=max(2, 1 << (hc - 1).bit_length()), BLOCK_D=block_d,
+            INTERP=self.interpret, num_warps=NUM_WARPS)
+        return out
 
     def _launch_pipelined(self, mode: Any, src: torch.Tensor, out: torch.Tensor, n: int,
                           region: int, layout: tuple[int, ...], contig: bool) -> None:

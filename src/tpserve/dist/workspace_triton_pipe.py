@@ -1,5 +1,6 @@
-"""Triton kernels of the pipelined all-reduce and the fused all-reduce + add + RMSNorm (CUDA
-workspace; launched by workspace_peer.py; helpers and the one-round kernels: workspace_triton.py).
+"""Triton kernels of the pipelined all-reduce and the fused all-reduce + add + RMSNorm and
+all-reduce + mHC expand (CUDA workspace; launched by workspace_peer.py; helpers and the one-round
+kernels: workspace_triton.py).
 
 Pipelined all-reduce: ONE launch for a tensor of any size, a fixed grid of `P` programs (the same
 for every call of a workspace, fixed at construction). The pipeline area of every rank's buffer
@@ -39,6 +40,12 @@ protocol): program p copies rows p, p+P, ... of `partial` into its slot, meets t
 of every peer (_barrier), then per row: total = rank-order sum (rounded), new_residual =
 round(residual + total), normed = round(weight * round(h * rsqrt(mean(h^2) + eps))) with
 h = new_residual in float32; both outputs written by the same kernel (dist/fused.py: definition).
+
+Fused all-reduce + mHC expand (the same one round): the work is cut into tiles of a row's columns;
+program p copies tiles p, p+P, ... of `partial` in, meets the same program of every peer, then per
+tile: total = rank-order sum (rounded; bitwise the all-reduce's), new streams = round(round(post
+(x) total) + round(comb^T @ streams)) with the matmul in float32 over m = 0, 1, ... and post / comb
+rounded to the streams' dtype first (dist/fused.py: definition and error bound).
 """
 
 from __future__ import annotations
@@ -50,7 +57,7 @@ from tpserve.dist.workspace_triton import (MAX_WORLD, _barrier, _base, _finish, 
                                            _signal, _slot, _src, _sum_peers, _trap_if)
 
 __all__ = ["AG", "AR1", "AR2", "PIPE_FLAG_BYTES", "PIPE_MAX_PROGRAMS", "PIPE_SLOTS", "RS",
-           "allreduce_add_rmsnorm_kernel", "pipelined_kernel"]
+           "allreduce_add_rmsnorm_kernel", "allreduce_hc_expand_kernel", "pipelined_kernel"]
 
 PIPE_SLOTS = 4
 PIPE_MAX_PROGRAMS = 32
@@ -300,3 +307,49 @@ def allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, w_ptr, normed_ptr, newres_ptr, 
         tl.store(normed_ptr + idx, _round(w * q.to(tl.float32), DT, INTERP), mask=cm)
     _finish(state_ptr, cnt_ptr, pid, nprog, epoch + 1)
 
+
+
+@triton.jit(do_not_specialize=["max_spin", "trap"])
+def allreduce_hc_expand_kernel(x_ptr, s_ptr, post_ptr, comb_ptr, out_ptr, state_ptr, cnt_ptr,
+                               B0, B1, B2, B3, B4, B5, B6, B7, rows, D, slot_bytes, max_spin,
+                               trap, RANK: tl.constexpr, WORLD: tl.constexpr, HC: tl.constexpr,
+                               HC_P2: tl.constexpr, BLOCK_D: tl.constexpr,
+                               INTERP: tl.constexpr):
+    """x [rows, D], streams and out [rows, HC, D], post [rows, HC], comb [rows, HC, HC], all
+    contiguous: out = new streams of dist/fused.py's all-reduce + mHC expand. Tiles of
+    BLOCK_D columns of a row are the units of work (no reduction along D)."""
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    DT: tl.constexpr = out_ptr.dtype.element_ty
+    slot_off = (tl.load(state_ptr) % 2) * slot_bytes
+    epoch = tl.load(cnt_ptr + pid)
+    mine = _slot(B0, B1, B2, B3, B4, B5, B6, B7, RANK, slot_off, DT)
+    tiles = tl.cdiv(D, BLOCK_D)
+    lanes = tl.arange(0, BLOCK_D)
+    for unit in range(pid, rows * tiles, nprog):
+        cols = (unit % tiles) * BLOCK_D + lanes
+        idx = (unit // tiles) * D + cols
+        tl.store(mine + idx, tl.load(x_ptr + idx, mask=cols < D), mask=cols < D)
+    _barrier(B0, B1, B2, B3, B4, B5, B6, B7, pid, epoch + 1, state_ptr, max_spin, trap,
+             RANK, WORLD, INTERP)
+    hs = tl.arange(0, HC_P2)
+    hm = hs < HC
+    for unit in range(pid, rows * tiles, nprog):
+        row = unit // tiles
+        cols = (unit % tiles) * BLOCK_D + lanes
+        cm = cols < D
+        total = _sum_peers(B0, B1, B2, B3, B4, B5, B6, B7, slot_off, row * D + cols, cm, WORLD,
+                           DT, INTERP).to(tl.float32)
+        p = tl.load(post_ptr + row * HC + hs, mask=hm, other=0.0).to(tl.float32)
+        p = _round(p, DT, INTERP).to(tl.float32)  # post.to(dtype)
+        a = _round(p[:, None] * total[None, :], DT, INTERP).to(tl.float32)  # post (x) total
+        acc = tl.zeros((HC_P2, BLOCK_D), dtype=tl.float32)  # comb^T @ streams, m = 0, 1, ...
+        for m in tl.static_range(HC):
+            c = tl.load(comb_ptr + (row * HC + m) * HC + hs, mask=hm, other=0.0).to(tl.float32)
+            c = _round(c, DT, INTERP).to(tl.float32)  # comb[row, m, :].to(dtype)
+            s = tl.load(s_ptr + (row * HC + m) * D + cols, mask=cm, other=0.0).to(tl.float32)
+            acc += c[:, None] * s[None, :]
+        new = _round(a + _round(acc, DT, INTERP).to(tl.float32), DT, INTERP)
+        tl.store(out_ptr + (row * HC + hs[:, None]) * D + cols[None, :], new,
+                 mask=hm[:, None] & cm[None, :])
+    _finish(state_ptr, cnt_ptr, pid, nprog, epoch + 1)

@@ -24,6 +24,7 @@ class Kernels:
     moe: str = "torch"            # "triton": grouped expert GEMMs; "torch": a loop over the chosen experts
     moe_triton_max_tokens: int = 0  # the triton MoE runs forwards of at most this many tokens
     mla_prefill: str = "dense"    # "sparse": each query attends its selected rows only; "dense": masked SDPA
+    fused_collectives: bool = True  # TP > 1: all-reduce + mHC expand as one Communicator call
     weights: WeightOptions = WeightOptions()
 
     def describe(self) -> str:

@@ -1,7 +1,8 @@
 """GLM-5.3-Flash text model: embedding, hybrid decoder layers with mHC, mean head, LM head.
 
 Tensor parallel: vocab-parallel embedding and LM head, head-split attention, split MLP/experts;
-each block's partial output is summed with one all-reduce. With sequence parallelism the mHC
+each block's partial output is summed with one all-reduce, fused with the mHC expand that follows
+it (Communicator.all_reduce_hc_expand; --fused-collectives). With sequence parallelism the mHC
 streams stay split by token across ranks: all-gather before a block, reduce-scatter after.
 """
 
@@ -39,6 +40,7 @@ class DecoderLayer(nn.Module):
         self.attn_hc = HyperConnection(ctx, cfg, kernels.mhc)
         self.ffn_hc = HyperConnection(ctx, cfg, kernels.mhc)
         self.comm = ctx.comm
+        self.fused_expand = kernels.fused_collectives and self.comm.world_size > 1
 
     def forward(self, streams: torch.Tensor, batch: ForwardBatch, cache: CacheTensors,
                 prev_selection: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -49,16 +51,25 @@ class DecoderLayer(nn.Module):
             out, selection = self.self_attn(x, batch, cache, prev_selection)
         else:
             out = self.self_attn(x, batch, cache)
-        streams = HyperConnection.expand(self._reduce(out, batch), streams, post, comb)
+        streams = self._reduce_expand(out, streams, post, comb, batch)
         post, comb, x = self.ffn_hc(streams)
         x = self._gather(self.post_attention_layernorm(x), batch)
-        streams = HyperConnection.expand(self._reduce(self.mlp(x), batch), streams, post, comb)
+        streams = self._reduce_expand(self.mlp(x), streams, post, comb, batch)
         return streams, selection
 
     def _gather(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         if not batch.sequence_parallel:
             return x
         return self.comm.all_gather(x, dim=0)[:batch.num_tokens]
+
+    def _reduce_expand(self, partial: torch.Tensor, streams: torch.Tensor, post: torch.Tensor,
+                       comb: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        """The streams after a block: its rank-partial output summed and mixed in by the mHC
+        expand; one fused collective with --fused-collectives at TP > 1 without sequence
+        parallelism (the same arithmetic: dist/fused.py)."""
+        if self.fused_expand and not batch.sequence_parallel:
+            return self.comm.all_reduce_hc_expand(partial, streams, post, comb)
+        return HyperConnection.expand(self._reduce(partial, batch), streams, post, comb)
 
     def _reduce(self, partial: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         if not batch.sequence_parallel:

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tpserve.dist.fused import hc_expand
 from tpserve.kernels.mhc import hc_weights
 from tpserve.model.config import ModelConfig
 from tpserve.model.layers import ShardContext
@@ -43,7 +44,6 @@ class HyperConnection(nn.Module):
     @staticmethod
     def expand(block_out: torch.Tensor, residual: torch.Tensor, post: torch.Tensor,
                comb: torch.Tensor) -> torch.Tensor:
-        """New streams [T, N, D] = post (x) block_out + comb^T @ residual."""
-        dtype = residual.dtype
-        return post.to(dtype).unsqueeze(-1) * block_out.unsqueeze(-2) + torch.matmul(
-            comb.to(dtype).transpose(-1, -2), residual)
+        """New streams [T, N, D] = post (x) block_out + comb^T @ residual (dist/fused.py's
+        hc_expand: the arithmetic Communicator.all_reduce_hc_expand fuses with the all-reduce)."""
+        return hc_expand(block_out, residual, post, comb)

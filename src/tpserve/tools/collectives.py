@@ -18,7 +18,7 @@ from typing import Any
 
 _BACKEND_ORDER = ("torch", "oneshot", "twoshot", "chunked", "ring", "symm_oneshot", "symm_twoshot",
                   "unfused", "fused")
-_ALL_OPS = "all_reduce,all_gather,reduce_scatter,all_reduce_add_rmsnorm"
+_ALL_OPS = "all_reduce,all_gather,reduce_scatter,all_reduce_add_rmsnorm,all_reduce_hc_expand"
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20,
           "mb": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30}
 
@@ -67,8 +67,9 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="comma list of float32,bfloat16,float16 (default: float32 on cpu, "
                         "bfloat16 on cuda)")
     p.add_argument("--ops", default=_ALL_OPS,
-                   help="comma list of collectives; all_reduce_add_rmsnorm times the fused "
-                        "all-reduce + residual add + RMSNorm against the unfused ops "
+                   help="comma list of collectives; all_reduce_add_rmsnorm and "
+                        "all_reduce_hc_expand time the fused all-reduce + residual add + RMSNorm "
+                        "and all-reduce + mHC expand against the unfused ops "
                         f"(default {_ALL_OPS})")
     p.add_argument("--workspace-mb", type=int, default=8, help="per-rank workspace (MiB)")
     p.add_argument("--table", default=None, help="size table JSON to show picks from")
@@ -112,13 +113,13 @@ def _spec(args: argparse.Namespace) -> dict:
     dtypes = (args.dtypes or ("bfloat16" if device == "cuda" else "float32")).split(",")
     ops = args.ops.split(",")
     from tpserve.dist.tuning import OPS
-    from tpserve.dist.workspace_bench import DTYPES, FUSED
+    from tpserve.dist.workspace_bench import DTYPES, FUSED_OPS
     for name in dtypes:
         if name not in DTYPES:
             raise SystemExit(f"unknown dtype {name!r}; choose from {sorted(DTYPES)}")
     for op in ops:
-        if op not in (*OPS, FUSED):
-            raise SystemExit(f"unknown op {op!r}; choose from {(*OPS, FUSED)}")
+        if op not in (*OPS, *FUSED_OPS):
+            raise SystemExit(f"unknown op {op!r}; choose from {(*OPS, *FUSED_OPS)}")
     sizes = args.sizes or parse_sizes("1K:256M" if device == "cuda" else "1K:16M")
     return {"device": device, "sizes": sizes, "dtypes": dtypes, "ops": ops,
             "workspace_mb": args.workspace_mb, "table": args.table,
@@ -242,7 +243,7 @@ def run_tune(args: argparse.Namespace) -> int:
         rows = _spawn(spec, args.world, args.timeout)[0]["rows"]
     winners = {}
     for r in rows:
-        if r["op"] not in tuning.OPS:  # the fused op is measured, not a table entry
+        if r["op"] not in tuning.OPS:  # the fused ops are measured, not table entries
             continue
         timed = {b: us for b, us in r["us"].items() if isinstance(us, float)}
         if timed:
