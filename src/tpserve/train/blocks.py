@@ -61,8 +61,8 @@ def moe(block, x: torch.Tensor, loads: list | None = None, dense: bool = False) 
     dense=False: each expert over its own tokens (a loop with a host sync per expert).
     dense=True: every expert over every token, weighted by a [N, E] matrix that is zero off the
     chosen experts: no host sync and a few large matmuls (the demo's 8 small experts cost little
-    more than a loop); the two chosen contributions are summed in the same order (exact zeros in
-    between), so both forms give the same value up to the matmuls' own rounding."""
+    more than a loop); the chosen experts' contributions are summed in expert order with exact
+    zeros in between, so both forms give the same value up to the matmuls' own rounding."""
     shape = x.shape
     flat = x.reshape(-1, shape[-1])
     weights, ids = block.gate(flat)  # model/moe.py Router: plain differentiable torch (grads via the weights)

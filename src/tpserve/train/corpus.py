@@ -211,19 +211,16 @@ def make_tool(rng: random.Random, held_out: bool) -> dict:
     Training tools (held_out=False) take made-up names or standard-library identifiers most of
     the time (the held-out path draws exactly as before, so the acceptance prompts do not move)."""
     style = rng.random() if not held_out else 1.0
-    idents = stdlib_identifiers()
-    if style < PSEUDO_NAMES:
-        def pick(words):
-            return pseudo_word(rng) if rng.random() < 0.7 else rng.choice(_split(words, held_out))
-        name = f"{pick(VERBS)}_{pick(NOUNS)}"
-    elif style < PSEUDO_NAMES + IDENTIFIER_NAMES and idents:
-        def pick(words):
-            return rng.choice(idents).split("_")[0] if rng.random() < 0.5 else rng.choice(_split(words, held_out))
-        name = rng.choice(idents) if rng.random() < 0.6 else f"{pick(VERBS)}_{pick(NOUNS)}"
-    else:
-        def pick(words):
-            return rng.choice(_split(words, held_out))
-        name = f"{pick(VERBS)}_{pick(NOUNS)}"
+    idents = stdlib_identifiers() if PSEUDO_NAMES <= style < PSEUDO_NAMES + IDENTIFIER_NAMES else ()
+
+    def pick(words):
+        if style < PSEUDO_NAMES and rng.random() < 0.7:
+            return pseudo_word(rng)
+        if idents and rng.random() < 0.5:
+            return rng.choice(idents).split("_")[0]
+        return rng.choice(_split(words, held_out))
+
+    name = rng.choice(idents) if idents and rng.random() < 0.6 else f"{pick(VERBS)}_{pick(NOUNS)}"
     props, required = {}, []
     for _ in range(rng.randint(1, 4)):
         arg = pick(NOUNS) if rng.random() < 0.6 else f"{pick(ADJECTIVES)}_{pick(NOUNS)}"
