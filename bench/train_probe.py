@@ -83,11 +83,10 @@ def main() -> None:
         from importlib import reload
 
         from tpserve.train import attention, blocks
-        reload(blocks), reload(attention)  # undo an earlier config's compile wrapping
+        reload(blocks), reload(attention)  # undo an earlier config's compile wrapping (in place:
+        # model.py reads blocks.* and attention.* through the modules at call time)
         if chunk:
             blocks.KDA_CHUNK = int(chunk[0])
-        import tpserve.train.model as tm
-        reload(tm)
         compile_scope(scope)
         try:
             model, params, opt = build(moe, device)

@@ -22,7 +22,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from tpserve.dist import tuning
+from tpserve.dist import fused, tuning
 from tpserve.dist.tuning import OPS, SYMM_BACKENDS, TORCH, WORKSPACE_BACKENDS
 from tpserve.dist.workspace_group import GroupOps
 
@@ -215,7 +215,6 @@ class Communicator:
         CUDA where the workspace serves the all-reduce in one round (workspace_triton_pipe.py);
         else
         the all-reduce followed by the same add and norm. Collective."""
-        from tpserve.dist import fused
         fused.check_args(partial, residual, weight)
         backend = self.backend_for("all_reduce", partial)
         ws = self._ws
@@ -231,7 +230,6 @@ class Communicator:
         model/mhc.py's expand computes it (fused.py). One kernel on CUDA where the workspace
         serves the all-reduce in one round (workspace_triton_pipe.py); else the all-reduce
         followed by the same expand. Collective."""
-        from tpserve.dist import fused
         fused.check_hc_args(partial, streams, post, comb)
         backend = self.backend_for("all_reduce", partial)
         ws = self._ws

@@ -184,6 +184,18 @@ def pseudo_word(rng: random.Random) -> str:
     return "".join(rng.choice(SYLLABLES) for _ in range(rng.randint(2, 3)))
 
 
+def _stdlib_modules():
+    """(source, AST) of each of the standard library's top-level modules, in sorted order (those
+    that do not parse here are skipped)."""
+    for path in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")):
+        try:
+            src = path.read_text(encoding="utf-8")
+            tree = ast.parse(src)
+        except (UnicodeDecodeError, SyntaxError, ValueError):
+            continue
+        yield src, tree
+
+
 @lru_cache(maxsize=1)
 def stdlib_identifiers() -> tuple[str, ...]:
     """snake_case names from the standard library's top-level modules (functions, classes,
@@ -191,11 +203,7 @@ def stdlib_identifiers() -> tuple[str, ...]:
     unfamiliar combinations, for tool and argument names."""
     held = {w for w in VERBS + NOUNS + ADJECTIVES if is_held_out(w)}
     names = set()
-    for path in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")):
-        try:
-            tree = ast.parse(path.read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, SyntaxError, ValueError):
-            continue
+    for _, tree in _stdlib_modules():
         for node in ast.walk(tree):
             name = getattr(node, "name", None) if isinstance(node, (ast.FunctionDef, ast.ClassDef)) else \
                 node.id if isinstance(node, ast.Name) else node.arg if isinstance(node, ast.arg) else None
@@ -304,14 +312,8 @@ def copy_chat(rng: random.Random) -> str:
 @lru_cache(maxsize=1)
 def stdlib_texts() -> tuple[str, ...]:
     """Docstrings and source of the standard library's top-level modules, in sorted order."""
-    root = Path(sysconfig.get_paths()["stdlib"])
     out = []
-    for path in sorted(root.glob("*.py")):
-        try:
-            src = path.read_text(encoding="utf-8")
-            tree = ast.parse(src)
-        except (UnicodeDecodeError, SyntaxError, ValueError):
-            continue
+    for src, tree in _stdlib_modules():
         for node in ast.walk(tree):
             if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef)):
                 doc = ast.get_docstring(node)
