@@ -124,10 +124,7 @@ class EngineConfig:
             method_name(self.quantization)  # unknown / unsupported: a clear error naming it
         if isinstance(self.speculative_config, dict):  # LLM(speculative_config={...})
             object.__setattr__(self, "speculative_config", json.dumps(self.speculative_config, sort_keys=True))
-        spec = self.speculative
-        if spec is not None and self.tensor_parallel_size > 1:
-            raise ValueError("speculative_config: speculative decoding runs with tensor_parallel_size 1 only "
-                             "(the MTP draft steps are not sent to other ranks yet)")
+        self.speculative  # noqa: B018 - parse now: a bad speculative_config is an error at construction
         for f in dataclasses.fields(self):
             choices = f.metadata.get("choices")
             if choices and getattr(self, f.name) not in choices:

@@ -22,3 +22,24 @@ def test_mixed_plan_roundtrip():
 def test_empty_tables_and_lists_roundtrip():
     plan = StepPlan([1], [0], [0, 1], [0], [0], [[]], [], [], False, 0)
     assert dataclasses.asdict(_roundtrip(plan)) == dataclasses.asdict(plan)
+
+
+def _message(header, payload):
+    assert payload.numel() == plan_wire.message_size(header)
+    return plan_wire.decode_message(header.clone(), payload.clone())
+
+
+def test_step_draft_and_commit_messages_roundtrip():
+    import pytest
+
+    plan = StepPlan([5, 7, 9], [4, 5, 6], [0, 3], [4], [1], [[2, 3]], [0, 1, 2], [], False, 1)
+    step = _message(*plan_wire.encode(plan))
+    assert step.kind == plan_wire.STEP and step.plan == plan and step.rows == []
+    for from_main, kind in ((True, plan_wire.DRAFT_MAIN), (False, plan_wire.DRAFT_CHAIN)):
+        msg = _message(*plan_wire.encode_draft(plan, [7, 0, 3], from_main))
+        assert (msg.kind, msg.plan, msg.rows) == (kind, plan, [7, 0, 3])
+    commit = _message(*plan_wire.encode_commit([3, 1, 0, 2]))
+    assert (commit.kind, commit.plan, commit.rows) == (plan_wire.COMMIT, None, [3, 1, 0, 2])
+    assert _message(*plan_wire.encode_commit([])).rows == []
+    with pytest.raises(ValueError, match="source_rows"):
+        plan_wire.encode_draft(plan, [0, 1], True)

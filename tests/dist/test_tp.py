@@ -40,6 +40,30 @@ def test_tp_matches_transformers(tiny, name, tp, sp):
     assert all(not p.is_alive() for p in llm.engine.executor.procs)
 
 
+def test_speculative_decoding_at_tp2_gives_tp1_plain_tokens():
+    """MTP drafting at TP=2 (draft steps and KDA commits sent to the worker like the plans): greedy
+    tokens equal plain decoding at TP=1, drafts were verified and accepted, pools full after."""
+    prompts = ["Count from 1 to 30: 1, 2, 3,", "The capital of France is", "{\"name\": \"a\", \"value\":"]
+    sp = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    kw = dict(device="cpu", kv_cache_memory="16MiB", block_size=16, max_num_seqs=4)
+    plain = LLM(**kw)
+    try:
+        want = [o.outputs[0].token_ids for o in plain.generate(prompts, sp)]
+    finally:
+        plain.shutdown()
+    llm = LLM(tensor_parallel_size=2, speculative_config={"method": "mtp", "num_speculative_tokens": 3,
+                                                           "adaptive": False}, **kw)
+    try:
+        assert [o.outputs[0].token_ids for o in llm.generate(prompts, sp)] == want
+        stats = llm.engine.stats()
+        assert stats["spec_decode_num_draft_tokens"] > 0 and stats["spec_decode_num_accepted_tokens"] > 0
+        e = llm.engine
+        assert e.block_pool.num_free == e.block_pool.num_blocks and e.slot_pool.num_free == e.slot_pool.num_blocks
+    finally:
+        llm.shutdown()
+    assert all(not p.is_alive() for p in llm.engine.executor.procs)
+
+
 def test_fused_collectives_switch_changes_no_token(tiny):
     """--fused-collectives on (all-reduce + mHC expand as one Communicator call in every non-SP
     step: here all of them) and off (the two ops): bitwise the same logits, the same tokens."""

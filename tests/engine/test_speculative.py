@@ -133,8 +133,6 @@ def test_checkpoint_without_mtp_is_a_clear_error(tiny):
 def test_bad_speculative_config(raw, field):
     with pytest.raises(ValueError, match=field):
         EngineConfig(speculative_config=raw)
-    with pytest.raises(ValueError, match="tensor_parallel_size"):
-        EngineConfig(speculative_config=SPEC, tensor_parallel_size=2)
 
 
 # ---------------------------------------------------------------- KDA state

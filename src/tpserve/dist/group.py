@@ -82,19 +82,22 @@ class RankState:
             self.control = dist.new_group(backend="gloo", timeout=dist_timeout())
             self.comm = Communicator(dist.group.WORLD, self.device, config=ecfg)
             ctx = ShardContext(rank, world, dtype, self.comm)
+            spec = ecfg.speculative
             self.runner = ModelRunner(model_dir, cfg, ctx, self.device, kernels,
-                                      progress=None if rank == 0 else False, load_format=ecfg.load_format)
+                                      progress=None if rank == 0 else False, load_format=ecfg.load_format,
+                                      mtp=spec is not None)
             mine = cache_budget(ecfg, cfg, self.device, dtype, world)
             agreed = torch.tensor([mine.num_blocks], dtype=torch.long)
             dist.all_reduce(agreed, op=dist.ReduceOp.MIN, group=self.control)
             self.cache_shape = CacheShape(int(agreed), mine.num_slots, mine.block_size)
             self.runner.allocate_cache(self.cache_shape)
-            self.runner.setup_graphs(ecfg.max_num_seqs, ecfg.max_model_len, ecfg.enforce_eager)
+            self.runner.setup_graphs(ecfg.max_num_seqs, ecfg.max_model_len, ecfg.enforce_eager,
+                                     num_speculative_tokens=0 if spec is None else spec.num_speculative_tokens)
         except BaseException:
             self.close()
             raise
 
-    def receive(self) -> StepPlan | None:
+    def receive(self) -> plan_wire.Message | None:
         return plan_wire.receive(self.control)
 
     def close(self) -> None:
@@ -108,13 +111,18 @@ class RankState:
 
 
 def worker_loop(state: RankState) -> None:
-    """Ranks other than 0: run every plan rank 0 sends until told to stop."""
+    """Ranks other than 0: run every step, MTP draft step and KDA commit rank 0 sends until told to stop."""
     try:
         while True:
-            plan = state.receive()
-            if plan is None:
+            msg = state.receive()
+            if msg is None:
                 break
-            state.runner.execute(plan)
+            if msg.kind == plan_wire.STEP:
+                state.runner.execute(msg.plan)
+            elif msg.kind == plan_wire.COMMIT:
+                state.runner.commit(msg.rows)
+            else:
+                state.runner.draft(msg.plan, msg.rows, msg.kind == plan_wire.DRAFT_MAIN)
     finally:
         state.close()
 
@@ -189,10 +197,24 @@ class TPExecutor:
             raise EngineDeadError(self.dead_reason)
 
     def execute(self, plan: StepPlan) -> torch.Tensor:
+        return self._on_every_rank(lambda: plan_wire.send(plan, self.state.control),
+                                   lambda: self.state.runner.execute(plan))
+
+    def commit(self, counts: list[int]) -> None:
+        self._on_every_rank(lambda: plan_wire.broadcast(*plan_wire.encode_commit(counts), self.state.control),
+                            lambda: self.state.runner.commit(counts))
+
+    def draft(self, plan: StepPlan, source_rows: list[int], from_main: bool) -> torch.Tensor:
+        return self._on_every_rank(lambda: plan_wire.broadcast(*plan_wire.encode_draft(plan, source_rows, from_main),
+                                                                 self.state.control),
+                                   lambda: self.state.runner.draft(plan, source_rows, from_main))
+
+    def _on_every_rank(self, send, run):
+        """Send the work to the other ranks, run it here; a failure marks the executor dead."""
         self.check_alive()
         try:
-            plan_wire.send(plan, self.state.control)
-            return self.state.runner.execute(plan)
+            send()
+            return run()
         except Exception as exc:
             if self.dead_reason is None:  # give the watchdog a moment to name the cause
                 time.sleep(0.5)

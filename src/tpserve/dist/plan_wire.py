@@ -4,9 +4,16 @@
 Payload layout, in order: input_ids [T], positions [T], cu_seqlens [B+1], context_lens [B],
 slots [B], block-table lengths [B], block tables [B x width] (-1 padded), logits_indices [N],
 reset_slots [R].
+
+Speculative decoding adds two messages: an MTP draft step (header[0] DRAFT_MAIN or DRAFT_CHAIN:
+the hidden rows come from the main model or the previous depth; the payload is the plan's, then
+the source rows [T]) and a KDA commit (header [COMMIT, n, 0, ...], payload: the n accepted counts).
+`receive` returns a Message.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -15,10 +22,18 @@ import torch.distributed as dist
 from tpserve.engine.runner import StepPlan
 
 HEADER = 8
-STEP, STOP = 1, 2
+STEP, STOP, COMMIT, DRAFT_MAIN, DRAFT_CHAIN = 1, 2, 3, 4, 5
 
 
-def encode(plan: StepPlan) -> tuple[torch.Tensor, torch.Tensor]:
+@dataclass(frozen=True)
+class Message:
+    """What a rank other than 0 is told to run: kind STEP (plan), DRAFT_* (plan, rows) or COMMIT (counts)."""
+    kind: int
+    plan: StepPlan | None = None
+    rows: list[int] = field(default_factory=list)  # DRAFT_*: source rows; COMMIT: accepted counts
+
+
+def encode(plan: StepPlan, kind: int = STEP) -> tuple[torch.Tensor, torch.Tensor]:
     t, b = len(plan.input_ids), len(plan.slots)
     lens = [len(row) for row in plan.block_tables]
     width = max(lens, default=0)
@@ -29,7 +44,7 @@ def encode(plan: StepPlan) -> tuple[torch.Tensor, torch.Tensor]:
     payload = np.concatenate([np.asarray(p, dtype=np.int64) for p in parts]
                              + [tables.reshape(-1), np.asarray(plan.logits_indices, dtype=np.int64),
                                 np.asarray(plan.reset_slots, dtype=np.int64)])
-    header = torch.tensor([STEP, t, b, width, len(plan.logits_indices), len(plan.reset_slots),
+    header = torch.tensor([kind, t, b, width, len(plan.logits_indices), len(plan.reset_slots),
                            int(plan.sequence_parallel), plan.num_decode], dtype=torch.long)
     return header, torch.from_numpy(payload)
 
@@ -55,22 +70,60 @@ def decode(header: torch.Tensor, payload: torch.Tensor) -> StepPlan:
                     bool(sp), num_decode)
 
 
+def encode_draft(plan: StepPlan, source_rows: list[int], from_main: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """An MTP draft step (ModelRunner.draft's arguments) as (header, payload)."""
+    if len(source_rows) != len(plan.input_ids):
+        raise ValueError(f"source_rows: {len(source_rows)} rows for {len(plan.input_ids)} tokens")
+    header, payload = encode(plan, DRAFT_MAIN if from_main else DRAFT_CHAIN)
+    return header, torch.cat([payload, torch.tensor(source_rows, dtype=torch.long)])
+
+
+def encode_commit(counts: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """A KDA commit (ModelRunner.commit's accepted counts) as (header, payload)."""
+    header = torch.tensor([COMMIT, len(counts)] + [0] * (HEADER - 2), dtype=torch.long)
+    return header, torch.tensor(counts, dtype=torch.long)
+
+
+def message_size(header: torch.Tensor) -> int:
+    """Payload entries of any message but STOP."""
+    kind, tokens = int(header[0]), int(header[1])
+    if kind == COMMIT:
+        return tokens
+    return payload_size(header) + (tokens if kind in (DRAFT_MAIN, DRAFT_CHAIN) else 0)
+
+
+def decode_message(header: torch.Tensor, payload: torch.Tensor) -> Message:
+    kind, tokens = int(header[0]), int(header[1])
+    if kind == COMMIT:
+        return Message(kind, rows=payload.tolist())
+    if kind == STEP:
+        return Message(kind, decode(header, payload))
+    if kind not in (DRAFT_MAIN, DRAFT_CHAIN):
+        raise ValueError(f"plan wire: unknown message kind {kind}")
+    cut = payload.numel() - tokens
+    return Message(kind, decode(header, payload[:cut]), payload[cut:].tolist())
+
+
 def send(plan: StepPlan | None, group) -> None:
     """Rank 0: broadcast a plan (None: tell the other ranks to stop)."""
     if plan is None:
         dist.broadcast(torch.tensor([STOP] + [0] * (HEADER - 1), dtype=torch.long), src=0, group=group)
         return
-    header, payload = encode(plan)
+    broadcast(*encode(plan), group)
+
+
+def broadcast(header: torch.Tensor, payload: torch.Tensor, group) -> None:
+    """Rank 0: send one encoded message."""
     dist.broadcast(header, src=0, group=group)
     dist.broadcast(payload, src=0, group=group)
 
 
-def receive(group) -> StepPlan | None:
-    """Other ranks: the next plan from rank 0, or None when told to stop."""
+def receive(group) -> Message | None:
+    """Other ranks: the next message from rank 0, or None when told to stop."""
     header = torch.empty(HEADER, dtype=torch.long)
     dist.broadcast(header, src=0, group=group)
     if int(header[0]) == STOP:
         return None
-    payload = torch.empty(payload_size(header), dtype=torch.long)
+    payload = torch.empty(message_size(header), dtype=torch.long)
     dist.broadcast(payload, src=0, group=group)
-    return decode(header, payload)
+    return decode_message(header, payload)
