@@ -6,12 +6,13 @@ import torch
 
 from tpserve.kernels.kda import select_fla_options
 
-print("| head_dim | gate | chosen chunk_kda options | report |\n| --- | --- | --- | --- |")
-for head_dim in (16, 128):
+print("| head_dim | gate | recurrent kernel used | chosen chunk_kda options | report |\n| --- | --- | --- | --- | --- |")
+for head_dim in (16, 64, 128):
     for lb in (-5.0, None):
         try:
-            opts, report = select_fla_options(head_dim, lb, torch.device("cuda"))
+            recurrent, opts, report = select_fla_options(head_dim, lb, torch.device("cuda"))
         except Exception as exc:  # noqa: BLE001
-            opts, report = "ERROR", f"{type(exc).__name__}: {exc}"[:200]
-        print(f"| {head_dim} | {'lower bound -5' if lb else 'softplus'} | {opts} | {report} |", flush=True)
+            recurrent, opts, report = "ERROR", "ERROR", f"{type(exc).__name__}: {exc}"[:200]
+        print(f"| {head_dim} | {'lower bound -5' if lb else 'softplus'} | {recurrent} | {opts} | {report} |",
+              flush=True)
 sys.exit(0)

@@ -63,3 +63,47 @@ def test_conv_step_equals_sequence():
     # zero state == causal zero padding
     ref = F.silu(F.conv1d(x.t().unsqueeze(0), w.unsqueeze(1), padding=kern - 1, groups=c)[0, :, :t]).t()
     torch.testing.assert_close(conv.causal_conv_seq(x, torch.zeros(c, kern - 1), w)[0], ref)
+
+
+def test_fla_backend_with_torch_chunks_equals_torch_backend(monkeypatch):
+    """Where chunk_kda fails the start-up self-test but the recurrent kernel passes (the demo model's
+    head size on an H200), the layer decodes through the fla kernel and prefills chunks through the
+    torch path. A mixed step (two decodes, a 70-token chunk, a 1-token chunk) must equal the torch
+    backend's outputs and states; the fla decode kernel is stood in for by the torch recurrence (it
+    needs a GPU: tests/kernels/test_kda_fla.py checks it there), so the rows' routing is what is tested."""
+    from tpserve.model.batch import CacheTensors, ForwardBatch
+    from tpserve.model.config import ModelConfig
+    from tpserve.model.kda import KdaAttention
+    from tpserve.model.layers import ShardContext
+    from tpserve.model.tiny import randomize_
+
+    def torch_inplace(q, k, v, g, beta, states, slots):
+        out, new = kda.kda_recurrent_batched(q, k, v, g, beta, states[slots])
+        states[slots] = new
+        return out
+
+    monkeypatch.setattr(kda, "fla_decode_inplace", torch_inplace)
+    cfg = ModelConfig(hidden_size=32, linear_num_heads=2, linear_head_dim=8, num_hidden_layers=1,
+                      layer_types=("linear_attention",), mlp_layer_types=("dense",), indexer_types=("full",))
+    layer = KdaAttention(ShardContext.single(torch.float32), cfg, 0, "torch")
+    randomize_(layer, seed=0)
+    lens, slots = [1, 1, 70, 1], [3, 0, 2, 4]
+    cu = [0]
+    for n in lens:
+        cu.append(cu[-1] + n)
+    t = cu[-1]
+    batch = ForwardBatch(input_ids=torch.zeros(t, dtype=torch.long), positions=torch.arange(t), cu_seqlens=cu,
+                         context_lens=[5, 9, 0, 0], slots=torch.tensor(slots),
+                         block_tables=torch.zeros(len(lens), 1, dtype=torch.long),
+                         slot_mapping=torch.zeros(t, dtype=torch.long), logits_indices=torch.arange(t), decode_seqs=2)
+    x = torch.randn(t, 32, generator=torch.Generator().manual_seed(5))
+    results = []
+    for backend, opts in (("torch", {}), ("fla", None)):
+        cache = CacheTensors(block_size=16)
+        gen = torch.Generator().manual_seed(1)
+        cache.kda_state[0] = 0.1 * torch.randn(6, 2, 8, 8, generator=gen)
+        cache.conv_state[0] = torch.randn(6, 3 * 16, cfg.linear_conv_kernel_dim - 1, generator=gen)
+        layer.backend, layer.fla_options = backend, opts
+        results.append((layer(x, batch, cache), cache.kda_state[0].clone(), cache.conv_state[0].clone()))
+    for want, got in zip(*results):
+        torch.testing.assert_close(got, want, atol=0, rtol=0)

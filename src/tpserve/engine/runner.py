@@ -69,21 +69,23 @@ class ModelRunner:
 
     def _configure_fla(self) -> None:
         """Check fla-core's kernels against the torch references once, on this device and head size;
-        use the options that agree, or the torch path for KDA if none does."""
+        use those that agree: the recurrent kernel for decode / verify / commit, chunk_kda (with the
+        options that agree) for prefill chunks; the torch path for what does not agree."""
         from tpserve.kernels.kda import select_fla_options
         from tpserve.model.kda import KdaAttention
 
         layers = [m for m in self.model.modules() if isinstance(m, KdaAttention)]
         if not layers:
             return
-        opts, report = select_fla_options(self.cfg.linear_head_dim, self.cfg.linear_lower_bound, self.device)
+        recurrent, opts, report = select_fla_options(self.cfg.linear_head_dim, self.cfg.linear_lower_bound,
+                                                     self.device)
         log.info("fla-core KDA self-test (head_dim %d): %s", self.cfg.linear_head_dim, report)
-        if opts is None:
+        if not recurrent:
             log.warning("fla-core KDA kernels disagree with the reference here (%s); using the torch path", report)
             self.kernels = dataclasses.replace(self.kernels, kda="torch")
         for layer in layers:
-            layer.backend = "torch" if opts is None else "fla"
-            layer.fla_options = opts or {}
+            layer.backend = "fla" if recurrent else "torch"
+            layer.fla_options = opts
         self.kda_report = report
 
     @property

@@ -164,10 +164,13 @@ def _self_test_inputs(head_dim: int, lower_bound: float | None, device: torch.de
 
 
 def select_fla_options(head_dim: int, lower_bound: float | None, device: torch.device,
-                       tolerance: float = 2e-3) -> tuple[dict | None, str]:
-    """Check fla-core's chunk_kda / fused_recurrent_kda against the torch references on this
-    device and head size, and return the chunk_kda options that agree (safe_gate with the lower
-    bound first, as the gate is bounded), or None (use the torch path) plus a report line."""
+                       tolerance: float = 2e-3) -> tuple[bool, dict | None, str]:
+    """Check fla-core's fused_recurrent_kda and chunk_kda against the torch references on this
+    device and head size. -> (whether the recurrent kernel agrees: decode, verify and commit may
+    use it; the chunk_kda options that agree, safe_gate with the lower bound first as the gate is
+    bounded, or None: prefill chunks take the torch path; a report line). The two are separate:
+    at small head sizes the chunked kernel's lower-precision intra-chunk products can miss the
+    bound while the recurrent kernel is exact to fp32 rounding."""
     from fla.ops.kda import chunk_kda
 
     q, k, v, g, beta, states = _self_test_inputs(head_dim, lower_bound, device)
@@ -191,12 +194,12 @@ def select_fla_options(head_dim: int, lower_bound: float | None, device: torch.d
                   pool[1].abs().max().item(), pool[3].abs().max().item())  # other slots untouched
     report.append(f"fused_recurrent_kda (in-place slots) err {rec_err:.1e}")
     if rec_err > tolerance * scale:
-        return None, "; ".join(report) + " -> torch KDA path"
+        return False, None, "; ".join(report) + " -> torch KDA path"
     for opts in candidates:
         o, s = chunk_kda(q[None], k[None], v[None], g[None], beta[None], initial_state=states.clone(),
                          output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=cu, **opts)
         err = max((o[0] - ref_o).abs().max().item(), (s - ref_s).abs().max().item())
         report.append(f"chunk_kda {opts or 'default'} err {err:.1e}")
         if err <= tolerance * scale:
-            return opts, "; ".join(report)
-    return None, "; ".join(report) + " -> torch KDA path"
+            return True, opts, "; ".join(report)
+    return True, None, "; ".join(report) + " -> fla-core for decode / verify / commit, torch for prefill chunks"

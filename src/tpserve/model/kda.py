@@ -25,7 +25,7 @@ class KdaAttention(nn.Module):
         super().__init__()
         d, dh, qkv = cfg.hidden_size, cfg.linear_head_dim, cfg.linear_qkv_dim
         self.layer, self.head_dim, self.backend = layer, dh, backend
-        self.fla_options: dict = {}  # chunk_kda options chosen by the runner's self-test
+        self.fla_options: dict | None = {}  # chunk_kda options chosen by the runner's self-test (None: torch chunks)
         self.heads = ctx.split(cfg.linear_num_heads, "linear_num_heads")
         self.q_proj, self.k_proj, self.v_proj = (column(ctx, d, qkv) for _ in range(3))
         local, k = qkv // ctx.world, cfg.linear_conv_kernel_dim
@@ -119,16 +119,10 @@ class KdaAttention(nn.Module):
             cu = batch.cu_seqlens[nd:batch.decode_seqs + 1]
             decode_positions(q, k, v, g, beta, cu[:-1], [b - a for a, b in zip(cu, cu[1:])],
                              states[batch.slots[nd:batch.decode_seqs]], out)
-        for i in range(batch.decode_seqs, batch.num_seqs):
-            a, b = batch.cu_seqlens[i], batch.cu_seqlens[i + 1]
-            slot = batch.slots[i]
-            fn = kda_ops.kda_recurrent if b - a == 1 else kda_ops.kda_chunked
-            out[a:b], states[slot] = fn(q[a:b], k[a:b], v[a:b], g[a:b], beta[a:b], states[slot])
+        _prefill_torch(q, k, v, g, beta, batch, states, out)
         return out
 
     def _fla(self, q, k, v, g, beta, batch: ForwardBatch, states: torch.Tensor) -> torch.Tensor:
-        from fla.ops.kda import chunk_kda
-
         if batch.fixed_shapes and batch.query_len > 1:  # a graph verify step: one kernel, slots not written
             return kda_ops.fla_verify(q, k, v, g, beta, states, batch.slots[:batch.decode_seqs], batch.query_len)
         nd = batch.single_token_seqs
@@ -144,7 +138,13 @@ class KdaAttention(nn.Module):
             a, b = batch.cu_seqlens[nd], batch.decode_tokens
             parts.append(self._torch(q[a:b], k[a:b], v[a:b], g[a:b], beta[a:b], sub, states))
             nd = batch.decode_seqs
-        if nd < batch.num_seqs:
+        if nd < batch.num_seqs and self.fla_options is None:  # chunk_kda failed the self-test here
+            out = torch.empty_like(v)
+            _prefill_torch(q, k, v, g, beta, batch, states, out)
+            parts.append(out[batch.cu_seqlens[nd]:])
+        elif nd < batch.num_seqs:
+            from fla.ops.kda import chunk_kda
+
             slots = batch.slots[nd:]
             cu = torch.tensor(batch.cu_seqlens[nd:], dtype=torch.long, device=q.device) - batch.cu_seqlens[nd]
             a = batch.cu_seqlens[nd]
@@ -154,6 +154,15 @@ class KdaAttention(nn.Module):
             states[slots] = final
             parts.append(out.squeeze(0))
         return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+def _prefill_torch(q, k, v, g, beta, batch: ForwardBatch, states: torch.Tensor, out: torch.Tensor) -> None:
+    """The prefill chunks (sequences after the decode group), one at a time, into out's rows."""
+    for i in range(batch.decode_seqs, batch.num_seqs):
+        a, b = batch.cu_seqlens[i], batch.cu_seqlens[i + 1]
+        slot = batch.slots[i]
+        fn = kda_ops.kda_recurrent if b - a == 1 else kda_ops.kda_chunked
+        out[a:b], states[slot] = fn(q[a:b], k[a:b], v[a:b], g[a:b], beta[a:b], states[slot])
 
 
 @dataclass
