@@ -99,6 +99,26 @@ def test_checkpoint_layout_has_the_mtp_layer(trained):
         assert (trained / "model" / f).is_file()
 
 
+def test_a_word_is_the_same_tokens_after_a_space_a_quote_or_a_tag(tmp_path):
+    """Names are copied from the prompt (user text, the tools' JSON) into tool calls: a tokenizer
+    trained on text where the name mostly follows a space must give it the same ids wherever it
+    stands, and still decode to the text."""
+    from transformers import AutoTokenizer
+
+    from tpserve.train.tokenizer import train_tokenizer, write_tokenizer
+
+    texts = ["Please use notify_address now, then notify_address again."] * 50 + ['{"name": "notify_address"}']
+    write_tokenizer(train_tokenizer(texts, 400), tmp_path, model_max_length=64)
+    tok = AutoTokenizer.from_pretrained(str(tmp_path))
+    word = tok.encode("notify_address", add_special_tokens=False)
+    assert len(word) <= 3  # merged into word pieces, not bytes
+    for text in ("Use notify_address", '{"name": "notify_address"', "<tool_call>notify_address"):
+        ids = tok.encode(text, add_special_tokens=False)
+        assert any(ids[i:i + len(word)] == word for i in range(len(ids))), text
+        assert tok.decode(ids) == text
+    assert tok.decode(tok.encode("a  b 12, x", add_special_tokens=False)) == "a  b 12, x"
+
+
 def test_training_forward_matches_transformers_and_engine(trained):
     """Logits of our training forward == transformers' (fp32 rounding), and the engine's greedy
     tokens == transformers' greedy tokens, on the checkpoint train-demo wrote."""

@@ -299,9 +299,16 @@ def tool_chat(rng: random.Random, held_out: bool = False) -> str:
 
 
 def copy_chat(rng: random.Random) -> str:
-    """Repeat a list of made-up and real words: the plainest copying exercise."""
-    words = [pseudo_word(rng) if rng.random() < 0.5 else rng.choice(NOUNS + CITIES + NAMES)
-             for _ in range(rng.randint(2, 12))]
+    """Repeat a list of made-up words, standard-library identifiers and real words: the plainest
+    copying exercise."""
+    idents = stdlib_identifiers()
+
+    def word():
+        r = rng.random()
+        return pseudo_word(rng) if r < 0.4 else rng.choice(idents) if r < 0.7 and idents else \
+            rng.choice(NOUNS + CITIES + NAMES)
+
+    words = [word() for _ in range(rng.randint(2, 12))]
     sep = rng.choice([" ", ", "])
     text = sep.join(words)
     user = rng.choice(["Repeat: {t}", "Say this back: {t}", "Copy the words: {t}", "Echo {t}"]).format(t=text)
@@ -330,7 +337,7 @@ def plain_text(rng: random.Random) -> str:
 
 
 MIXTURE = ((counting, 0.18), (arithmetic, 0.10), (word_problem, 0.08), (json_doc, 0.10), (tool_chat, 0.32),
-           (copy_chat, 0.06), (plain_text, 0.16))
+           (copy_chat, 0.08), (plain_text, 0.14))
 
 
 def documents(n: int, seed: int) -> list[str]:

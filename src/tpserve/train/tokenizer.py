@@ -4,6 +4,10 @@ Why not the tiny tokenizer: its 512 ids are almost all single bytes, so a count 
 object costs about one token per character. This BPE splits numbers into single digits (a space
 may ride on the first digit: " 12" -> " 1", "2"), so counting and arithmetic see the same digit
 tokens everywhere, and learns merges for the words, JSON punctuation and code of the corpus.
+A space before a letter is a token of its own, so a word is the same tokens after a space, a quote
+or a tag ("Use notify_x", `"name": "notify_x"`, `<tool_call>notify_x`): copying a name the model
+has never seen from the prompt into a tool call is then a copy of tokens, not a respelling (the
+first demo models, with GPT-2's " word" tokens, wrote "noti_address" for notify_address).
 The files load with transformers' AutoTokenizer (PreTrainedTokenizerFast).
 """
 
@@ -34,6 +38,7 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int) -> Tokenizer:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Split(Regex(r" ?\p{N}"), behavior="isolated"),
+        pre_tokenizers.Split(Regex(r" (?=\p{L})"), behavior="isolated"),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
     ])
     tok.decoder = decoders.ByteLevel()
