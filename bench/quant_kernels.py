@@ -1,9 +1,10 @@
 """Quantized GEMM and MoE kernels on one GPU: accuracy against dequantized fp32 math and time.
 
 Needs only torch + Triton (no other tpserve dependency). Sections (each prints its own table):
-  w8a16   fp8 block-128 W8A16 split-K (Triton) at M 1/8/16, vs the FP8 weight-streaming floor and
+  w8a16   fp8 block-128 W8A16 at M 1/8/16: the tiled split-K kernel and the decode GEMV
+          (kernels/quant_gemv.py, best of a config sweep), vs the FP8 weight-streaming floor and
           vs cuBLAS bf16 on the same shape (whose floor is twice as many bytes)
-  w4a16   nvfp4 W4A16 (Triton) at M 1/8/16, vs its 4-bit floor
+  w4a16   nvfp4 W4A16 at M 1/8/16, tiled vs GEMV, vs its 4-bit floor
   w8a8    torch._scaled_mm blockwise (sm90) at M 4096, vs bf16 matmul; relative error
   moe     decode: grouped nvfp4 / fp8 / bf16 experts at 1/8 tokens (288 experts, top-8, D 4096, I 2048)
           vs the floor of the experts touched; prefill: bf16 grouped_mm at 16k tokens (TFLOP/s, MFU)
@@ -59,61 +60,80 @@ def rel(y, ref) -> float:
     return ((y.double() - ref.double()).abs().max() / ref.double().abs().max()).item()
 
 
-def sec_w8a16(res):
-    from tpserve.kernels import quant_ref as qr
-    from tpserve.kernels.quant_triton import w8a16_gemm
+GEMV_FP8 = [(bn, bk, nw) for bn in (16, 32, 64) for bk in (64, 128) for nw in (4, 8)]
+GEMV_FP4 = [(bn, bk, nw) for bn in (16, 32, 64) for bk in (128, 256, 512) for nw in (4, 8)]
 
-    print("\n| W8A16 fp8 block 128 | M | Triton us | floor us | % floor | best tiles | cuBLAS bf16 us | rel err |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
-    for n, k in ((12288, 4096), (4096, 12288)):
+
+def _best(configs, make):
+    """(seconds, config) of the fastest config; make(config) -> a zero-argument call. A config that
+    fails to compile or run (e.g. out of registers) is reported and skipped."""
+    out = []
+    for c in configs:
+        try:
+            out.append((timed(make(c)), c))
+        except Exception as exc:  # noqa: BLE001
+            print(f"  config {c}: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}", flush=True)
+    return min(out)
+
+
+def _gemv_rows(res, key, title, shapes, quantize, floor_bytes, old, gemv, configs, extra=None):
+    """One table: per shape and M the tiled split-K kernel (best of 3 tiles), the decode GEMV (best of
+    `configs`: block_n, block_k, num_warps) and its error against fp32 math on the dequantized weight."""
+    print(f"\n| {title} | M | tiled us | GEMV us | floor us | GEMV % floor | GEMV / tiled | best GEMV config | "
+          f"{'cuBLAS bf16 us | ' if extra else ''}rel err |")
+    print("| --- " * (9 + bool(extra)) + "|")
+    for n, k in shapes:
         w = torch.randn(n, k, device="cuda") / k**0.5
-        q, s = qr.fp8_block_quantize(w)
-        wd = qr.fp8_block_dequantize(q, s)
-        wb = wd.bfloat16()
-        floor = (n * k + s.numel() * 4) / HBM
+        packed, wd = quantize(w)
+        floor = floor_bytes(n, k) / HBM
         for m in (1, 8, 16):
             x = torch.randn(m, k, device="cuda").bfloat16()
             ref = x.float() @ wd.T
-            best = None
-            for bn, bk in ((32, 128), (64, 128), (64, 256)):
-                t = timed(lambda: w8a16_gemm(x, q, s, (128, 128), block_n=bn, block_k=bk))
-                if best is None or t < best[0]:
-                    best = (t, bn, bk)
-            err = rel(w8a16_gemm(x, q, s, (128, 128), block_n=best[1], block_k=best[2]), ref)
-            tb = timed(lambda: torch.nn.functional.linear(x, wb))
-            row = dict(n=n, k=k, m=m, us=best[0] * 1e6, floor_us=floor * 1e6, pct=100 * floor / best[0],
-                       tiles=best[1:], cublas_bf16_us=tb * 1e6, rel_err=err)
-            res.setdefault("w8a16", []).append(row)
-            print(f"| {n}x{k} | {m} | {row['us']:.1f} | {row['floor_us']:.1f} | {row['pct']:.0f}% | {best[1]}x{best[2]} "
-                  f"| {row['cublas_bf16_us']:.1f} | {err:.1e} |")
+            t_old, _ = _best([(32, 128), (64, 128), (64, 256)],
+                             lambda c: (lambda: old(x, packed, block_n=c[0], block_k=c[1])))
+            t_new, cfg = _best(configs, lambda c: (lambda: gemv(x, packed, block_n=c[0], block_k=c[1],
+                                                                num_warps=c[2])))
+            err = rel(gemv(x, packed, block_n=cfg[0], block_k=cfg[1], num_warps=cfg[2]), ref)
+            row = dict(n=n, k=k, m=m, tiled_us=t_old * 1e6, us=t_new * 1e6, floor_us=floor * 1e6,
+                       pct=100 * floor / t_new, config=cfg, rel_err=err)
+            cols = ""
+            if extra:
+                row["cublas_bf16_us"] = timed(lambda: torch.nn.functional.linear(x, extra(wd))) * 1e6
+                cols = f"{row['cublas_bf16_us']:.1f} | "
+            res.setdefault(key, []).append(row)
+            print(f"| {n}x{k} | {m} | {row['tiled_us']:.1f} | {row['us']:.1f} | {row['floor_us']:.1f} | "
+                  f"{row['pct']:.0f}% | {t_new / t_old:.2f} | {cfg} | {cols}{err:.1e} |", flush=True)
+
+
+SHAPES = ((12288, 4096), (4096, 12288))
+
+
+def sec_w8a16(res):
+    from tpserve.kernels import quant_ref as qr
+    from tpserve.kernels.quant_gemv import w8a16_gemv
+    from tpserve.kernels.quant_triton import w8a16_gemm
+
+    def quantize(w):
+        q, s = qr.fp8_block_quantize(w)
+        return (q, s), qr.fp8_block_dequantize(q, s)
+
+    _gemv_rows(res, "w8a16", "W8A16 fp8 block 128", SHAPES, quantize, lambda n, k: n * k + (n // 128) * (k // 128) * 4,
+               lambda x, p, **t: w8a16_gemm(x, *p, (128, 128), kernel="tiled", **t),
+               lambda x, p, **t: w8a16_gemv(x, *p, (128, 128), **t), GEMV_FP8, extra=lambda wd: wd.bfloat16())
 
 
 def sec_w4a16(res):
     from tpserve.kernels import quant_ref as qr
+    from tpserve.kernels.quant_gemv import w4a16_gemv
     from tpserve.kernels.quant_triton import w4a16_gemm
 
-    print("\n| W4A16 nvfp4 | M | Triton us | floor us | % floor | best tiles | rel err |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
-    for n, k in ((12288, 4096), (4096, 12288)):
-        w = torch.randn(n, k, device="cuda") / k**0.5
+    def quantize(w):
         p, bs, s2 = qr.nvfp4_quantize(w)
-        wd = qr.nvfp4_dequantize(p, bs, s2)
-        s2r = s2.reshape(1).expand(n).contiguous()
-        floor = (n * k // 2 + n * k // 16) / HBM
-        for m in (1, 8, 16):
-            x = torch.randn(m, k, device="cuda").bfloat16()
-            ref = x.float() @ wd.T
-            best = None
-            for bn, bk in ((32, 128), (64, 128), (64, 256)):
-                t = timed(lambda: w4a16_gemm(x, p, bs, s2r, block_n=bn, block_k=bk))
-                if best is None or t < best[0]:
-                    best = (t, bn, bk)
-            err = rel(w4a16_gemm(x, p, bs, s2r, block_n=best[1], block_k=best[2]), ref)
-            row = dict(n=n, k=k, m=m, us=best[0] * 1e6, floor_us=floor * 1e6, pct=100 * floor / best[0],
-                       tiles=best[1:], rel_err=err)
-            res.setdefault("w4a16", []).append(row)
-            print(f"| {n}x{k} | {m} | {row['us']:.1f} | {row['floor_us']:.1f} | {row['pct']:.0f}% | {best[1]}x{best[2]} "
-                  f"| {err:.1e} |")
+        return (p, bs, s2.reshape(1).expand(w.shape[0]).contiguous()), qr.nvfp4_dequantize(p, bs, s2)
+
+    _gemv_rows(res, "w4a16", "W4A16 nvfp4", SHAPES, quantize, lambda n, k: n * k // 2 + n * k // 16,
+               lambda x, p, **t: w4a16_gemm(x, *p, kernel="tiled", **t),
+               lambda x, p, **t: w4a16_gemv(x, *p, **t), GEMV_FP4)
 
 
 def sec_w8a8(res):

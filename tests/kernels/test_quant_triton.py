@@ -17,30 +17,45 @@ from interpreted import run_interpreted
 
 
 def test_gemms_match_dequantized_math():
+    """Both kernels where they apply: "auto" (the GEMV up to 16 rows where its tiles fit the scale
+    blocks, the tiled kernel otherwise), and the GEMV forced with each of its tile shapes."""
     out = run_interpreted("""
         import json, torch
         from tpserve.kernels import quant_ref as qr
         from tpserve.kernels.quant_triton import w8a16_gemm, w4a16_gemm
+        from tpserve.kernels.quant_gemv import w8a16_gemv, w4a16_gemv
         res = {}
         g = torch.Generator().manual_seed(0)
+        def err(y, ref):
+            return ((y.double() - ref).abs().max() / ref.abs().max()).item()
         for m, n, k, block, dtype in [(1, 96, 256, (128, 128), torch.float32), (5, 200, 160, (16, 32), torch.float32),
-                                      (3, 64, 512, (128, 128), torch.float16), (40, 72, 96, (32, 32), torch.float32)]:
+                                      (3, 64, 512, (128, 128), torch.float16), (40, 72, 96, (32, 32), torch.float32),
+                                      (16, 40, 512, (128, 128), torch.float32), (1, 33, 768, (128, 128), torch.float16)]:
             w = torch.randn(n, k, generator=g) / k**0.5
             x = torch.randn(m, k, generator=g).to(dtype)
             q, s = qr.fp8_block_quantize(w, block)
             ref = x.double() @ qr.fp8_block_dequantize(q, s, block).double().T
-            y = w8a16_gemm(x, q, s, block).double()
-            res[f"fp8 {m}x{n}x{k} {block} {dtype}"] = ((y - ref).abs().max() / ref.abs().max()).item()
+            for kernel in ("auto", "tiled"):
+                res[f"fp8 {kernel} {m}x{n}x{k} {block} {dtype}"] = err(w8a16_gemm(x, q, s, block, kernel=kernel), ref)
+            if block == (128, 128) and m <= 16:
+                for bn, bk in ((16, 128), (32, 64)):
+                    res[f"fp8 gemv {bn}x{bk} {m}x{n}x{k} {dtype}"] = err(
+                        w8a16_gemv(x, q, s, block, block_n=bn, block_k=bk), ref)
             qc, sc = qr.fp8_channel_quantize(w)
             ref = x.double() @ qr.fp8_channel_dequantize(qc, sc).double().T
-            y = w8a16_gemm(x, qc, sc[:, None], (1, k)).double()
-            res[f"fp8-channel {m}x{n}x{k} {dtype}"] = ((y - ref).abs().max() / ref.abs().max()).item()
+            res[f"fp8-channel {m}x{n}x{k} {dtype}"] = err(w8a16_gemm(x, qc, sc[:, None], (1, k)), ref)
             p, bs, s2 = qr.nvfp4_quantize(w)
             ref = x.double() @ qr.nvfp4_dequantize(p, bs, s2).double().T
-            y = w4a16_gemm(x, p, bs, s2.reshape(1).expand(n).contiguous()).double()
-            res[f"nvfp4 {m}x{n}x{k} {dtype}"] = ((y - ref).abs().max() / ref.abs().max()).item()
+            s2r = s2.reshape(1).expand(n).contiguous()
+            for kernel in ("auto", "tiled"):
+                res[f"nvfp4 {kernel} {m}x{n}x{k} {dtype}"] = err(w4a16_gemm(x, p, bs, s2r, kernel=kernel), ref)
+            if m <= 16 and k % 256 == 0:
+                for bn, bk in ((16, 128), (32, 256)):
+                    res[f"nvfp4 gemv {bn}x{bk} {m}x{n}x{k} {dtype}"] = err(
+                        w4a16_gemv(x, p, bs, s2r, block_n=bn, block_k=bk), ref)
         print(json.dumps(res))
     """)
+    assert sum("gemv" in name for name in out) >= 12
     for name, err in out.items():
         assert err < (5e-3 if "float16" in name else 1e-5), (name, err)
 

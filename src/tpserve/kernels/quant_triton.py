@@ -8,8 +8,9 @@ s [N, K/16] float8_e4m3fn; a float32 global scale per row): each byte is loaded 
 codes decoded and scaled, and they meet the even and odd columns of X in two dots. Tiles are cast
 to the activation dtype for tl.dot; accumulation is fp32.
 
-- `w8a16_gemm` / `w4a16_gemm`: y = x W^T for small M (decode), split over K so that even one row
-  spreads over the whole GPU; partial sums are added in fp32 (atomic) and cast once.
+- `w8a16_gemm` / `w4a16_gemm`: y = x W^T, split over K so that even one row spreads over the
+  whole GPU; partial sums are added in fp32 (atomic) and cast once. Up to 16 rows they hand over
+  to the decode GEMV of quant_gemv.py (row-major weight tiles, scales per tile or per group).
 - `experts_fp8_triton` / `experts_nvfp4_triton`: the grouped expert GEMMs of kernels/moe_triton.py
   (tokens sorted by expert, padded per expert to BLOCK_M rows, no host sync) on quantized experts.
 """
@@ -21,8 +22,10 @@ import triton
 import triton.language as tl
 
 from tpserve.kernels.moe_align import align_by_expert
+from tpserve.kernels.quant_gemv import fp8_gemv_fits, w4a16_gemv, w8a16_gemv
 
 BLOCK_M = 16
+GEMV_MAX_M = 16  # rows up to which the decode GEMV (quant_gemv.py) replaces the tiled kernel
 
 
 @triton.jit
@@ -129,18 +132,25 @@ def _gemm(x, w, s, s2, fmt: int, k: int, sk: int, bns: int, bks: int, block_n: i
     return y.to(x.dtype)
 
 
-def w8a16_gemm(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, block: tuple[int, int], **tiles) -> torch.Tensor:
+def w8a16_gemm(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, block: tuple[int, int], kernel: str = "auto",
+               **tiles) -> torch.Tensor:
     """x [M, K] (16-bit or fp32) @ dequant(w fp8 [N, K], s [ceil(N/bn), ceil(K/bk)])^T -> [M, N] in x.dtype.
-    tiles: block_n / block_k overrides (benchmarks)."""
+    kernel: "auto" (the decode GEMV of quant_gemv.py for M <= 16 where its K tile fits the scale
+    blocks, else the tiled kernel), "gemv" or "tiled"; tiles: block_n / block_k overrides (benchmarks)."""
     k = w.shape[1]
     s = s.contiguous()
+    if kernel == "gemv" or kernel == "auto" and x.shape[0] <= GEMV_MAX_M and fp8_gemv_fits(k, block) and not tiles:
+        return w8a16_gemv(x, w, s, block, **tiles)
     return _gemm(x, w, s, s, 0, k, s.shape[1], block[0], block[1], **tiles)
 
 
 def w4a16_gemm(x: torch.Tensor, w: torch.Tensor, bscale: torch.Tensor, scale2_rows: torch.Tensor,
-               **tiles) -> torch.Tensor:
-    """x [M, K] @ dequant(nvfp4 w [N, K/2], bscale [N, K/16], scale2_rows [N])^T -> [M, N] in x.dtype."""
+               kernel: str = "auto", **tiles) -> torch.Tensor:
+    """x [M, K] @ dequant(nvfp4 w [N, K/2], bscale [N, K/16], scale2_rows [N])^T -> [M, N] in x.dtype.
+    kernel as in w8a16_gemm (the GEMV needs K a multiple of its 256-wide tile)."""
     k = w.shape[1] * 2
+    if kernel == "gemv" or kernel == "auto" and x.shape[0] <= GEMV_MAX_M and k % 256 == 0 and not tiles:
+        return w4a16_gemv(x, w, bscale, scale2_rows, **tiles)
     return _gemm(x, w, bscale.contiguous(), scale2_rows.float().contiguous(), 1, k, k // 16, 1, 16, **tiles)
 
 

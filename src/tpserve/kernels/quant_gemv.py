@@ -1,0 +1,140 @@
+"""Decode GEMMs on quantized weights (M <= 16 rows): y = x W^T, streaming W once at full width.
+
+Floors (bytes / 4.3 TB/s on an H200): FP8 block-128 [N, K] = N K (1 + 4/128^2) bytes, 12288 x 4096
+-> 11.7 us; NVFP4 = N K (1/2 + 1/16) bytes -> 6.6 us. The FLOPs (2 M N K, <= 1.6 GFLOP) are
+negligible against 790 TFLOP/s, so only bandwidth matters: every program reads a [BLOCK_N, BLOCK_K]
+tile of W as rows with K contiguous (16-byte vector loads, coalesced), K is split over programs
+so that a single row still spreads over every SM, and partial sums meet in fp32 atomics.
+
+FP8 (w float8_e4m3fn [N, K], fp32 block scales s [ceil(N/BNS), K/BKS]): a tile never crosses a
+scale block (BKS % BLOCK_K == 0), so the raw e4m3 values (exact in 16 bits) are dotted and the
+tile's one scale per row multiplies the fp32 partial sum.
+NVFP4 (w uint8 [N, K/2], low nibble = even k; s float8_e4m3fn [N, K/16]; s2 float32 per row): an
+e2m1 code c becomes float16 bits ((c & 8) << 12) | ((c & 7) << 9), which is exactly its value
+times 2^-14 (subnormals included), so decoding is three integer ops and a bitcast; the 2^14
+rides on the row's global scale. At M = 1 the 16-element groups are summed first and scaled once
+per group; at M > 1 the tile is scaled and the rows go through tl.dot.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+SMS = 132  # H200 streaming multiprocessors: the split-K target is a few waves of programs
+
+
+@triton.jit
+def _e2m1_scaled_down(c):
+    """fp32 value of e2m1 codes c (int32 0..15) times 2^-14."""
+    bits = ((c & 8) << 12) | ((c & 7) << 9)
+    return bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _gemv_kernel(x_ptr, w_ptr, s_ptr, s2_ptr, y_ptr, M, N, K: tl.constexpr, SK: tl.constexpr, BNS: tl.constexpr,
+                 BKS: tl.constexpr, FORMAT: tl.constexpr, K_PER_SPLIT: tl.constexpr, ATOMIC: tl.constexpr,
+                 PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = n < N
+    n64 = n.to(tl.int64)
+    m = tl.arange(0, BLOCK_M)
+    m_ok = m < M
+    k_start = tl.program_id(1) * K_PER_SPLIT
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kk in range(0, K_PER_SPLIT, BLOCK_K):
+        k0 = k_start + kk
+        if FORMAT == 0:
+            k = k0 + tl.arange(0, BLOCK_K)
+            k_ok = k < K
+            w = tl.load(w_ptr + n64[:, None] * K + k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+            sc = tl.load(s_ptr + (n64 // BNS) * SK + k0 // BKS, mask=n_ok, other=0.0)
+            if BLOCK_M == 1:
+                xk = tl.load(x_ptr + k, mask=k_ok, other=0.0).to(tl.float32)
+                part = tl.sum(w.to(tl.float32) * xk[None, :], axis=1)
+                acc += (part * sc)[None, :]
+            else:
+                xa = tl.load(x_ptr + m[:, None] * K + k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+                part = tl.dot(xa, tl.trans(w.to(xa.dtype)), input_precision=PRECISION)
+                acc += part * sc[None, :]
+        else:
+            j = tl.arange(0, BLOCK_K // 2)
+            kb = k0 // 2 + j
+            b_ok = kb < K // 2
+            b = tl.load(w_ptr + n64[:, None] * (K // 2) + kb[None, :], mask=n_ok[:, None] & b_ok[None, :],
+                        other=0).to(tl.int32)
+            lo = _e2m1_scaled_down(b & 15)
+            hi = _e2m1_scaled_down(b >> 4)
+            g = k0 // 16 + tl.arange(0, BLOCK_K // 16)
+            sc = tl.load(s_ptr + n64[:, None] * (K // 16) + g[None, :], mask=n_ok[:, None] & (g < K // 16)[None, :],
+                         other=0.0).to(tl.float32)
+            if BLOCK_M == 1:
+                xe = tl.load(x_ptr + 2 * kb, mask=b_ok, other=0.0).to(tl.float32)
+                xo = tl.load(x_ptr + 2 * kb + 1, mask=b_ok, other=0.0).to(tl.float32)
+                prod = lo * xe[None, :] + hi * xo[None, :]
+                groups = tl.sum(tl.reshape(prod, (BLOCK_N, BLOCK_K // 16, 8)), axis=2)
+                acc += tl.sum(groups * sc, axis=1)[None, :]
+            else:
+                xm = m_ok[:, None] & b_ok[None, :]
+                xe = tl.load(x_ptr + m[:, None] * K + 2 * kb[None, :], mask=xm, other=0.0)
+                xo = tl.load(x_ptr + m[:, None] * K + 2 * kb[None, :] + 1, mask=xm, other=0.0)
+                los = tl.reshape(tl.reshape(lo, (BLOCK_N, BLOCK_K // 16, 8)) * sc[:, :, None], (BLOCK_N, BLOCK_K // 2))
+                his = tl.reshape(tl.reshape(hi, (BLOCK_N, BLOCK_K // 16, 8)) * sc[:, :, None], (BLOCK_N, BLOCK_K // 2))
+                acc += tl.dot(xe, tl.trans(los.to(xe.dtype)), input_precision=PRECISION)
+                acc += tl.dot(xo, tl.trans(his.to(xo.dtype)), input_precision=PRECISION)
+    if FORMAT == 1:
+        acc *= tl.load(s2_ptr + n64, mask=n_ok, other=0.0)[None, :] * 16384.0
+    offs = y_ptr + m[:, None].to(tl.int64) * N + n[None, :]
+    if ATOMIC:
+        tl.atomic_add(offs, acc, mask=m_ok[:, None] & n_ok[None, :])
+    else:
+        tl.store(offs, acc, mask=m_ok[:, None] & n_ok[None, :])
+
+
+def gemv_split(n: int, k: int, block_n: int, block_k: int, waves: int = 4) -> int:
+    """K splits so that the (N tile, K split) programs fill the SMs `waves` times."""
+    tiles = triton.cdiv(n, block_n)
+    return max(1, min(triton.cdiv(k, block_k), triton.cdiv(waves * SMS, tiles)))
+
+
+def _launch(x, w, s, s2, fmt: int, k: int, sk: int, bns: int, bks: int, block_n: int, block_k: int,
+            num_warps: int, num_stages: int, waves: int) -> torch.Tensor:
+    m, n = x.shape[0], w.shape[0]
+    if m > 16:
+        raise ValueError(f"x: quantized GEMV takes at most 16 rows, got {m}")
+    x = x.contiguous()
+    block_m = 1 if m == 1 else 16
+    split = gemv_split(n, k, block_n, block_k, waves)
+    k_per = triton.cdiv(triton.cdiv(k, split), block_k) * block_k
+    split = triton.cdiv(k, k_per)
+    y = (torch.zeros if split > 1 else torch.empty)(m, n, dtype=torch.float32, device=x.device)
+    _gemv_kernel[(triton.cdiv(n, block_n), split)](
+        x, w, s, s2, y, m, n, K=k, SK=sk, BNS=bns, BKS=bks, FORMAT=fmt, K_PER_SPLIT=k_per, ATOMIC=split > 1,
+        PRECISION="ieee" if x.dtype == torch.float32 else "tf32", BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages)
+    return y.to(x.dtype)
+
+
+def fp8_gemv_fits(k: int, block: tuple[int, int], block_k: int = 128) -> bool:
+    """Whether the FP8 GEMV's K tile stays inside one scale block (and K is whole tiles)."""
+    return block[1] % block_k == 0 and k % block_k == 0
+
+
+def w8a16_gemv(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, block: tuple[int, int], block_n: int = 32,
+               block_k: int = 128, num_warps: int = 4, num_stages: int = 3, waves: int = 4) -> torch.Tensor:
+    """x [M <= 16, K] @ dequant(w fp8 [N, K], s [ceil(N/bn), K/bk])^T -> [M, N] in x.dtype."""
+    if not fp8_gemv_fits(w.shape[1], block, block_k):
+        raise ValueError(f"block_k: {block_k} must divide the scale block {block[1]} and K {w.shape[1]}")
+    return _launch(x, w, s.contiguous(), s, 0, w.shape[1], s.shape[1], block[0], block[1], block_n, block_k,
+                   num_warps, num_stages, waves)
+
+
+def w4a16_gemv(x: torch.Tensor, w: torch.Tensor, bscale: torch.Tensor, scale2_rows: torch.Tensor,
+               block_n: int = 32, block_k: int = 256, num_warps: int = 4, num_stages: int = 3,
+               waves: int = 4) -> torch.Tensor:
+    """x [M <= 16, K] @ dequant(nvfp4 w [N, K/2], bscale [N, K/16], scale2_rows [N])^T -> [M, N]."""
+    k = w.shape[1] * 2
+    if k % block_k or block_k % 32:
+        raise ValueError(f"block_k: {block_k} must be a multiple of 32 dividing K {k}")
+    return _launch(x, w, bscale.contiguous(), scale2_rows.float().contiguous(), 1, k, k // 16, 1, 16, block_n,
+                   block_k, num_warps, num_stages, waves)
