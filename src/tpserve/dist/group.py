@@ -192,6 +192,9 @@ class TPExecutor:
                                 log.warning("could not abort NCCL: %s", exc)
             time.sleep(0.2)
 
+    def verify_graph_batch(self) -> int | None:
+        return self.state.runner.verify_graph_batch()  # every rank captures the same graphs
+
     def check_alive(self) -> None:
         if self.dead_reason:
             raise EngineDeadError(self.dead_reason)

@@ -76,6 +76,9 @@ class LocalExecutor:
     def draft(self, plan: StepPlan, source_rows: list[int], from_main: bool) -> torch.Tensor:
         return self.runner.draft(plan, source_rows, from_main)
 
+    def verify_graph_batch(self) -> int | None:
+        return self.runner.verify_graph_batch()
+
     def check_alive(self) -> None:
         pass
 

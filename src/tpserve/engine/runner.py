@@ -116,6 +116,14 @@ class ModelRunner:
                                  capture=self.device.type == "cuda", max_query=1 + num_speculative_tokens)
         self.graphs.capture_all()
 
+    def verify_graph_batch(self) -> int | None:
+        """The largest batch whose verify / draft steps replay CUDA graphs (0: none do), or None when
+        no step replays a graph (eager, or CPU): above it a drafting step runs eagerly while a plain
+        decode step replays its graph."""
+        if self.graphs is None or not self.graphs.capture:
+            return None
+        return max(self.graphs.spec_buckets, default=0)
+
     def build_batch(self, plan: StepPlan) -> ForwardBatch:
         dev, bs = self.device, self.cache_shape.block_size
         width = max((len(t) for t in plan.block_tables), default=1) or 1

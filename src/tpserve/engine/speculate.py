@@ -171,6 +171,11 @@ class Speculator:
         k = self.policy.choose_k(batch, running)
         if self.spec.adaptive:
             k = self.rates.override(batch, k)
+            limit = eng.executor.verify_graph_batch()
+            if limit is not None and batch > limit:
+                # plain steps replay a graph here and drafting steps could not (eager steps cost
+                # several times a replay on a GPU: BENCHMARKS.md, batch 64), exploration included
+                k = 0
         self.last_k = k
         self.idle_steps = self.idle_steps + 1 if k == 0 else 0
         if self.idle_steps > IDLE_STEPS and not any(_fixed(seq) for seq in running):

@@ -73,6 +73,7 @@ def measure(args) -> dict:
                 kw["kv_cache_memory"] = 2 * 2**30
             llm = LLM(**{k: v for k, v in kw.items() if v is not None}, speculative_config=spec)
             state = _state_bytes(llm)
+            kda_path = getattr(getattr(llm.engine.executor, "runner", None), "kda_report", None)
             for batch in args.batch:
                 # every structured prompt at least once, in generate calls of `batch` requests
                 prompts = [structured[i % len(structured)] for i in range(max(batch, len(structured)))]
@@ -96,7 +97,7 @@ def measure(args) -> dict:
                              "mean_accepted_length": 1 + acc / drafts if drafts else None,
                              "equal_to_plain": tokens == reference.get(batch),
                              "outputs_equal": sum(a == b for a, b in zip(tokens, reference.get(batch, []))),
-                             "outputs": len(tokens), "kda_state_bytes_per_request": state})
+                             "outputs": len(tokens), "kda_state_bytes_per_request": state, "kda_path": kda_path})
                 bar.update(1)
             llm.shutdown()
             del llm
@@ -114,7 +115,8 @@ def table(result: dict) -> str:
         mal = "-" if r["mean_accepted_length"] is None else f"{r['mean_accepted_length']:.2f}"
         lines.append(f"| {r['batch']} | {r['setting']} | {r['tok_s']:.1f} | {r['speedup']:.2f}x | {mal} | "
                      f"{r['outputs_equal']}/{r['outputs']} | {r['kda_state_bytes_per_request']:,} |")
-    return "\n".join(lines)
+    paths = sorted({r["kda_path"] for r in result["rows"] if r.get("kda_path")})
+    return "\n".join(lines + [f"KDA path: {p}" for p in paths])
 
 
 def plot(result: dict, path: str) -> None:
