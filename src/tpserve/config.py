@@ -54,8 +54,9 @@ class EngineConfig:
                                "to --max-num-seqs sequences replay graphs captured at start, and with "
                                "speculation the verify, KDA commit and MTP draft steps of up to 16; cuda only)",
                                switch=True)
-    kda_backend: str = _opt("auto", "KDA kernels: fla (fla-core Triton, cuda only; self-tested at start, "
-                            "torch if it disagrees), torch, or auto (fla on cuda in bf16/fp16, torch in fp32)",
+    kda_backend: str = _opt("auto", "KDA kernels: fla (fla-core Triton, cuda only; its recurrent kernel (decode, "
+                            "verify, commit) and chunked kernel (prefill) self-tested at start, each replaced by "
+                            "torch where it disagrees), torch, or auto (fla on cuda in bf16/fp16, torch in fp32)",
                             switch=True, choices=("auto", "fla", "torch"))
     mhc_backend: str = _opt("auto", "mHC weights (pre / post / Sinkhorn-normalised comb): triton (one fused "
                             "kernel, cuda only), torch (about 120 small ops per block), or auto (triton on "

@@ -213,12 +213,15 @@ def stdlib_identifiers() -> tuple[str, ...]:
     return tuple(sorted(names))
 
 
-def make_tool(rng: random.Random, held_out: bool) -> dict:
+def make_tool(rng: random.Random, held_out: bool, style: float | None = None) -> dict:
     """A random tool: name verb_noun, 1-4 typed arguments (string, integer, number, boolean, enum).
 
     Training tools (held_out=False) take made-up names or standard-library identifiers most of
-    the time (the held-out path draws exactly as before, so the acceptance prompts do not move)."""
-    style = rng.random() if not held_out else 1.0
+    the time (the held-out path draws exactly as before, so the acceptance prompts do not move).
+    style: the naming style's draw, given instead of drawn (probes of one style: < PSEUDO_NAMES
+    made-up words, then identifiers, then the training word lists)."""
+    if style is None:
+        style = rng.random() if not held_out else 1.0
     idents = stdlib_identifiers() if PSEUDO_NAMES <= style < PSEUDO_NAMES + IDENTIFIER_NAMES else ()
 
     def pick(words):
