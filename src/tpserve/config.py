@@ -93,6 +93,9 @@ class EngineConfig:
         "drafts with the checkpoint's MTP layer and verifies the drafts in one step; keys adaptive (true: k per "
         "step from measured acceptance and step cost) and truncate_threshold (0.3: stop drafting a request when "
         "its predicted survival falls below). Off by default", switch=True)
+    hf_overrides: str | None = _opt(
+        None, "model config fields to override, as JSON (vLLM's name), e.g. {\"num_hidden_layers\": 8} runs the "
+        "checkpoint's first 8 layers (benchmarks of a model that does not fit); printed at start")
     # ---- weights: quantization and snapshots (model/quant.py, model/snapshot.py) ----
     quantization: str | None = _opt(None, "quantization method (vLLM's name): fp8 (block-wise), nvfp4 / modelopt_fp4, "
                                     "or none; default: what the checkpoint's quantization_config says")
@@ -126,6 +129,12 @@ class EngineConfig:
         if isinstance(self.speculative_config, dict):  # LLM(speculative_config={...})
             object.__setattr__(self, "speculative_config", json.dumps(self.speculative_config, sort_keys=True))
         self.speculative  # noqa: B018 - parse now: a bad speculative_config is an error at construction
+        if isinstance(self.hf_overrides, dict):  # LLM(hf_overrides={...})
+            object.__setattr__(self, "hf_overrides", json.dumps(self.hf_overrides, sort_keys=True))
+        self.overrides  # noqa: B018 - parse now
+        if self.overrides.get("num_hidden_layers") is not None and self.speculative is not None:
+            raise ValueError("hf_overrides: num_hidden_layers cannot be combined with speculative_config (the MTP "
+                             "drafter is the checkpoint's layer after its last one)")
         for f in dataclasses.fields(self):
             choices = f.metadata.get("choices")
             if choices and getattr(self, f.name) not in choices:
@@ -134,6 +143,19 @@ class EngineConfig:
     @property
     def speculative(self) -> "SpeculativeConfig | None":
         return SpeculativeConfig.parse(self.speculative_config)
+
+    @property
+    def overrides(self) -> dict[str, Any]:
+        """hf_overrides parsed: a JSON object (its keys are checked against the model config at load)."""
+        if self.hf_overrides is None:
+            return {}
+        try:
+            raw = json.loads(self.hf_overrides)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"hf_overrides: not valid JSON ({exc})") from None
+        if not isinstance(raw, dict):
+            raise ValueError(f"hf_overrides: expected a JSON object, got {type(raw).__name__}")
+        return raw
 
     # ------------------------------------------------------------------ sources
     @staticmethod

@@ -254,10 +254,10 @@ class TPExecutor:
 
 def run_torchrun_worker(ecfg: EngineConfig) -> None:
     """Entry of ranks > 0 under torchrun: load the shard and follow rank 0's plans."""
-    from tpserve.engine.setup import resolve_runtime
+    from tpserve.engine.setup import load_model_config, resolve_runtime
 
     rt = resolve_runtime(ecfg)
-    cfg = ModelConfig.from_file(rt.model_dir)
+    cfg = load_model_config(ecfg, rt.model_dir)
     if rt.device.type == "cuda":
         ensure_nccl_cumem()
     os.environ["TPSERVE_WORKER"] = "1"

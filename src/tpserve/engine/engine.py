@@ -18,8 +18,7 @@ from tpserve.engine.request import Sequence, Status
 from tpserve.engine.runner import StepPlan
 from tpserve.engine.scheduler import Scheduled, Scheduler
 from tpserve.engine.cache import BlockPool, SlotPool
-from tpserve.engine.setup import resolve_runtime
-from tpserve.model.config import ModelConfig
+from tpserve.engine.setup import load_model_config, resolve_runtime
 from tpserve.sampling_params import SamplingParams
 
 log = logging.getLogger("tpserve.engine")
@@ -43,7 +42,7 @@ class LLMEngine:
     def __init__(self, ecfg: EngineConfig):
         rt = resolve_runtime(ecfg)
         self.ecfg, self.model_dir, self.device, self.dtype = ecfg, rt.model_dir, rt.device, rt.dtype
-        self.model_config = ModelConfig.from_file(self.model_dir)
+        self.model_config = load_model_config(ecfg, self.model_dir)
         self.tokenizer = None
         if not ecfg.skip_tokenizer_init:
             self.tokenizer = load_tokenizer(self.model_dir, ecfg.tokenizer_cache_words)

@@ -72,6 +72,19 @@ def default_model() -> Path:
     return builtin_tiny_model()
 
 
+def load_model_config(ecfg: EngineConfig, model_dir: str | Path):
+    """The checkpoint's ModelConfig with ecfg.hf_overrides applied (and said in the log)."""
+    from tpserve.model.config import ModelConfig
+
+    cfg = ModelConfig.from_file(model_dir)
+    if ecfg.overrides:
+        before = {k: getattr(cfg, k, None) for k in ecfg.overrides}
+        cfg = cfg.with_overrides(ecfg.overrides)
+        log.warning("model config overridden by hf_overrides: %s", ", ".join(
+            f"{k} {before[k]!r} -> {getattr(cfg, k)!r}" for k in sorted(ecfg.overrides)))
+    return cfg
+
+
 def resolve_runtime(ecfg: EngineConfig) -> Runtime:
     model_dir = Path(ecfg.model) if ecfg.model else default_model()
     if not model_dir.is_dir():

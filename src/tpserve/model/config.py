@@ -8,6 +8,7 @@ naming the field.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -183,6 +184,31 @@ class ModelConfig:
         cfg = cls(**values)
         cfg.validate()
         return cfg
+
+    def with_overrides(self, overrides: dict[str, Any]) -> "ModelConfig":
+        """This config with fields replaced (EngineConfig.hf_overrides). num_hidden_layers keeps the
+        first N layers (1 <= N <= the checkpoint's): the per-layer type lists are cut to match and
+        the loader skips the later layers' weights. An unknown field is an error naming it."""
+        if not overrides:
+            return self
+        known = {f.name for f in fields(self)}
+        unknown = sorted(set(overrides) - known)
+        if unknown:
+            raise UnsupportedConfigError(f"hf_overrides: unknown model config field(s) {unknown}")
+        values = dict(overrides)
+        n = values.get("num_hidden_layers")
+        if n is not None:
+            if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= self.num_hidden_layers:
+                raise UnsupportedConfigError(f"hf_overrides.num_hidden_layers: an integer in [1, "
+                                             f"{self.num_hidden_layers}] (the checkpoint's layers), got {n!r}")
+            for name in ("layer_types", "mlp_layer_types", "indexer_types"):
+                values.setdefault(name, getattr(self, name)[:n])
+        for name in ("layer_types", "mlp_layer_types", "indexer_types"):
+            if name in values:
+                values[name] = tuple(values[name])
+        out = dataclasses.replace(self, **values)
+        out.validate()
+        return out
 
     # -------------------------------------------------------------- validate
     def validate(self) -> None:

@@ -6,7 +6,6 @@ clear error before anything is allocated.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -22,11 +21,7 @@ def cut_layers(cfg: ModelConfig, num_layers: int) -> ModelConfig:
     """The config cut to its first `num_layers` layers (benchmarks of the real config on one GPU)."""
     if not 1 <= num_layers <= cfg.num_hidden_layers:
         raise ValueError(f"num_layers must be in [1, {cfg.num_hidden_layers}], got {num_layers}")
-    cut = dataclasses.replace(cfg, num_hidden_layers=num_layers, layer_types=cfg.layer_types[:num_layers],
-                              mlp_layer_types=cfg.mlp_layer_types[:num_layers],
-                              indexer_types=cfg.indexer_types[:num_layers])
-    cut.validate()
-    return cut
+    return cfg.with_overrides({"num_hidden_layers": num_layers})
 
 
 def param_bytes(model: nn.Module) -> int:

@@ -15,6 +15,7 @@ deleted and rebuilt, never used. Entries of another FORMAT are deleted when a st
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -77,6 +78,8 @@ class SnapshotStore:
         return {"format": FORMAT, "layout_version": LAYOUT_VERSION, "checkpoint": str(Path(model_dir).resolve()),
                 "fingerprint": fingerprint(model_dir), "world": ctx.world, "dtype": str(ctx.dtype),
                 "num_layers": cfg.num_hidden_layers, "quant": qc.key(),
+                "config": hashlib.sha256(json.dumps(dataclasses.asdict(cfg), sort_keys=True,
+                                                    default=str).encode()).hexdigest(),  # hf_overrides too
                 "plan": hashlib.sha256(json.dumps(sorted(plan.items())).encode()).hexdigest()}
 
     def entry_dir(self, key: dict[str, Any]) -> Path:
