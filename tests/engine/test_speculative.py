@@ -296,8 +296,9 @@ def test_mtp_draft_matches_plain_torch_recipe(spec):
     blocks, slot = eng.block_pool.allocate(-(-n // 16)), eng.slot_pool.allocate(1)[0]
     try:
         runner.execute(StepPlan(ids, list(range(n)), [0, n], [0], [slot], [blocks], [n - 1], [slot]))
-        got = runner.draft(StepPlan(ids[1:], list(range(n - 1)), [0, n - 1], [0], [slot], [blocks],
-                                    list(range(n - 1)), []), list(range(n - 1)), True)
+        drafted = runner.draft(StepPlan(ids[1:], list(range(n - 1)), [0, n - 1], [0], [slot], [blocks],
+                                        list(range(n - 1)), []), list(range(n - 1)), True)
+        got = drafted.logits
     finally:
         eng.block_pool.free(blocks)
         eng.slot_pool.free([slot])
@@ -308,6 +309,9 @@ def test_mtp_draft_matches_plain_torch_recipe(spec):
         _, ref = ref_model.mtp_step(out.hidden[:, :n - 1], torch.tensor([ids[1:]]))
     ref = ref[0].float()
     assert torch.equal(got.argmax(-1), ref.argmax(-1))
+    # the greedy draws that go to the host: the argmax and its softmax probability
+    assert torch.equal(drafted.greedy[0].long(), got.argmax(-1))
+    assert torch.allclose(drafted.greedy[1], got.softmax(-1).max(-1).values.double(), rtol=1e-5, atol=1e-7)
     bound = 1e-4 * ref.abs().max().item()  # fp32, two code paths (paged cache, fused forms vs plain torch)
     assert (got - ref).abs().max().item() < bound, ((got - ref).abs().max().item(), bound)
 

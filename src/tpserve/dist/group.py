@@ -30,7 +30,7 @@ from tpserve.dist.launch import free_port
 from tpserve.dist.ncclenv import ensure_nccl_cumem
 from tpserve.engine.executor import EngineDeadError, cache_budget
 from tpserve.dist import plan_wire
-from tpserve.engine.runner import CacheShape, ModelRunner, StepPlan
+from tpserve.engine.runner import CacheShape, Drafted, ModelRunner, StepPlan
 from tpserve.kernels.choice import Kernels
 from tpserve.model.config import ModelConfig
 from tpserve.model.layers import ShardContext
@@ -207,7 +207,7 @@ class TPExecutor:
         self._on_every_rank(lambda: plan_wire.broadcast(*plan_wire.encode_commit(counts), self.state.control),
                             lambda: self.state.runner.commit(counts))
 
-    def draft(self, plan: StepPlan, source_rows: list[int], from_main: bool) -> torch.Tensor:
+    def draft(self, plan: StepPlan, source_rows: list[int], from_main: bool) -> Drafted:
         return self._on_every_rank(lambda: plan_wire.broadcast(*plan_wire.encode_draft(plan, source_rows, from_main),
                                                                  self.state.control),
                                    lambda: self.state.runner.draft(plan, source_rows, from_main))

@@ -11,7 +11,7 @@ import torch
 
 from tpserve.config import EngineConfig
 from tpserve.engine.cache import bytes_per_block, bytes_per_slot
-from tpserve.engine.runner import CacheShape, ModelRunner, StepPlan
+from tpserve.engine.runner import CacheShape, Drafted, ModelRunner, StepPlan
 from tpserve.kernels.choice import Kernels
 from tpserve.model.config import ModelConfig
 from tpserve.model.layers import ShardContext
@@ -73,7 +73,7 @@ class LocalExecutor:
     def commit(self, counts: list[int]) -> None:
         self.runner.commit(counts)
 
-    def draft(self, plan: StepPlan, source_rows: list[int], from_main: bool) -> torch.Tensor:
+    def draft(self, plan: StepPlan, source_rows: list[int], from_main: bool) -> Drafted:
         return self.runner.draft(plan, source_rows, from_main)
 
     def verify_graph_batch(self) -> int | None:

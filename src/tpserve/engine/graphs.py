@@ -27,6 +27,7 @@ import time
 import numpy as np
 import torch
 
+from tpserve.engine.sampler import argmax_and_probability
 from tpserve.model.batch import ForwardBatch
 from tpserve.model.kda import commit_uniform
 
@@ -165,7 +166,8 @@ class StepGraphs:
             return ()
         hidden = self.hidden_in[:b * q]
         new_hidden, normed = model.mtp.draft(hidden, model.embed(batch.input_ids, batch), batch, cache)
-        return new_hidden, model.lm_logits(normed)
+        logits = model.lm_logits(normed)
+        return new_hidden, logits, argmax_and_probability(logits)
 
     def _capture_one(self, kind: str, b: int, q: int) -> None:
         cache = self.runner.cache
@@ -266,15 +268,15 @@ class StepGraphs:
         self._copy(self.counts_at, self.counts_at + b)
         self._replay(("commit", b, q))
 
-    def draft(self, plan, key, source: torch.Tensor, source_rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    def draft(self, plan, key, source: torch.Tensor, source_rows: list[int]):
         """One MTP depth: hidden inputs source[source_rows] for the plan's rows -> (fp32 logits at
-        plan.logits_indices, the MTP hidden rows there)."""
+        plan.logits_indices, the MTP hidden rows there, their argmax_and_probability [2, n])."""
         _, b, q = key
         n_real, n_logits = self._fill(plan, b, q, source_rows)
         lrows, real, src = self._fields(b, q, n_real, n_logits)
         self.hidden_in.index_copy_(0, real, source.index_select(0, src))
-        new_hidden, logits = self._replay(key)
-        return logits.index_select(0, lrows), new_hidden.index_select(0, lrows)
+        new_hidden, logits, greedy = self._replay(key)
+        return logits.index_select(0, lrows), new_hidden.index_select(0, lrows), greedy.index_select(1, lrows)
 
     def close(self) -> None:
         self.graphs.clear()

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from tpserve.engine import cache as cache_mod
+from tpserve.engine.sampler import argmax_and_probability
 from tpserve.kernels.choice import Kernels
 from tpserve.model.batch import ForwardBatch
 from tpserve.model.config import ModelConfig
@@ -22,6 +23,15 @@ from tpserve.model.kda import commit as kda_commit
 from tpserve.model.mtp import mtp_config
 
 log = logging.getLogger("tpserve.runner")
+
+
+@dataclass(frozen=True)
+class Drafted:
+    """One MTP depth's output rows: fp32 logits [n, vocab] and sampler.argmax_and_probability of
+    them, float64 [2, n] (greedy draws take one host copy of it)."""
+
+    logits: torch.Tensor
+    greedy: torch.Tensor
 
 
 @dataclass
@@ -167,22 +177,24 @@ class ModelRunner:
         kda_commit(self.cache, counts)
 
     @torch.inference_mode()
-    def draft(self, plan: StepPlan, source_rows: list[int], from_main: bool) -> torch.Tensor:
+    def draft(self, plan: StepPlan, source_rows: list[int], from_main: bool) -> Drafted:
         """One MTP depth over `plan`'s tokens (the token after each position). Hidden inputs: rows
         `source_rows` of the main model's last hidden (from_main) or of the previous depth's output.
-        -> fp32 logits at plan.logits_indices; their hidden rows feed the next depth."""
+        -> fp32 logits at plan.logits_indices (their hidden rows feed the next depth) and the rows'
+        greedy draws (computed inside the draft graph where one replays)."""
         if not self.mtp:
             raise RuntimeError("draft: the model was built without the MTP drafter")
         src = self.last_hidden if from_main else self.draft_hidden
         key = None if self.graphs is None or self.graphs.hidden_in is None else self.graphs.key_for(plan, "draft")
         if key is not None:
-            logits, self.draft_hidden = self.graphs.draft(plan, key, src, source_rows)
-            return logits
+            logits, self.draft_hidden, greedy = self.graphs.draft(plan, key, src, source_rows)
+            return Drafted(logits, greedy)
         batch = self.build_batch(plan)
         hidden = src[torch.tensor(source_rows, dtype=torch.long, device=self.device)]
         new_hidden, normed = self.model.mtp.draft(hidden, self.model.embed(batch.input_ids, batch), batch, self.cache)
         self.draft_hidden = new_hidden[batch.logits_indices]
-        return self.model.lm_logits(normed[batch.logits_indices])
+        logits = self.model.lm_logits(normed[batch.logits_indices])
+        return Drafted(logits, argmax_and_probability(logits))
 
     def close(self) -> None:
         """Release graphs and their memory pool (before the process group goes)."""

@@ -202,11 +202,11 @@ class Speculator:
             base += n_rows
         if not plan.ids:
             return
-        logits = eng.executor.draft(plan.build(), rows, True)
+        drafted = eng.executor.draft(plan.build(), rows, True)
         survival = [1.0] * len(drafting)
         deepest = max((want for _, want in drafting), default=0)
         for depth in range(1, deepest + 1):
-            toks, probs, sure = self._draw(logits, [s for s, _ in drafting])
+            toks, probs, sure = self._draw(drafted, [s for s, _ in drafting])
             keep, nxt = [], _Plan()
             for i, (seq, want) in enumerate(drafting):
                 seq.drafts.append(toks[i])
@@ -221,7 +221,7 @@ class Speculator:
                 break
             drafting = [drafting[i] for i in keep]
             survival = [survival[i] for i in keep]
-            logits = eng.executor.draft(nxt.build(), keep, False)
+            drafted = eng.executor.draft(nxt.build(), keep, False)
         self.last_draft_seconds = time.perf_counter() - t0
         if deepest > 0:
             self.policy.observe_draft(deepest, max(self.last_draft_seconds, 1e-9))
@@ -239,15 +239,15 @@ class Speculator:
             k -= 1
         return max(k, 0)
 
-    def _draw(self, logits: torch.Tensor, seqs: list[Sequence]):
+    def _draw(self, drafted, seqs: list[Sequence]):
         """Draft one token per row: greedy rows the argmax, sampled rows a draw from q (kept for the
         rejection test). -> (tokens, q rows or None, probability of each token under the drafter)."""
-        tokens = logits.argmax(-1)
         sampled = [i for i, s in enumerate(seqs) if not s.params.greedy]
-        if not sampled:  # the argmax's probability, without a softmax over the vocabulary
-            sure = (logits.gather(1, tokens.unsqueeze(1)).squeeze(1) - logits.logsumexp(-1)).exp()
-            host = torch.stack([tokens.double(), sure.double()]).tolist()  # one device-to-host copy
+        if not sampled:  # argmax and its probability, computed with the draft (in its graph on a GPU)
+            host = drafted.greedy.tolist()  # one device-to-host copy
             return [int(t) for t in host[0]], None, host[1]
+        logits = drafted.logits
+        tokens = logits.argmax(-1)
         probs_all = logits.softmax(-1)
         idx = torch.tensor(sampled, device=logits.device)
         sub = [seqs[i] for i in sampled]
