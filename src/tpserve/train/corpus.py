@@ -302,18 +302,26 @@ def tool_chat(rng: random.Random, held_out: bool = False) -> str:
 
 
 def copy_chat(rng: random.Random) -> str:
-    """Repeat a list of made-up words, standard-library identifiers and real words: the plainest
-    copying exercise."""
-    idents = stdlib_identifiers()
+    """Repeat a list of words: made-up ones, standard-library identifiers, every word of the word
+    lists (verbs and adjectives too, held-out ones included: this is copying, not naming a tool) and
+    words of the standard library's docstrings. The plainest copying exercise, over as many different
+    tokens as the corpus has: the second and third demo models copied into tool calls only the
+    words they had copied somewhere in training (BENCHMARKS.md, "third training run")."""
+    idents, words = stdlib_identifiers(), stdlib_words()
 
     def word():
         r = rng.random()
-        return pseudo_word(rng) if r < 0.4 else rng.choice(idents) if r < 0.7 and idents else \
-            rng.choice(NOUNS + CITIES + NAMES)
+        if r < 0.25:
+            return pseudo_word(rng)
+        if r < 0.45 and idents:
+            return rng.choice(idents)
+        if r < 0.75 or not words:
+            return rng.choice(VERBS + NOUNS + ADJECTIVES + CITIES + NAMES)
+        return rng.choice(words)
 
-    words = [word() for _ in range(rng.randint(2, 12))]
-    sep = rng.choice([" ", ", "])
-    text = sep.join(words)
+    picked = [word() for _ in range(rng.randint(2, 12))]
+    sep = rng.choice([" ", ", ", "_", "\n"])
+    text = sep.join(picked)
     user = rng.choice(["Repeat: {t}", "Say this back: {t}", "Copy the words: {t}", "Echo {t}"]).format(t=text)
     return _chat(rng, user, text, "Repeat the words exactly.")
 
@@ -332,6 +340,19 @@ def stdlib_texts() -> tuple[str, ...]:
         for start in range(0, min(len(src), 60000), 3000):
             out.append(src[start:start + 3000])
     return tuple(out)
+
+
+@lru_cache(maxsize=1)
+def stdlib_words() -> tuple[str, ...]:
+    """Lowercase words (3-12 letters) that occur at least three times in the standard library's
+    docstrings, in sorted order."""
+    counts: dict[str, int] = {}
+    for text in stdlib_texts():
+        if "def " in text or "import " in text:  # source chunks: identifiers, not prose
+            continue
+        for w in re.findall(r"\b[a-z]{3,12}\b", text):
+            counts[w] = counts.get(w, 0) + 1
+    return tuple(sorted(w for w, c in counts.items() if c >= 3))
 
 
 def plain_text(rng: random.Random) -> str:
