@@ -14,7 +14,8 @@ from tpserve import LLM, SamplingParams
 from tpserve.train import corpus
 from tpserve.train.acceptance import builtin_dir
 
-STYLES = {"word lists": 0.999, "made-up words": 0.0, "identifiers": corpus.PSEUDO_NAMES, "held out": None}
+STYLES = {"word lists": 0.999, "made-up words": 0.0, "identifiers": corpus.PSEUDO_NAMES,
+          "docstring words": corpus.PSEUDO_NAMES + corpus.IDENTIFIER_NAMES, "held out": None}
 
 
 def cases(style: str, n: int, seed: int = 123) -> list[dict]:

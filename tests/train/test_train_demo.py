@@ -193,7 +193,8 @@ def test_dense_moe_equals_the_expert_loop():
 
 def test_training_tools_never_use_held_out_names():
     """The acceptance check's tools (new names and argument names) never name a training tool;
-    training tools come in the three name styles (word list, made-up words, stdlib identifiers)."""
+    training tools come in four name styles (word list, made-up words, stdlib identifiers, docstring
+    words)."""
     import random
 
     from tpserve.train import corpus
@@ -217,3 +218,5 @@ def test_training_tools_never_use_held_out_names():
     idents = set(corpus.stdlib_identifiers())
     assert len(idents) > 500 and names & idents
     assert any(n.split("_")[0] not in corpus.VERBS and n not in idents for n in names)  # made-up words
+    doc = set(corpus.stdlib_words())
+    assert len(doc) > 1000 and any(set(n.split("_")) <= doc - set(corpus.VERBS + corpus.NOUNS) for n in names)

@@ -175,8 +175,9 @@ def json_doc(rng: random.Random) -> str:
 SYLLABLES = tuple("ba be bi bo bu da de di do ka ke ki ko ku la le li lo lu ma me mi mo mu na ne ni no nu "
                   "pa pe pi po ra re ri ro ru sa se si so ta te ti to tu va ve vi vo za ze zi zo "
                   "bar ken lor mix nor pel rak sim tor vex zan dul fin gor hap jem wix yat".split())
-PSEUDO_NAMES = 0.35      # share of training tools (and their arguments) named with made-up words
-IDENTIFIER_NAMES = 0.35  # share named with the standard library's snake_case identifiers
+PSEUDO_NAMES = 0.25      # share of training tools (and their arguments) named with made-up words
+IDENTIFIER_NAMES = 0.25  # share named with the standard library's snake_case identifiers
+DOC_WORD_NAMES = 0.25    # share named with words of the standard library's docstrings (none held out)
 
 
 def pseudo_word(rng: random.Random) -> str:
@@ -223,12 +224,15 @@ def make_tool(rng: random.Random, held_out: bool, style: float | None = None) ->
     if style is None:
         style = rng.random() if not held_out else 1.0
     idents = stdlib_identifiers() if PSEUDO_NAMES <= style < PSEUDO_NAMES + IDENTIFIER_NAMES else ()
+    doc_words = _held_in_doc_words() if 0 <= style - PSEUDO_NAMES - IDENTIFIER_NAMES < DOC_WORD_NAMES else ()
 
     def pick(words):
         if style < PSEUDO_NAMES and rng.random() < 0.7:
             return pseudo_word(rng)
         if idents and rng.random() < 0.5:
             return rng.choice(idents).split("_")[0]
+        if doc_words and rng.random() < 0.8:
+            return rng.choice(doc_words)
         return rng.choice(_split(words, held_out))
 
     name = rng.choice(idents) if idents and rng.random() < 0.6 else f"{pick(VERBS)}_{pick(NOUNS)}"
@@ -353,6 +357,12 @@ def stdlib_words() -> tuple[str, ...]:
         for w in re.findall(r"\b[a-z]{3,12}\b", text):
             counts[w] = counts.get(w, 0) + 1
     return tuple(sorted(w for w, c in counts.items() if c >= 3))
+
+
+@lru_cache(maxsize=1)
+def _held_in_doc_words() -> tuple[str, ...]:
+    """stdlib_words() less the held-out ones (is_held_out): names for training tools."""
+    return tuple(w for w in stdlib_words() if not is_held_out(w))
 
 
 def plain_text(rng: random.Random) -> str:
