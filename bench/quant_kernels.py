@@ -61,7 +61,8 @@ def rel(y, ref) -> float:
 
 
 GEMV_FP8 = [(bn, bk, nw) for bn in (16, 32, 64) for bk in (64, 128) for nw in (4, 8)]
-GEMV_FP4 = [(bn, bk, nw) for bn in (16, 32, 64) for bk in (128, 256, 512) for nw in (4, 8)]
+GEMV_FP4 = [(bn, bk, nw, gd) for bn in (16, 32, 64) for bk in (128, 256, 512) for nw in (4, 8)
+            for gd in (False, True)]  # gd: group_dot (M > 1 only; the M = 1 path ignores it)
 
 
 def _best(configs, make):
@@ -78,7 +79,8 @@ def _best(configs, make):
 
 def _gemv_rows(res, key, title, shapes, quantize, floor_bytes, old, gemv, configs, extra=None):
     """One table: per shape and M the tiled split-K kernel (best of 3 tiles), the decode GEMV (best of
-    `configs`: block_n, block_k, num_warps) and its error against fp32 math on the dequantized weight."""
+    `configs`: block_n, block_k, num_warps[, group_dot]) and its error against fp32 math on the
+    dequantized weight."""
     print(f"\n| {title} | M | tiled us | GEMV us | floor us | GEMV % floor | GEMV / tiled | best GEMV config | "
           f"{'cuBLAS bf16 us | ' if extra else ''}rel err |")
     print("| --- " * (9 + bool(extra)) + "|")
@@ -91,9 +93,9 @@ def _gemv_rows(res, key, title, shapes, quantize, floor_bytes, old, gemv, config
             ref = x.float() @ wd.T
             t_old, _ = _best([(32, 128), (64, 128), (64, 256)],
                              lambda c: (lambda: old(x, packed, block_n=c[0], block_k=c[1])))
-            t_new, cfg = _best(configs, lambda c: (lambda: gemv(x, packed, block_n=c[0], block_k=c[1],
-                                                                num_warps=c[2])))
-            err = rel(gemv(x, packed, block_n=cfg[0], block_k=cfg[1], num_warps=cfg[2]), ref)
+            cfgs = [c for c in configs if m > 1 or len(c) < 4 or not c[3]]
+            t_new, cfg = _best(cfgs, lambda c: (lambda: gemv(x, packed, *c)))
+            err = rel(gemv(x, packed, *cfg), ref)
             row = dict(n=n, k=k, m=m, tiled_us=t_old * 1e6, us=t_new * 1e6, floor_us=floor * 1e6,
                        pct=100 * floor / t_new, config=cfg, rel_err=err)
             cols = ""
@@ -120,7 +122,8 @@ def sec_w8a16(res):
 
     _gemv_rows(res, "w8a16", "W8A16 fp8 block 128", SHAPES, quantize, lambda n, k: n * k + (n // 128) * (k // 128) * 4,
                lambda x, p, **t: w8a16_gemm(x, *p, (128, 128), kernel="tiled", **t),
-               lambda x, p, **t: w8a16_gemv(x, *p, (128, 128), **t), GEMV_FP8, extra=lambda wd: wd.bfloat16())
+               lambda x, p, bn, bk, nw: w8a16_gemv(x, *p, (128, 128), block_n=bn, block_k=bk, num_warps=nw),
+               GEMV_FP8, extra=lambda wd: wd.bfloat16())
 
 
 def sec_w4a16(res):
@@ -134,7 +137,8 @@ def sec_w4a16(res):
 
     _gemv_rows(res, "w4a16", "W4A16 nvfp4", SHAPES, quantize, lambda n, k: n * k // 2 + n * k // 16,
                lambda x, p, **t: w4a16_gemm(x, *p, kernel="tiled", **t),
-               lambda x, p, **t: w4a16_gemv(x, *p, **t), GEMV_FP4)
+               lambda x, p, bn, bk, nw, gd: w4a16_gemv(x, *p, block_n=bn, block_k=bk, num_warps=nw, group_dot=gd),
+               GEMV_FP4)
 
 
 def sec_w8a8(res):

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# One device call on nvidia-h200 (< 400 s): the quantized decode GEMV against the tiled kernel, with
+# the NVFP4 group-dot variant (kernels/quant_gemv.py, group_dot) in the sweep.
+set -uo pipefail
+source bench/gpu_env.sh
+step "quantized GEMV vs tiled"
+timeout 360 python3 bench/quant_kernels.py --sections w4a16,w8a16 --out "$OUT" 2>&1 | tee "$OUT/quant.log" \
+  | grep -E "^\||\[|Error|error"
+step "done"
