@@ -101,10 +101,13 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, s2_ptr, y_ptr, M, N, K: tl.constexpr, SK: 
         tl.store(offs, acc, mask=m_ok[:, None] & n_ok[None, :])
 
 
-def gemv_split(n: int, k: int, block_n: int, block_k: int, waves: int = 4) -> int:
-    """K splits so that the (N tile, K split) programs fill the SMs `waves` times."""
+def split_k(n: int, k: int, block_n: int, block_k: int, waves: int = 4) -> tuple[int, int]:
+    """-> (K splits, K per split, a whole number of K tiles) so that the (N tile, K split) programs
+    fill the SMs `waves` times (here and in quant_triton's tiled kernel at small M)."""
     tiles = triton.cdiv(n, block_n)
-    return max(1, min(triton.cdiv(k, block_k), triton.cdiv(waves * SMS, tiles)))
+    split = max(1, min(triton.cdiv(k, block_k), triton.cdiv(waves * SMS, tiles)))
+    k_per = triton.cdiv(triton.cdiv(k, split), block_k) * block_k
+    return triton.cdiv(k, k_per), k_per
 
 
 def _launch(x, w, s, s2, fmt: int, k: int, sk: int, bns: int, bks: int, block_n: int, block_k: int,
@@ -114,9 +117,7 @@ def _launch(x, w, s, s2, fmt: int, k: int, sk: int, bns: int, bks: int, block_n:
         raise ValueError(f"x: quantized GEMV takes at most 16 rows, got {m}")
     x = x.contiguous()
     block_m = 1 if m == 1 else 16
-    split = gemv_split(n, k, block_n, block_k, waves)
-    k_per = triton.cdiv(triton.cdiv(k, split), block_k) * block_k
-    split = triton.cdiv(k, k_per)
+    split, k_per = split_k(n, k, block_n, block_k, waves)
     y = (torch.zeros if split > 1 else torch.empty)(m, n, dtype=torch.float32, device=x.device)
     _gemv_kernel[(triton.cdiv(n, block_n), split)](
         x, w, s, s2, y, m, n, K=k, SK=sk, BNS=bns, BKS=bks, FORMAT=fmt, K_PER_SPLIT=k_per, ATOMIC=split > 1,

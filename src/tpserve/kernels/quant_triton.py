@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from tpserve.kernels.moe_align import align_by_expert
-from tpserve.kernels.quant_gemv import fp8_gemv_fits, w4a16_gemv, w8a16_gemv
+from tpserve.kernels.quant_gemv import fp8_gemv_fits, split_k, w4a16_gemv, w8a16_gemv
 
 BLOCK_M = 16
 GEMV_MAX_M = 16  # rows up to which the decode GEMV (quant_gemv.py) replaces the tiled kernel
@@ -108,21 +108,11 @@ def _gemm_kernel(x_ptr, w_ptr, s_ptr, s2_ptr, y_ptr, M, N, K: tl.constexpr, SK: 
         tl.store(offs, acc, mask=m_ok[:, None] & n_ok[None, :])
 
 
-def _split_k(m: int, n: int, k: int, block_n: int, block_k: int) -> int:
-    """Enough (n tile, k split) programs to fill ~132 SMs a few times over at small M."""
-    if m > 16:
-        return 1
-    tiles = triton.cdiv(n, block_n)
-    return max(1, min(triton.cdiv(k, block_k), triton.cdiv(4 * 132, tiles)))
-
-
 def _gemm(x, w, s, s2, fmt: int, k: int, sk: int, bns: int, bks: int, block_n: int = 64, block_k: int = 128):
     m, n = x.shape[0], w.shape[0]
     x = x.contiguous()
     block_m = 16 if m <= 16 else 64
-    split = _split_k(m, n, k, block_n, block_k)
-    k_per = triton.cdiv(triton.cdiv(k, split), block_k) * block_k
-    split = triton.cdiv(k, k_per)
+    split, k_per = (1, triton.cdiv(k, block_k) * block_k) if m > 16 else split_k(n, k, block_n, block_k)
     y = (torch.zeros if split > 1 else torch.empty)(m, n, dtype=torch.float32, device=x.device)
     precision = "ieee" if x.dtype == torch.float32 else "tf32"
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n), split)
