@@ -73,6 +73,16 @@ def _slot(B0, B1, B2, B3, B4, B5, B6, B7, P: tl.constexpr, slot_off, DT: tl.cons
 
 
 @triton.jit
+def _round_start(state_ptr, cnt_ptr, B0, B1, B2, B3, B4, B5, B6, B7, pid, slot_bytes, RANK: tl.constexpr,
+                 DT: tl.constexpr):
+    """A kernel's start of a round: -> (this round's slot offset (the two data slots alternate by
+    round), this program's epoch, a typed pointer to this rank's slot)."""
+    slot_off = (tl.load(state_ptr) % 2) * slot_bytes
+    epoch = tl.load(cnt_ptr + pid)
+    return slot_off, epoch, _slot(B0, B1, B2, B3, B4, B5, B6, B7, RANK, slot_off, DT)
+
+
+@triton.jit
 def _signal(addr, value, INTERP: tl.constexpr):
     ptr = addr.to(tl.pointer_type(tl.int64))
     if INTERP:
@@ -186,9 +196,8 @@ def allreduce_kernel(x_ptr, out_ptr, state_ptr, cnt_ptr, B0, B1, B2, B3, B4, B5,
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     DT: tl.constexpr = out_ptr.dtype.element_ty
-    slot_off = (tl.load(state_ptr) % 2) * slot_bytes
-    epoch = tl.load(cnt_ptr + pid)
-    mine = _slot(B0, B1, B2, B3, B4, B5, B6, B7, RANK, slot_off, DT)
+    slot_off, epoch, mine = _round_start(state_ptr, cnt_ptr, B0, B1, B2, B3, B4, B5, B6, B7, pid, slot_bytes,
+                                         RANK, DT)
     lanes = tl.arange(0, BLOCK)
     if TWO_SHOT:
         part = tl.cdiv(tl.cdiv(n, WORLD), 64) * 64  # slice s is [s*part, (s+1)*part) & < n
@@ -244,9 +253,8 @@ def allgather_kernel(x_ptr, out_ptr, state_ptr, cnt_ptr, B0, B1, B2, B3, B4, B5,
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     DT: tl.constexpr = out_ptr.dtype.element_ty
-    slot_off = (tl.load(state_ptr) % 2) * slot_bytes
-    epoch = tl.load(cnt_ptr + pid)
-    mine = _slot(B0, B1, B2, B3, B4, B5, B6, B7, RANK, slot_off, DT)
+    slot_off, epoch, mine = _round_start(state_ptr, cnt_ptr, B0, B1, B2, B3, B4, B5, B6, B7, pid, slot_bytes,
+                                         RANK, DT)
     lanes = tl.arange(0, BLOCK)
     for i0 in range(pid * BLOCK, n, nprog * BLOCK):
         i = i0 + lanes
@@ -274,9 +282,8 @@ def reducescatter_kernel(x_ptr, out_ptr, state_ptr, cnt_ptr, B0, B1, B2, B3, B4,
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     DT: tl.constexpr = out_ptr.dtype.element_ty
-    slot_off = (tl.load(state_ptr) % 2) * slot_bytes
-    epoch = tl.load(cnt_ptr + pid)
-    mine = _slot(B0, B1, B2, B3, B4, B5, B6, B7, RANK, slot_off, DT)
+    slot_off, epoch, mine = _round_start(state_ptr, cnt_ptr, B0, B1, B2, B3, B4, B5, B6, B7, pid, slot_bytes,
+                                         RANK, DT)
     stride = tl.cdiv(n, 64) * 64  # slice s of this round sits at [s*stride, s*stride + n)
     lanes = tl.arange(0, BLOCK)
     for i0 in range(pid * BLOCK, n, nprog * BLOCK):

@@ -53,8 +53,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from tpserve.dist.workspace_triton import (MAX_WORLD, _barrier, _base, _finish, _poll, _round,
-                                           _signal, _slot, _src, _sum_peers, _trap_if)
+from tpserve.dist.workspace_triton import (MAX_WORLD, _barrier, _base, _finish, _poll, _round, _round_start,
+                                           _signal, _src, _sum_peers, _trap_if)
 
 __all__ = ["AG", "AR1", "AR2", "PIPE_FLAG_BYTES", "PIPE_MAX_PROGRAMS", "PIPE_SLOTS", "RS",
            "allreduce_add_rmsnorm_kernel", "allreduce_hc_expand_kernel", "pipelined_kernel"]
@@ -285,9 +285,8 @@ def allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, w_ptr, normed_ptr, newres_ptr, 
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     DT: tl.constexpr = normed_ptr.dtype.element_ty
-    slot_off = (tl.load(state_ptr) % 2) * slot_bytes
-    epoch = tl.load(cnt_ptr + pid)
-    mine = _slot(B0, B1, B2, B3, B4, B5, B6, B7, RANK, slot_off, DT)
+    slot_off, epoch, mine = _round_start(state_ptr, cnt_ptr, B0, B1, B2, B3, B4, B5, B6, B7, pid, slot_bytes,
+                                         RANK, DT)
     cols = tl.arange(0, BLOCK_D)
     cm = cols < D
     for row in range(pid, rows, nprog):
@@ -321,9 +320,8 @@ def allreduce_hc_expand_kernel(x_ptr, s_ptr, post_ptr, comb_ptr, out_ptr, state_
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     DT: tl.constexpr = out_ptr.dtype.element_ty
-    slot_off = (tl.load(state_ptr) % 2) * slot_bytes
-    epoch = tl.load(cnt_ptr + pid)
-    mine = _slot(B0, B1, B2, B3, B4, B5, B6, B7, RANK, slot_off, DT)
+    slot_off, epoch, mine = _round_start(state_ptr, cnt_ptr, B0, B1, B2, B3, B4, B5, B6, B7, pid, slot_bytes,
+                                         RANK, DT)
     tiles = tl.cdiv(D, BLOCK_D)
     lanes = tl.arange(0, BLOCK_D)
     for unit in range(pid, rows * tiles, nprog):
