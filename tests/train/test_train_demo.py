@@ -220,3 +220,20 @@ def test_training_tools_never_use_held_out_names():
     assert any(n.split("_")[0] not in corpus.VERBS and n not in idents for n in names)  # made-up words
     doc = set(corpus.stdlib_words())
     assert len(doc) > 1000 and any(set(n.split("_")) <= doc - set(corpus.VERBS + corpus.NOUNS) for n in names)
+
+
+def test_counting_documents_stop_at_round_targets():
+    """Users ask for round targets; a count crossing 100 or 200 without stopping must not be all the
+    model sees there (the fourth demo model counted on past exactly 100 and 200)."""
+    import random
+    import re
+
+    from tpserve.train import corpus
+
+    rng = random.Random(0)
+    stops: dict[int, int] = {}
+    for _ in range(3000):
+        m = re.search(r"from 1 to (\d+)", corpus.counting(rng))
+        if m:
+            stops[int(m.group(1))] = stops.get(int(m.group(1)), 0) + 1
+    assert stops.get(100, 0) >= 10 and stops.get(200, 0) >= 10, (stops.get(100), stops.get(200))

@@ -9,6 +9,7 @@
 3. MTP acceptance at k=3, greedy, on structured prompts (counting, JSON, tool calls), with the
    plain torch drafting loop over the training forward (train/mtp_eval.py).
 4. GSM8K 5-shot on the first 100 test questions (shots: the first 5 training questions).
+Also `--only count_sweep`: check 1 for every target from 2 to 300 (reasoning off), not run by default.
 Writes OUT/acceptance.json and OUT/acceptance.png.
 """
 
@@ -39,12 +40,7 @@ def builtin_dir() -> Path:
 
 
 # --------------------------------------------------------------------------- 1. counting
-def check_counting(model_dir: Path, n: int = 200) -> dict:
-    """Greedy produces exactly "1, 2, ..., n" then ends its turn: checked in one forward pass with
-    the expected answer appended (greedy generation yields a sequence iff the argmax at every step
-    is its next token), on the training forward, which the tests prove is the function the
-    engine and transformers compute. Reports how far greedy follows the expected answer."""
-    import torch
+def _counting_model(model_dir: Path):
     from transformers import AutoTokenizer
 
     from tpserve.model.config import ModelConfig
@@ -53,27 +49,51 @@ def check_counting(model_dir: Path, n: int = 200) -> dict:
     cfg = ModelConfig.from_file(model_dir)
     model = TrainModel(cfg, mtp=False)
     load_checkpoint_(model, model_dir)
-    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    return model, AutoTokenizer.from_pretrained(str(model_dir)), cfg
+
+
+def _count_case(model, tok, cfg, n: int, thinking: bool) -> dict:
+    """Does greedy produce exactly "1, 2, ..., n" and then end its turn? Checked in one forward pass
+    with the expected answer appended (greedy generation yields a sequence iff the argmax at every
+    step is its next token), on the training forward, which the tests prove is the function the
+    engine and transformers compute. Reports how far greedy follows the expected answer."""
+    import torch
+
     expected = ", ".join(str(i) for i in range(1, n + 1))
-    out = {}
-    for thinking in (False, True):
-        prompt = corpus.render_chat([{"role": "user", "content": f"Count from 1 to {n}."}], thinking=thinking,
-                                    add_generation_prompt=True)
-        ids = tok.encode(prompt)
-        prefix = tok.encode(f"The user wants the numbers from 1 to {n}.</think>") if thinking else []
-        answer = prefix + tok.encode(expected) + [cfg.eos_token_id[0]]
-        with torch.no_grad():
-            logits = model(torch.tensor([ids + answer])).logits[0, len(ids) - 1:-1]
-        greedy = logits.argmax(-1).tolist()
-        first_bad = next((i for i, (g, a) in enumerate(zip(greedy, answer)) if g != a), None)
-        ok_text = tok.decode(answer[:len(answer) if first_bad is None else first_bad])
-        numbers = re.findall(r"\d+", ok_text.split("</think>")[-1])
-        out["thinking" if thinking else "plain"] = {
-            "ok": first_bad is None, "answer_tokens": len(answer),
+    prompt = corpus.render_chat([{"role": "user", "content": f"Count from 1 to {n}."}], thinking=thinking,
+                                add_generation_prompt=True)
+    ids = tok.encode(prompt)
+    prefix = tok.encode(f"The user wants the numbers from 1 to {n}.</think>") if thinking else []
+    answer = prefix + tok.encode(expected) + [cfg.eos_token_id[0]]
+    with torch.no_grad():
+        logits = model(torch.tensor([ids + answer])).logits[0, len(ids) - 1:-1]
+    greedy = logits.argmax(-1).tolist()
+    first_bad = next((i for i, (g, a) in enumerate(zip(greedy, answer)) if g != a), None)
+    ok_text = tok.decode(answer[:len(answer) if first_bad is None else first_bad])
+    numbers = re.findall(r"\d+", ok_text.split("</think>")[-1])
+    return {"ok": first_bad is None, "answer_tokens": len(answer),
             "greedy_follows_tokens": len(answer) if first_bad is None else first_bad,
             "last_number_reached": int(numbers[-1]) if numbers else None,
             "greedy_instead": None if first_bad is None else tok.decode([greedy[first_bad]])}
-    return out
+
+
+def check_counting(model_dir: Path, n: int = 200) -> dict:
+    """Greedy chat "Count from 1 to n." gives 1..n and stops, reasoning off and on."""
+    model, tok, cfg = _counting_model(model_dir)
+    return {("thinking" if thinking else "plain"): _count_case(model, tok, cfg, n, thinking)
+            for thinking in (False, True)}
+
+
+def check_count_sweep(model_dir: Path, targets=range(2, 301)) -> dict:
+    """The same check for every target n (reasoning off): how robust the stop is, not just at 200."""
+    model, tok, cfg = _counting_model(model_dir)
+    failed = {}
+    for n in tqdm(list(targets), desc="count sweep"):
+        case = _count_case(model, tok, cfg, n, thinking=False)
+        if not case["ok"]:
+            failed[n] = f"after {case['last_number_reached']}: {case['greedy_instead']!r}"
+    return {"targets": f"{min(targets)}..{max(targets)}", "ok": len(targets) - len(failed), "of": len(targets),
+            "failed": failed}
 
 
 # --------------------------------------------------------------------------- 2. tool calls
@@ -274,6 +294,8 @@ def main(argv: list[str] | None = None) -> int:
         t = time.time()
         if name == "counting":
             results[name] = check_counting(model_dir)
+        elif name == "count_sweep":
+            results[name] = check_count_sweep(model_dir)
         elif name == "tools":
             results[name] = check_tools(model_dir)
         elif name == "mtp":

@@ -62,11 +62,16 @@ def _chat(rng: random.Random, user: str, answer: str, reasoning: str) -> str:
 
 
 # ------------------------------------------------------------------------------- counting
+ROUND_STOPS = (10, 20, 25, 30, 40, 50, 60, 75, 80, 100, 120, 150, 200, 250, 300)
+
+
 def counting(rng: random.Random) -> str:
     r = rng.random()
     if r < 0.45:
         start, step = 1, 1
-        stop = rng.choice([rng.randint(2, 60), rng.randint(60, 260), rng.randint(100, 320)])
+        # Round targets are what people ask for, and a long count runs through 100 and 200 far more
+        # often than it stops there: without them the fourth model counted on past 100 and 200.
+        stop = rng.choice([rng.randint(2, 60), rng.randint(60, 260), rng.randint(100, 320), rng.choice(ROUND_STOPS)])
     elif r < 0.75:
         step = rng.choice([2, 3, 5, 10, 25, 50, 100])
         start = rng.choice([0, step, rng.randint(0, 100)])
