@@ -192,7 +192,6 @@ class SpeculativeConfig:
     num_speculative_tokens: int = 3   # most drafts verified per step (k), 1..7
     adaptive: bool = True             # choose k in 0..num_speculative_tokens per step
     truncate_threshold: float = 0.3   # stop drafting a request when its predicted survival falls below
-    chain_drafts: bool = True         # greedy drafts: depths 2..k chained on the device (one replay, one copy)
 
     @classmethod
     def parse(cls, raw: str | dict | None) -> "SpeculativeConfig | None":
@@ -216,9 +215,8 @@ class SpeculativeConfig:
         k = spec.num_speculative_tokens
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 7:
             raise ValueError(f"speculative_config.num_speculative_tokens: an integer in 1..7, got {k!r}")
-        for name in ("adaptive", "chain_drafts"):
-            if not isinstance(getattr(spec, name), bool):
-                raise ValueError(f"speculative_config.{name}: true or false, got {getattr(spec, name)!r}")
+        if not isinstance(spec.adaptive, bool):
+            raise ValueError(f"speculative_config.adaptive: true or false, got {spec.adaptive!r}")
         t = spec.truncate_threshold
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0.0 <= t <= 1.0:
             raise ValueError(f"speculative_config.truncate_threshold: a number in [0, 1], got {t!r}")

@@ -353,8 +353,7 @@ def test_padded_graph_steps_give_identical_tokens(plain):
     last = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
     assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS[:1], last)] == \
         [o.outputs[0].token_ids for o in plain.generate(PROMPTS[:1], last)]
-    # ("draft", q = 1): a catch-up over one position, after a step that accepted nothing (model-dependent)
-    for kind in (("main", True), ("commit", True), ("draft", True), ("main", False), ("chain", True)):
+    for kind in (("main", True), ("commit", True), ("draft", False), ("draft", True), ("main", False)):
         assert used[kind], f"no {kind} graph step ran ({dict(used)})"
     assert mixed, "no verify step padded sequences of different lengths"
     assert _pools_full(llm)
@@ -427,34 +426,3 @@ def test_adaptive_does_not_draft_above_the_verify_graphs(plain):
     llm.generate(PROMPTS[:1], sp)
     assert eng.stats()["spec_decode_num_drafts"] > 0  # batch 1: exploration steps draft at least
     assert _pools_full(llm)
-
-
-@pytest.mark.parametrize("graphs", [False, True])
-def test_chained_drafts_equal_depth_by_depth(plain, graphs):
-    """Greedy drafts at depths 2..k chained on the device (one call, then one host copy) draw exactly
-    the tokens the depth-by-depth loop draws: one request at a time, so both run the same shapes,
-    the drafting counters are equal, and tokens are plain decoding's; the loop's per-depth drafts
-    never run with the chain on. graphs: the fixed-shape (CUDA-graph) steps, run eagerly on CPU."""
-    sp = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
-    runs = {}
-    for chain in (True, False):
-        llm = LLM(device="cpu", kv_cache_memory="16MiB", block_size=16, max_num_seqs=8,
-                  speculative_config={**SPEC, "truncate_threshold": 0.0, "chain_drafts": chain})
-        if graphs:
-            llm.engine.executor.runner.setup_graphs(8, None, enforce_eager=False, pad_on_cpu=True,
-                                                    num_speculative_tokens=3)
-        ex, calls = llm.engine.executor, []
-        draft, draft_chain = ex.draft, ex.draft_chain
-        ex.draft = lambda plan, rows, from_main: calls.append(("draft", from_main)) or draft(plan, rows, from_main)
-        ex.draft_chain = lambda *a: calls.append(("chain", a[-1])) or draft_chain(*a)
-        tokens = [llm.generate(p, sp)[0].outputs[0].token_ids for p in PROMPTS]
-        runs[chain] = tokens, llm.engine.stats(), calls
-        assert _pools_full(llm)
-        llm.shutdown()
-    (on, on_stats, on_calls), (off, off_stats, off_calls) = runs[True], runs[False]
-    assert on == off == [o.outputs[0].token_ids for o in plain.generate(PROMPTS, sp)]
-    keys = ("spec_decode_num_drafts", "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens",
-            "spec_decode_num_accepted_tokens_per_pos")
-    assert {k: on_stats[k] for k in keys} == {k: off_stats[k] for k in keys}
-    assert ("chain", 2) in on_calls and ("draft", False) not in on_calls
-    assert ("draft", False) in off_calls and not any(c[0] == "chain" for c in off_calls)

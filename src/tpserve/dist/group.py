@@ -139,8 +139,6 @@ def _spawned_worker(rank: int, world: int, init_method: str, ecfg: EngineConfig,
 class TPExecutor:
     """Rank 0's side: spawn (or join, under torchrun) the workers, send plans, watch for deaths."""
 
-    chains_drafts = False  # MTP depths go one by one here: the plan wire has no chain message yet
-
     def __init__(self, ecfg: EngineConfig, model_dir: str, cfg: ModelConfig, device: torch.device,
                  dtype: torch.dtype, kernels: Kernels):
         self.world_size = ecfg.tensor_parallel_size

@@ -56,7 +56,6 @@ class LocalExecutor:
     """Tensor parallel size 1: the runner lives in this process."""
 
     world_size = 1
-    chains_drafts = True  # draft_chain: greedy MTP depths chained on the device
 
     def __init__(self, ecfg: EngineConfig, model_dir: str, cfg: ModelConfig, device: torch.device,
                  dtype: torch.dtype, kernels: Kernels):
@@ -76,9 +75,6 @@ class LocalExecutor:
 
     def draft(self, plan: StepPlan, source_rows: list[int], from_main: bool) -> Drafted:
         return self.runner.draft(plan, source_rows, from_main)
-
-    def draft_chain(self, plan: StepPlan, source_rows: list[int], last: list[int], depths: int) -> torch.Tensor:
-        return self.runner.draft_chain(plan, source_rows, last, depths)
 
     def verify_graph_batch(self) -> int | None:
         return self.runner.verify_graph_batch()

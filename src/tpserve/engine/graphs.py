@@ -4,10 +4,8 @@ KDA commit and the MTP draft steps.
 A graph is captured per key (kind, b, q): b sequences (a padded batch size, "bucket") of q rows each.
 Decode steps are ("main", b, 1) for every bucket up to --max-num-seqs. With the MTP drafter, buckets up
 to SPEC_MAX_BATCH also get ("main", b, q) verify steps for q = 2 .. 1+k (a sequence with fewer drafts, or
-none, is padded to q rows), ("commit", b, q) for the KDA commit after each, ("draft", b, q) for the
-MTP layer's catch-up over up to q positions, and ("chain", b, d) for d = 1 .. k-1 chained depths in one
-replay: each depth feeds the previous depth's argmax and hidden row back in on the GPU, so drafting k
-tokens costs two replays and one host copy, not k of each (greedy drafts; engine/speculate.py).
+none, is padded to q rows), ("commit", b, q) for the KDA commit after each, and ("draft", b, q) for the
+MTP layer (catch-up over up to q positions, then one position per chained depth).
 
 All inputs of a step live in one persistent int64 device buffer, filled from a pinned host twin with
 one non-blocking copy per step. Layout for key (b, q), T = b*q rows: token ids, positions, cache rows
@@ -23,10 +21,8 @@ Without CUDA (`capture=False`), the same padded steps run eagerly: the padding i
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
-from typing import Callable
 
 import numpy as np
 import torch
@@ -38,21 +34,6 @@ from tpserve.model.kda import commit_uniform
 log = logging.getLogger("tpserve.graphs")
 
 SPEC_MAX_BATCH = 16  # verify / commit / draft graphs for batches up to this (speculation pays at small ones)
-
-
-def chain_drafts(model, cache, hidden: torch.Tensor, ids: torch.Tensor, depths: int,
-                 batch_at: Callable[[int, torch.Tensor], ForwardBatch]) -> torch.Tensor:
-    """`depths` chained MTP depths, one row per sequence, no host sync: depth i runs batch_at(i, ids)
-    (ids: the previous depth's argmax) on the previous depth's hidden rows. -> float64 [depths, 2, n],
-    each depth's argmax_and_probability."""
-    outs = []
-    for i in range(depths):
-        batch = batch_at(i, ids)
-        hidden, normed = model.mtp.draft(hidden, model.embed(batch.input_ids, batch), batch, cache)
-        greedy = argmax_and_probability(model.lm_logits(normed))
-        outs.append(greedy)
-        ids = greedy[0].to(torch.long)
-    return torch.stack(outs)
 
 
 def buckets(max_num_seqs: int) -> list[int]:
@@ -177,36 +158,20 @@ class StepGraphs:
     # ----------------------------------------------------------------- capture
     def _forward(self, kind: str, b: int, q: int):
         model, cache = self.runner.model, self.runner.cache
-        batch = self._batch(b, 1 if kind == "chain" else q)
+        batch = self._batch(b, q)
         if kind == "main":
             return model.forward_hidden(batch, cache)
         if kind == "commit":
             commit_uniform(cache, self.verify[(b, q)], self.device_buf[self.counts_at:self.counts_at + b])
             return ()
-        if kind == "chain":  # q: the number of depths
-            return chain_drafts(model, cache, self.hidden_in[:b], batch.input_ids, q, self._chain_batch(batch, b))
         hidden = self.hidden_in[:b * q]
         new_hidden, normed = model.mtp.draft(hidden, model.embed(batch.input_ids, batch), batch, cache)
         logits = model.lm_logits(normed)
         return new_hidden, logits, argmax_and_probability(logits)
 
-    def _chain_batch(self, batch: ForwardBatch, b: int):
-        """Depth i of a chain: position min(start + i, last) (last: the deepest position the sequence
-        drafts at; padding rows stay at 0), its cache row through the block tables, the ids given."""
-        last = self.device_buf[self.counts_at:self.counts_at + b]
-        bs = self.block_size
-
-        def at(i: int, ids: torch.Tensor) -> ForwardBatch:
-            if i == 0:
-                return dataclasses.replace(batch, input_ids=ids)
-            pos = torch.minimum(batch.positions + i, last)
-            rows = batch.block_tables[batch.token_seq, pos // bs] * bs + pos % bs
-            return dataclasses.replace(batch, input_ids=ids, positions=pos, slot_mapping=rows)
-        return at
-
     def _capture_one(self, kind: str, b: int, q: int) -> None:
         cache = self.runner.cache
-        self._fill(None, b, 1 if kind == "chain" else q)  # a chain's q counts depths, its rows are (b, 1)
+        self._fill(None, b, q)
         self._forward(kind, b, q)  # warm-up: Triton autotuning and lazy init outside capture
         cache.verify.clear()
         torch.cuda.synchronize(self.runner.device)
@@ -227,7 +192,6 @@ class StepGraphs:
                 out += [("main", b, q), ("commit", b, q)]
         if self.runner.mtp:
             out += [("draft", b, q) for q in range(1, self.max_q + 1) for b in reversed(self.spec_buckets)]
-            out += [("chain", b, d) for d in range(1, self.max_q - 1) for b in reversed(self.spec_buckets)]
         return out
 
     def capture_all(self) -> None:
@@ -313,29 +277,6 @@ class StepGraphs:
         self.hidden_in.index_copy_(0, real, source.index_select(0, src))
         new_hidden, logits, greedy = self._replay(key)
         return logits.index_select(0, lrows), new_hidden.index_select(0, lrows), greedy.index_select(1, lrows)
-
-    def chain_key(self, n: int, depths: int) -> tuple[str, int, int] | None:
-        """The chain graph for n sequences and `depths` depths, or None (eager)."""
-        if not self.spec_buckets or n > self.spec_buckets[-1] or not 1 <= depths <= self.max_q - 2:
-            return None
-        return "chain", next(b for b in self.spec_buckets if b >= n), depths
-
-    def chain(self, plan, key, last: list[int], source: torch.Tensor, source_ids: torch.Tensor) -> torch.Tensor:
-        """Chained depths from `plan` (one row per sequence at its first position; its token ids are
-        not read): ids source_ids [n] and hidden rows source [n] on the device, the deepest position
-        of each sequence `last` -> float64 [depths, 2, n] (argmax_and_probability per depth)."""
-        _, b, depths = key
-        if plan.cu_seqlens[-1] != len(plan.slots):
-            raise ValueError("chain: one row per sequence")
-        n = len(plan.slots)
-        self._fill(plan, b, 1)  # waits for the last copy: the counts region below is free too
-        self.host_np[self.counts_at:self.counts_at + b] = 0
-        self.host_np[self.counts_at:self.counts_at + n] = last
-        self._copy(self.counts_at, self.counts_at + b)
-        ids = self._views(self.device_buf, b, 1)[0]
-        ids[:n].copy_(source_ids)
-        self.hidden_in[:n].copy_(source)
-        return self._replay(key)[:, :, :n]
 
     def close(self) -> None:
         self.graphs.clear()

@@ -68,7 +68,6 @@ class ModelRunner:
                                  mtp=mtp)
         self.last_hidden: torch.Tensor | None = None   # speculative decoding: the last step's hidden rows
         self.draft_hidden: torch.Tensor | None = None  # ... and the last MTP depth's output rows
-        self.draft_greedy: torch.Tensor | None = None  # ... and their argmax_and_probability [2, n]
         self.kernels = kernels
         self.kda_report = f"{kernels.kda} KDA path"
         if kernels.kda == "fla":
@@ -188,36 +187,14 @@ class ModelRunner:
         src = self.last_hidden if from_main else self.draft_hidden
         key = None if self.graphs is None or self.graphs.hidden_in is None else self.graphs.key_for(plan, "draft")
         if key is not None:
-            logits, self.draft_hidden, self.draft_greedy = self.graphs.draft(plan, key, src, source_rows)
-            return Drafted(logits, self.draft_greedy)
+            logits, self.draft_hidden, greedy = self.graphs.draft(plan, key, src, source_rows)
+            return Drafted(logits, greedy)
         batch = self.build_batch(plan)
         hidden = src[torch.tensor(source_rows, dtype=torch.long, device=self.device)]
         new_hidden, normed = self.model.mtp.draft(hidden, self.model.embed(batch.input_ids, batch), batch, self.cache)
         self.draft_hidden = new_hidden[batch.logits_indices]
         logits = self.model.lm_logits(normed[batch.logits_indices])
-        self.draft_greedy = argmax_and_probability(logits)
-        return Drafted(logits, self.draft_greedy)
-
-    @torch.inference_mode()
-    def draft_chain(self, plan: StepPlan, source_rows: list[int], last: list[int], depths: int) -> torch.Tensor:
-        """`depths` more MTP depths after the last draft step, chained on the device (no host copy in
-        between): `plan` has one row per sequence at its first chained position (its token ids are not
-        read); row i continues the last draft's row source_rows[i] (that row's argmax is its token,
-        its output its hidden row); depth j of it is at position min(first + j, last[i]).
-        -> float64 [depths, 2, n]: each depth's argmax and its probability."""
-        rows = torch.tensor(source_rows, dtype=torch.long, device=self.device)
-        ids, hidden = self.draft_greedy[0].index_select(0, rows).to(torch.long), self.draft_hidden.index_select(0, rows)
-        key = None if self.graphs is None or self.graphs.hidden_in is None else self.graphs.chain_key(len(plan.slots),
-                                                                                                       depths)
-        if key is not None:
-            return self.graphs.chain(plan, key, last, hidden, ids)
-        from tpserve.engine.graphs import chain_drafts
-
-        def at(j: int, step_ids: torch.Tensor):
-            pos = [min(p + j, end) for p, end in zip(plan.positions, last)]
-            step = dataclasses.replace(plan, positions=pos, context_lens=pos)
-            return dataclasses.replace(self.build_batch(step), input_ids=step_ids)
-        return chain_drafts(self.model, self.cache, hidden, ids, depths, at)
+        return Drafted(logits, argmax_and_probability(logits))
 
     def close(self) -> None:
         """Release graphs and their memory pool (before the process group goes)."""

@@ -205,14 +205,8 @@ class Speculator:
         drafted = eng.executor.draft(plan.build(), rows, True)
         survival = [1.0] * len(drafting)
         deepest = max((want for _, want in drafting), default=0)
-        chained = self._chain(drafting, deepest)
         for depth in range(1, deepest + 1):
-            if depth == 1 or chained is None:
-                toks, probs, sure = self._draw(drafted, [s for s, _ in drafting])
-            else:  # this depth's draws came with the chain's one host copy
-                draws = chained[0][depth - 2]
-                toks = [int(draws[0][chained[1][seq]]) for seq, _ in drafting]
-                probs, sure = None, [draws[1][chained[1][seq]] for seq, _ in drafting]
+            toks, probs, sure = self._draw(drafted, [s for s, _ in drafting])
             keep, nxt = [], _Plan()
             for i, (seq, want) in enumerate(drafting):
                 seq.drafts.append(toks[i])
@@ -227,30 +221,10 @@ class Speculator:
                 break
             drafting = [drafting[i] for i in keep]
             survival = [survival[i] for i in keep]
-            if chained is None:
-                drafted = eng.executor.draft(nxt.build(), keep, False)
+            drafted = eng.executor.draft(nxt.build(), keep, False)
         self.last_draft_seconds = time.perf_counter() - t0
         if deepest > 0:
             self.policy.observe_draft(deepest, max(self.last_draft_seconds, 1e-9))
-
-    def _chain(self, drafting: list[tuple[Sequence, int]], deepest: int):
-        """Greedy drafts: depths 2..deepest of every sequence that wants them, chained on the device
-        after the catch-up (one replay, then one host copy with depth 1's). A sequence runs every depth
-        up to `deepest` (positions past its own last are held there, writing rows its own drafts
-        write); the walk in propose() keeps what the depth-by-depth loop would. -> (draws
-        [depth - 2][token / probability][row], row of each sequence) or None (depth by depth)."""
-        eng = self.engine
-        if (deepest < 2 or not self.spec.chain_drafts or not eng.executor.chains_drafts
-                or any(not seq.params.greedy for seq, _ in drafting)):
-            return None
-        plan, rows, last = _Plan(), [], []
-        for i, (seq, want) in enumerate(drafting):
-            if want >= 2:  # depth d (2..want) drafts at position num_tokens - 3 + d
-                plan.add(seq, [seq.num_tokens - 1], True, known_ids=False)
-                rows.append(i)
-                last.append(seq.num_tokens + want - 3)
-        draws = eng.executor.draft_chain(plan.build(), rows, last, deepest - 1)
-        return draws.tolist(), {drafting[i][0]: r for r, i in enumerate(rows)}
 
     def _budget(self, seq: Sequence, k: int) -> int:
         """Drafts this sequence may take next step (room before max_tokens / max_model_len, blocks)."""
@@ -378,12 +352,10 @@ class _Plan:
         self.ids, self.pos, self.cu, self.ctx, self.slots, self.tables, self.logits = [], [], [0], [], [], [], []
         self.num_decode = 0  # leading sequences that take the per-token (decode / verify) attention
 
-    def add(self, seq: Sequence, positions: list[int], want_logits: bool, decode: bool = True,
-            known_ids: bool = True) -> None:
-        """known_ids False: the tokens are not known on the host yet (a chain's, drawn on the device)."""
+    def add(self, seq: Sequence, positions: list[int], want_logits: bool, decode: bool = True) -> None:
         if decode and self.num_decode == len(self.slots):
             self.num_decode += 1
-        self.ids.extend(seq.token_at(p + 1) if known_ids else 0 for p in positions)
+        self.ids.extend(seq.token_at(p + 1) for p in positions)
         self.pos.extend(positions)
         self.cu.append(self.cu[-1] + len(positions))
         self.ctx.append(positions[0])  # the MTP cache holds the positions before

@@ -23,20 +23,15 @@ def register(sub, bench, tune) -> None:
     p.add_argument("--k", type=int, nargs="*", default=[1, 2, 3, 5, 7], help="fixed draft counts to compare")
     p.add_argument("--max-tokens", type=int, default=96)
     p.add_argument("--repeats", type=int, default=2, help="timed runs per setting (best taken)")
-    p.add_argument("--compare-chain", action="store_true",
-                   help="also the largest fixed k with chain_drafts off (depths drafted one by one)")
     p.add_argument("--json", dest="json_out", default=None)
     p.add_argument("--plot", default=None, metavar="PNG", help="tok/s per setting and batch size")
     p.set_defaults(func=run)
 
 
-def _settings(ks: list[int], compare_chain: bool = False) -> list[tuple[str, dict | None]]:
+def _settings(ks: list[int]) -> list[tuple[str, dict | None]]:
     out: list[tuple[str, dict | None]] = [("off", None)]
-    fixed = {"method": "mtp", "adaptive": False, "truncate_threshold": 0.0}
-    out += [(f"k={k}", {**fixed, "num_speculative_tokens": k}) for k in ks]
-    if compare_chain:
-        out.append((f"k={max(ks)}, depths one by one", {**fixed, "num_speculative_tokens": max(ks),
-                                                        "chain_drafts": False}))
+    out += [(f"k={k}", {"method": "mtp", "num_speculative_tokens": k, "adaptive": False, "truncate_threshold": 0.0})
+            for k in ks]
     out.append((f"adaptive (k<={max(ks)})", {"method": "mtp", "num_speculative_tokens": max(ks)}))
     return out
 
@@ -68,7 +63,7 @@ def measure(args) -> dict:
     sp = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
     structured = mtp_prompts()
     rows, reference = [], {}
-    settings = _settings(sorted(set(args.k)), args.compare_chain)
+    settings = _settings(sorted(set(args.k)))
     with tqdm(total=len(settings) * len(args.batch), desc="bench spec") as bar:
         for name, spec in settings:
             kw = {f: getattr(base, f) for f in ("model", "device", "dtype", "kv_cache_memory", "enforce_eager",
