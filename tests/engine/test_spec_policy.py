@@ -26,13 +26,13 @@ def _train_acceptance(policy: SpecPolicy, rates, n: int, rng: random.Random, key
         policy.observe_acceptance(key, len(rates), accepted, explore)
 
 
-def _train_costs(policy: SpecPolicy, a, b, c, d0, d1, rng: random.Random, n=256, noise=0.01):
+def _train_costs(policy: SpecPolicy, a, b, c, d0, d1, rng: random.Random, n=256, noise=0.01, d2=0.0):
     for _ in range(n):
         tokens = int(math.exp(rng.uniform(0, math.log(2048))))
         t = a + b * policy.experts_touched(tokens) + c * tokens
         policy.observe_step(tokens, t * (1 + rng.uniform(-noise, noise)))
-        k = rng.randint(1, policy.max_k)
-        policy.observe_draft(k, (d0 + d1 * k) * (1 + rng.uniform(-noise, noise)))
+        k, seqs = rng.randint(1, policy.max_k), rng.choice([1, 2, 4, 8, 16, 32])
+        policy.observe_draft(k, (d0 + d1 * k + d2 * seqs * k) * (1 + rng.uniform(-noise, noise)), seqs)
 
 
 def _non_explore(policy: SpecPolicy) -> None:
@@ -89,12 +89,13 @@ def test_estimator_learns_rates_and_ignores_non_explore():
 def test_cost_fit_recovers_coefficients():
     rng = random.Random(1)
     policy = SpecPolicy(5, **MOE)
-    a, b, c, d0, d1 = 2e-3, 10e-6, 50e-6, 1e-4, 8e-4
-    _train_costs(policy, a, b, c, d0, d1, rng)
+    a, b, c, d0, d1, d2 = 2e-3, 10e-6, 50e-6, 1e-4, 8e-4, 40e-6
+    _train_costs(policy, a, b, c, d0, d1, rng, d2=d2)
     snap = policy.snapshot()
     fit = snap["step_cost"]
     for got, want in ((fit["a"], a), (fit["b_per_expert"], b), (fit["c_per_token"], c),
-                      (snap["draft_cost"]["d0"], d0), (snap["draft_cost"]["d1"], d1)):
+                      (snap["draft_cost"]["d0"], d0), (snap["draft_cost"]["d1"], d1),
+                      (snap["draft_cost"]["d2_per_token"], d2)):
         assert abs(got - want) < 0.1 * want, (got, want)
     assert fit["n"] == 256
     # a bounded window: the fit follows a change of regime
@@ -129,6 +130,20 @@ def test_choose_k_large_when_fixed_cost_dominates_zero_when_tokens_dominate():
     _non_explore(per_token)
     assert per_token.choose_k(64, []) == 0
     assert per_token.choose_k(1, []) >= 1  # at batch 1 the fixed part still dominates
+
+
+def test_draft_cost_per_drafted_token_lowers_k_at_larger_batches():
+    """Where the drafter's cost grows with the tokens it drafts (a CPU, a large batch), the fitted
+    per-token term makes batch 16 draft less than batch 1 (with the draft cost fitted per depth only,
+    as before, batch 16 drafted as if it cost what batch 1's drafts cost)."""
+    rng = random.Random(4)
+    policy = SpecPolicy(5)
+    _train_acceptance(policy, [0.95] * 5, 3000, rng)
+    _train_costs(policy, 2e-3, 0.0, 100e-6, 1e-4, 1e-4, rng, d2=200e-6)
+    _non_explore(policy)
+    assert policy.choose_k(1, []) == 5
+    assert policy.choose_k(16, []) == 0
+    assert policy.draft_cost(3, 16) > 8 * policy.draft_cost(3, 1)  # 1e-4 + 3e-4 + 16 * 6e-4 vs 1e-3
 
 
 def test_not_adaptive_always_max_k():
@@ -171,6 +186,7 @@ def test_validation_names_the_field():
                         (lambda: policy.observe_step(4, float("nan")), "seconds"),
                         (lambda: policy.observe_draft(2, 0.0), "seconds"),
                         (lambda: policy.observe_draft(4, 0.1), "k"),
+                        (lambda: policy.observe_draft(2, 0.1, 0), "num_seqs"),
                         (lambda: policy.choose_k(1, ["a", "b"]), "num_seqs")):
         with pytest.raises(ValueError, match=field):
             call()

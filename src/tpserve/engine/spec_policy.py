@@ -4,7 +4,8 @@ k is chosen per step to maximise expected emitted tokens per second. A sequence 
 emits 1 + sum_{j<=k} prod_{i<=j} alpha_i tokens on average (alpha_i: the acceptance rate at draft
 position i given the earlier ones were accepted), and the step costs
     step_cost = a + b * experts_touched(tokens) + c * tokens,  tokens = num_seqs * (1 + k)
-plus draft_cost = d0 + d1 * k. experts_touched is E (1 - (1 - topk/E)^tokens) per MoE layer
+plus draft_cost = d0 + d1 * k + d2 * num_seqs * k (per depth: launches on a GPU; per drafted
+token: the MTP layer's compute, which dominates on a CPU and at large batches). experts_touched is E (1 - (1 - topk/E)^tokens) per MoE layer
 (uniform routing). Verifying drafts is cheap when the fixed part dominates (small batches) and dear
 when the per-token part does (large batches, or small MoE batches where each extra token reads new
 experts). A request's own acceptance history scales the global per-position rates (see _ratio).
@@ -24,10 +25,11 @@ from operator import mul
 
 # Priors (seconds; guesses, replaced by the online fit within a few dozen steps). Step: 3 ms fixed,
 # 30 us per token, and reading every expert of every MoE layer once costs as much as the fixed part
-# (b = 3 ms / (E * layers)). Draft: 0.3 ms + 0.5 ms per drafted position. With the acceptance prior
-# 0.6, 0.54, ... a batch of 1 drafts (k = 2) and batches of 256 and more do not, dense or MoE.
+# (b = 3 ms / (E * layers)). Draft: 0.3 ms + 0.5 ms per depth + 8 us per drafted token (a quarter of
+# the step's per-token prior: one layer of a few). With the acceptance prior 0.6, 0.54, ... a batch
+# of 1 drafts (k = 2) and batches of 256 and more do not, dense or MoE.
 STEP_FIXED_PRIOR, FULL_EXPERT_READ_PRIOR, PER_TOKEN_PRIOR = 3e-3, 3e-3, 30e-6
-DRAFT_PRIOR = (3e-4, 5e-4)
+DRAFT_PRIOR = (3e-4, 5e-4, 8e-6)
 ALPHA_PRIOR, ALPHA_DECAY = 0.6, 0.9   # prior acceptance at position i: 0.6 * 0.9^(i-1)
 PRIOR_COUNT = 2.0                     # pseudo-observations behind the global acceptance prior
 GLOBAL_MEMORY = 0.999                 # per-observation decay of global counts (~1000-obs memory)
@@ -182,7 +184,7 @@ class SpecPolicy:
             gains.append(gains[-1] + g_prod * power_sums[j])
         best, best_rate = 0, gains[0] / self.step_cost(num_seqs)
         for k in range(1, self.max_k + 1):
-            rate = gains[k] / (self.step_cost(num_seqs * (1 + k)) + self.draft_cost(k))
+            rate = gains[k] / (self.step_cost(num_seqs * (1 + k)) + self.draft_cost(k, num_seqs))
             if rate > best_rate * (1 + 1e-9):
                 best, best_rate = k, rate
         return best
@@ -240,9 +242,9 @@ class SpecPolicy:
         a, b, c = self._step_fit.coef()
         return a + b * self.experts_touched(num_tokens) + c * num_tokens
 
-    def draft_cost(self, k: int) -> float:
-        d0, d1 = self._draft_fit.coef()
-        return d0 + d1 * k if k > 0 else 0.0
+    def draft_cost(self, k: int, num_seqs: int = 1) -> float:
+        d0, d1, d2 = self._draft_fit.coef()
+        return d0 + d1 * k + d2 * num_seqs * k if k > 0 else 0.0
 
     def observe_step(self, num_tokens: int, seconds: float) -> None:
         """One target step (verify or plain decode) of num_tokens tokens took `seconds`."""
@@ -252,19 +254,21 @@ class SpecPolicy:
             raise ValueError(f"seconds: must be > 0, got {seconds}")
         self._step_fit.add([1.0, self.experts_touched(num_tokens), float(num_tokens)], seconds)
 
-    def observe_draft(self, k: int, seconds: float) -> None:
-        """Drafting k positions for a step took `seconds`."""
+    def observe_draft(self, k: int, seconds: float, num_seqs: int = 1) -> None:
+        """Drafting k positions for each of num_seqs sequences took `seconds`."""
         if not 1 <= k <= self.max_k:
             raise ValueError(f"k: must be in 1..max_k ({self.max_k}), got {k}")
+        if not isinstance(num_seqs, int) or num_seqs < 1:
+            raise ValueError(f"num_seqs: must be an int >= 1, got {num_seqs!r}")
         if not seconds > 0:  # also NaN; the fit weighs observations by 1 / seconds^2
             raise ValueError(f"seconds: must be > 0, got {seconds}")
-        self._draft_fit.add([1.0, float(k)], seconds)
+        self._draft_fit.add([1.0, float(k), float(num_seqs * k)], seconds)
 
     def snapshot(self) -> dict:
         """Global acceptance rates by position and the fitted cost coefficients (for logs, benchmarks)."""
         a, b, c = self._step_fit.coef()
-        d0, d1 = self._draft_fit.coef()
+        d0, d1, d2 = self._draft_fit.coef()
         return {"step": self._step, "acceptance": self.acceptance(),
                 "acceptance_obs": list(self._obs), "requests_tracked": len(self._req),
                 "step_cost": {"a": a, "b_per_expert": b, "c_per_token": c, "n": len(self._step_fit.rows)},
-                "draft_cost": {"d0": d0, "d1": d1, "n": len(self._draft_fit.rows)}}
+                "draft_cost": {"d0": d0, "d1": d1, "d2_per_token": d2, "n": len(self._draft_fit.rows)}}

@@ -204,7 +204,7 @@ class Speculator:
             return
         drafted = eng.executor.draft(plan.build(), rows, True)
         survival = [1.0] * len(drafting)
-        deepest = max((want for _, want in drafting), default=0)
+        deepest, num_drafting = max((want for _, want in drafting), default=0), len(drafting)
         for depth in range(1, deepest + 1):
             toks, probs, sure = self._draw(drafted, [s for s, _ in drafting])
             keep, nxt = [], _Plan()
@@ -224,7 +224,7 @@ class Speculator:
             drafted = eng.executor.draft(nxt.build(), keep, False)
         self.last_draft_seconds = time.perf_counter() - t0
         if deepest > 0:
-            self.policy.observe_draft(deepest, max(self.last_draft_seconds, 1e-9))
+            self.policy.observe_draft(deepest, max(self.last_draft_seconds, 1e-9), num_drafting)
 
     def _budget(self, seq: Sequence, k: int) -> int:
         """Drafts this sequence may take next step (room before max_tokens / max_model_len, blocks)."""
