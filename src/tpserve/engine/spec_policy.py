@@ -5,10 +5,11 @@ emits 1 + sum_{j<=k} prod_{i<=j} alpha_i tokens on average (alpha_i: the accepta
 position i given the earlier ones were accepted), and the step costs
     step_cost = a + b * experts_touched(tokens) + c * tokens,  tokens = num_seqs * (1 + k)
 plus draft_cost = d0 + d1 * k + d2 * num_seqs * k (per depth: launches on a GPU; per drafted
-token: the MTP layer's compute, which dominates on a CPU and at large batches). experts_touched is E (1 - (1 - topk/E)^tokens) per MoE layer
-(uniform routing). Verifying drafts is cheap when the fixed part dominates (small batches) and dear
-when the per-token part does (large batches, or small MoE batches where each extra token reads new
-experts). A request's own acceptance history scales the global per-position rates (see _ratio).
+token: the MTP layer's compute, which dominates on a CPU and at large batches). experts_touched is
+E (1 - (1 - topk/E)^tokens) per MoE layer (uniform routing). Verifying drafts is cheap when the
+fixed part dominates (small batches) and dear when the per-token part does (large batches, or small
+MoE batches where each extra token reads new experts). A request's own acceptance history scales
+the global per-position rates (see _ratio).
 
 Only exploration steps (every explore_every-th, k = max_k, no truncation) train the acceptance
 estimates: on other steps truncation and small k would censor and bias them. Cost coefficients are
