@@ -3,13 +3,16 @@
 On the built-in demo model (or --model with MTP weights) and its structured prompts (counting,
 JSON, tool calls: train/acceptance.py; each at least once, in generate calls of --batch requests),
 greedy, at each --batch: plain decoding, every fixed k of
---k (adaptive off, no truncation) and the adaptive policy. Reports output tok/s, the speedup over
-plain, the mean accepted length, whether the tokens equal plain decoding's, and the KDA state
-bytes per request (which speculation must leave unchanged). Optional PNG plot.
+--k (adaptive off, no truncation) and the adaptive policy. Reports output tok/s and the speedup over
+plain, end to end and for decoding alone (the steps without a prefill chunk: with speculation the
+prefill also runs the MTP layer over every prompt position), the mean accepted length, whether the
+tokens equal plain decoding's, and the KDA state bytes per request (which speculation must leave
+unchanged). Optional PNG plot.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 
@@ -41,6 +44,30 @@ def _state_bytes(llm) -> int:
     slots = llm.engine.slot_pool.num_blocks + 1  # the reserved dummy slot is allocated too
     total = sum(t.numel() * t.element_size() for d in (cache.kda_state, cache.conv_state) for t in d.values())
     return total // slots
+
+
+@contextlib.contextmanager
+def step_times(engine):
+    """Time every engine step: yields a list that fills with (seconds, whether it held a prefill chunk)."""
+    steps: list[tuple[float, bool]] = []
+    schedule, step = engine.scheduler.schedule, engine.step
+    prefill = [False]
+
+    def timed_schedule():
+        scheduled = schedule()
+        prefill[0] = any(not s.decode for s in scheduled)
+        return scheduled
+
+    def timed_step():
+        t = time.perf_counter()
+        out = step()
+        steps.append((time.perf_counter() - t, prefill[0]))
+        return out
+    engine.scheduler.schedule, engine.step = timed_schedule, timed_step
+    try:
+        yield steps
+    finally:
+        del engine.scheduler.schedule, engine.step
 
 
 def _release_memory() -> None:
@@ -79,12 +106,16 @@ def measure(args) -> dict:
                 prompts = [structured[i % len(structured)] for i in range(max(batch, len(structured)))]
                 groups = [prompts[i:i + batch] for i in range(0, len(prompts), batch)]
                 llm.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=8))  # warm-up
-                best, outs, stats0 = None, None, llm.engine.stats()
+                best, best_decode, outs, stats0 = None, None, None, llm.engine.stats()
                 for _ in range(args.repeats):
-                    t0 = time.perf_counter()
-                    outs = [o for g in groups for o in llm.generate(g, sp)]
-                    dt = time.perf_counter() - t0
+                    with step_times(llm.engine) as steps:
+                        t0 = time.perf_counter()
+                        outs = [o for g in groups for o in llm.generate(g, sp)]
+                        dt = time.perf_counter() - t0
                     best = dt if best is None else min(best, dt)
+                    # each request's first token comes from its prefill; the rest from decode steps
+                    decode_s = sum(s for s, had_prefill in steps if not had_prefill)
+                    best_decode = decode_s if best_decode is None else min(best_decode, decode_s)
                 stats = llm.engine.stats()
                 tokens = [o.outputs[0].token_ids for o in outs]
                 if spec is None:
@@ -94,6 +125,7 @@ def measure(args) -> dict:
                        - stats0.get("spec_decode_num_accepted_tokens", 0))
                 rows.append({"setting": name, "batch": batch, "seconds": best,
                              "tok_s": sum(map(len, tokens)) / best,
+                             "decode_tok_s": (sum(map(len, tokens)) - len(tokens)) / max(best_decode, 1e-9),
                              "mean_accepted_length": 1 + acc / drafts if drafts else None,
                              "equal_to_plain": tokens == reference.get(batch),
                              "outputs_equal": sum(a == b for a, b in zip(tokens, reference.get(batch, []))),
@@ -105,15 +137,18 @@ def measure(args) -> dict:
     for r in rows:
         plain = next(x for x in rows if x["batch"] == r["batch"] and x["setting"] == "off")
         r["speedup"] = r["tok_s"] / plain["tok_s"]
+        r["decode_speedup"] = r["decode_tok_s"] / plain["decode_tok_s"]
     return {"device": base.device, "max_tokens": args.max_tokens, "prompts": len(structured), "rows": rows}
 
 
 def table(result: dict) -> str:
-    lines = ["| batch | setting | tok/s | speedup | mean accepted length | outputs = plain | KDA state B/request |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| batch | setting | tok/s | speedup | decode tok/s | decode speedup | mean accepted length | "
+             "outputs = plain | KDA state B/request |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in result["rows"]:
         mal = "-" if r["mean_accepted_length"] is None else f"{r['mean_accepted_length']:.2f}"
-        lines.append(f"| {r['batch']} | {r['setting']} | {r['tok_s']:.1f} | {r['speedup']:.2f}x | {mal} | "
+        lines.append(f"| {r['batch']} | {r['setting']} | {r['tok_s']:.1f} | {r['speedup']:.2f}x | "
+                     f"{r['decode_tok_s']:.1f} | {r['decode_speedup']:.2f}x | {mal} | "
                      f"{r['outputs_equal']}/{r['outputs']} | {r['kda_state_bytes_per_request']:,} |")
     paths = sorted({r["kda_path"] for r in result["rows"] if r.get("kda_path")})
     return "\n".join(lines + [f"KDA path: {p}" for p in paths])

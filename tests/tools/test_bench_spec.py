@@ -1,0 +1,35 @@
+"""`tpserve bench spec`: its step timer and one small run on the built-in demo model."""
+
+import json
+
+
+def test_step_times_mark_the_prefill_steps(tiny):
+    from tpserve import LLM, SamplingParams
+    from tpserve.tools.bench_spec import step_times
+
+    llm = LLM(str(tiny("default")), device="cpu", kv_cache_memory="8MiB")
+    sp = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    with step_times(llm.engine) as steps:
+        llm.generate("one two three", sp)
+    # the prefill step emits the first token, three decode steps the rest; then the engine is as before
+    assert [prefill for _, prefill in steps] == [True, False, False, False]
+    assert all(seconds > 0 for seconds, _ in steps)
+    assert "step" not in vars(llm.engine) and "schedule" not in vars(llm.engine.scheduler)
+    llm.shutdown()
+
+
+def test_bench_spec_small_run(tmp_path, capsys):
+    from tpserve.cli import main
+
+    out = tmp_path / "spec.json"
+    rc = main(["bench", "spec", "--device", "cpu", "--batch", "1", "--k", "1", "--max-tokens", "4",
+               "--repeats", "1", "--json", str(out)])
+    res = json.loads(out.read_text())
+    assert rc == 0
+    assert [r["setting"] for r in res["rows"]] == ["off", "k=1", "adaptive (k<=1)"]
+    for r in res["rows"]:
+        assert r["outputs_equal"] == r["outputs"] == res["prompts"]  # float32: speculation is exact
+        assert r["tok_s"] > 0 and r["decode_tok_s"] > 0
+    off = res["rows"][0]
+    assert off["speedup"] == off["decode_speedup"] == 1.0
+    assert "| decode tok/s | decode speedup |" in capsys.readouterr().out
