@@ -103,6 +103,24 @@ def test_cost_fit_recovers_coefficients():
     assert abs(policy.snapshot()["step_cost"]["a"] - 4e-3) < 0.4e-3
 
 
+@pytest.mark.parametrize("scale", [0.1, 10.0, 30.0])
+def test_cost_fit_is_not_pulled_toward_the_priors_magnitude(scale):
+    """A machine `scale` times slower (a CPU) or faster than the priors: 40 steps fit every cost
+    coefficient within 10% (a ridge toward the unscaled priors fitted 0.2-0.7 of them at 30x)."""
+    from tpserve.engine.spec_policy import DRAFT_PRIOR, PER_TOKEN_PRIOR, STEP_FIXED_PRIOR
+
+    rng = random.Random(5)
+    policy = SpecPolicy(5)
+    a, c = STEP_FIXED_PRIOR * scale * 1.3, PER_TOKEN_PRIOR * scale * 0.7
+    d0, d1, d2 = (p * scale * f for p, f in zip(DRAFT_PRIOR, (0.8, 1.2, 1.5)))
+    _train_costs(policy, a, 0.0, c, d0, d1, rng, n=40, d2=d2)
+    snap = policy.snapshot()
+    got = (snap["step_cost"]["a"], snap["step_cost"]["c_per_token"], snap["draft_cost"]["d0"],
+           snap["draft_cost"]["d1"], snap["draft_cost"]["d2_per_token"])
+    for g, want in zip(got, (a, c, d0, d1, d2)):
+        assert abs(g - want) < 0.1 * want, (got, (a, c, d0, d1, d2))
+
+
 def test_experts_touched():
     policy = SpecPolicy(2, **MOE)
     assert policy.experts_touched(1) == pytest.approx(40.0)  # 4 experts in each of 10 layers

@@ -369,32 +369,34 @@ def test_greedy_with_penalties_walks_position_by_position(plain, spec):
 
 
 def test_only_decode_steps_train_the_cost_model_and_rates(spec):
-    """Steps that hold prefill chunks are not decode costs: neither the step-cost fit nor the measured
-    rates see them (a prefill step emits few tokens in a long time and made plain decoding look slow)."""
+    """Steps that hold prefill chunks are not decode costs: neither the step-cost fit, the draft-cost
+    fit nor the measured rates see them (a prefill step emits few tokens in a long time and made plain
+    decoding look slow; the drafting pass after it runs the MTP layer over the whole prompt, and one
+    such observation made the adaptive mode stop drafting for a whole run on the CPU)."""
     eng, sp_ = spec.engine, spec.engine.speculator
     last = {"prefill": None}
     seen = []
-    plan, observe, observe_step = eng._plan, sp_.rates.observe, sp_.policy.observe_step
+    plan = eng._plan
+    originals = {"rates": sp_.rates.observe, "cost": sp_.policy.observe_step, "draft": sp_.policy.observe_draft}
 
     def spy_plan(scheduled):
         p = plan(scheduled)
         last["prefill"] = p.num_decode < len(p.slots)
         return p
 
-    def spy_observe(*a, **kw):
-        seen.append(("rates", last["prefill"]))
-        return observe(*a, **kw)
+    def spy(kind):
+        def call(*a, **kw):
+            seen.append((kind, last["prefill"]))
+            return originals[kind](*a, **kw)
+        return call
 
-    def spy_step(*a, **kw):
-        seen.append(("cost", last["prefill"]))
-        return observe_step(*a, **kw)
-
-    eng._plan, sp_.rates.observe, sp_.policy.observe_step = spy_plan, spy_observe, spy_step
+    eng._plan = spy_plan
+    sp_.rates.observe, sp_.policy.observe_step, sp_.policy.observe_draft = spy("rates"), spy("cost"), spy("draft")
     try:
         spec.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
     finally:
-        del eng._plan, sp_.rates.observe, sp_.policy.observe_step
-    assert seen and {kind for kind, _ in seen} == {"rates", "cost"}
+        del eng._plan, sp_.rates.observe, sp_.policy.observe_step, sp_.policy.observe_draft
+    assert seen and {kind for kind, _ in seen} == {"rates", "cost", "draft"}
     assert not any(prefill for _, prefill in seen)
 
 

@@ -20,6 +20,7 @@ Pure Python floats; all state lives in the instance.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass
 from operator import mul
@@ -74,8 +75,11 @@ def _accumulate(m: list[list[float]], v: list[float], x: list[float], y: float, 
 class _RidgeFit:
     """y ~ theta . x over the last `window` observations by least squares in relative error (weight
     1 / y^2: timing noise scales with the time), with a ridge on the coefficients' relative distance
-    from `prior`: RIDGE * sum_j ((theta_j - prior_j) / prior_j)^2. Directions the data do not
-    determine (e.g. the per-token cost while only batch-1 steps were seen) stay at the prior.
+    from the prior scaled to the machine: RIDGE * sum_j ((theta_j - s prior_j) / (s prior_j))^2, s the
+    geometric mean of y / (prior . x) over the window. The priors give the cost's shape, the data its
+    magnitude: a CPU ten times slower than the priors' GPU is not pulled back toward GPU times (with
+    a few dozen steps that pull halved the fitted per-token costs). Directions the data do not
+    determine (e.g. the per-token cost while only batch-1 steps were seen) stay at the scaled prior.
     Coefficients kept >= 0 (active set). The sums are incremental, recomputed from the window every
     `window` additions against rounding drift."""
 
@@ -83,22 +87,26 @@ class _RidgeFit:
         self.prior = list(prior)
         self.rows: deque[tuple[list[float], float]] = deque(maxlen=window)
         d = len(prior)
-        # a zero prior (the expert term without MoE, whose feature is always 0): plain unit ridge to 0
-        self._pen = [RIDGE / p ** 2 if p > 0 else 1.0 for p in self.prior]
-        self._xtx, self._xty = [[0.0] * d for _ in range(d)], [0.0] * d
+        self._xtx, self._xty, self._log_scale = [[0.0] * d for _ in range(d)], [0.0] * d, 0.0
         self._adds = 0
         self._coef: list[float] | None = list(prior)
+
+    def _log_ratio(self, x: list[float], y: float) -> float:
+        return math.log(max(y, 1e-9) / max(sum(p * xi for p, xi in zip(self.prior, x)), 1e-12))
 
     def add(self, x: list[float], y: float) -> None:
         if len(self.rows) == self.rows.maxlen:
             old_x, old_y = self.rows[0]
             _accumulate(self._xtx, self._xty, old_x, old_y, -1.0 / max(old_y, 1e-9) ** 2)
+            self._log_scale -= self._log_ratio(old_x, old_y)
         self.rows.append((x, y))
         _accumulate(self._xtx, self._xty, x, y, 1.0 / max(y, 1e-9) ** 2)
+        self._log_scale += self._log_ratio(x, y)
         self._adds += 1
         if self._adds % self.rows.maxlen == 0:
             d = len(self.prior)
             self._xtx, self._xty = [[0.0] * d for _ in range(d)], [0.0] * d
+            self._log_scale = sum(self._log_ratio(rx, ry) for rx, ry in self.rows)
             for rx, ry in self.rows:
                 _accumulate(self._xtx, self._xty, rx, ry, 1.0 / max(ry, 1e-9) ** 2)
         self._coef = None
@@ -109,12 +117,16 @@ class _RidgeFit:
         return self._coef
 
     def _fit(self) -> list[float]:
-        d, xtx, xty, pen = len(self.prior), self._xtx, self._xty, self._pen
+        d, xtx, xty = len(self.prior), self._xtx, self._xty
+        scale = math.exp(self._log_scale / len(self.rows)) if self.rows else 1.0
+        target = [scale * p for p in self.prior]
+        # a zero prior (the expert term without MoE, whose feature is always 0): plain unit ridge to 0
+        pen = [RIDGE / t ** 2 if t > 0 else 1.0 for t in target]
         free = list(range(d))
         while True:
             theta = [0.0] * d
             m = [[xtx[i][j] + (pen[i] if i == j else 0.0) for j in free] for i in free]
-            v = [xty[i] + pen[i] * self.prior[i] for i in free]
+            v = [xty[i] + pen[i] * target[i] for i in free]
             for i, t in zip(free, _solve(m, v)):
                 theta[i] = t
             worst = min(free, key=lambda i: theta[i])

@@ -163,7 +163,8 @@ class Speculator:
         t0 = time.perf_counter()
         running = [s.seq for s in scheduled if s.seq.status is Status.RUNNING]
         batch = len(eng.scheduler.running)
-        if all(s.decode for s in scheduled):  # steps with prefill chunks say nothing of decode costs or rates
+        decode_only = all(s.decode for s in scheduled)
+        if decode_only:  # steps with prefill chunks say nothing of decode costs or rates
             self.policy.observe_step(step_tokens, max(step_seconds, 1e-9))
             self.rates.observe(batch, self.last_k > 0, self.emitted, step_seconds + self.last_draft_seconds)
         self.emitted, self.last_draft_seconds = 0, 0.0
@@ -223,7 +224,7 @@ class Speculator:
             survival = [survival[i] for i in keep]
             drafted = eng.executor.draft(nxt.build(), keep, False)
         self.last_draft_seconds = time.perf_counter() - t0
-        if deepest > 0:
+        if deepest > 0 and decode_only:  # after a prefill chunk the catch-up ran over its prompt rows too
             self.policy.observe_draft(deepest, max(self.last_draft_seconds, 1e-9), num_drafting)
 
     def _budget(self, seq: Sequence, k: int) -> int:
