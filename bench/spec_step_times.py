@@ -14,25 +14,15 @@ import argparse
 import time
 
 from tpserve import LLM, SamplingParams
+from tpserve.tools.bench_spec import step_times
 from tpserve.train.acceptance import mtp_prompts
 
 
 def timed_call(llm: LLM, prompts: list[str], sp: SamplingParams) -> tuple[float, list[float]]:
-    eng, steps = llm.engine, []
-    step = eng.step
-
-    def timed_step():
-        t = time.perf_counter()
-        out = step()
-        steps.append(time.perf_counter() - t)
-        return out
-    eng.step = timed_step
-    try:
+    with step_times(llm.engine) as steps:
         t = time.perf_counter()
         llm.generate(prompts, sp)
-        return time.perf_counter() - t, steps
-    finally:
-        del eng.step
+        return time.perf_counter() - t, [seconds for seconds, _, _ in steps]
 
 
 def main() -> None:

@@ -12,8 +12,8 @@ def test_step_times_mark_the_prefill_steps(tiny):
     with step_times(llm.engine) as steps:
         llm.generate("one two three", sp)
     # the prefill step emits the first token, three decode steps the rest; then the engine is as before
-    assert [prefill for _, prefill in steps] == [True, False, False, False]
-    assert all(seconds > 0 for seconds, _ in steps)
+    assert [(prefill, tokens) for _, prefill, tokens in steps] == [(True, 1), (False, 1), (False, 1), (False, 1)]
+    assert all(seconds > 0 for seconds, _, _ in steps)
     assert "step" not in vars(llm.engine) and "schedule" not in vars(llm.engine.scheduler)
     llm.shutdown()
 
