@@ -222,10 +222,10 @@ def stdlib_identifiers() -> tuple[str, ...]:
 def make_tool(rng: random.Random, held_out: bool, style: float | None = None) -> dict:
     """A random tool: name verb_noun, 1-4 typed arguments (string, integer, number, boolean, enum).
 
-    Training tools (held_out=False) take made-up names or standard-library identifiers most of
-    the time (the held-out path draws exactly as before, so the acceptance prompts do not move).
-    style: the naming style's draw, given instead of drawn (probes of one style: < PSEUDO_NAMES
-    made-up words, then identifiers, then the training word lists)."""
+    Training tools (held_out=False) take made-up names, standard-library identifiers or docstring
+    words three times in four (the held-out path draws exactly as before, so the acceptance prompts
+    do not move). style: the naming style's draw, given instead of drawn (probes of one style: below
+    PSEUDO_NAMES made-up words, then identifiers, then docstring words, then the word lists)."""
     if style is None:
         style = rng.random() if not held_out else 1.0
     idents = stdlib_identifiers() if PSEUDO_NAMES <= style < PSEUDO_NAMES + IDENTIFIER_NAMES else ()
