@@ -35,7 +35,7 @@ def _e2m1_scaled_down(c):
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, s_ptr, s2_ptr, y_ptr, M, N, K: tl.constexpr, SK: tl.constexpr, BNS: tl.constexpr,
                  BKS: tl.constexpr, FORMAT: tl.constexpr, K_PER_SPLIT: tl.constexpr, ATOMIC: tl.constexpr,
-                 PRECISION: tl.constexpr, GROUP_DOT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_K: tl.constexpr):
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
@@ -76,15 +76,6 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, s2_ptr, y_ptr, M, N, K: tl.constexpr, SK: 
                 prod = lo * xe[None, :] + hi * xo[None, :]
                 groups = tl.sum(tl.reshape(prod, (BLOCK_N, BLOCK_K // 16, 8)), axis=2)
                 acc += tl.sum(groups * sc, axis=1)[None, :]
-            elif GROUP_DOT:  # a dot per 16-element group, its scale on the fp32 partial sums
-                G: tl.constexpr = BLOCK_K // 16
-                k = k0 + tl.arange(0, BLOCK_K)
-                xa = tl.load(x_ptr + m[:, None] * K + k[None, :], mask=m_ok[:, None] & (k < K)[None, :], other=0.0)
-                xg = tl.permute(tl.reshape(xa, (BLOCK_M, G, 16)), (1, 0, 2))            # [G, BM, 16]
-                w = tl.reshape(tl.join(lo, hi), (BLOCK_N, G, 16))                         # k order: lo even, hi odd
-                wg = tl.permute(w, (1, 2, 0)).to(xa.dtype)                                # [G, 16, BN]
-                part = tl.dot(xg, wg, input_precision=PRECISION)                          # [G, BM, BN]
-                acc += tl.sum(part * tl.trans(sc)[:, None, :], axis=0)
             else:
                 xm = m_ok[:, None] & b_ok[None, :]
                 xe = tl.load(x_ptr + m[:, None] * K + 2 * kb[None, :], mask=xm, other=0.0)
@@ -112,7 +103,7 @@ def split_k(n: int, k: int, block_n: int, block_k: int, waves: int = 4) -> tuple
 
 
 def _launch(x, w, s, s2, fmt: int, k: int, sk: int, bns: int, bks: int, block_n: int, block_k: int,
-            num_warps: int, num_stages: int, waves: int, group_dot: bool = False) -> torch.Tensor:
+            num_warps: int, num_stages: int, waves: int) -> torch.Tensor:
     m, n = x.shape[0], w.shape[0]
     if m > 16:
         raise ValueError(f"x: quantized GEMV takes at most 16 rows, got {m}")
@@ -122,7 +113,7 @@ def _launch(x, w, s, s2, fmt: int, k: int, sk: int, bns: int, bks: int, block_n:
     y = (torch.zeros if split > 1 else torch.empty)(m, n, dtype=torch.float32, device=x.device)
     _gemv_kernel[(triton.cdiv(n, block_n), split)](
         x, w, s, s2, y, m, n, K=k, SK=sk, BNS=bns, BKS=bks, FORMAT=fmt, K_PER_SPLIT=k_per, ATOMIC=split > 1,
-        PRECISION="ieee" if x.dtype == torch.float32 else "tf32", GROUP_DOT=group_dot, BLOCK_M=block_m,
+        PRECISION="ieee" if x.dtype == torch.float32 else "tf32", BLOCK_M=block_m,
         BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages)
     return y.to(x.dtype)
 
@@ -143,12 +134,10 @@ def w8a16_gemv(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, block: tuple[i
 
 def w4a16_gemv(x: torch.Tensor, w: torch.Tensor, bscale: torch.Tensor, scale2_rows: torch.Tensor,
                block_n: int = 32, block_k: int = 256, num_warps: int = 4, num_stages: int = 3,
-               waves: int = 4, group_dot: bool = False) -> torch.Tensor:
-    """x [M <= 16, K] @ dequant(nvfp4 w [N, K/2], bscale [N, K/16], scale2_rows [N])^T -> [M, N].
-    group_dot (M > 1): one dot per 16-element group with its scale applied to the fp32 partial sums,
-    instead of scaling every weight before one dot (a variant to measure: bench/quant_kernels.py)."""
+               waves: int = 4) -> torch.Tensor:
+    """x [M <= 16, K] @ dequant(nvfp4 w [N, K/2], bscale [N, K/16], scale2_rows [N])^T -> [M, N]."""
     k = w.shape[1] * 2
     if k % block_k or block_k % 32:
         raise ValueError(f"block_k: {block_k} must be a multiple of 32 dividing K {k}")
     return _launch(x, w, bscale.contiguous(), scale2_rows.float().contiguous(), 1, k, k // 16, 1, 16, block_n,
-                   block_k, num_warps, num_stages, waves, group_dot)
+                   block_k, num_warps, num_stages, waves)
