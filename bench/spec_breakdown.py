@@ -1,0 +1,154 @@
+"""Where a decode step's time goes, phase by phase, with and without speculative decoding.
+
+    python bench/spec_breakdown.py [--batch 1] [--k 3] [--max-tokens 96] [--device cpu|cuda] [--dtype D]
+
+One generate call of --batch requests (the structured prompts of `bench spec`), greedy, after a
+warm-up call. Every engine phase is timed around a device synchronize (so GPU work is charged to
+the phase that queued it): schedule, plan (host buffers), execute (the model forward: decode or
+verify), sample (plain decoding), verify (acceptance on the host), commit (KDA state of the
+accepted drafts), draft (the MTP forwards), propose minus draft (the policy and bookkeeping), and
+the rest of the step (outputs). Steps that hold a prefill chunk are left out. Prints ms per step and
+ms per emitted token for each phase; the synchronizes cost a little, so the step total is also
+given without them (a second call, untimed phases).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections import defaultdict
+
+import torch
+
+from tpserve import LLM, SamplingParams
+from tpserve.engine import sampler
+from tpserve.tools.bench_spec import step_times
+from tpserve.train.acceptance import mtp_prompts
+
+
+class PhaseTimer:
+    """Wraps methods so that each call adds its synchronized wall time to `totals[name]`."""
+
+    def __init__(self, device: str):
+        self.totals: dict[str, float] = defaultdict(float)
+        self.sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+        self.undo: list[tuple[object, str]] = []
+
+    def wrap(self, obj, attr: str, name: str) -> None:
+        fn = getattr(obj, attr)
+
+        def timed(*a, **kw):
+            self.sync()
+            t = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                self.sync()
+                self.totals[name] += time.perf_counter() - t
+        setattr(obj, attr, timed)
+        self.undo.append((obj, attr))
+
+    def restore(self) -> None:
+        for obj, attr in reversed(self.undo):
+            if attr in vars(obj):
+                delattr(obj, attr)
+        self.undo.clear()
+
+
+def breakdown(llm: LLM, prompts: list[str], sp: SamplingParams, device: str) -> dict:
+    eng = llm.engine
+    timer = PhaseTimer(device)
+    timer.wrap(eng.scheduler, "schedule", "schedule")
+    timer.wrap(eng, "_plan", "plan")
+    timer.wrap(eng.executor, "execute", "execute")
+    timer.wrap(eng.executor, "commit", "commit")
+    timer.wrap(eng.executor, "draft", "draft")
+    if eng.speculator is not None:
+        timer.wrap(eng.speculator, "verify", "verify")
+        timer.wrap(eng.speculator, "propose", "propose")
+    original_sample = sampler.sample
+    sampler.sample = lambda *a, **kw: _timed_module_call(timer, original_sample, a, kw)
+    decode = defaultdict(float)
+    steps = tokens = 0
+    try:
+        with step_times(eng) as timed_steps:
+            step = eng.step  # step_times' wrapper: it records the step when it returns
+
+            def step_with_phases():
+                nonlocal steps, tokens
+                snap = dict(timer.totals)
+                out = step()
+                seconds, prefill, new = timed_steps[-1] if timed_steps else (0.0, True, 0)
+                if not prefill:
+                    for name, total in timer.totals.items():
+                        decode[name] += total - snap.get(name, 0.0)
+                    decode["step"] += seconds
+                    steps, tokens = steps + 1, tokens + new
+                return out
+            eng.step = step_with_phases
+            llm.generate(prompts, sp)
+            eng.step = step  # step_times removes its wrapper on exit
+    finally:
+        sampler.sample = original_sample
+        timer.restore()
+    return {"steps": steps, "tokens": tokens, "phases": dict(decode)}
+
+
+def _timed_module_call(timer: PhaseTimer, fn, a, kw):
+    timer.sync()
+    t = time.perf_counter()
+    try:
+        return fn(*a, **kw)
+    finally:
+        timer.sync()
+        timer.totals["sample"] += time.perf_counter() - t
+
+
+def untimed_ms_per_token(llm: LLM, prompts: list[str], sp: SamplingParams) -> float:
+    with step_times(llm.engine) as steps:
+        llm.generate(prompts, sp)
+    later = [(s, n) for s, prefill, n in steps if not prefill]
+    return 1e3 * sum(s for s, _ in later) / max(1, sum(n for _, n in later))
+
+
+PHASES = ("schedule", "plan", "execute", "sample", "verify", "commit", "draft", "propose", "step")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--k", type=int, default=3)
+    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default=None)
+    args = ap.parse_args()
+    structured = mtp_prompts()
+    prompts = [structured[i % len(structured)] for i in range(args.batch)]
+    sp = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
+    rows = []
+    for name, spec in (("off", None), (f"k={args.k}", {"method": "mtp", "num_speculative_tokens": args.k,
+                                                      "adaptive": False, "truncate_threshold": 0.0})):
+        kw = {"dtype": args.dtype} if args.dtype else {}
+        llm = LLM(device=args.device, speculative_config=spec, max_num_seqs=max(args.batch, 8),
+                  kv_cache_memory=2 * 2**30, **kw)
+        llm.generate(prompts, sp)  # warm-up: kernels compiled, graphs replayed once
+        res = breakdown(llm, prompts, sp, args.device)
+        res["untimed_ms_per_token"] = untimed_ms_per_token(llm, prompts, sp)
+        rows.append((name, res))
+        llm.shutdown()
+    print("| setting | decode steps | tokens per step | " + " | ".join(f"{p} ms" for p in PHASES)
+          + " | rest ms | ms per token (synced) | ms per token (not synced) |")
+    print("| --- " * (len(PHASES) + 6) + "|")
+    for name, res in rows:
+        ph, n = res["phases"], max(1, res["steps"])
+        own = {p: ph.get(p, 0.0) for p in PHASES}
+        own["propose"] -= own["draft"]  # drafting runs inside propose
+        rest = own["step"] - sum(v for p, v in own.items() if p != "step")
+        cells = " | ".join(f"{1e3 * own[p] / n:.3f}" for p in PHASES)
+        print(f"| {name} | {res['steps']} | {res['tokens'] / n:.2f} | {cells} | {1e3 * rest / n:.3f} | "
+              f"{1e3 * own['step'] / max(1, res['tokens']):.3f} | {res['untimed_ms_per_token']:.3f} |")
+    print("(propose ms excludes draft ms; rest = the step minus every timed phase: outputs, bookkeeping)")
+
+
+if __name__ == "__main__":
+    main()

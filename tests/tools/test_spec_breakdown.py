@@ -1,0 +1,46 @@
+"""bench/spec_breakdown.py: the phases it charges add up to no more than the steps they ran in, and
+every phase of a speculative step is seen."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+
+def _load():
+    path = Path(__file__).resolve().parents[2] / "bench" / "spec_breakdown.py"
+    spec = importlib.util.spec_from_file_location("spec_breakdown", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.timeout(300)
+def test_breakdown_phases_fit_inside_the_steps():
+    from tpserve import LLM, SamplingParams
+    from tpserve.train.acceptance import mtp_prompts
+
+    bd = _load()
+    prompts = mtp_prompts()[:2]
+    sp = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    for spec in (None, {"method": "mtp", "num_speculative_tokens": 2, "adaptive": False}):
+        llm = LLM(device="cpu", speculative_config=spec, max_num_seqs=4, kv_cache_memory=64 * 2**20)
+        try:
+            res = bd.breakdown(llm, prompts, sp, "cpu")
+            again = bd.breakdown(llm, prompts, sp, "cpu")  # wrappers removed: a second run works the same
+            assert "schedule" not in vars(llm.engine.scheduler) and "step" not in vars(llm.engine)
+        finally:
+            llm.shutdown()
+        ph = res["phases"]
+        assert res["steps"] > 0 and res["tokens"] >= res["steps"] * len(prompts)
+        assert again["tokens"] == res["tokens"]
+        own = sum(v for p, v in ph.items() if p not in ("step", "draft"))  # draft runs inside propose
+        assert 0 < own <= ph["step"]
+        assert ph["execute"] > 0
+        if spec is None:
+            assert ph["sample"] > 0 and "draft" not in ph
+        else:
+            assert ph["draft"] > 0 and ph["verify"] > 0 and ph["draft"] <= ph["propose"]
+            assert res["tokens"] > res["steps"] * len(prompts)  # drafts were accepted
