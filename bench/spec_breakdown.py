@@ -34,18 +34,19 @@ class PhaseTimer:
         self.sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
         self.undo: list[tuple[object, str]] = []
 
+    def call(self, name: str, fn, *a, **kw):
+        """fn(*a, **kw), its synchronized wall time added to totals[name]."""
+        self.sync()
+        t = time.perf_counter()
+        try:
+            return fn(*a, **kw)
+        finally:
+            self.sync()
+            self.totals[name] += time.perf_counter() - t
+
     def wrap(self, obj, attr: str, name: str) -> None:
         fn = getattr(obj, attr)
-
-        def timed(*a, **kw):
-            self.sync()
-            t = time.perf_counter()
-            try:
-                return fn(*a, **kw)
-            finally:
-                self.sync()
-                self.totals[name] += time.perf_counter() - t
-        setattr(obj, attr, timed)
+        setattr(obj, attr, lambda *a, **kw: self.call(name, fn, *a, **kw))
         self.undo.append((obj, attr))
 
     def restore(self) -> None:
@@ -67,7 +68,7 @@ def breakdown(llm: LLM, prompts: list[str], sp: SamplingParams, device: str) -> 
         timer.wrap(eng.speculator, "verify", "verify")
         timer.wrap(eng.speculator, "propose", "propose")
     original_sample = sampler.sample
-    sampler.sample = lambda *a, **kw: _timed_module_call(timer, original_sample, a, kw)
+    sampler.sample = lambda *a, **kw: timer.call("sample", original_sample, *a, **kw)  # a module function
     decode = defaultdict(float)
     steps = tokens = 0
     try:
@@ -92,16 +93,6 @@ def breakdown(llm: LLM, prompts: list[str], sp: SamplingParams, device: str) -> 
         sampler.sample = original_sample
         timer.restore()
     return {"steps": steps, "tokens": tokens, "phases": dict(decode)}
-
-
-def _timed_module_call(timer: PhaseTimer, fn, a, kw):
-    timer.sync()
-    t = time.perf_counter()
-    try:
-        return fn(*a, **kw)
-    finally:
-        timer.sync()
-        timer.totals["sample"] += time.perf_counter() - t
 
 
 def untimed_ms_per_token(llm: LLM, prompts: list[str], sp: SamplingParams) -> float:
