@@ -12,3 +12,21 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 TPSERVE_CACHE_DIR=/tmp/tpserve-cache
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 TRITON_CACHE_AUTOTUNING=1
 step() { echo; echo "=== $1 ($(date +%T))"; }
+# Triton's compile cache (a fresh machine spends ~3 min compiling fla's and our kernels): restored
+# from .carry_triton/triton_cache.tar.gz when an earlier call brought one back. `save_triton_cache` at
+# the end of a script writes the compiled binaries and metadata (no IR text), gzipped, to
+# $OUT/triton_cache.tar.gz when it fits what a call returns (16 MiB a file). To use it next time:
+# mkdir -p .carry_triton && cp FILES_AT/triton_cache.tar.gz .carry_triton/, and carry ".carry_triton"
+# with ".whl". Fixed path: Triton's cache groups name their files by absolute path. (New in the
+# seventh session; not yet exercised on a device.)
+export TRITON_CACHE_DIR=/tmp/triton-cache; mkdir -p "$TRITON_CACHE_DIR"
+if [ -f .carry_triton/triton_cache.tar.gz ]; then
+  tar -xzf .carry_triton/triton_cache.tar.gz -C "$TRITON_CACHE_DIR" && echo "triton cache: restored $(du -sm "$TRITON_CACHE_DIR" | cut -f1) MB"
+fi
+save_triton_cache() {
+  local tarball="$OUT/triton_cache.tar.gz" mb
+  (cd "$TRITON_CACHE_DIR" && find . -type f \( -name '*.cubin' -o -name '*.json' \) -print0 | tar --null -T - -czf "$tarball")
+  mb=$(( $(stat -c %s "$tarball") / 1048576 ))
+  if [ "$mb" -lt "${TRITON_CACHE_MAX_MB:-15}" ]; then echo "triton cache: saved $mb MB (gzipped)"
+  else rm -f "$tarball"; echo "triton cache: $mb MB gzipped, not under ${TRITON_CACHE_MAX_MB:-15} MB: not saved"; fi
+}

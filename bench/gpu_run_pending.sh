@@ -13,4 +13,5 @@ step "real widths, 8 layers, nvfp4 experts"
 timeout 540 python3 -m tpserve.cli bench model --device cuda --layers KKKMKKKM --dense-first --quantization nvfp4 \
   --prefill 32768 --repeats 1 --decode-steps 16 --batch 1 8 32 --json "$OUT/model_nvfp4_8layers.json" 2>&1 \
   | tee "$OUT/bench_model.log" | grep -E "^\||layers|captured|Error|error|it/s"
+save_triton_cache
 step "done"

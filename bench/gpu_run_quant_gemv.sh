@@ -6,4 +6,5 @@ source bench/gpu_env.sh
 step "quantized GEMV vs tiled"
 timeout 360 python3 bench/quant_kernels.py --sections w4a16,w8a16 --out "$OUT" 2>&1 | tee "$OUT/quant.log" \
   | grep -E "^\||\[|Error|error"
+save_triton_cache
 step "done"

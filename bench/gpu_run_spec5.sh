@@ -10,4 +10,5 @@ timeout 230 python3 bench/spec_breakdown.py --device cuda --dtype bfloat16 --bat
 step "bench spec, batch 1"
 timeout 120 python3 -m tpserve.cli bench spec --device cuda --batch 1 --k 3 --max-tokens 96 \
   --json "$OUT/spec.json" --plot "$OUT/spec.png" 2>&1 | tee "$OUT/spec_bench.log" | grep -E "^\||KDA path|Error|error"
+save_triton_cache
 step "done"
