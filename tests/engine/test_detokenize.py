@@ -42,3 +42,33 @@ def test_stop_string_across_tokens(tok):
     assert not any("schö" in s for s in seen)
     d, _, _ = _feed(tok, SamplingParams(stop=["schöner"], include_stop_str_in_output=True), ids)
     assert d.text == "Héllo wörld, ein schöner"
+
+
+@pytest.mark.parametrize("which", ["tiny", "demo"])
+def test_backend_decode_equals_transformers_decode(tok, which):
+    """The direct `tokenizers` call gives exactly transformers' string: random ids over the whole
+    vocabulary (special and added tokens included), both skip_special_tokens settings."""
+    import random
+
+    from tpserve.engine.setup import builtin_demo_model
+
+    t = tok if which == "tiny" else AutoTokenizer.from_pretrained(str(builtin_demo_model()))
+    rng = random.Random(0)
+    for skip in (True, False):
+        d = Detokenizer(t, SamplingParams(skip_special_tokens=skip))
+        assert d._backend_decode is not None
+        for _ in range(200):
+            ids = [rng.randrange(len(t)) for _ in range(rng.randrange(1, 12))]
+            assert d._decode(ids) == t.decode(ids, skip_special_tokens=skip), ids
+
+
+def test_tokenizers_that_clean_up_spaces_keep_the_transformers_decode(tok):
+    class CleaningUp:  # a tokenizer whose decode post-processes: the backend alone would differ
+        backend_tokenizer = tok.backend_tokenizer
+        clean_up_tokenization_spaces = True
+
+        def decode(self, ids, skip_special_tokens=False):
+            return "cleaned"
+
+    d = Detokenizer(CleaningUp(), SamplingParams())
+    assert d._backend_decode is None and d._decode([1, 2]) == "cleaned"

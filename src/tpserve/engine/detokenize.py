@@ -6,6 +6,10 @@ across tokens decode the new piece correctly), and appends the difference. The v
 never runs ahead of what is certain: a trailing partial UTF-8 character and (while generation
 goes on) the last len(longest stop string) - 1 characters are held back, so a stop string split
 across tokens never leaks into streamed output. The final text is one full decode.
+
+Decoding calls the `tokenizers` backend directly where transformers' decode would return the same
+string (a fast tokenizer without clean_up_tokenization_spaces): its wrapper costs ~4x the decode
+itself, twice per generated token (`python bench/detok_speed.py`).
 """
 
 from __future__ import annotations
@@ -16,6 +20,9 @@ from tpserve.sampling_params import SamplingParams
 class Detokenizer:
     def __init__(self, tokenizer, params: SamplingParams):
         self.tokenizer, self.params = tokenizer, params
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        self._backend_decode = (backend.decode if backend is not None
+                                and getattr(tokenizer, "clean_up_tokenization_spaces", True) is False else None)
         self.hold = max((len(s) for s in params.stop_list), default=1) - 1
         self.text = ""
         self.stopped = False
@@ -25,6 +32,8 @@ class Detokenizer:
         self._read = 0
 
     def _decode(self, ids: list[int]) -> str:
+        if self._backend_decode is not None:
+            return self._backend_decode(ids, skip_special_tokens=self.params.skip_special_tokens)
         return self.tokenizer.decode(ids, skip_special_tokens=self.params.skip_special_tokens)
 
     def _advance(self, token_ids: list[int]) -> None:
