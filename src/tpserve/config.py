@@ -91,8 +91,8 @@ class EngineConfig:
     speculative_config: str | None = _opt(
         None, "speculative decoding, as JSON (vLLM's keys): {\"method\": \"mtp\", \"num_speculative_tokens\": 3} "
         "drafts with the checkpoint's MTP layer and verifies the drafts in one step; keys adaptive (true: k per "
-        "step from measured acceptance and step cost) and truncate_threshold (0.3: stop drafting a request when "
-        "its predicted survival falls below). Off by default", switch=True)
+        "step from measured acceptance and step cost) and truncate_threshold (0: off; t > 0 stops drafting a "
+        "request when its predicted survival falls below t). Off by default", switch=True)
     hf_overrides: str | None = _opt(
         None, "model config fields to override, as JSON (vLLM's name), e.g. {\"num_hidden_layers\": 8} runs the "
         "checkpoint's first 8 layers (benchmarks of a model that does not fit); printed at start")
@@ -191,7 +191,8 @@ class SpeculativeConfig:
     method: str = "mtp"
     num_speculative_tokens: int = 3   # most drafts verified per step (k), 1..7
     adaptive: bool = True             # choose k in 0..num_speculative_tokens per step
-    truncate_threshold: float = 0.3   # stop drafting a request when its predicted survival falls below
+    truncate_threshold: float = 0.0   # > 0: stop drafting a request when its predicted survival falls below
+                                      # (0.3 cost the adaptive mode ~8% at batch 1: BENCHMARKS.md, bench/spec_ab.py)
 
     @classmethod
     def parse(cls, raw: str | dict | None) -> "SpeculativeConfig | None":

@@ -63,6 +63,17 @@ def test_truncation_threshold_and_explore_override():
     assert not SpecPolicy(4, truncate_threshold=1.0).keep_drafting(False, 0.999)
 
 
+
+def test_no_truncation_by_default():
+    """Truncation is off unless asked for: at 0.3 it cost the adaptive mode ~8% at batch 1 against
+    fixed k (BENCHMARKS.md, bench/spec_ab.py); the engine's config and the policy agree."""
+    from tpserve.config import SpeculativeConfig
+
+    spec = SpeculativeConfig.parse('{"method": "mtp", "num_speculative_tokens": 3}')
+    assert spec.truncate_threshold == 0.0
+    assert SpecPolicy(4).keep_drafting(False, 1e-9)
+    assert SpecPolicy(4, truncate_threshold=spec.truncate_threshold).keep_drafting(False, 0.0)
+
 def test_position_accounting():
     policy = SpecPolicy(4)
     before = policy.snapshot()

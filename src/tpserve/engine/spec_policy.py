@@ -142,7 +142,7 @@ class SpecPolicy:
     and observe_step(tokens, s) with the measured times; observe_acceptance(key, drafted, accepted,
     choice.explore) per sequence; forget(key) when a request ends. Not thread-safe."""
 
-    def __init__(self, max_k: int, adaptive: bool = True, truncate_threshold: float = 0.3, explore_every: int = 4,
+    def __init__(self, max_k: int, adaptive: bool = True, truncate_threshold: float = 0.0, explore_every: int = 4,
                  num_experts: int = 0, experts_per_token: int = 0, num_moe_layers: int = 0):
         if not isinstance(max_k, int) or not 0 <= max_k <= 7:
             raise ValueError(f"max_k: must be an int in 0..7, got {max_k!r}")

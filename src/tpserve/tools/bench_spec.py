@@ -7,7 +7,9 @@ greedy, at each --batch: plain decoding, every fixed k of
 plain, end to end and for decoding alone (the steps without a prefill chunk: with speculation the
 prefill also runs the MTP layer over every prompt position), the mean accepted length, whether the
 tokens equal plain decoding's, and the KDA state bytes per request (which speculation must leave
-unchanged). Optional PNG plot.
+unchanged). Every setting first runs one untimed pass of the same generate calls, so the timed
+passes see the adaptive policy as a long-running server does, after it has learned its costs and
+acceptance (it needs ~80 steps from a cold start). Optional PNG plot.
 """
 
 from __future__ import annotations
@@ -110,7 +112,10 @@ def measure(args) -> dict:
                 # every structured prompt at least once, in generate calls of `batch` requests
                 prompts = [structured[i % len(structured)] for i in range(max(batch, len(structured)))]
                 groups = [prompts[i:i + batch] for i in range(0, len(prompts), batch)]
-                llm.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=8))  # warm-up
+                # warm-up: one untimed pass of the same calls (kernels, graphs, and what the adaptive
+                # policy learns: costs and acceptance; from a cold start it spends ~80 steps on it)
+                for g in groups:
+                    llm.generate(g, sp)
                 best, best_decode, outs, stats0 = None, None, None, llm.engine.stats()
                 for _ in range(args.repeats):
                     with step_times(llm.engine) as steps:

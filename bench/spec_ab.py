@@ -1,0 +1,69 @@
+"""Adaptive k against a fixed k in steady state, interleaved in one process (less exposed to drift
+than `bench spec`, which times its settings one after another).
+
+    python bench/spec_ab.py [--batch 1] [--k 5] [--max-tokens 64] [--rounds 6] [--device cpu]
+                            [--truncate-threshold T]
+
+Both engines first run one untimed pass over the structured prompts of `bench spec` (the adaptive
+policy learns its costs and acceptance there; fixed k warms up the same way). Then each round runs
+one timed pass per engine, alternating which goes first, and records decode-step throughput (steps
+without a prefill chunk). Prints the per-round ratio adaptive / fixed and its median.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+from tpserve import LLM, SamplingParams
+from tpserve.tools.bench_spec import step_times
+from tpserve.train.acceptance import mtp_prompts
+
+
+def decode_rate(llm: LLM, groups: list[list[str]], sp: SamplingParams) -> float:
+    with step_times(llm.engine) as steps:
+        for g in groups:
+            llm.generate(g, sp)
+    decode = [(s, n) for s, prefill, n in steps if not prefill]
+    return sum(n for _, n in decode) / max(sum(s for s, _ in decode), 1e-9)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--k", type=int, default=5, help="the fixed k, and the adaptive mode's largest k")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--truncate-threshold", type=float, default=None,
+                    help="the adaptive engine's truncation threshold (default: the engine's default)")
+    args = ap.parse_args()
+    structured = mtp_prompts()
+    prompts = [structured[i % len(structured)] for i in range(max(args.batch, len(structured)))]
+    groups = [prompts[i:i + args.batch] for i in range(0, len(prompts), args.batch)]
+    sp = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
+    kw = dict(device=args.device, max_num_seqs=max(args.batch, 8), kv_cache_memory=2**30)
+    engines = {
+        "fixed": LLM(speculative_config={"method": "mtp", "num_speculative_tokens": args.k, "adaptive": False,
+                                         "truncate_threshold": 0.0}, **kw),
+        "adaptive": LLM(speculative_config={"method": "mtp", "num_speculative_tokens": args.k,
+                                            **({} if args.truncate_threshold is None
+                                               else {"truncate_threshold": args.truncate_threshold})}, **kw)}
+    for llm in engines.values():
+        decode_rate(llm, groups, sp)  # untimed pass
+    ratios = []
+    print(f"| round | fixed k={args.k} decode tok/s | adaptive decode tok/s | adaptive / fixed |")
+    print("| --- | --- | --- | --- |")
+    for r in range(args.rounds):
+        order = ["fixed", "adaptive"] if r % 2 == 0 else ["adaptive", "fixed"]
+        rate = {name: decode_rate(engines[name], groups, sp) for name in order}
+        ratios.append(rate["adaptive"] / rate["fixed"])
+        print(f"| {r + 1} | {rate['fixed']:.1f} | {rate['adaptive']:.1f} | {ratios[-1]:.3f} |", flush=True)
+    print(f"median adaptive / fixed: {statistics.median(ratios):.3f} over {args.rounds} rounds "
+          f"(min {min(ratios):.3f}, max {max(ratios):.3f})")
+    for llm in engines.values():
+        llm.shutdown()
+
+
+if __name__ == "__main__":
+    main()
