@@ -1,8 +1,8 @@
 """Adaptive k against a fixed k in steady state, interleaved in one process (less exposed to drift
 than `bench spec`, which times its settings one after another).
 
-    python bench/spec_ab.py [--batch 1] [--k 5] [--max-tokens 64] [--rounds 6] [--device cpu]
-                            [--truncate-threshold T]
+    python bench/spec_ab.py [--batch 1] [--k 5] [--fixed-k K] [--max-tokens 64] [--rounds 6]
+                            [--device cpu] [--truncate-threshold T]
 
 Both engines first run one untimed pass over the structured prompts of `bench spec` (the adaptive
 policy learns its costs and acceptance there; fixed k warms up the same way). Then each round runs
@@ -31,7 +31,8 @@ def decode_rate(llm: LLM, groups: list[list[str]], sp: SamplingParams) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--k", type=int, default=5, help="the fixed k, and the adaptive mode's largest k")
+    ap.add_argument("--k", type=int, default=5, help="the adaptive mode's largest k (and the fixed k by default)")
+    ap.add_argument("--fixed-k", type=int, default=None, help="the fixed engine's k (default: --k)")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--device", default="cpu")
@@ -42,9 +43,10 @@ def main() -> None:
     prompts = [structured[i % len(structured)] for i in range(max(args.batch, len(structured)))]
     groups = [prompts[i:i + args.batch] for i in range(0, len(prompts), args.batch)]
     sp = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
+    fixed_k = args.k if args.fixed_k is None else args.fixed_k
     kw = dict(device=args.device, max_num_seqs=max(args.batch, 8), kv_cache_memory=2**30)
     engines = {
-        "fixed": LLM(speculative_config={"method": "mtp", "num_speculative_tokens": args.k, "adaptive": False,
+        "fixed": LLM(speculative_config={"method": "mtp", "num_speculative_tokens": fixed_k, "adaptive": False,
                                          "truncate_threshold": 0.0}, **kw),
         "adaptive": LLM(speculative_config={"method": "mtp", "num_speculative_tokens": args.k,
                                             **({} if args.truncate_threshold is None
@@ -52,7 +54,7 @@ def main() -> None:
     for llm in engines.values():
         decode_rate(llm, groups, sp)  # untimed pass
     ratios = []
-    print(f"| round | fixed k={args.k} decode tok/s | adaptive decode tok/s | adaptive / fixed |")
+    print(f"| round | fixed k={fixed_k} decode tok/s | adaptive (k<={args.k}) decode tok/s | adaptive / fixed |")
     print("| --- | --- | --- | --- |")
     for r in range(args.rounds):
         order = ["fixed", "adaptive"] if r % 2 == 0 else ["adaptive", "fixed"]
