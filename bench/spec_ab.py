@@ -16,16 +16,15 @@ import argparse
 import statistics
 
 from tpserve import LLM, SamplingParams
-from tpserve.tools.bench_spec import step_times
-from tpserve.train.acceptance import mtp_prompts
+from tpserve.tools.bench_spec import decode_rate, step_times, structured_groups
 
 
-def decode_rate(llm: LLM, groups: list[list[str]], sp: SamplingParams) -> float:
+def timed_pass(llm: LLM, groups: list[list[str]], sp: SamplingParams) -> float:
+    """Decode tok/s of one pass over the generate calls."""
     with step_times(llm.engine) as steps:
         for g in groups:
             llm.generate(g, sp)
-    decode = [(s, n) for s, prefill, n in steps if not prefill]
-    return sum(n for _, n in decode) / max(sum(s for s, _ in decode), 1e-9)
+    return decode_rate(steps)
 
 
 def main() -> None:
@@ -39,9 +38,7 @@ def main() -> None:
     ap.add_argument("--truncate-threshold", type=float, default=None,
                     help="the adaptive engine's truncation threshold (default: the engine's default)")
     args = ap.parse_args()
-    structured = mtp_prompts()
-    prompts = [structured[i % len(structured)] for i in range(max(args.batch, len(structured)))]
-    groups = [prompts[i:i + args.batch] for i in range(0, len(prompts), args.batch)]
+    groups = structured_groups(args.batch)
     sp = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
     fixed_k = args.k if args.fixed_k is None else args.fixed_k
     kw = dict(device=args.device, max_num_seqs=max(args.batch, 8), kv_cache_memory=2**30)
@@ -52,13 +49,13 @@ def main() -> None:
                                             **({} if args.truncate_threshold is None
                                                else {"truncate_threshold": args.truncate_threshold})}, **kw)}
     for llm in engines.values():
-        decode_rate(llm, groups, sp)  # untimed pass
+        timed_pass(llm, groups, sp)  # untimed pass
     ratios = []
     print(f"| round | fixed k={fixed_k} decode tok/s | adaptive (k<={args.k}) decode tok/s | adaptive / fixed |")
     print("| --- | --- | --- | --- |")
     for r in range(args.rounds):
         order = ["fixed", "adaptive"] if r % 2 == 0 else ["adaptive", "fixed"]
-        rate = {name: decode_rate(engines[name], groups, sp) for name in order}
+        rate = {name: timed_pass(engines[name], groups, sp) for name in order}
         ratios.append(rate["adaptive"] / rate["fixed"])
         print(f"| {r + 1} | {rate['fixed']:.1f} | {rate['adaptive']:.1f} | {ratios[-1]:.3f} |", flush=True)
     print(f"median adaptive / fixed: {statistics.median(ratios):.3f} over {args.rounds} rounds "

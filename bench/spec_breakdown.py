@@ -22,7 +22,7 @@ import torch
 
 from tpserve import LLM, SamplingParams
 from tpserve.engine import sampler
-from tpserve.tools.bench_spec import step_times
+from tpserve.tools.bench_spec import decode_rate, step_times
 from tpserve.train.acceptance import mtp_prompts
 
 
@@ -98,8 +98,8 @@ def breakdown(llm: LLM, prompts: list[str], sp: SamplingParams, device: str) -> 
 def untimed_ms_per_token(llm: LLM, prompts: list[str], sp: SamplingParams) -> float:
     with step_times(llm.engine) as steps:
         llm.generate(prompts, sp)
-    later = [(s, n) for s, prefill, n in steps if not prefill]
-    return 1e3 * sum(s for s, _ in later) / max(1, sum(n for _, n in later))
+    rate = decode_rate(steps)
+    return 1e3 / rate if rate else float("nan")
 
 
 PHASES = ("schedule", "plan", "execute", "sample", "verify", "commit", "draft", "propose", "step")

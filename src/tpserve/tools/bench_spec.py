@@ -77,6 +77,21 @@ def step_times(engine):
         del engine.scheduler.schedule, engine.step
 
 
+
+def structured_groups(batch: int) -> list[list[str]]:
+    """Every structured prompt (train/acceptance.py) at least once, in generate calls of `batch`."""
+    from tpserve.train.acceptance import mtp_prompts
+
+    structured = mtp_prompts()
+    prompts = [structured[i % len(structured)] for i in range(max(batch, len(structured)))]
+    return [prompts[i:i + batch] for i in range(0, len(prompts), batch)]
+
+
+def decode_rate(steps: list[tuple[float, bool, int]]) -> float:
+    """Tokens per second over the steps (from step_times) that held no prefill chunk."""
+    decode = [(s, n) for s, had_prefill, n in steps if not had_prefill]
+    return sum(n for _, n in decode) / max(sum(s for s, _ in decode), 1e-9)
+
 def _release_memory() -> None:
     import gc
 
@@ -95,7 +110,6 @@ def measure(args) -> dict:
 
     base = engine_config_from_args(args)
     sp = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
-    structured = mtp_prompts()
     rows, reference = [], {}
     settings = _settings(sorted(set(args.k)))
     with tqdm(total=len(settings) * len(args.batch), desc="bench spec") as bar:
@@ -109,9 +123,7 @@ def measure(args) -> dict:
             state = _state_bytes(llm)
             kda_path = getattr(getattr(llm.engine.executor, "runner", None), "kda_report", None)
             for batch in args.batch:
-                # every structured prompt at least once, in generate calls of `batch` requests
-                prompts = [structured[i % len(structured)] for i in range(max(batch, len(structured)))]
-                groups = [prompts[i:i + batch] for i in range(0, len(prompts), batch)]
+                groups = structured_groups(batch)
                 # warm-up: one untimed pass of the same calls (kernels, graphs, and what the adaptive
                 # policy learns: costs and acceptance; from a cold start it spends ~80 steps on it)
                 for g in groups:
@@ -123,9 +135,8 @@ def measure(args) -> dict:
                         outs = [o for g in groups for o in llm.generate(g, sp)]
                         dt = time.perf_counter() - t0
                     best = dt if best is None else min(best, dt)
-                    decode = [(s, n) for s, had_prefill, n in steps if not had_prefill]
-                    decode_rate = sum(n for _, n in decode) / max(sum(s for s, _ in decode), 1e-9)
-                    best_decode = decode_rate if best_decode is None else max(best_decode, decode_rate)
+                    rate = decode_rate(steps)
+                    best_decode = rate if best_decode is None else max(best_decode, rate)
                 stats = llm.engine.stats()
                 tokens = [o.outputs[0].token_ids for o in outs]
                 if spec is None:
@@ -148,7 +159,7 @@ def measure(args) -> dict:
         plain = next(x for x in rows if x["batch"] == r["batch"] and x["setting"] == "off")
         r["speedup"] = r["tok_s"] / plain["tok_s"]
         r["decode_speedup"] = r["decode_tok_s"] / plain["decode_tok_s"]
-    return {"device": base.device, "max_tokens": args.max_tokens, "prompts": len(structured), "rows": rows}
+    return {"device": base.device, "max_tokens": args.max_tokens, "prompts": len(mtp_prompts()), "rows": rows}
 
 
 def table(result: dict) -> str:
