@@ -7,7 +7,8 @@ compared with (a) the CPU float32 path and (b) CUDA TP=1:
 - with --tp: TP=2 over NCCL without and with sequence parallelism (SP from 16 tokens, so the
   prefill chunks take the SP path and decodes plain TP);
 - with --fla: fla-core's KDA kernels in float32 (TF32 rounding) and bf16 (tolerance rows).
-Usage: python bench/gpu_check_tiny.py [--tp] [--custom-allreduce] [--fla] [--kernels-only] [--configs default,...]
+Usage: python bench/gpu_check_tiny.py [--tp] [--custom-allreduce] [--fla] [--kernels-only] [--norms] [--graphs]
+       [--configs default,...]
 """
 
 from __future__ import annotations
@@ -63,6 +64,8 @@ def main() -> int:
     ap.add_argument("--kernels-only", action="store_true", help="only the bf16 agreement of the Triton mHC + MoE "
                     "kernels with the torch forms (KDA on the torch path, so nothing else differs)")
     ap.add_argument("--configs", default=",".join(TINY_CONFIGS), help="comma list of tiny configs")
+    ap.add_argument("--norms", action="store_true", help="only: greedy tokens and prefill logits with the fused "
+                    "norm kernels (--norm-backend triton) vs the torch forms, fp32 and bf16, graphs on")
     ap.add_argument("--graphs", action="store_true", help="only: greedy tokens with decode CUDA graphs vs "
                     "--enforce-eager (fp32 and bf16; 5 prompts, max_num_seqs 6, so batches are padded)")
     args = ap.parse_args()
@@ -71,6 +74,8 @@ def main() -> int:
         prompts = random_prompts((9, 120, 40, 77), seed=3)
         if args.graphs:
             graph_rows(args, paths, random_prompts((9, 120, 40, 77, 33), seed=3))
+        elif args.norms:
+            norm_rows(args, paths, prompts)
         elif args.kernels_only:
             kernel_rows(args, paths, prompts)
         else:
@@ -136,6 +141,23 @@ def kernel_rows(args, paths: dict[str, str], prompts) -> None:
         diff = (logits.float() - ref_logits.float()).abs().max().item()
         print(f"| {name} | {args.device} | {same}/{len(prompts)} | {diff:.2e} | "
               f"{ref_logits.float().abs().max().item():.2e} |", flush=True)
+
+
+def norm_rows(args, paths: dict[str, str], prompts) -> None:
+    """Fused norms (--norm-backend triton) against the torch forms: float32 must give the same tokens;
+    in bf16 the random tiny models are chaotic (bf16 vs fp32 with the torch forms moves them by ~3-20
+    logits), so there each backend is compared with the float32 run: triton must be no further."""
+    print("| config | case | greedy equal to fp32 torch | max logit diff vs fp32 torch | max abs logit |\n"
+          "| --- | --- | --- | --- | --- |", flush=True)
+    for name, path in paths.items():
+        ref_tokens, ref_logits = run({"device": args.device, "dtype": "float32", "norm_backend": "torch"}, path,
+                                     prompts)
+        for dtype, backend in (("float32", "triton"), ("bfloat16", "torch"), ("bfloat16", "triton")):
+            got, logits = run({"device": args.device, "dtype": dtype, "norm_backend": backend}, path, prompts)
+            same = sum(a == b for a, b in zip(got, ref_tokens))
+            diff = (logits.float() - ref_logits.float()).abs().max().item()
+            print(f"| {name} | {dtype} norm {backend} | {same}/{len(prompts)} | {diff:.2e} | "
+                  f"{ref_logits.float().abs().max().item():.2e} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -61,6 +61,10 @@ class EngineConfig:
     mhc_backend: str = _opt("auto", "mHC weights (pre / post / Sinkhorn-normalised comb): triton (one fused "
                             "kernel, cuda only), torch (about 120 small ops per block), or auto (triton on "
                             "cuda)", switch=True, choices=("auto", "triton", "torch"))
+    norm_backend: str = _opt("auto", "RMSNorms, the KDA output norm and the mHC stream norm, collapse and expand: "
+                             "triton (one fused kernel each, cuda only; the demo model's decode step replays 747 "
+                             "kernels instead of 1,042), torch (plain ops, the reference), or auto (triton on cuda)",
+                             switch=True, choices=("auto", "triton", "torch"))
     moe_backend: str = _opt("auto", "routed experts: triton (grouped GEMMs over tokens sorted by expert, no host "
                             "sync; cuda only, forwards of at most --moe-triton-max-tokens tokens), torch (a "
                             "loop over the chosen experts), or auto (triton on cuda)", switch=True,

@@ -109,7 +109,7 @@ def test_decoder_layer_takes_the_fused_call_where_it_applies(switch, sp, want):
     layer = SimpleNamespace(fused_expand=switch, comm=comm)
     layer._reduce = lambda partial, batch: DecoderLayer._reduce(layer, partial, batch)
     x, streams, post, comb = inputs(2, 4, 8, torch.float32)
-    out = DecoderLayer._reduce_expand(layer, x, streams, post, comb,
+    out = DecoderLayer._reduce_expand(layer, SimpleNamespace(mix=HyperConnection.expand), x, streams, post, comb,
                                       SimpleNamespace(sequence_parallel=sp))
     assert comm.calls == [want]
     assert torch.equal(out, HyperConnection.expand(x, streams, post, comb))

@@ -21,6 +21,7 @@ class WeightOptions:
 class Kernels:
     kda: str = "torch"            # "fla": fla-core's Triton kernels; "torch": our chunked / recurrent forms
     mhc: str = "torch"            # "triton": one fused kernel for the mHC weights; "torch": plain ops
+    norm: str = "torch"           # "triton": fused norms and mHC collapse / expand (kernels/norm_triton.py)
     moe: str = "torch"            # "triton": grouped expert GEMMs; "torch": a loop over the chosen experts
     moe_triton_max_tokens: int = 0  # the triton MoE runs forwards of at most this many tokens
     mla_prefill: str = "dense"    # "sparse": each query attends its selected rows only; "dense": masked SDPA
@@ -29,4 +30,4 @@ class Kernels:
 
     def describe(self) -> str:
         moe = f"triton up to {self.moe_triton_max_tokens} tokens" if self.moe == "triton" else self.moe
-        return f"kda={self.kda}, mhc={self.mhc}, moe={moe}, mla_prefill={self.mla_prefill}"
+        return f"kda={self.kda}, mhc={self.mhc}, norm={self.norm}, moe={moe}, mla_prefill={self.mla_prefill}"

@@ -51,10 +51,10 @@ class DecoderLayer(nn.Module):
             out, selection = self.self_attn(x, batch, cache, prev_selection)
         else:
             out = self.self_attn(x, batch, cache)
-        streams = self._reduce_expand(out, streams, post, comb, batch)
+        streams = self._reduce_expand(self.attn_hc, out, streams, post, comb, batch)
         post, comb, x = self.ffn_hc(streams)
         x = self._gather(self.post_attention_layernorm(x), batch)
-        streams = self._reduce_expand(self.mlp(x), streams, post, comb, batch)
+        streams = self._reduce_expand(self.ffn_hc, self.mlp(x), streams, post, comb, batch)
         return streams, selection
 
     def _gather(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
@@ -62,14 +62,14 @@ class DecoderLayer(nn.Module):
             return x
         return self.comm.all_gather(x, dim=0)[:batch.num_tokens]
 
-    def _reduce_expand(self, partial: torch.Tensor, streams: torch.Tensor, post: torch.Tensor,
-                       comb: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+    def _reduce_expand(self, hc: HyperConnection, partial: torch.Tensor, streams: torch.Tensor,
+                       post: torch.Tensor, comb: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         """The streams after a block: its rank-partial output summed and mixed in by the mHC
         expand; one fused collective with --fused-collectives at TP > 1 without sequence
         parallelism (the same arithmetic: dist/fused.py)."""
         if self.fused_expand and not batch.sequence_parallel:
             return self.comm.all_reduce_hc_expand(partial, streams, post, comb)
-        return HyperConnection.expand(self._reduce(partial, batch), streams, post, comb)
+        return hc.mix(self._reduce(partial, batch), streams, post, comb)
 
     def _reduce(self, partial: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         if not batch.sequence_parallel:

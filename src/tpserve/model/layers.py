@@ -86,7 +86,10 @@ def replicated(ctx: ShardContext, i: int, o: int, bias: bool = False) -> Linear:
 
 
 class RMSNorm(nn.Module):
-    """transformers' Glm5NextTextRMSNorm: normalise in fp32, cast back, then scale."""
+    """transformers' Glm5NextTextRMSNorm: normalise in fp32, cast back, then scale. `backend`
+    "triton": one fused kernel (kernels/norm_triton.py; set_norm_backend sets a whole model's)."""
+
+    norm_backend = "torch"
 
     def __init__(self, ctx: ShardContext, dim: int, eps: float):
         super().__init__()
@@ -94,6 +97,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.norm_backend == "triton":
+            return norm_triton().rms_norm(x, self.weight, self.eps)
         dtype = x.dtype
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -103,14 +108,35 @@ class RMSNorm(nn.Module):
 class GatedRMSNorm(nn.Module):
     """KDA output norm: fp32 RMSNorm over the head dim, scaled, times sigmoid(gate)."""
 
+    norm_backend = "torch"
+
     def __init__(self, ctx: ShardContext, dim: int, eps: float):
         super().__init__()
         declare(self, "weight", (dim,), REPLICATED, dtype=ctx.dtype, world=ctx.world)
         self.eps = eps
 
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        if self.norm_backend == "triton":
+            return norm_triton().gated_rms_norm(x, gate, self.weight, self.eps)
         dtype = x.dtype
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         h = self.weight.float() * h
         return (h * torch.sigmoid(gate.float())).to(dtype)
+
+
+def norm_triton():
+    """kernels/norm_triton.py, imported on first use (Triton is there only where the backend is triton)."""
+    from tpserve.kernels import norm_triton as module
+
+    return module
+
+
+def set_norm_backend(model: nn.Module, backend: str) -> None:
+    """Every norm of `model` (RMSNorm, GatedRMSNorm, the mHC stream norm / collapse / expand) on
+    `backend`: "triton" (fused kernels, cuda) or "torch"."""
+    if backend not in ("triton", "torch"):
+        raise ValueError(f"norm_backend: expected triton or torch, got {backend!r}")
+    for m in model.modules():
+        if hasattr(m, "norm_backend"):
+            m.norm_backend = backend

@@ -16,11 +16,13 @@ from torch import nn
 from tpserve.dist.fused import hc_expand
 from tpserve.kernels.mhc import hc_weights
 from tpserve.model.config import ModelConfig
-from tpserve.model.layers import ShardContext
+from tpserve.model.layers import ShardContext, norm_triton
 from tpserve.model.weights import REPLICATED, declare
 
 
 class HyperConnection(nn.Module):
+    norm_backend = "torch"  # "triton": the stream norm, collapse and expand as one kernel each (norm_triton.py)
+
     def __init__(self, ctx: ShardContext, cfg: ModelConfig, backend: str = "torch"):
         super().__init__()
         self.backend = backend
@@ -34,12 +36,25 @@ class HyperConnection(nn.Module):
     def forward(self, streams: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """streams [T, N, D] -> (post [T, N] fp32, comb [T, N, N] fp32, block input [T, D])."""
         n = self.n
-        flat = streams.reshape(streams.shape[0], -1).float()
-        flat = flat * torch.rsqrt(flat.square().mean(-1, keepdim=True) + self.norm_eps)
+        fused = self.norm_backend == "triton"
+        if fused:
+            flat = norm_triton().rms_normalize(streams.reshape(streams.shape[0], -1), self.norm_eps)
+        else:
+            flat = streams.reshape(streams.shape[0], -1).float()
+            flat = flat * torch.rsqrt(flat.square().mean(-1, keepdim=True) + self.norm_eps)
         mixed = F.linear(flat, self.fn.float())
         pre, post, comb = hc_weights(mixed, self.base, self.scale, n, self.iters, self.hc_eps, self.backend)
+        if fused:
+            return post, comb, norm_triton().hc_collapse(pre, streams)
         collapsed = (pre.unsqueeze(-1) * streams).sum(dim=1).to(streams.dtype)
         return post, comb, collapsed
+
+    def mix(self, block_out: torch.Tensor, residual: torch.Tensor, post: torch.Tensor,
+            comb: torch.Tensor) -> torch.Tensor:
+        """`expand` on this block's backend (one kernel with norm_backend triton)."""
+        if self.norm_backend == "triton":
+            return norm_triton().hc_expand(block_out, residual, post, comb)
+        return hc_expand(block_out, residual, post, comb)
 
     @staticmethod
     def expand(block_out: torch.Tensor, residual: torch.Tensor, post: torch.Tensor,
