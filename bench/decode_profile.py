@@ -148,7 +148,8 @@ def main() -> None:
         for phase, t in sorted(res["phases"].items(), key=lambda kv: -kv[1]["us"]):
             print(f"| {phase} | {t['kernels']:.1f} | {t['us']:.1f} | {t['span_us']:.1f} | {t['wall_us']:.1f} |")
         for phase, t in sorted(res["phases"].items(), key=lambda kv: -kv[1]["us"]):
-            print(f"\n{name} / {phase}: top {args.top} by time\n| kernel | per step | {unit} per step |\n| --- | --- | --- |")
+            print(f"\n{name} / {phase}: top {args.top} by time\n"
+                  f"| kernel | per step | {unit} per step |\n| --- | --- | --- |")
             for kname, count, us in t["top"][:args.top]:
                 print(f"| {kname[:90]} | {count:.1f} | {us:.1f} |")
     if args.json_out:

@@ -44,6 +44,10 @@ class ForwardBatch:
     decode_seqs: int = 0             # the first decode_seqs sequences take the decode kernels
     fixed_shapes: bool = False       # a graph step: shapes from the buffers only, never from host lengths
     query_len: int = 1               # in a fixed-shape step: rows of every decode sequence (1, or 1+k to verify)
+    # index tensors that depend on this batch only (not on a layer's weights), computed by the first layer
+    # that needs them and reused by the others in the same forward (a graph step then launches their
+    # kernels once, not once per layer); emptied at the start of every forward
+    memo: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def num_seqs(self) -> int:
@@ -76,6 +80,12 @@ class ForwardBatch:
         while n < self.decode_seqs and self.cu_seqlens[n + 1] - self.cu_seqlens[n] == 1:
             n += 1
         return n
+
+    def memoized(self, key: tuple, compute):
+        """compute() the first time `key` is asked for in this forward, the same tensors after."""
+        if key not in self.memo:
+            self.memo[key] = compute()
+        return self.memo[key]
 
     def seq_len(self, i: int) -> int:
         return self.cu_seqlens[i + 1] - self.cu_seqlens[i]

@@ -127,6 +127,7 @@ class Glm5NextModel(nn.Module):
     @torch.inference_mode()
     def forward_hidden(self, batch: ForwardBatch, cache: CacheTensors) -> tuple[torch.Tensor, torch.Tensor]:
         """-> (logits as `forward` gives them, hidden [T, D] after the final norm: the MTP drafter's input)."""
+        batch.memo.clear()
         x = self.embed(batch.input_ids, batch)
         streams = x.unsqueeze(1).expand(-1, self.cfg.hc_mult, -1).contiguous()
         selection = None

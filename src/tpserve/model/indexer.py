@@ -107,19 +107,25 @@ class Indexer(nn.Module):
 
         Every token computes the pool that ends at it; tokens that end no pool write theirs to the
         reserved dummy block's pool row (the last one), so no host loop or host read is needed."""
-        pos = batch.positions
-        first = (pos + 1 - self.kpool).clamp(min=0)
-        toks = first.unsqueeze(-1) + torch.arange(self.kpool, device=pos.device)      # [T, kpool]
-        rows = token_rows(batch.block_tables, batch.token_seq, toks, cache.block_size)
+        pool_flat = cache.pool_k[self.layer].view(-1, self.head_dim)
+        rows, target = batch.memoized(("fill_pools", self.kpool, cache.block_size, pool_flat.shape[0]),
+                                      lambda: self._fill_rows(batch, cache.block_size, pool_flat.shape[0] - 1))
         keys = cache.index_k[self.layer].view(-1, self.head_dim)[rows]
         gates = cache.index_gate[self.layer].view(-1, self.head_dim)[rows]
         probs = (gates.float() + self.index_kpool_compress_ape.float()).softmax(dim=1).to(keys.dtype)
         pooled = (probs * keys).sum(dim=1)
-        pool_flat = cache.pool_k[self.layer].view(-1, self.head_dim)
-        completes = (pos + 1) % self.kpool == 0
-        dummy = torch.full_like(rows[:, 0], pool_flat.shape[0] - 1)
-        target = torch.where(completes, rows[:, 0] // self.kpool, dummy)  # block * (bs / kpool) + offset / kpool
         pool_flat[target] = pooled.to(pool_flat.dtype)
+
+    def _fill_rows(self, batch: ForwardBatch, block_size: int, dummy_row: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (cache rows [T, kpool] of the pool ending at each token, the pool row each token writes:
+        its pool's where the token completes one, else `dummy_row`)."""
+        pos = batch.positions
+        first = (pos + 1 - self.kpool).clamp(min=0)
+        toks = first.unsqueeze(-1) + torch.arange(self.kpool, device=pos.device)      # [T, kpool]
+        rows = token_rows(batch.block_tables, batch.token_seq, toks, block_size)
+        completes = (pos + 1) % self.kpool == 0
+        dummy = torch.full_like(rows[:, 0], dummy_row)
+        return rows, torch.where(completes, rows[:, 0] // self.kpool, dummy)  # block * (bs / kpool) + offset / kpool
 
     def _pool_keys(self, block_tables: torch.Tensor, n_pools: int, cache: CacheTensors) -> torch.Tensor:
         """Pooled keys of pools 0..n_pools-1 for each row of block_tables -> [B, n_pools, dim]."""
@@ -134,8 +140,10 @@ class Indexer(nn.Module):
         s = F.relu(s * self.head_dim ** -0.5)
         return torch.matmul(w.unsqueeze(-2), s).squeeze(-2)
 
-    def _expand(self, scores: torch.Tensor, visible: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        """Top pools among the visible ones, as token positions, plus the tail -> [n, W]."""
+    def _expand(self, scores: torch.Tensor, visible: torch.Tensor, pos: torch.Tensor,
+                batch: ForwardBatch | None = None) -> torch.Tensor:
+        """Top pools among the visible ones, as token positions, plus the tail -> [n, W] (the tail from
+        `batch`'s memo when it is given: decode rows, the same in every layer)."""
         n, n_pools = scores.shape
         out = torch.full((n, self.width), -1, dtype=torch.long, device=scores.device)
         k = min(self.pools_to_keep, n_pools)
@@ -147,11 +155,17 @@ class Indexer(nn.Module):
             toks = toks.masked_fill(~ok.unsqueeze(-1), -1).flatten(-2)
             out[:, :toks.shape[1]] = toks
         if self.tail and self.kpool > 1:
-            count = (pos + 1) % self.kpool
-            offs = torch.arange(self.kpool - 1, device=scores.device)
-            tail = (pos + 1 - count).unsqueeze(-1) + offs
-            out[:, self.pools_to_keep * self.kpool:] = tail.masked_fill(offs >= count.unsqueeze(-1), -1)
+            tail = self._tail(pos) if batch is None else batch.memoized(("tail", n, self.kpool),
+                                                                        lambda: self._tail(pos))
+            out[:, self.pools_to_keep * self.kpool:] = tail
         return out
+
+    def _tail(self, pos: torch.Tensor) -> torch.Tensor:
+        """The unfinished pool's positions before each query (its own included) [n, kpool - 1], -1 padded."""
+        count = (pos + 1) % self.kpool
+        offs = torch.arange(self.kpool - 1, device=pos.device)
+        tail = (pos + 1 - count).unsqueeze(-1) + offs
+        return tail.masked_fill(offs >= count.unsqueeze(-1), -1)
 
     def _select_tokens(self, q: torch.Tensor, w: torch.Tensor, batch: ForwardBatch,
                        cache: CacheTensors) -> torch.Tensor:
@@ -164,9 +178,16 @@ class Indexer(nn.Module):
         else:  # the reference's width: exact ties between pool scores are broken by top-k's algorithm,
             # which depends on the width (tie choices can differ from the fixed-width graph step)
             n_pools = max(batch.total_len(i) for i in range(batch.decode_seqs)) // self.kpool
-        starts = (torch.arange(n_pools, device=q.device) * self.kpool).expand(n, -1)
-        rows = token_rows(batch.block_tables, batch.token_seq[:n], starts, cache.block_size) // self.kpool
+        rows, visible = batch.memoized(("select", n, n_pools, self.kpool, cache.block_size),
+                                       lambda: self._select_rows(batch, n, n_pools, cache.block_size))
         pool_keys = cache.pool_k[self.layer].view(-1, self.head_dim)[rows]            # [n, P, d]
         scores = self._scores(q.unsqueeze(1), w.unsqueeze(1), pool_keys.unsqueeze(1)).squeeze(1)
-        visible = (torch.arange(n_pools, device=q.device) + 1) * self.kpool <= pos.unsqueeze(-1) + 1
-        return self._expand(scores, visible, pos)
+        return self._expand(scores, visible, pos, batch)
+
+    def _select_rows(self, batch: ForwardBatch, n: int, n_pools: int, block_size: int):
+        """-> (pool rows [n, n_pools] of each decode token's sequence, which of them it sees [n, n_pools])."""
+        pos = batch.positions[:n]
+        starts = (torch.arange(n_pools, device=pos.device) * self.kpool).expand(n, -1)
+        rows = token_rows(batch.block_tables, batch.token_seq[:n], starts, block_size) // self.kpool
+        visible = (torch.arange(n_pools, device=pos.device) + 1) * self.kpool <= pos.unsqueeze(-1) + 1
+        return rows, visible

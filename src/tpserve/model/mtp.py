@@ -58,6 +58,7 @@ class MtpLayer(DecoderLayer):
               cache: CacheTensors) -> tuple[torch.Tensor, torch.Tensor]:
         """hidden [T, D] (depth d-1), embedded [T, D] (embedding of token p+1) -> (hidden [T, D] of
         depth d, its shared_head.norm rows [T, D] for the LM head)."""
+        batch.memo.clear()
         x = self.eh_proj(torch.cat([self.enorm(embedded), self.hnorm(hidden)], dim=-1))
         streams = x.unsqueeze(1).expand(-1, self.hc_mult, -1).contiguous()
         streams, _ = self(streams, batch, cache, None)
