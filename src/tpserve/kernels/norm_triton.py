@@ -7,7 +7,8 @@ mul), the KDA output norm 10, the mHC stream norm 6, its collapse 3 and its expa
 Floors: every kernel reads its inputs and writes its output once (a [T, D] bf16 row of 6,144 is 12 KiB:
 nanoseconds at 4.3 TB/s); the point is the launch count, not bandwidth.
 
-Numerics (the torch forms in kernels/norm.py are the reference and the CPU path): the same formulas in
+Numerics (the torch forms are the reference and the CPU path: model/layers.py's RMSNorm and GatedRMSNorm,
+model/mhc.py's stream norm and collapse, dist/fused.py's hc_expand): the same formulas in
 fp32 with another summation order for the mean of squares (a tree over BLOCK-wide chunks) and for the
 mHC sums; every rounding to the output dtype happens where the torch form rounds, except in the expand,
 which adds in fp32 and rounds once (torch rounds the product, the matmul and the sum). Bounds:

@@ -86,7 +86,7 @@ def replicated(ctx: ShardContext, i: int, o: int, bias: bool = False) -> Linear:
 
 
 class RMSNorm(nn.Module):
-    """transformers' Glm5NextTextRMSNorm: normalise in fp32, cast back, then scale. `backend`
+    """transformers' Glm5NextTextRMSNorm: normalise in fp32, cast back, then scale. `norm_backend`
     "triton": one fused kernel (kernels/norm_triton.py; set_norm_backend sets a whole model's)."""
 
     norm_backend = "torch"
