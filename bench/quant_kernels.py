@@ -61,7 +61,8 @@ def rel(y, ref) -> float:
 
 
 GEMV_FP8 = [(bn, bk, nw) for bn in (16, 32, 64) for bk in (64, 128) for nw in (4, 8)]
-GEMV_FP4 = [(bn, bk, nw) for bn in (16, 32, 64) for bk in (128, 256, 512) for nw in (4, 8)]
+GEMV_FP4 = [(bn, bk, nw, d32) for bn in (16, 32, 64) for bk in (128, 256, 512) for nw in (4, 8)
+            for d32 in (False, True)]  # d32: the float32-bits e2m1 decode (M = 1 only; quant_gemv.py)
 # A config counts only if its output is right: bf16 output rounding is at most 2^-8 of the largest
 # output and fp32 summation adds little, so a correct kernel stays below 1e-2 (measured 1.6e-3 to
 # 3.8e-3); a group-dot NVFP4 variant that was fastest at M = 16 gave 1.9 on the H200 (right in
@@ -146,7 +147,8 @@ def sec_w4a16(res):
 
     _gemv_rows(res, "w4a16", "W4A16 nvfp4", SHAPES, quantize, lambda n, k: n * k // 2 + n * k // 16,
                lambda x, p, **t: w4a16_gemm(x, *p, kernel="tiled", **t),
-               lambda x, p, bn, bk, nw: w4a16_gemv(x, *p, block_n=bn, block_k=bk, num_warps=nw),
+               lambda x, p, bn, bk, nw, d32: w4a16_gemv(x, *p, block_n=bn, block_k=bk, num_warps=nw,
+                                                        fp32_decode=d32),
                GEMV_FP4)
 
 

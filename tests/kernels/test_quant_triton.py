@@ -51,8 +51,9 @@ def test_gemms_match_dequantized_math():
                 res[f"nvfp4 {kernel} {m}x{n}x{k} {dtype}"] = err(w4a16_gemm(x, p, bs, s2r, kernel=kernel), ref)
             if m <= 16 and k % 256 == 0:
                 for bn, bk in ((16, 128), (32, 256)):
-                    res[f"nvfp4 gemv {bn}x{bk} {m}x{n}x{k} {dtype}"] = err(
-                        w4a16_gemv(x, p, bs, s2r, block_n=bn, block_k=bk), ref)
+                    for d32 in (False, True):
+                        res[f"nvfp4 gemv {bn}x{bk} d32={d32} {m}x{n}x{k} {dtype}"] = err(
+                            w4a16_gemv(x, p, bs, s2r, block_n=bn, block_k=bk, fp32_decode=d32), ref)
         print(json.dumps(res))
     """)
     assert sum("gemv" in name for name in out) >= 12

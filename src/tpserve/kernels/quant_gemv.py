@@ -14,6 +14,13 @@ e2m1 code c becomes float16 bits ((c & 8) << 12) | ((c & 7) << 9), which is exac
 times 2^-14 (subnormals included), so decoding is three integer ops and a bitcast; the 2^14
 rides on the row's global scale. At M = 1 the 16-element groups are summed first and scaled once
 per group; at M > 1 the tile is scaled and the rows go through tl.dot.
+At M = 1 the decode is ALU work per weight (the bytes are few), so `fp32_decode` offers a shorter
+one: the code's bits placed straight into float32, ((c & 8) << 28) | ((c & 7) << 22), which is its
+value times 2^-126 (the code 0.5 a float32 subnormal), against activations pre-scaled by 2^64 (exact;
+products land near 2^-62 times their value, far inside the normal range), the 2^62 again on the
+row's global scale: no 16-bit conversion per weight. Right only where the GPU keeps float32
+subnormals (Triton does not flush them by default); bench/quant_kernels.py checks every config's
+answer before timing it, so a flushing GPU shows the variant as WRONG, never as the fastest.
 """
 
 from __future__ import annotations
@@ -33,10 +40,18 @@ def _e2m1_scaled_down(c):
 
 
 @triton.jit
+def _e2m1_fp32_bits(b):
+    """fp32 values times 2^-126 of the low and high e2m1 codes of bytes b (int32 0..255)."""
+    lo = ((b & 8) << 28) | ((b & 7) << 22)
+    hi = ((b & 0x80) << 24) | ((b & 0x70) << 18)
+    return lo.to(tl.float32, bitcast=True), hi.to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def _gemv_kernel(x_ptr, w_ptr, s_ptr, s2_ptr, y_ptr, M, N, K: tl.constexpr, SK: tl.constexpr, BNS: tl.constexpr,
                  BKS: tl.constexpr, FORMAT: tl.constexpr, K_PER_SPLIT: tl.constexpr, ATOMIC: tl.constexpr,
                  PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr):
+                 BLOCK_K: tl.constexpr, DECODE32: tl.constexpr = False):
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
     n64 = n.to(tl.int64)
@@ -65,14 +80,20 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, s2_ptr, y_ptr, M, N, K: tl.constexpr, SK: 
             b_ok = kb < K // 2
             b = tl.load(w_ptr + n64[:, None] * (K // 2) + kb[None, :], mask=n_ok[:, None] & b_ok[None, :],
                         other=0).to(tl.int32)
-            lo = _e2m1_scaled_down(b & 15)
-            hi = _e2m1_scaled_down(b >> 4)
+            if DECODE32:
+                lo, hi = _e2m1_fp32_bits(b)
+            else:
+                lo = _e2m1_scaled_down(b & 15)
+                hi = _e2m1_scaled_down(b >> 4)
             g = k0 // 16 + tl.arange(0, BLOCK_K // 16)
             sc = tl.load(s_ptr + n64[:, None] * (K // 16) + g[None, :], mask=n_ok[:, None] & (g < K // 16)[None, :],
                          other=0.0).to(tl.float32)
             if BLOCK_M == 1:
                 xe = tl.load(x_ptr + 2 * kb, mask=b_ok, other=0.0).to(tl.float32)
                 xo = tl.load(x_ptr + 2 * kb + 1, mask=b_ok, other=0.0).to(tl.float32)
+                if DECODE32:
+                    xe *= 18446744073709551616.0  # 2^64
+                    xo *= 18446744073709551616.0
                 prod = lo * xe[None, :] + hi * xo[None, :]
                 groups = tl.sum(tl.reshape(prod, (BLOCK_N, BLOCK_K // 16, 8)), axis=2)
                 acc += tl.sum(groups * sc, axis=1)[None, :]
@@ -85,7 +106,10 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, s2_ptr, y_ptr, M, N, K: tl.constexpr, SK: 
                 acc += tl.dot(xe, tl.trans(los.to(xe.dtype)), input_precision=PRECISION)
                 acc += tl.dot(xo, tl.trans(his.to(xo.dtype)), input_precision=PRECISION)
     if FORMAT == 1:
-        acc *= tl.load(s2_ptr + n64, mask=n_ok, other=0.0)[None, :] * 16384.0
+        if DECODE32:
+            acc *= tl.load(s2_ptr + n64, mask=n_ok, other=0.0)[None, :] * 4611686018427387904.0  # 2^62
+        else:
+            acc *= tl.load(s2_ptr + n64, mask=n_ok, other=0.0)[None, :] * 16384.0
     offs = y_ptr + m[:, None].to(tl.int64) * N + n[None, :]
     if ATOMIC:
         tl.atomic_add(offs, acc, mask=m_ok[:, None] & n_ok[None, :])
@@ -103,7 +127,7 @@ def split_k(n: int, k: int, block_n: int, block_k: int, waves: int = 4) -> tuple
 
 
 def _launch(x, w, s, s2, fmt: int, k: int, sk: int, bns: int, bks: int, block_n: int, block_k: int,
-            num_warps: int, num_stages: int, waves: int) -> torch.Tensor:
+            num_warps: int, num_stages: int, waves: int, decode32: bool = False) -> torch.Tensor:
     m, n = x.shape[0], w.shape[0]
     if m > 16:
         raise ValueError(f"x: quantized GEMV takes at most 16 rows, got {m}")
@@ -114,7 +138,8 @@ def _launch(x, w, s, s2, fmt: int, k: int, sk: int, bns: int, bks: int, block_n:
     _gemv_kernel[(triton.cdiv(n, block_n), split)](
         x, w, s, s2, y, m, n, K=k, SK=sk, BNS=bns, BKS=bks, FORMAT=fmt, K_PER_SPLIT=k_per, ATOMIC=split > 1,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32", BLOCK_M=block_m,
-        BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages)
+        BLOCK_N=block_n, BLOCK_K=block_k, DECODE32=decode32 and block_m == 1, num_warps=num_warps,
+        num_stages=num_stages)
     return y.to(x.dtype)
 
 
@@ -134,10 +159,11 @@ def w8a16_gemv(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, block: tuple[i
 
 def w4a16_gemv(x: torch.Tensor, w: torch.Tensor, bscale: torch.Tensor, scale2_rows: torch.Tensor,
                block_n: int = 32, block_k: int = 256, num_warps: int = 4, num_stages: int = 3,
-               waves: int = 4) -> torch.Tensor:
-    """x [M <= 16, K] @ dequant(nvfp4 w [N, K/2], bscale [N, K/16], scale2_rows [N])^T -> [M, N]."""
+               waves: int = 4, fp32_decode: bool = False) -> torch.Tensor:
+    """x [M <= 16, K] @ dequant(nvfp4 w [N, K/2], bscale [N, K/16], scale2_rows [N])^T -> [M, N].
+    `fp32_decode`: the float32-bits decode at M = 1 (module docstring; unmeasured, not a default)."""
     k = w.shape[1] * 2
     if k % block_k or block_k % 32:
         raise ValueError(f"block_k: {block_k} must be a multiple of 32 dividing K {k}")
     return _launch(x, w, bscale.contiguous(), scale2_rows.float().contiguous(), 1, k, k // 16, 1, 16, block_n,
-                   block_k, num_warps, num_stages, waves)
+                   block_k, num_warps, num_stages, waves, fp32_decode)
