@@ -33,3 +33,27 @@ def test_bench_spec_small_run(tmp_path, capsys):
     off = res["rows"][0]
     assert off["speedup"] == off["decode_speedup"] == 1.0
     assert "| decode tok/s | decode speedup |" in capsys.readouterr().out
+
+
+def test_bench_spec_passes_every_engine_switch_through(monkeypatch):
+    """A switch given to `bench spec` (here --norm-backend torch, --max-num-batched-tokens 96) reaches the
+    engines it builds (it once passed only a fixed few fields and silently dropped the rest)."""
+    import tpserve
+    from tpserve.cli import main
+
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def fake_llm(*a, **kw):
+        seen.append(kw)
+        raise Stop
+
+    monkeypatch.setattr(tpserve, "LLM", fake_llm)
+    try:
+        main(["bench", "spec", "--device", "cpu", "--batch", "1", "--k", "1", "--max-tokens", "4", "--repeats", "1",
+              "--norm-backend", "torch", "--max-num-batched-tokens", "96"])
+    except Stop:
+        pass
+    assert seen and seen[0]["norm_backend"] == "torch" and seen[0]["max_num_batched_tokens"] == 96

@@ -102,6 +102,14 @@ def _release_memory() -> None:
         torch.cuda.empty_cache()
 
 
+def engine_options(base) -> dict:
+    """LLM keyword arguments for an EngineConfig (all of its fields but the speculative config, which each
+    setting gives)."""
+    import dataclasses
+
+    return {f.name: getattr(base, f.name) for f in dataclasses.fields(base) if f.name != "speculative_config"}
+
+
 def measure(args) -> dict:
     from tqdm import tqdm
 
@@ -114,8 +122,7 @@ def measure(args) -> dict:
     settings = _settings(sorted(set(args.k)))
     with tqdm(total=len(settings) * len(args.batch), desc="bench spec") as bar:
         for name, spec in settings:
-            kw = {f: getattr(base, f) for f in ("model", "device", "dtype", "kv_cache_memory", "enforce_eager",
-                                                 "max_num_seqs", "block_size")}
+            kw = engine_options(base)  # every switch given on the command line reaches the engines
             kw["max_num_seqs"] = max(max(args.batch), kw["max_num_seqs"] or 0)
             if kw["kv_cache_memory"] is None:  # several engines live in this process, one after another
                 kw["kv_cache_memory"] = 2 * 2**30
