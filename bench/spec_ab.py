@@ -7,13 +7,15 @@ than `bench spec`, which times its settings one after another).
 Both engines first run one untimed pass over the structured prompts of `bench spec` (the adaptive
 policy learns its costs and acceptance there; fixed k warms up the same way). Then each round runs
 one timed pass per engine, alternating which goes first, and records decode-step throughput (steps
-without a prefill chunk). Prints the per-round ratio adaptive / fixed and its median.
+without a prefill chunk). Prints the per-round ratio adaptive / fixed and its median, and how often the
+adaptive engine chose each k over the timed rounds (k = 0: a plain step).
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+from collections import Counter
 
 from tpserve import LLM, SamplingParams
 from tpserve.tools.bench_spec import decode_rate, step_times, structured_groups
@@ -50,6 +52,16 @@ def main() -> None:
                                                else {"truncate_threshold": args.truncate_threshold})}, **kw)}
     for llm in engines.values():
         timed_pass(llm, groups, sp)  # untimed pass
+    chosen = Counter()  # k the adaptive engine picked per step with requests left to draft for (timed rounds)
+    adaptive = engines["adaptive"].engine
+    speculator = adaptive.speculator
+    propose = speculator.propose
+
+    def counted_propose(*a, **kw):
+        propose(*a, **kw)
+        if adaptive.scheduler.running:  # after a request's last step there is nothing to draft for
+            chosen[speculator.last_k] += 1
+    speculator.propose = counted_propose
     ratios = []
     print(f"| round | fixed k={fixed_k} decode tok/s | adaptive (k<={args.k}) decode tok/s | adaptive / fixed |")
     print("| --- | --- | --- | --- |")
@@ -60,6 +72,8 @@ def main() -> None:
         print(f"| {r + 1} | {rate['fixed']:.1f} | {rate['adaptive']:.1f} | {ratios[-1]:.3f} |", flush=True)
     print(f"median adaptive / fixed: {statistics.median(ratios):.3f} over {args.rounds} rounds "
           f"(min {min(ratios):.3f}, max {max(ratios):.3f})")
+    total = sum(chosen.values()) or 1
+    print("adaptive k per step: " + ", ".join(f"k={k} {100 * n / total:.0f}%" for k, n in sorted(chosen.items())))
     for llm in engines.values():
         llm.shutdown()
 

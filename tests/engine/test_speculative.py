@@ -282,6 +282,33 @@ def test_measured_rates_turn_drafting_off_where_it_loses():
     assert MeasuredRates.bucket(1) == 1 and MeasuredRates.bucket(5) == 8 and MeasuredRates.bucket(64) == 64
 
 
+def test_measured_rates_leave_out_the_step_after_a_prompt_catch_up():
+    """The drafts verified by the first decode step after a prefill chunk were made together with the
+    MTP layer's catch-up over the prompt: that step's measured rate would charge a whole prompt's MTP
+    forward to one decode step (a low outlier that can switch the adaptive mode to plain steps), so
+    MeasuredRates does not see it; every other decode step it does."""
+    llm = LLM(device="cpu", kv_cache_memory="16MiB", block_size=16, max_num_seqs=8,
+              speculative_config={"method": "mtp", "num_speculative_tokens": 2})
+    spec = llm.engine.speculator
+    kinds, observed = [], []
+    propose, observe = spec.propose, spec.rates.observe
+
+    def recording_propose(scheduled, *a, **kw):
+        kinds.append(all(s.decode for s in scheduled))
+        return propose(scheduled, *a, **kw)
+
+    def recording_observe(*a, **kw):
+        observed.append(len(kinds) - 1)  # the index of the propose call that observes
+        return observe(*a, **kw)
+    spec.propose, spec.rates.observe = recording_propose, recording_observe
+    llm.generate([PROMPTS[0]], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
+    decode_steps = [i for i, decode in enumerate(kinds) if decode]
+    after_prefill = [i for i in decode_steps if i > 0 and not kinds[i - 1]]
+    assert after_prefill and observed
+    assert observed == [i for i in decode_steps if i not in after_prefill]
+    llm.shutdown()
+
+
 def test_mtp_draft_matches_plain_torch_recipe(spec):
     """The engine's MTP forward (cache, paged latent, decode/prefill kernels) against train/model.py's
     plain-torch MTP step (x = eh_proj(cat[enorm(embed(t+1)), hnorm(h)]) -> block -> shared_head.norm ->

@@ -166,7 +166,8 @@ class Speculator:
         decode_only = all(s.decode for s in scheduled)
         if decode_only:  # steps with prefill chunks say nothing of decode costs or rates
             self.policy.observe_step(step_tokens, max(step_seconds, 1e-9))
-            self.rates.observe(batch, self.last_k > 0, self.emitted, step_seconds + self.last_draft_seconds)
+            if self.last_draft_seconds is not None:  # None: the drafts came with a prompt's MTP catch-up
+                self.rates.observe(batch, self.last_k > 0, self.emitted, step_seconds + self.last_draft_seconds)
         self.emitted, self.last_draft_seconds = 0, 0.0
         self.choice = self.policy.begin_step()
         k = self.policy.choose_k(batch, running)
@@ -224,7 +225,9 @@ class Speculator:
             survival = [survival[i] for i in keep]
             drafted = eng.executor.draft(nxt.build(), keep, False)
         self.last_draft_seconds = time.perf_counter() - t0
-        if deepest > 0 and decode_only:  # after a prefill chunk the catch-up ran over its prompt rows too
+        if not decode_only:  # the catch-up ran over prompt rows too: not what a decode step's drafts cost
+            self.last_draft_seconds = None  # (the next step's measured rate would be charged with it)
+        elif deepest > 0:
             self.policy.observe_draft(deepest, max(self.last_draft_seconds, 1e-9), num_drafting)
 
     def _budget(self, seq: Sequence, k: int) -> int:
