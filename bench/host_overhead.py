@@ -1,0 +1,130 @@
+"""The engine's own host time per decode step, without a model: what is left between CUDA graphs.
+
+    python bench/host_overhead.py [--k 3] [--batch 1] [--max-tokens 96] [--repeats 3] [--profile 25]
+
+On a GPU a decode step is a graph replay plus host work around it (scheduling, the step plan,
+sampling or draft acceptance, detokenization and stop checks, the draft bookkeeping); on the H200
+that host work was ~1.2 ms of a 5.8 ms speculative step (BENCHMARKS.md). Here the built-in demo
+model's engine runs on the CPU with its executor replaced by a stand-in that returns logits and
+drafts at once (no forward): every token follows one fixed sequence, and the stand-in drafter
+proposes exactly that sequence, so every draft is accepted and a k-draft step emits k + 1 tokens.
+What remains is the engine's host work alone. Prints ms per decode step and per emitted token for
+plain decoding and for --k drafts (fixed k), median of --repeats; --profile N prints the N engine
+functions with the most own time (cProfile, one more run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import statistics
+import time
+
+import torch
+
+from tpserve import LLM, SamplingParams
+from tpserve.engine.runner import Drafted
+from tpserve.train.acceptance import mtp_prompts
+
+
+def script_token(position: int) -> int:
+    """The token every request has at `position` (after its prompt) in this benchmark."""
+    return 100 + position % 97
+
+
+class StandInExecutor:
+    """Logits and drafts without a model: row r of a step's logits puts its maximum on the token that
+    follows the row's position in the script; an MTP draft at position p proposes p + 2's. Rows come
+    from a precomputed table (one index op per call), so the stand-in costs about what reading a
+    graph's output costs on a GPU."""
+
+    def __init__(self, real, vocab: int):
+        self.real, self.vocab = real, vocab
+        self.cache_shape = real.cache_shape
+        self.world_size = 1
+        self.table = torch.zeros(97, vocab)
+        self.table[torch.arange(97), torch.tensor([script_token(p) for p in range(97)])] = 10.0
+
+    def _rows(self, positions: list[int], offset: int) -> torch.Tensor:
+        return self.table.index_select(0, torch.tensor([(p + offset) % 97 for p in positions]))
+
+    def execute(self, plan) -> torch.Tensor:
+        return self._rows([plan.positions[i] for i in plan.logits_indices], 1)
+
+    def commit(self, counts) -> None:
+        pass
+
+    def draft(self, plan, source_rows, from_main) -> Drafted:
+        """Greedy draws read only `greedy` (tokens and probabilities); the logits rows are a placeholder
+        of the right shape (this benchmark runs greedy requests only)."""
+        positions = [plan.positions[i] for i in plan.logits_indices]
+        greedy = torch.tensor([[float(script_token(p + 2)) for p in positions], [1.0] * len(positions)],
+                              dtype=torch.float64)
+        return Drafted(self.table[:len(positions)], greedy)
+
+    def verify_graph_batch(self):
+        return None
+
+    def check_alive(self) -> None:
+        pass
+
+    def shutdown(self) -> None:
+        self.real.shutdown()
+
+
+def decode_ms(llm: LLM, prompts: list[str], sp: SamplingParams) -> tuple[float, float]:
+    """(ms per decode step, ms per emitted token) over one generate call, prefill steps left out."""
+    eng = llm.engine
+    steps, tokens, seconds = 0, 0, 0.0
+    step = eng.step
+    for i, p in enumerate(prompts):
+        eng.add_request(f"host{time.perf_counter_ns()}-{i}", llm._tokens(p)[0], sp)
+    emitted = {}
+    while eng.has_unfinished():
+        prefill = any(not s.in_decode for s in eng.scheduler.running) or bool(eng.scheduler.waiting)
+        t = time.perf_counter()
+        outs = step()
+        dt = time.perf_counter() - t
+        new = 0
+        for o in outs:
+            n = len(o.outputs[0].token_ids)
+            new, emitted[o.request_id] = new + n - emitted.get(o.request_id, 0), n
+        if not prefill:
+            steps, tokens, seconds = steps + 1, tokens + new, seconds + dt
+    return 1e3 * seconds / max(steps, 1), 1e3 * seconds / max(tokens, 1)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--k", type=int, default=3)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--profile", type=int, default=0, metavar="N")
+    args = ap.parse_args()
+    structured = mtp_prompts()
+    prompts = [structured[i % len(structured)] for i in range(args.batch)]
+    sp = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
+    print("| setting | ms per decode step | ms per emitted token |\n| --- | --- | --- |")
+    for name, spec in (("plain", None), (f"k={args.k}", {"method": "mtp", "num_speculative_tokens": args.k,
+                                                        "adaptive": False})):
+        llm = LLM(device="cpu", speculative_config=spec, max_num_seqs=max(args.batch, 8), kv_cache_memory="256MiB")
+        llm.engine.executor = StandInExecutor(llm.engine.executor, llm.engine.model_config.vocab_size)
+        decode_ms(llm, prompts, sp)  # warm-up
+        runs = [decode_ms(llm, prompts, sp) for _ in range(args.repeats)]
+        step_ms = statistics.median(r[0] for r in runs)
+        token_ms = statistics.median(r[1] for r in runs)
+        print(f"| {name} | {step_ms:.3f} | {token_ms:.3f} |", flush=True)
+        if args.profile:
+            prof = cProfile.Profile()
+            prof.enable()
+            decode_ms(llm, prompts, sp)
+            prof.disable()
+            print(f"\n{name}: top {args.profile} by own time")
+            pstats.Stats(prof).sort_stats("tottime").print_stats(args.profile)
+        llm.shutdown()
+
+
+if __name__ == "__main__":
+    main()
