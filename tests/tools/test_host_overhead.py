@@ -1,0 +1,35 @@
+"""bench/host_overhead.py: its stand-in executor makes every draft accepted, so what it times is the
+engine's host work for k + 1 tokens per step, and the engine's outputs follow the script."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from tpserve import LLM, SamplingParams
+
+
+def _module():
+    path = Path(__file__).resolve().parents[2] / "bench" / "host_overhead.py"
+    spec = importlib.util.spec_from_file_location("host_overhead", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_stand_in_drafts_are_all_accepted_and_follow_the_script():
+    mod = _module()
+    llm = LLM(device="cpu", max_num_seqs=8, kv_cache_memory="64MiB",
+              speculative_config={"method": "mtp", "num_speculative_tokens": 3, "adaptive": False})
+    llm.engine.executor = mod.StandInExecutor(llm.engine.executor, llm.engine.model_config.vocab_size)
+    prompt = llm._tokens("Count from 1 to 5.")[0]
+    out = llm.generate({"prompt_token_ids": prompt}, SamplingParams(temperature=0, max_tokens=20,
+                                                                     ignore_eos=True))[0].outputs[0].token_ids
+    n = len(prompt)
+    assert out == [mod.script_token(n + i) for i in range(20)]
+    stats = llm.engine.stats()
+    assert stats["spec_decode_num_accepted_tokens"] == stats["spec_decode_num_draft_tokens"] > 0
+    step_ms, token_ms = mod.decode_ms(llm, ["Count from 1 to 5."], SamplingParams(temperature=0, max_tokens=17,
+                                                                                  ignore_eos=True))
+    assert step_ms > 0 and abs(step_ms / token_ms - 4) < 0.5  # k + 1 tokens per decode step
+    llm.shutdown()
