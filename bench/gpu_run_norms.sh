@@ -3,6 +3,8 @@
 # (--norm-backend triton, kernels/norm_triton.py) against the torch forms: greedy tokens on the tiny
 # checkpoints (fp32, bf16), kernels per decode step of the demo model, `bench spec` at batch 1 with
 # each backend (plain and k=3 decode tok/s), and the real-width KKKM decode step with each backend.
+# (In the 2026-12-02 run recorded in BENCHMARKS.md, `bench spec` still dropped --norm-backend, so its
+# passes all ran the fused norms; fixed since.)
 set -uo pipefail
 source bench/gpu_env.sh
 step "tiny checkpoints: norm triton vs torch"
