@@ -19,12 +19,12 @@ import argparse
 import cProfile
 import pstats
 import statistics
-import time
 
 import torch
 
 from tpserve import LLM, SamplingParams
 from tpserve.engine.runner import Drafted
+from tpserve.tools.bench_spec import step_times
 from tpserve.train.acceptance import mtp_prompts
 
 
@@ -75,24 +75,11 @@ class StandInExecutor:
 
 def decode_ms(llm: LLM, prompts: list[str], sp: SamplingParams) -> tuple[float, float]:
     """(ms per decode step, ms per emitted token) over one generate call, prefill steps left out."""
-    eng = llm.engine
-    steps, tokens, seconds = 0, 0, 0.0
-    step = eng.step
-    for i, p in enumerate(prompts):
-        eng.add_request(f"host{time.perf_counter_ns()}-{i}", llm._tokens(p)[0], sp)
-    emitted = {}
-    while eng.has_unfinished():
-        prefill = any(not s.in_decode for s in eng.scheduler.running) or bool(eng.scheduler.waiting)
-        t = time.perf_counter()
-        outs = step()
-        dt = time.perf_counter() - t
-        new = 0
-        for o in outs:
-            n = len(o.outputs[0].token_ids)
-            new, emitted[o.request_id] = new + n - emitted.get(o.request_id, 0), n
-        if not prefill:
-            steps, tokens, seconds = steps + 1, tokens + new, seconds + dt
-    return 1e3 * seconds / max(steps, 1), 1e3 * seconds / max(tokens, 1)
+    with step_times(llm.engine) as steps:
+        llm.generate(prompts, sp)
+    decode = [(seconds, tokens) for seconds, prefill, tokens in steps if not prefill]
+    seconds = sum(s for s, _ in decode)
+    return 1e3 * seconds / max(len(decode), 1), 1e3 * seconds / max(sum(t for _, t in decode), 1)
 
 
 def main() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import importlib.util
 from pathlib import Path
 
 import torch
@@ -102,6 +103,15 @@ def prefill_logits(llm, prompt: list[int]) -> torch.Tensor:
     finally:
         engine.block_pool.free(blocks)
         engine.slot_pool.free(slot)
+
+
+def load_bench(name: str):
+    """A script of bench/ (not a package) imported as a module, for tests of its pieces."""
+    path = Path(__file__).resolve().parents[1] / "bench" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def random_prompts(lengths, seed: int = 0, vocab: int = 500) -> list[list[int]]:

@@ -3,22 +3,13 @@ engine's host work for k + 1 tokens per step, and the engine's outputs follow th
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
+from helpers import load_bench
 
 from tpserve import LLM, SamplingParams
 
 
-def _module():
-    path = Path(__file__).resolve().parents[2] / "bench" / "host_overhead.py"
-    spec = importlib.util.spec_from_file_location("host_overhead", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_stand_in_drafts_are_all_accepted_and_follow_the_script():
-    mod = _module()
+    mod = load_bench("host_overhead")
     llm = LLM(device="cpu", max_num_seqs=8, kv_cache_memory="64MiB",
               speculative_config={"method": "mtp", "num_speculative_tokens": 3, "adaptive": False})
     llm.engine.executor = mod.StandInExecutor(llm.engine.executor, llm.engine.model_config.vocab_size)

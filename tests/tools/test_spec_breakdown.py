@@ -3,18 +3,8 @@ every phase of a speculative step is seen."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
-
-
-def _load():
-    path = Path(__file__).resolve().parents[2] / "bench" / "spec_breakdown.py"
-    spec = importlib.util.spec_from_file_location("spec_breakdown", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from helpers import load_bench
 
 
 @pytest.mark.timeout(300)
@@ -22,7 +12,7 @@ def test_breakdown_phases_fit_inside_the_steps():
     from tpserve import LLM, SamplingParams
     from tpserve.train.acceptance import mtp_prompts
 
-    bd = _load()
+    bd = load_bench("spec_breakdown")
     prompts = mtp_prompts()[:2]
     sp = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     for spec in (None, {"method": "mtp", "num_speculative_tokens": 2, "adaptive": False}):

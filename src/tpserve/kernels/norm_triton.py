@@ -3,7 +3,8 @@
 Why: a decode step of this model is hundreds of tiny kernels, and on a GPU each costs ~2 us however
 little it does (bench/decode_profile.py: the demo model's batch-1 step replays ~1,040 kernels from its
 CUDA graph). model/layers.RMSNorm in torch is 8 of them (cast, square, mean, add, rsqrt, mul, cast,
-mul), the KDA output norm 10, the mHC stream norm 6, its collapse 3 and its expand 5; here each is one.
+mul), the KDA output norm 12 (its weight and gate cast too, the sigmoid, two more products), the mHC
+stream norm 6, its collapse 3 and its expand 5 (counted from the torch forms); here each is one.
 Floors: every kernel reads its inputs and writes its output once (a [T, D] bf16 row of 6,144 is 12 KiB:
 nanoseconds at 4.3 TB/s); the point is the launch count, not bandwidth.
 
