@@ -1,7 +1,8 @@
 """Which device kernels a decode step runs, phase by phase (torch profiler), with and without drafts.
 
     python bench/decode_profile.py [--model DIR] [--device cuda] [--dtype bfloat16] [--batch 1]
-        [--k 3] [--steps 16] [--top 25] [--norm-backend triton|torch] [--json OUT.json]
+        [--k 3] [--steps 16] [--top 25] [--norm-backend triton|torch] [--moe-route-backend triton|torch]
+        [--json OUT.json]
 
 For each setting (plain decoding, then speculative decoding with a fixed k), after a warm-up call:
 --steps decode steps of --batch structured prompts under the torch profiler, each engine phase
@@ -123,6 +124,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--norm-backend", default=None, help="triton or torch (default: the engine's auto)")
+    ap.add_argument("--moe-route-backend", default=None, help="triton or torch (default: the engine's auto)")
     ap.add_argument("--json", dest="json_out", default=None)
     args = ap.parse_args()
     structured = mtp_prompts()
@@ -132,8 +134,9 @@ def main() -> None:
     for name, spec in (("off", None), (f"k={args.k}", {"method": "mtp", "num_speculative_tokens": args.k,
                                                       "adaptive": False})):
         kw = {"dtype": args.dtype} if args.dtype else {}
-        if args.norm_backend:
-            kw["norm_backend"] = args.norm_backend
+        for opt in ("norm_backend", "moe_route_backend"):
+            if getattr(args, opt):
+                kw[opt] = getattr(args, opt)
         llm = LLM(args.model, device=args.device, speculative_config=spec, max_num_seqs=max(args.batch, 8),
                   kv_cache_memory=2 * 2**30, **kw)
         llm.generate(prompts, SamplingParams(temperature=0, max_tokens=32, ignore_eos=True))  # warm-up

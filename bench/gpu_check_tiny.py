@@ -8,7 +8,7 @@ compared with (a) the CPU float32 path and (b) CUDA TP=1:
   prefill chunks take the SP path and decodes plain TP);
 - with --fla: fla-core's KDA kernels in float32 (TF32 rounding) and bf16 (tolerance rows).
 Usage: python bench/gpu_check_tiny.py [--tp] [--custom-allreduce] [--fla] [--kernels-only] [--norms] [--graphs]
-       [--configs default,...]
+       [--configs default,...] [--switch norm_backend|moe_route_backend|...] [--fp32-only]
 """
 
 from __future__ import annotations
@@ -63,6 +63,8 @@ def main() -> int:
     ap.add_argument("--device", default="cuda", help="cpu runs the same cases as a smoke test (gloo)")
     ap.add_argument("--kernels-only", action="store_true", help="only the bf16 agreement of the Triton mHC + MoE "
                     "kernels with the torch forms (KDA on the torch path, so nothing else differs)")
+    ap.add_argument("--switch", default="norm_backend", help="with --norms: the triton|torch switch compared")
+    ap.add_argument("--fp32-only", action="store_true", help="with --norms: the float32 row only")
     ap.add_argument("--configs", default=",".join(TINY_CONFIGS), help="comma list of tiny configs")
     ap.add_argument("--norms", action="store_true", help="only: greedy tokens and prefill logits with the fused "
                     "norm kernels (--norm-backend triton) vs the torch forms, fp32 and bf16, graphs on")
@@ -144,19 +146,22 @@ def kernel_rows(args, paths: dict[str, str], prompts) -> None:
 
 
 def norm_rows(args, paths: dict[str, str], prompts) -> None:
-    """Fused norms (--norm-backend triton) against the torch forms: float32 must give the same tokens;
-    in bf16 the random tiny models are chaotic (bf16 vs fp32 with the torch forms moves them by ~3-20
-    logits), so there each backend is compared with the float32 run: triton must be no further."""
+    """A backend switch (--switch, default the fused norms) on triton against torch: float32 must give the
+    same tokens; in bf16 the random tiny models are chaotic (bf16 vs fp32 with the torch forms moves them
+    by ~3-20 logits), so there each backend is compared with the float32 run: triton must be no further.
+    --fp32-only: the float32 row only."""
+    sw = args.switch
     print("| config | case | greedy equal to fp32 torch | max logit diff vs fp32 torch | max abs logit |\n"
           "| --- | --- | --- | --- | --- |", flush=True)
     for name, path in paths.items():
-        ref_tokens, ref_logits = run({"device": args.device, "dtype": "float32", "norm_backend": "torch"}, path,
-                                     prompts)
-        for dtype, backend in (("float32", "triton"), ("bfloat16", "torch"), ("bfloat16", "triton")):
-            got, logits = run({"device": args.device, "dtype": dtype, "norm_backend": backend}, path, prompts)
+        ref_tokens, ref_logits = run({"device": args.device, "dtype": "float32", sw: "torch"}, path, prompts)
+        rows = (("float32", "triton"),) if args.fp32_only else (("float32", "triton"), ("bfloat16", "torch"),
+                                                                 ("bfloat16", "triton"))
+        for dtype, backend in rows:
+            got, logits = run({"device": args.device, "dtype": dtype, sw: backend}, path, prompts)
             same = sum(a == b for a, b in zip(got, ref_tokens))
             diff = (logits.float() - ref_logits.float()).abs().max().item()
-            print(f"| {name} | {dtype} norm {backend} | {same}/{len(prompts)} | {diff:.2e} | "
+            print(f"| {name} | {dtype} {sw} {backend} | {same}/{len(prompts)} | {diff:.2e} | "
                   f"{ref_logits.float().abs().max().item():.2e} |", flush=True)
 
 

@@ -10,7 +10,7 @@
 set -uo pipefail
 source bench/gpu_env.sh
 step "demo model bf16: norm triton vs torch"
-timeout 100 python3 bench/norm_demo_tokens.py 2>&1 | grep -E "^\||Error|error"
+timeout 100 python3 bench/backend_demo_tokens.py 2>&1 | grep -E "^\||Error|error"
 step "demo model: kernels per decode step"
 timeout 100 python3 bench/decode_profile.py --device cuda --dtype bfloat16 --batch 1 --k 3 --steps 16 --top 40 \
   2>&1 | grep -E "^\| (execute|draft|commit|_hc_weights_kernel|_rms_norm_kernel) |^#"

@@ -73,7 +73,7 @@ def test_triton_equals_loop():
 
 def test_dispatch_respects_the_token_limit(monkeypatch):
     calls = []
-    fake = type("M", (), {"experts_triton": staticmethod(lambda *a: calls.append(a[0].shape[0]) or a[0])})
+    fake = type("M", (), {"experts_triton": staticmethod(lambda *a, **kw: calls.append(a[0].shape[0]) or a[0])})
     monkeypatch.setitem(__import__("sys").modules, "tpserve.kernels.moe_triton", fake)
     weights, ids = _route(5, 2, 4, seed=0)
     gate_up, down = _weights(4, 16, 8, seed=0)

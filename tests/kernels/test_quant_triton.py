@@ -30,7 +30,8 @@ def test_gemms_match_dequantized_math():
             return ((y.double() - ref).abs().max() / ref.abs().max()).item()
         for m, n, k, block, dtype in [(1, 96, 256, (128, 128), torch.float32), (5, 200, 160, (16, 32), torch.float32),
                                       (3, 64, 512, (128, 128), torch.float16), (40, 72, 96, (32, 32), torch.float32),
-                                      (16, 40, 512, (128, 128), torch.float32), (1, 33, 768, (128, 128), torch.float16)]:
+                                      (16, 40, 512, (128, 128), torch.float32), (1, 33, 768, (128, 128), torch.float16),
+                                      (1, 48, 1024, (128, 128), torch.float32)]:  # M = 1 default: 512-wide K
             w = torch.randn(n, k, generator=g) / k**0.5
             x = torch.randn(m, k, generator=g).to(dtype)
             q, s = qr.fp8_block_quantize(w, block)

@@ -121,9 +121,18 @@ def test_sharded_checkpoint_and_bf16_load(tiny, tmp_path):
         weight_map.update({k: fname for k in part})
     (path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
     prompt = random_prompts([30])[0]
-    full = prefill_logits(_load(tiny("default")), prompt)
+    ref = _load(tiny("default"))
+    full = prefill_logits(ref, prompt)
     assert torch.equal(prefill_logits(_load(path), prompt), full)
-    bf16 = prefill_logits(_load(path, dtype="bfloat16"), prompt)
-    # bf16 rounding can flip a routing or selection choice at a few positions: a stated, loose tolerance
-    assert (bf16 - full).abs().mean() < 0.1
-    assert (bf16.argmax(-1) == full.argmax(-1)).float().mean() >= 0.8
+    low = _load(path, dtype="bfloat16")
+    # every weight is the checkpoint's rounded once to bf16, or kept exactly where the model keeps fp32
+    p32 = dict(ref.engine.executor.runner.model.named_parameters())
+    p16 = dict(low.engine.executor.runner.model.named_parameters())
+    assert p16.keys() == p32.keys()
+    for name, w in p16.items():
+        assert w.dtype in (torch.bfloat16, torch.float32) and torch.equal(w, p32[name].to(w.dtype)), name
+    bf16 = prefill_logits(low, prompt)
+    assert bf16.shape == full.shape and torch.isfinite(bf16).all()
+    # the random tiny model is chaotic in bf16 (a flipped routing or selection choice moves the rest):
+    # greedy agreement with fp32 measured 0.62-0.87 over five prompts; a loose sanity bound only
+    assert (bf16.argmax(-1) == full.argmax(-1)).float().mean() >= 0.5

@@ -111,7 +111,9 @@ def resolve_runtime(ecfg: EngineConfig) -> Runtime:
     kernels = Kernels(kda=backend, mhc=_triton_or_torch("mhc_backend", ecfg.mhc_backend, device),
                       norm=_triton_or_torch("norm_backend", ecfg.norm_backend, device),
                       moe=_triton_or_torch("moe_backend", ecfg.moe_backend, device),
-                      moe_triton_max_tokens=ecfg.moe_triton_max_tokens, mla_prefill=ecfg.mla_prefill,
+                      moe_triton_max_tokens=ecfg.moe_triton_max_tokens,
+                      moe_route=_triton_or_torch("moe_route_backend", ecfg.moe_route_backend, device),
+                      mla_prefill=ecfg.mla_prefill,
                       fused_collectives=ecfg.fused_collectives, weights=weight_options(ecfg, device))
     return Runtime(model_dir, device, dtype, kernels)
 

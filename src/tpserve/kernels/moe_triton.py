@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tpserve.kernels.moe_align import align_by_expert
+from tpserve.kernels.route_triton import align
 
 BLOCK_M = 16
 
@@ -83,13 +83,14 @@ def _down_kernel(h_ptr, w_ptr, y_ptr, rows_ptr, block_expert_ptr, route_ptr, num
 
 
 def experts_triton(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor,
-                   down: torch.Tensor, limit: float, block_n: int = 64, block_k: int = 64) -> torch.Tensor:
-    """Same contract as kernels.moe.experts_loop."""
+                   down: torch.Tensor, limit: float, block_n: int = 64, block_k: int = 64,
+                   align_backend: str = "torch") -> torch.Tensor:
+    """Same contract as kernels.moe.experts_loop; `align_backend` builds the expert-sorted layout."""
     t, top_k = ids.shape
     num_experts, two_i, d = gate_up.shape
     inter = two_i // 2
     x = x.contiguous()
-    rows, block_expert = align_by_expert(ids, num_experts, BLOCK_M)
+    rows, block_expert = align(ids, num_experts, BLOCK_M, align_backend)
     nb = block_expert.numel()
     precision = "ieee" if x.dtype == torch.float32 else "tf32"
     h = torch.empty(nb * BLOCK_M, inter, dtype=x.dtype, device=x.device)

@@ -158,11 +158,18 @@ def w8a16_gemv(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, block: tuple[i
 
 
 def w4a16_gemv(x: torch.Tensor, w: torch.Tensor, bscale: torch.Tensor, scale2_rows: torch.Tensor,
-               block_n: int = 32, block_k: int = 256, num_warps: int = 4, num_stages: int = 3,
-               waves: int = 4, fp32_decode: bool = False) -> torch.Tensor:
+               block_n: int = 32, block_k: int | None = None, num_warps: int = 4, num_stages: int = 3,
+               waves: int = 4, fp32_decode: bool | None = None) -> torch.Tensor:
     """x [M <= 16, K] @ dequant(nvfp4 w [N, K/2], bscale [N, K/16], scale2_rows [N])^T -> [M, N].
-    `fp32_decode`: the float32-bits decode at M = 1 (module docstring; unmeasured, not a default)."""
+    `fp32_decode`: the float32-bits decode at M = 1 (module docstring). Defaults: at M = 1 the float32-bits
+    decode with 512-wide K tiles (where K allows), the fastest correct config of the H200 sweep (18.9 us
+    for 12288 x 4096, 35% of its floor: bench/results/quant_gemv_h200_run4.json); else 256-wide tiles."""
     k = w.shape[1] * 2
+    one = x.shape[0] == 1
+    if block_k is None:
+        block_k = 512 if one and k % 512 == 0 else 256
+    if fp32_decode is None:
+        fp32_decode = one
     if k % block_k or block_k % 32:
         raise ValueError(f"block_k: {block_k} must be a multiple of 32 dividing K {k}")
     return _launch(x, w, bscale.contiguous(), scale2_rows.float().contiguous(), 1, k, k // 16, 1, 16, block_n,

@@ -18,8 +18,10 @@ from tpserve.model.weights import REPLICATED, declare
 
 
 class Router(nn.Module):
-    def __init__(self, ctx: ShardContext, cfg: ModelConfig):
+    def __init__(self, ctx: ShardContext, cfg: ModelConfig, kernels: Kernels = Kernels()):
         super().__init__()
+        # kernels/route_triton.py: sigmoid, bias, top-k and normalisation in one kernel (n_group 1 only)
+        self.fused = kernels.moe_route == "triton" and cfg.n_group == 1
         e = cfg.n_routed_experts
         declare(self, "weight", (e, cfg.hidden_size), REPLICATED, dtype=ctx.dtype, world=ctx.world)
         declare(self, "e_score_correction_bias", (e,), REPLICATED, dtype=ctx.dtype, world=ctx.world,
@@ -29,6 +31,11 @@ class Router(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [T, D] -> (weights [T, k] fp32, expert ids [T, k])."""
+        if self.fused:
+            from tpserve.kernels.route_triton import route_topk
+
+            return route_topk(router_logits(x, self.weight), self.e_score_correction_bias, self.top_k, self.norm,
+                              self.scaling)
         scores = F.linear(x.float(), self.weight.float()).sigmoid()
         choice = scores + self.e_score_correction_bias
         if self.n_group > 1:
@@ -43,6 +50,15 @@ class Router(nn.Module):
         if self.norm:
             weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
         return weights * self.scaling, ids
+
+
+def router_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x @ weight^T in float32, as F.linear(x.float(), weight.float()): on CUDA 16-bit inputs go straight
+    into a GEMM with fp32 accumulation and fp32 output (the products of 16-bit values are exact in
+    fp32), with no fp32 copies of x and of the [E, D] weight."""
+    if x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == x.dtype:
+        return torch.mm(x, weight.t(), out_dtype=torch.float32)
+    return F.linear(x.float(), weight.float())
 
 
 class Experts(nn.Module):
@@ -80,7 +96,7 @@ class Experts(nn.Module):
 class MoE(nn.Module):
     def __init__(self, ctx: ShardContext, cfg: ModelConfig, kernels: Kernels = Kernels()):
         super().__init__()
-        self.gate = Router(ctx, cfg)
+        self.gate = Router(ctx, cfg, kernels)
         self.experts = Experts(ctx, cfg, kernels)
         width = cfg.moe_intermediate_size * cfg.n_shared_experts
         self.shared_experts = DenseMLP(ctx, cfg.hidden_size, width, cfg.swiglu_limit) if width else None

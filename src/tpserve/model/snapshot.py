@@ -30,7 +30,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 FORMAT = 1
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2  # 2: mHC `fn` stored in fp32
 PART_BYTES = 2 << 30  # one safetensors file per 2 GiB of a rank's weights
 log = logging.getLogger("tpserve.snapshot")
 
