@@ -2,7 +2,7 @@
 
     python bench/decode_profile.py [--model DIR] [--device cuda] [--dtype bfloat16] [--batch 1]
         [--k 3] [--steps 16] [--top 25] [--norm-backend triton|torch] [--moe-route-backend triton|torch]
-        [--json OUT.json]
+        [--set KEY=VALUE ...] [--json OUT.json]
 
 For each setting (plain decoding, then speculative decoding with a fixed k), after a warm-up call:
 --steps decode steps of --batch structured prompts under the torch profiler, each engine phase
@@ -125,6 +125,8 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--norm-backend", default=None, help="triton or torch (default: the engine's auto)")
     ap.add_argument("--moe-route-backend", default=None, help="triton or torch (default: the engine's auto)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="any other engine option (e.g. kda_prep_backend=torch); repeatable")
     ap.add_argument("--json", dest="json_out", default=None)
     args = ap.parse_args()
     structured = mtp_prompts()
@@ -137,6 +139,7 @@ def main() -> None:
         for opt in ("norm_backend", "moe_route_backend"):
             if getattr(args, opt):
                 kw[opt] = getattr(args, opt)
+        kw.update(kv.split("=", 1) for kv in args.set)
         llm = LLM(args.model, device=args.device, speculative_config=spec, max_num_seqs=max(args.batch, 8),
                   kv_cache_memory=2 * 2**30, **kw)
         llm.generate(prompts, SamplingParams(temperature=0, max_tokens=32, ignore_eos=True))  # warm-up

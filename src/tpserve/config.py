@@ -58,6 +58,10 @@ class EngineConfig:
                             "verify, commit) and chunked kernel (prefill) self-tested at start, each replaced by "
                             "torch where it disagrees), torch, or auto (fla on cuda in bf16/fp16, torch in fp32)",
                             switch=True, choices=("auto", "fla", "torch"))
+    kda_prep_backend: str = _opt("auto", "KDA layers' short conv of decode and verify rows (state updated in "
+                                 "place), forget gate and beta: triton (two kernels, cuda only), torch (about 20 "
+                                 "small ops per layer), or auto (triton on cuda)", switch=True,
+                                 choices=("auto", "triton", "torch"))
     mhc_backend: str = _opt("auto", "mHC weights (pre / post / Sinkhorn-normalised comb): triton (one fused "
                             "kernel, cuda only), torch (about 120 small ops per block), or auto (triton on "
                             "cuda)", switch=True, choices=("auto", "triton", "torch"))
@@ -65,6 +69,9 @@ class EngineConfig:
                              "triton (one fused kernel each, cuda only; the demo model's decode step replays 747 "
                              "kernels instead of 1,042), torch (plain ops, the reference), or auto (triton on cuda)",
                              switch=True, choices=("auto", "triton", "torch"))
+    act_backend: str = _opt("auto", "the clamped SwiGLU of the dense MLPs and shared experts: triton (one "
+                            "kernel, cuda only), torch (four ops), or auto (triton on cuda)", switch=True,
+                            choices=("auto", "triton", "torch"))
     moe_backend: str = _opt("auto", "routed experts: triton (grouped GEMMs over tokens sorted by expert, no host "
                             "sync; cuda only, forwards of at most --moe-triton-max-tokens tokens), torch (a "
                             "loop over the chosen experts), or auto (triton on cuda)", switch=True,

@@ -108,8 +108,10 @@ def resolve_runtime(ecfg: EngineConfig) -> Runtime:
         backend = "fla" if device.type == "cuda" and dtype != torch.float32 and fla_available() else "torch"
     elif backend == "fla" and device.type != "cuda":
         raise ValueError("kda_backend: fla needs a CUDA device (use torch on cpu)")
-    kernels = Kernels(kda=backend, mhc=_triton_or_torch("mhc_backend", ecfg.mhc_backend, device),
+    kernels = Kernels(kda=backend, kda_prep=_triton_or_torch("kda_prep_backend", ecfg.kda_prep_backend, device),
+                      mhc=_triton_or_torch("mhc_backend", ecfg.mhc_backend, device),
                       norm=_triton_or_torch("norm_backend", ecfg.norm_backend, device),
+                      act=_triton_or_torch("act_backend", ecfg.act_backend, device),
                       moe=_triton_or_torch("moe_backend", ecfg.moe_backend, device),
                       moe_triton_max_tokens=ecfg.moe_triton_max_tokens,
                       moe_route=_triton_or_torch("moe_route_backend", ecfg.moe_route_backend, device),

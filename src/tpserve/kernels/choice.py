@@ -20,10 +20,12 @@ class WeightOptions:
 @dataclass(frozen=True)
 class Kernels:
     kda: str = "torch"            # "fla": fla-core's Triton kernels; "torch": our chunked / recurrent forms
+    kda_prep: str = "torch"       # "triton": KDA short conv (decode / verify rows), forget gate, beta in Triton
     mhc: str = "torch"            # "triton": one fused kernel for the mHC weights; "torch": plain ops
     norm: str = "torch"           # "triton": fused norms and mHC collapse / expand (kernels/norm_triton.py)
     moe: str = "torch"            # "triton": grouped expert GEMMs; "torch": a loop over the chosen experts
     moe_triton_max_tokens: int = 0  # the triton MoE runs forwards of at most this many tokens
+    act: str = "torch"            # "triton": the dense MLPs' clamped SwiGLU in one kernel
     moe_route: str = "torch"      # "triton": router top-k and the experts' sorted layout one kernel each
     mla_prefill: str = "dense"    # "sparse": each query attends its selected rows only; "dense": masked SDPA
     fused_collectives: bool = True  # TP > 1: all-reduce + mHC expand as one Communicator call
@@ -31,5 +33,5 @@ class Kernels:
 
     def describe(self) -> str:
         moe = f"triton up to {self.moe_triton_max_tokens} tokens" if self.moe == "triton" else self.moe
-        return (f"kda={self.kda}, mhc={self.mhc}, norm={self.norm}, moe={moe}, moe_route={self.moe_route}, "
-                f"mla_prefill={self.mla_prefill}")
+        return (f"kda={self.kda}, kda_prep={self.kda_prep}, mhc={self.mhc}, norm={self.norm}, act={self.act}, "
+                f"moe={moe}, moe_route={self.moe_route}, mla_prefill={self.mla_prefill}")

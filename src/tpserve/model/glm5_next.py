@@ -30,11 +30,12 @@ class DecoderLayer(nn.Module):
     def __init__(self, ctx: ShardContext, cfg: ModelConfig, layer: int, kernels: Kernels):
         super().__init__()
         self.is_mla = cfg.layer_types[layer] == "indexed_attention"
-        self.self_attn = MlaAttention(ctx, cfg, layer, kernels.mla_prefill) if self.is_mla else KdaAttention(ctx, cfg, layer, kernels.kda)
+        self.self_attn = MlaAttention(ctx, cfg, layer, kernels.mla_prefill) if self.is_mla else KdaAttention(
+            ctx, cfg, layer, kernels.kda, kernels.kda_prep)
         if cfg.mlp_layer_types[layer] == "sparse":
             self.mlp = MoE(ctx, cfg, kernels)
         else:
-            self.mlp = DenseMLP(ctx, cfg.hidden_size, cfg.intermediate_size, cfg.swiglu_limit)
+            self.mlp = DenseMLP(ctx, cfg.hidden_size, cfg.intermediate_size, cfg.swiglu_limit, kernels.act)
         self.input_layernorm = RMSNorm(ctx, cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(ctx, cfg.hidden_size, cfg.rms_norm_eps)
         self.attn_hc = HyperConnection(ctx, cfg, kernels.mhc)

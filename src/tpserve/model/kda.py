@@ -21,10 +21,14 @@ from tpserve.model.weights import Shard, add_source, declare
 
 
 class KdaAttention(nn.Module):
-    def __init__(self, ctx: ShardContext, cfg: ModelConfig, layer: int, backend: str):
+    def __init__(self, ctx: ShardContext, cfg: ModelConfig, layer: int, backend: str, prep: str = "torch"):
         super().__init__()
         d, dh, qkv = cfg.hidden_size, cfg.linear_head_dim, cfg.linear_qkv_dim
         self.layer, self.head_dim, self.backend = layer, dh, backend
+        # "triton": the short conv of decode / verify rows, the forget gate and beta in Triton
+        # (kernels/kda_prep_triton.py); the gate kernel has the lower-bound form only
+        self.prep_conv = prep == "triton"
+        self.prep_gate = prep == "triton" and cfg.linear_lower_bound is not None
         self.fla_options: dict | None = {}  # chunk_kda options chosen by the runner's self-test (None: torch chunks)
         self.heads = ctx.split(cfg.linear_num_heads, "linear_num_heads")
         self.q_proj, self.k_proj, self.v_proj = (column(ctx, d, qkv) for _ in range(3))
@@ -47,10 +51,19 @@ class KdaAttention(nn.Module):
     def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: CacheTensors) -> torch.Tensor:
         t, h, dh = x.shape[0], self.heads, self.head_dim
         raw = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
-        mixed = self._conv(raw, batch, cache.conv_state[self.layer])
-        q, k, v = (y.reshape(t, h, dh) for y in mixed.split(h * dh, dim=-1))
-        g = self._forget_gate(x)
-        beta = torch.sigmoid(self.b_proj(x))
+        if self.prep_conv:
+            q, k, v = (y.view(t, h, dh) for y in self._conv_fused(raw, batch, cache.conv_state[self.layer]))
+        else:
+            mixed = self._conv(raw, batch, cache.conv_state[self.layer])
+            q, k, v = (y.reshape(t, h, dh) for y in mixed.split(h * dh, dim=-1))
+        if self.prep_gate:
+            from tpserve.kernels.kda_prep_triton import gate_beta
+
+            g, beta = gate_beta(self.f_b_proj(self.f_a_proj(x)), self.dt_bias, self.A_log, self.b_proj(x), dh,
+                                self.lower_bound)
+        else:
+            g = self._forget_gate(x)
+            beta = torch.sigmoid(self.b_proj(x))
         states = cache.kda_state[self.layer]
         nv = batch.single_token_seqs
         if nv < batch.decode_seqs:  # verify rows: read the states, commit later (`commit`)
@@ -100,6 +113,32 @@ class KdaAttention(nn.Module):
             out[a:b], new = conv.causal_conv_seq(mixed[a:b], conv_states[slot], weight)
             conv_states[slot] = new.to(conv_states.dtype)
         return out
+
+    def _conv_fused(self, mixed: torch.Tensor, batch: ForwardBatch,
+                    conv_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`_conv` with decode and verify rows through one Triton kernel (kernels/kda_prep_triton.py; a
+        verify row equals the decode step it stands for); prefill chunks keep the torch conv. -> q, k, v
+        [T, C/3] each (contiguous when the step has no prefill)."""
+        from tpserve.kernels.kda_prep_triton import conv_rows
+
+        weight = self.conv_weight.squeeze(1)
+        if batch.fixed_shapes and batch.query_len > 1:  # a graph verify step: every sequence verifies
+            return conv_rows(mixed, conv_states, batch.slots[:batch.decode_seqs], weight, batch.query_len, False)
+        nd = batch.single_token_seqs
+        if nd == mixed.shape[0]:
+            return conv_rows(mixed, conv_states, batch.slots[:nd], weight, 1, True)
+        out = torch.empty_like(mixed)
+        if nd:
+            conv_rows(mixed[:nd], conv_states, batch.slots[:nd], weight, 1, True, out=out[:nd])
+        for i in range(nd, batch.num_seqs):
+            a, b = batch.cu_seqlens[i], batch.cu_seqlens[i + 1]
+            if i < batch.decode_seqs:  # verify rows: states read only, committed after acceptance
+                conv_rows(mixed[a:b], conv_states, batch.slots[i:i + 1], weight, b - a, False, out=out[a:b])
+                continue
+            slot = batch.slots[i]
+            out[a:b], new = conv.causal_conv_seq(mixed[a:b], conv_states[slot], weight)
+            conv_states[slot] = new.to(conv_states.dtype)
+        return tuple(out.split(out.shape[1] // 3, dim=-1))
 
     def _torch(self, q, k, v, g, beta, batch: ForwardBatch, states: torch.Tensor) -> torch.Tensor:
         if batch.fixed_shapes and batch.query_len > 1:  # a graph verify step: states read, not written

@@ -10,8 +10,9 @@ from tpserve.model.layers import ShardContext, column, row
 
 
 class DenseMLP(nn.Module):
-    def __init__(self, ctx: ShardContext, hidden: int, intermediate: int, limit: float):
+    def __init__(self, ctx: ShardContext, hidden: int, intermediate: int, limit: float, act: str = "torch"):
         super().__init__()
+        self.act = act  # "triton": the clamped SwiGLU in one kernel (kernels/act_triton.py)
         ctx.split(intermediate, "MLP intermediate size")
         self.gate_proj = column(ctx, hidden, intermediate)
         self.up_proj = column(ctx, hidden, intermediate)
@@ -19,4 +20,9 @@ class DenseMLP(nn.Module):
         self.limit = limit
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(clamped_swiglu(self.gate_proj(x), self.up_proj(x), self.limit))
+        gate, up = self.gate_proj(x), self.up_proj(x)
+        if self.act == "triton" and gate.dim() == 2:
+            from tpserve.kernels.act_triton import clamped_swiglu_triton
+
+            return self.down_proj(clamped_swiglu_triton(gate, up, self.limit))
+        return self.down_proj(clamped_swiglu(gate, up, self.limit))

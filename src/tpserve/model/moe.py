@@ -99,7 +99,7 @@ class MoE(nn.Module):
         self.gate = Router(ctx, cfg, kernels)
         self.experts = Experts(ctx, cfg, kernels)
         width = cfg.moe_intermediate_size * cfg.n_shared_experts
-        self.shared_experts = DenseMLP(ctx, cfg.hidden_size, width, cfg.swiglu_limit) if width else None
+        self.shared_experts = DenseMLP(ctx, cfg.hidden_size, width, cfg.swiglu_limit, kernels.act) if width else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = self.gate(x)
