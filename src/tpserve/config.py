@@ -76,10 +76,15 @@ class EngineConfig:
                             "sync; cuda only, forwards of at most --moe-triton-max-tokens tokens), torch (a "
                             "loop over the chosen experts), or auto (triton on cuda)", switch=True,
                             choices=("auto", "triton", "torch"))
-    moe_route_backend: str = _opt("auto", "MoE routing (sigmoid, bias, top-k, normalise) and the experts' "
-                                  "token-sorted layout: triton (one kernel each, cuda only; group-limited "
-                                  "routing, n_group > 1, keeps torch), torch (plain ops, about 31 kernels per MoE "
-                                  "layer), or auto (triton on cuda)", switch=True, choices=("auto", "triton", "torch"))
+    moe_route_backend: str = _opt("auto", "MoE routing (sigmoid, bias, top-k, normalise), the experts' "
+                                  "token-sorted layout and the sum of each token's k expert outputs: triton (one "
+                                  "kernel each, cuda only; group-limited routing, n_group > 1, keeps torch), torch "
+                                  "(plain ops, about 33 kernels per MoE layer), or auto (triton on cuda)",
+                                  switch=True, choices=("auto", "triton", "torch"))
+    indexer_backend: str = _opt("auto", "the DSA indexer's pool compression (every token's pool: softmax of the "
+                                "gates over the pool, weighted sum of the keys): triton (one kernel, cuda only), "
+                                "torch (about 9 ops per MLA layer), or auto (triton on cuda)", switch=True,
+                                choices=("auto", "triton", "torch"))
     moe_triton_max_tokens: int = _opt(2048, "largest forward (tokens) that takes the triton MoE (it needs a "
                                       "tokens x top-k x hidden fp32 buffer: 268 MB at 2048); longer bf16/fp16 "
                                       "ones take torch grouped_mm (no loop)", switch=True)

@@ -112,27 +112,30 @@ def test_conv_rows_refuses_what_it_cannot_do():
     assert "lower bound" in out["no lower bound"]
 
 
-def test_engine_with_kda_prep_triton_keeps_tokens_and_speculative_exactness():
-    """The demo model on the CPU in float32 with the prep kernels interpreted: greedy tokens equal to the
-    torch forms, mixed steps (prefill chunks beside decodes) included, and with MTP drafts (verify rows
-    through the same conv kernel) equal to plain decoding."""
+def test_engine_with_small_op_kernels_keeps_tokens_and_speculative_exactness():
+    """The demo model on the CPU in float32 with the KDA prep, SwiGLU and indexer pool kernels interpreted:
+    greedy tokens equal to the torch forms, mixed steps (prefill chunks beside decodes) included, and
+    with MTP drafts (verify rows through the same conv kernel) equal to plain decoding."""
     out = run_interpreted("""
         import json
         import tpserve.engine.setup as setup
         from tpserve import LLM, SamplingParams
         from tpserve.train.acceptance import mtp_prompts
         plain = setup._triton_or_torch
+        interpreted = ("kda_prep_backend", "act_backend", "indexer_backend")
         setup._triton_or_torch = lambda name, choice, device: (
-            choice if name == "kda_prep_backend" and choice == "triton" else plain(name, choice, device))
+            choice if name in interpreted and choice == "triton" else plain(name, choice, device))
+        on = {name: "triton" for name in interpreted}
+        off = {name: "torch" for name in interpreted}
         prompts = mtp_prompts()[:3]
         sp = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
         runs = {}
-        for name, kw in [("torch", dict(kda_prep_backend="torch")), ("triton", dict(kda_prep_backend="triton")),
-                         ("triton+mtp", dict(kda_prep_backend="triton", speculative_config={
+        for name, kw in [("torch", off), ("triton", on), ("triton+mtp", dict(on, speculative_config={
                              "method": "mtp", "num_speculative_tokens": 3, "adaptive": False}))]:
             llm = LLM(device="cpu", dtype="float32", max_num_batched_tokens=32, kv_cache_memory=2**28, **kw)
             runs[name] = [o.outputs[0].token_ids for o in llm.generate(prompts, sp)]
-            prep = llm.engine.executor.runner.model.layers[0].self_attn.prep_conv
+            model = llm.engine.executor.runner.model
+            prep = model.layers[0].self_attn.prep_conv and model.layers[2].self_attn.indexer.fused_pools
             llm.shutdown()
             runs[name + " prep"] = prep
         print(json.dumps(runs))

@@ -99,7 +99,10 @@ def test_experts_same_output_with_either_layout():
     alone, so the grouped kernels' output is bitwise the same."""
     out = run_interpreted("""
         import json, torch
+        from tpserve.kernels import moe_triton, route_triton
         from tpserve.kernels.moe_triton import experts_triton
+        # the layout only: both sides sum the k choices the torch way (combine_choices has its own test)
+        moe_triton.combine_choices = lambda y, k, dtype, backend: route_triton.combine_choices(y, k, dtype, "torch")
         out = {}
         for t, k, e, d, i in [(1, 2, 6, 48, 24), (20, 4, 9, 80, 40)]:
             g = torch.Generator().manual_seed(t)
@@ -108,8 +111,8 @@ def test_experts_same_output_with_either_layout():
             gate_up = torch.randn(e, 2 * i, d, generator=g) / d**0.5
             down = torch.randn(e, d, i, generator=g) / i**0.5
             x = torch.randn(t, d, generator=g)
-            a = experts_triton(x, weights, ids, gate_up, down, 1.5, block_n=16, block_k=16, align_backend="torch")
-            b = experts_triton(x, weights, ids, gate_up, down, 1.5, block_n=16, block_k=16, align_backend="triton")
+            a = experts_triton(x, weights, ids, gate_up, down, 1.5, block_n=16, block_k=16, route_backend="torch")
+            b = experts_triton(x, weights, ids, gate_up, down, 1.5, block_n=16, block_k=16, route_backend="triton")
             out[f"{t}"] = bool(torch.equal(a, b))
         print(json.dumps(out))
     """)
@@ -122,3 +125,24 @@ def test_router_keeps_torch_for_group_limited_routing():
     ctx = ShardContext.single(torch.float32)
     assert not Router(ctx, cfg, Kernels(moe_route="triton")).fused
     assert Router(ctx, ModelConfig.from_dict(tiny_config_dict()), Kernels(moe_route="triton")).fused
+
+
+def test_combine_choices_against_torch_sum():
+    out = run_interpreted("""
+        import json, torch
+        from tpserve.kernels.route_triton import combine_choices
+        eps32 = torch.finfo(torch.float32).eps
+        res = {}
+        for t, k, d, dtype in [(1, 8, 300, torch.float16), (5, 3, 1030, torch.float32), (0, 2, 8, torch.float16)]:
+            y = torch.randn(t * k, d, generator=torch.Generator().manual_seed(d))
+            got = combine_choices(y, k, dtype, "triton")
+            want = combine_choices(y, k, dtype, "torch")
+            # k fp32 adds in another order, then one rounding to dtype (one ulp of it may move)
+            scale = y.view(t, k, d).abs().sum(1).double()
+            bound = k * eps32 * scale + torch.finfo(dtype).eps * want.double().abs() + 2.0**-24
+            res[f"{t}x{k}x{d}"] = [got.dtype == want.dtype and got.shape == want.shape,
+                                   float(((got.double() - want.double()).abs() - bound).max()) if t else 0.0]
+        print(json.dumps(res))
+    """)
+    for name, (same, excess) in out.items():
+        assert same and excess <= 0, (name, excess)

@@ -108,8 +108,9 @@ def fla_decode_inplace(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: tor
     # the kernel indexes rows as contiguous [B, T, H, K]: the layer's q, k, v are column slices of one
     # projection (row stride 3 H K), so they are made contiguous here
     q, k, v, g, beta = (x.contiguous().unsqueeze(1) for x in (q, k, v, g, beta))
+    # out given: fla would zero-fill a new one (a launch), but one token per sequence writes every row
     out, _ = fused_recurrent_kda_fwd(q, k, v, g, beta, initial_state=states, inplace_final_state=True,
-                                     ssm_state_indices=slots, use_qk_l2norm_in_kernel=True)
+                                     ssm_state_indices=slots, use_qk_l2norm_in_kernel=True, out=torch.empty_like(v))
     return out.squeeze(1)
 
 

@@ -67,12 +67,12 @@ def experts_grouped(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, g
 
 def experts_forward(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor,
                     down: torch.Tensor, limit: float, backend: str = "torch", max_tokens: int = 0,
-                    align_backend: str = "torch") -> torch.Tensor:
+                    route_backend: str = "torch") -> torch.Tensor:
     if backend == "triton":
         if 0 < x.shape[0] <= max_tokens:
             from tpserve.kernels.moe_triton import experts_triton
 
-            return experts_triton(x, weights, ids, gate_up, down, limit, align_backend=align_backend)
+            return experts_triton(x, weights, ids, gate_up, down, limit, route_backend=route_backend)
         if x.dtype in (torch.bfloat16, torch.float16):  # large forwards on cuda: grouped_mm, no loop
             return experts_grouped(x, weights, ids, gate_up, down, limit)
     return experts_loop(x, weights, ids, gate_up, down, limit)

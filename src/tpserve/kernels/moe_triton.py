@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tpserve.kernels.route_triton import align
+from tpserve.kernels.route_triton import align, combine_choices
 
 BLOCK_M = 16
 
@@ -84,13 +84,13 @@ def _down_kernel(h_ptr, w_ptr, y_ptr, rows_ptr, block_expert_ptr, route_ptr, num
 
 def experts_triton(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor,
                    down: torch.Tensor, limit: float, block_n: int = 64, block_k: int = 64,
-                   align_backend: str = "torch") -> torch.Tensor:
-    """Same contract as kernels.moe.experts_loop; `align_backend` builds the expert-sorted layout."""
+                   route_backend: str = "torch") -> torch.Tensor:
+    """Same contract as kernels.moe.experts_loop; `route_backend` builds the expert-sorted layout."""
     t, top_k = ids.shape
     num_experts, two_i, d = gate_up.shape
     inter = two_i // 2
     x = x.contiguous()
-    rows, block_expert = align(ids, num_experts, BLOCK_M, align_backend)
+    rows, block_expert = align(ids, num_experts, BLOCK_M, route_backend)
     nb = block_expert.numel()
     precision = "ieee" if x.dtype == torch.float32 else "tf32"
     h = torch.empty(nb * BLOCK_M, inter, dtype=x.dtype, device=x.device)
@@ -102,4 +102,4 @@ def experts_triton(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, ga
     _down_kernel[(nb, triton.cdiv(d, block_n))](
         h, down, y, rows, block_expert, route, num_experts, down.stride(0), D=d, INTER=inter,
         PRECISION=precision, BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=block_k)
-    return y.view(t, top_k, d).sum(dim=1).to(x.dtype)
+    return combine_choices(y, top_k, x.dtype, route_backend)

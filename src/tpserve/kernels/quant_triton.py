@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tpserve.kernels.route_triton import align
+from tpserve.kernels.route_triton import align, combine_choices
 from tpserve.kernels.quant_gemv import fp8_gemv_fits, split_k, w4a16_gemv, w8a16_gemv
 
 BLOCK_M = 16
@@ -205,12 +205,12 @@ def _qdown_kernel(h_ptr, w_ptr, s_ptr, s2_ptr, y_ptr, rows_ptr, block_expert_ptr
 
 
 def _experts(x, weights, ids, fmt, gu, gu_s, gu_s2, dn, dn_s, dn_s2, limit, sk_gu, sk_dn, bns, bks, up_srow,
-             align_backend: str = "torch", block_n: int = 64, block_k: int = 64):
+             route_backend: str = "torch", block_n: int = 64, block_k: int = 64):
     t, top_k = ids.shape
     num_experts, two_i = gu.shape[:2]
     inter, d = two_i // 2, x.shape[1]
     x = x.contiguous()
-    rows, block_expert = align(ids, num_experts, BLOCK_M, align_backend)
+    rows, block_expert = align(ids, num_experts, BLOCK_M, route_backend)
     nb = block_expert.numel()
     precision = "ieee" if x.dtype == torch.float32 else "tf32"
     h = torch.empty(nb * BLOCK_M, inter, dtype=x.dtype, device=x.device)
@@ -225,18 +225,18 @@ def _experts(x, weights, ids, fmt, gu, gu_s, gu_s2, dn, dn_s, dn_s2, limit, sk_g
         D=d, INTER=inter, SK=sk_dn, BNS=bns, BKS=bks, FORMAT=fmt, HOIST=fmt == 0 and bks % block_k == 0,
         PRECISION=precision, BLOCK_M=BLOCK_M,
         BLOCK_N=block_n, BLOCK_K=block_k)
-    return y.view(t, top_k, d).sum(dim=1).to(x.dtype)
+    return combine_choices(y, top_k, x.dtype, route_backend)
 
 
-def experts_fp8_triton(x, weights, ids, gate_up, gu_scale, down, dn_scale, block, limit, align_backend="torch"):
+def experts_fp8_triton(x, weights, ids, gate_up, gu_scale, down, dn_scale, block, limit, route_backend="torch"):
     """Same contract as kernels.moe.experts_loop on fp8 block experts (quant_methods.Fp8Experts)."""
     gu_scale, dn_scale = gu_scale.contiguous(), dn_scale.contiguous()
     return _experts(x, weights, ids, 0, gate_up, gu_scale, gu_scale, down, dn_scale, dn_scale, limit,
-                    gu_scale.shape[2], dn_scale.shape[2], block[0], block[1], gu_scale.shape[1] // 2, align_backend)
+                    gu_scale.shape[2], dn_scale.shape[2], block[0], block[1], gu_scale.shape[1] // 2, route_backend)
 
 
 def experts_nvfp4_triton(x, weights, ids, gate_up, gu_bscale, gu_scale2_rows, down, dn_bscale, dn_scale2_rows, limit,
-                         align_backend="torch"):
+                         route_backend="torch"):
     """Same contract on nvfp4 experts; scale2_rows: the global scale of each row [E, rows] float32."""
     return _experts(x, weights, ids, 1, gate_up, gu_bscale.contiguous(), gu_scale2_rows.float().contiguous(), down,
-                    dn_bscale.contiguous(), dn_scale2_rows.float().contiguous(), limit, 0, 0, 1, 16, 0, align_backend)
+                    dn_bscale.contiguous(), dn_scale2_rows.float().contiguous(), limit, 0, 0, 1, 16, 0, route_backend)

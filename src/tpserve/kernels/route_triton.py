@@ -14,7 +14,11 @@ MoE layers, so ~1,300 launches per decode step. Here:
   that the rows inside one expert's run come in no fixed order: the grouped kernels compute each row
   alone (its own dot products, the same K order), so the output does not depend on it.
 
-Floors: both read and write a few KB; at batch 1 each is one launch (~2-3 us on an H200), against ~31.
+- `combine_choices`: the k expert outputs of each token (fp32) summed and cast to the model dtype in one
+  kernel (torch: a sum and a cast).
+
+Floors: all read and write a few KB at decode; at batch 1 each is one launch (~2-3 us on an H200),
+against ~33.
 """
 
 from __future__ import annotations
@@ -124,3 +128,27 @@ def align(ids: torch.Tensor, num_experts: int, block_m: int, backend: str = "tor
     if backend == "triton":
         return align_by_expert_triton(ids, num_experts, block_m)
     return align_by_expert(ids, num_experts, block_m)
+
+
+@triton.jit
+def _combine_kernel(y_ptr, out_ptr, D, TOP_K: tl.constexpr, K_PAD: tl.constexpr, BLOCK_D: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    j = tl.arange(0, K_PAD)
+    m = (j[:, None] < TOP_K) & (d[None, :] < D)
+    y = tl.load(y_ptr + (t * TOP_K + j[:, None]) * D + d[None, :], mask=m, other=0.0)
+    tl.store(out_ptr + t * D + d, tl.sum(y, axis=0).to(out_ptr.dtype.element_ty), mask=d < D)
+
+
+def combine_choices(y: torch.Tensor, top_k: int, dtype: torch.dtype, backend: str = "torch") -> torch.Tensor:
+    """y [T * top_k, D] fp32 (each token's k weighted expert outputs, token-major) -> [T, D] in dtype: the
+    sum over the k choices in fp32, rounded once."""
+    t, d = y.shape[0] // top_k, y.shape[1]
+    if backend != "triton":
+        return y.view(t, top_k, d).sum(dim=1).to(dtype)
+    out = torch.empty(t, d, dtype=dtype, device=y.device)
+    if t:
+        block = min(512, triton.next_power_of_2(d))
+        _combine_kernel[(t, triton.cdiv(d, block))](y, out, d, TOP_K=top_k, K_PAD=triton.next_power_of_2(top_k),
+                                                    BLOCK_D=block, num_warps=4)
+    return out

@@ -30,8 +30,10 @@ class DecoderLayer(nn.Module):
     def __init__(self, ctx: ShardContext, cfg: ModelConfig, layer: int, kernels: Kernels):
         super().__init__()
         self.is_mla = cfg.layer_types[layer] == "indexed_attention"
-        self.self_attn = MlaAttention(ctx, cfg, layer, kernels.mla_prefill) if self.is_mla else KdaAttention(
-            ctx, cfg, layer, kernels.kda, kernels.kda_prep)
+        if self.is_mla:
+            self.self_attn = MlaAttention(ctx, cfg, layer, kernels.mla_prefill, kernels.indexer)
+        else:
+            self.self_attn = KdaAttention(ctx, cfg, layer, kernels.kda, kernels.kda_prep)
         if cfg.mlp_layer_types[layer] == "sparse":
             self.mlp = MoE(ctx, cfg, kernels)
         else:

@@ -56,9 +56,10 @@ def cache_rows(block_tables: torch.Tensor, positions: torch.Tensor, block_size: 
 
 
 class Indexer(nn.Module):
-    def __init__(self, ctx: ShardContext, cfg: ModelConfig, layer: int):
+    def __init__(self, ctx: ShardContext, cfg: ModelConfig, layer: int, backend: str = "torch"):
         super().__init__()
         self.layer = layer
+        self.fused_pools = backend == "triton"  # kernels/indexer_triton.py: pool compression in one kernel
         self.n_heads, self.head_dim, self.kpool = cfg.index_n_heads, cfg.index_head_dim, cfg.index_kpool
         self.pools_to_keep = cfg.index_topk // cfg.index_kpool
         self.tail = cfg.index_kpool_always_select_tail
@@ -110,6 +111,13 @@ class Indexer(nn.Module):
         pool_flat = cache.pool_k[self.layer].view(-1, self.head_dim)
         rows, target = batch.memoized(("fill_pools", self.kpool, cache.block_size, pool_flat.shape[0]),
                                       lambda: self._fill_rows(batch, cache.block_size, pool_flat.shape[0] - 1))
+        if self.fused_pools:
+            from tpserve.kernels.indexer_triton import fill_pools
+
+            fill_pools(cache.index_k[self.layer].view(-1, self.head_dim),
+                       cache.index_gate[self.layer].view(-1, self.head_dim), self.index_kpool_compress_ape, rows,
+                       target, pool_flat)
+            return
         keys = cache.index_k[self.layer].view(-1, self.head_dim)[rows]
         gates = cache.index_gate[self.layer].view(-1, self.head_dim)[rows]
         probs = (gates.float() + self.index_kpool_compress_ape.float()).softmax(dim=1).to(keys.dtype)
