@@ -54,7 +54,7 @@ class LLM:
             for prompt, p in zip(prompts, params):
                 token_ids, text = self._tokens(prompt)
                 rid = f"offline-{next(self._ids)}"
-                self.engine.add_request(rid, token_ids, p, prompt=text)
+                self.engine.add_request(rid, token_ids, p, prompt=text, final_only=True)
                 ids.append(rid)
         except Exception:
             for rid in ids:

@@ -72,3 +72,48 @@ def test_tokenizers_that_clean_up_spaces_keep_the_transformers_decode(tok):
 
     d = Detokenizer(CleaningUp(), SamplingParams())
     assert d._backend_decode is None and d._decode([1, 2]) == "cleaned"
+
+
+def test_final_only_requests_report_once_and_decode_once(tiny):
+    """LLM.generate's requests (final_only): step() reports them once, finished; without stop strings the
+    text is decoded once at the end, with the same result as token by token; stop strings keep the
+    incremental path (they must be found as tokens arrive)."""
+    from tpserve import LLM
+
+    llm = LLM(str(tiny("default")), device="cpu", kv_cache_memory="16MiB")
+    eng = llm.engine
+    calls = []
+    update = Detokenizer.update
+
+    def counted(self, token_ids, final):
+        calls.append(final)
+        return update(self, token_ids, final)
+
+    sp = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    try:
+        Detokenizer.update = counted
+        texts = {}
+        for final_only in (False, True):
+            calls.clear()
+            eng.add_request(f"r{final_only}", [5, 9, 13, 2], sp, final_only=final_only)
+            reports = []
+            while eng.has_unfinished():
+                reports += eng.step()
+            texts[final_only] = reports[-1].outputs[0].text
+            if final_only:
+                assert len(reports) == 1 and reports[0].finished
+                assert calls == [True]                        # one full decode, at the end
+            else:
+                assert len(reports) == 12 and len(calls) == 13  # a report and an update per token (+ final)
+        assert texts[True] == texts[False]
+        assert len(texts[True]) >= 6
+        eng.add_request("stop", [5, 9, 13, 2], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True,
+                                                                stop=[texts[True][3:6]]), final_only=True)
+        calls.clear()
+        while eng.has_unfinished():
+            out = eng.step()
+        assert len(calls) > 1 and out[0].outputs[0].finish_reason == "stop"
+        assert out[0].outputs[0].text == texts[True][:3]
+    finally:
+        Detokenizer.update = update
+        llm.shutdown()

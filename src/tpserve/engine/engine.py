@@ -116,7 +116,10 @@ class LLMEngine:
         return params.max_tokens or room
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    prompt: str | None = None) -> None:
+                    prompt: str | None = None, final_only: bool = False) -> None:
+        """final_only (vLLM's RequestOutputKind.FINAL_ONLY, which its LLM.generate uses): step() returns
+        this request's output once, finished; its text is decoded once at the end unless stop strings
+        need it token by token."""
         max_tokens = self.validate_request(prompt_token_ids, params)
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
@@ -129,6 +132,7 @@ class LLMEngine:
             if child.logprobs is not None:
                 seq.logprobs = []
             seq.detok = Detokenizer(self.tokenizer, child) if self.tokenizer is not None else None
+            seq.final_only = final_only
             seqs.append(seq)
         self.requests[request_id] = (seqs, prompt)
         for seq in seqs:
@@ -184,7 +188,11 @@ class LLMEngine:
             results = sampler.sample(logits, [s.seq for s in sampled], self.generator)
             for s, res in zip(sampled, results):
                 self._append(s.seq, res)
-        return [self._output(rid) for rid in touched if rid in self.requests]
+        return [self._output(rid) for rid in touched if rid in self.requests and self._reportable(rid)]
+
+    def _reportable(self, request_id: str) -> bool:
+        seqs = self.requests[request_id][0]
+        return not seqs[0].final_only or all(s.is_finished for s in seqs)
 
     def _plan(self, scheduled: list[Scheduled]) -> StepPlan:
         ids, pos, cu, ctx, slots, tables, logits_idx = [], [], [0], [], [], [], []
@@ -218,7 +226,7 @@ class LLMEngine:
             reason, stop_reason = "stop", tok
         elif tok in seq.eos_ids and not p.ignore_eos and len(seq.output_ids) > p.min_tokens:
             reason = "stop"
-        if seq.detok is not None:
+        if seq.detok is not None and (reason is not None or not seq.final_only or p.stop_list):
             hit = seq.detok.update(seq.output_ids, final=reason is not None)
             if hit is not None and reason is None and len(seq.output_ids) >= p.min_tokens:
                 reason, stop_reason = "stop", hit

@@ -43,6 +43,8 @@ class Sequence:
     text: str = ""                   # detokenized output (stop strings applied)
     num_preemptions: int = 0
     detok: object | None = None      # engine.detokenize.Detokenizer when a tokenizer is loaded
+    final_only: bool = False         # the caller reads the finished output only (LLM.generate): no per-step
+    # outputs, and without stop strings no per-token detokenization (`text` is decoded once at the end)
     prompt_logprobs: list | None = None  # engine.prompt_logprobs: [None, {token id: Logprob}, ...]
     constraint: object | None = None  # engine.logits_process.SeqConstraint when the output is constrained
     # speculative decoding (engine/speculate.py)

@@ -54,21 +54,25 @@ def step_times(engine):
     chunk, tokens it emitted)."""
     steps: list[tuple[float, bool, int]] = []
     schedule, step = engine.scheduler.schedule, engine.step
-    prefill, emitted = [False], {}
+    prefill = [False]
 
     def timed_schedule():
         scheduled = schedule()
         prefill[0] = any(not s.decode for s in scheduled)
         return scheduled
 
+    def generated() -> int:  # output tokens of the requests the engine holds
+        return sum(len(s.output_ids) for seqs, _ in engine.requests.values() for s in seqs)
+
     def timed_step():
+        before = generated()
         t = time.perf_counter()
         out = step()
-        seconds, new = time.perf_counter() - t, 0
-        for o in out:
-            n = sum(len(c.token_ids) for c in o.outputs)
-            new, emitted[o.request_id] = new + n - emitted.get(o.request_id, 0), n
-        steps.append((seconds, prefill[0], new))
+        seconds = time.perf_counter() - t
+        # finished requests leave the engine in the step that reports them (final-only requests report
+        # nothing else): count them from their outputs, the rest from the engine's sequences
+        gone = sum(len(c.token_ids) for o in out if o.finished for c in o.outputs)
+        steps.append((seconds, prefill[0], generated() + gone - before))
         return out
     engine.scheduler.schedule, engine.step = timed_schedule, timed_step
     try:
