@@ -219,3 +219,26 @@ def test_validation_names_the_field():
                         (lambda: policy.choose_k(1, ["a", "b"]), "num_seqs")):
         with pytest.raises(ValueError, match=field):
             call()
+
+
+def test_choose_k_refits_the_cost_models_every_few_observations():
+    """choose_k reads a cost fit at most REFIT_EVERY observations old once REFIT_WARMUP are in (a fit is
+    most of the policy's time per step); snapshot() and step_cost() always see a fresh one."""
+    from tpserve.engine import spec_policy as sp
+
+    policy = sp.SpecPolicy(3)
+    fit = policy._step_fit
+    for i in range(sp.REFIT_WARMUP):
+        policy.observe_step(4, 3e-3 + 1e-5 * i)
+        assert fit.coef(fresh=False) is fit.coef(fresh=False)        # refit at every observation so far
+        assert fit._fit_at == fit._adds
+    held = fit.coef(fresh=False)
+    for _ in range(sp.REFIT_EVERY - 1):
+        policy.observe_step(4, 9e-3)
+        assert fit.coef(fresh=False) is held                           # stale by design, within the bound
+    policy.observe_step(4, 9e-3)
+    assert fit.coef(fresh=False) is not held and fit._fit_at == fit._adds
+    policy.observe_step(4, 9e-3)
+    stale = fit.coef(fresh=False)
+    assert policy.snapshot()["step_cost"]["a"] == fit.coef()[0] and fit._fit_at == fit._adds
+    assert stale is not fit.coef()

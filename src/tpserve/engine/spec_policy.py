@@ -37,6 +37,8 @@ PRIOR_COUNT = 2.0                     # pseudo-observations behind the global ac
 GLOBAL_MEMORY = 0.999                 # per-observation decay of global counts (~1000-obs memory)
 REQUEST_WEIGHT = 8.0                  # a request's own ratio weighs n / (n + REQUEST_WEIGHT)
 COST_WINDOW = 256                     # recent cost observations kept per fit
+REFIT_EVERY, REFIT_WARMUP = 8, 32     # choose_k refits the cost models every 8 observations once 32 are
+                                      # in (every one before): a fit is most of the policy's ~86 us a step
 RIDGE = 0.01                          # a coefficient 100% off its prior costs as much as 0.01 of
                                       # relative squared error (an observation 10% off costs 0.01)
 
@@ -89,7 +91,8 @@ class _RidgeFit:
         d = len(prior)
         self._xtx, self._xty, self._log_scale = [[0.0] * d for _ in range(d)], [0.0] * d, 0.0
         self._adds = 0
-        self._coef: list[float] | None = list(prior)
+        self._coef: list[float] = list(prior)
+        self._fit_at = 0  # _adds when _coef was fitted
 
     def _log_ratio(self, x: list[float], y: float) -> float:
         return math.log(max(y, 1e-9) / max(sum(p * xi for p, xi in zip(self.prior, x)), 1e-12))
@@ -109,11 +112,12 @@ class _RidgeFit:
             self._log_scale = sum(self._log_ratio(rx, ry) for rx, ry in self.rows)
             for rx, ry in self.rows:
                 _accumulate(self._xtx, self._xty, rx, ry, 1.0 / max(ry, 1e-9) ** 2)
-        self._coef = None
 
-    def coef(self) -> list[float]:
-        if self._coef is None:
-            self._coef = self._fit()
+    def coef(self, fresh: bool = True) -> list[float]:
+        """The fitted coefficients; fresh=False may return a fit up to REFIT_EVERY observations old."""
+        behind = self._adds - self._fit_at
+        if behind and (fresh or self._adds <= REFIT_WARMUP or behind >= REFIT_EVERY):
+            self._coef, self._fit_at = self._fit(), self._adds
         return self._coef
 
     def _fit(self) -> list[float]:
@@ -195,9 +199,10 @@ class SpecPolicy:
         for j in range(1, self.max_k + 1):
             g_prod *= glob[j - 1]
             gains.append(gains[-1] + g_prod * power_sums[j])
-        best, best_rate = 0, gains[0] / self.step_cost(num_seqs)
+        best, best_rate = 0, gains[0] / self.step_cost(num_seqs, fresh=False)
         for k in range(1, self.max_k + 1):
-            rate = gains[k] / (self.step_cost(num_seqs * (1 + k)) + self.draft_cost(k, num_seqs))
+            rate = gains[k] / (self.step_cost(num_seqs * (1 + k), fresh=False)
+                               + self.draft_cost(k, num_seqs, fresh=False))
             if rate > best_rate * (1 + 1e-9):
                 best, best_rate = k, rate
         return best
@@ -251,12 +256,12 @@ class SpecPolicy:
         e = self.num_experts
         return self.num_moe_layers * e * (1 - (1 - self.experts_per_token / e) ** num_tokens)
 
-    def step_cost(self, num_tokens: int) -> float:
-        a, b, c = self._step_fit.coef()
+    def step_cost(self, num_tokens: int, fresh: bool = True) -> float:
+        a, b, c = self._step_fit.coef(fresh)
         return a + b * self.experts_touched(num_tokens) + c * num_tokens
 
-    def draft_cost(self, k: int, num_seqs: int = 1) -> float:
-        d0, d1, d2 = self._draft_fit.coef()
+    def draft_cost(self, k: int, num_seqs: int = 1, fresh: bool = True) -> float:
+        d0, d1, d2 = self._draft_fit.coef(fresh)
         return d0 + d1 * k + d2 * num_seqs * k if k > 0 else 0.0
 
     def observe_step(self, num_tokens: int, seconds: float) -> None:
