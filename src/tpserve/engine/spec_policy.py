@@ -14,7 +14,7 @@ the global per-position rates (see _ratio).
 Only exploration steps (every explore_every-th, k = max_k, no truncation) train the acceptance
 estimates: on other steps truncation and small k would censor and bias them. Cost coefficients are
 fitted online from every step by least squares in relative error, with a small ridge toward
-priors, over a window of recent steps.
+priors, over a window of recent steps (choose_k refits every REFIT_EVERY observations).
 Pure Python floats; all state lives in the instance.
 """
 
