@@ -1,9 +1,10 @@
-"""MoE routing and the expert-sorted layout in one Triton kernel each (switch `--moe-route-backend`).
+"""MoE routing, the expert-sorted layout and the sum of the k choices in one Triton kernel each (switch
+`--moe-route-backend`).
 
 The torch forms cost a decode step about 11 kernels per MoE layer for the router (sigmoid, bias, top-k,
-gather, normalise, scale, two fp32 casts) and about 20 for `align_by_expert` (counts, cumsums, argsort,
-searchsorted, gathers): ~31 launches of ~1.7 us each for work that reads a few KB. GLM-5.3-Flash has 42
-MoE layers, so ~1,300 launches per decode step. Here:
+gather, normalise, scale, two fp32 casts), about 20 for `align_by_expert` (counts, cumsums, argsort,
+searchsorted, gathers) and 2 for the k-choice sum: ~33 launches of ~1.7 us each for work that reads a
+few KB. GLM-5.3-Flash has 42 MoE layers, so ~1,400 launches per decode step. Here:
 
 - `route_topk`: one program per token: sigmoid of the fp32 logits, plus the correction bias, top-k by k
   rounds of argmax over the experts in registers, the chosen sigmoid scores normalised and scaled.
@@ -13,12 +14,12 @@ MoE layers, so ~1,300 launches per decode step. Here:
   and each assignment's row by an atomic cursor per expert. Same layout as kernels/moe_align.py, except
   that the rows inside one expert's run come in no fixed order: the grouped kernels compute each row
   alone (its own dot products, the same K order), so the output does not depend on it.
-
 - `combine_choices`: the k expert outputs of each token (fp32) summed and cast to the model dtype in one
   kernel (torch: a sum and a cast).
 
-Floors: all read and write a few KB at decode; at batch 1 each is one launch (~2-3 us on an H200),
-against ~33.
+Floors: all read and write a few KB at decode; at batch 1 each is one launch (~2-3 us on an H200), with
+the router GEMV 4 launches against ~33 (the demo model's decode step: 693 -> 478 kernels with the first
+three, BENCHMARKS.md).
 """
 
 from __future__ import annotations
