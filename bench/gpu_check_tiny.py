@@ -77,7 +77,7 @@ def main() -> int:
         if args.graphs:
             graph_rows(args, paths, random_prompts((9, 120, 40, 77, 33), seed=3))
         elif args.norms:
-            norm_rows(args, paths, prompts)
+            switch_rows(args, paths, prompts)
         elif args.kernels_only:
             kernel_rows(args, paths, prompts)
         else:
@@ -145,7 +145,7 @@ def kernel_rows(args, paths: dict[str, str], prompts) -> None:
               f"{ref_logits.float().abs().max().item():.2e} |", flush=True)
 
 
-def norm_rows(args, paths: dict[str, str], prompts) -> None:
+def switch_rows(args, paths: dict[str, str], prompts) -> None:
     """A backend switch (--switch, default the fused norms) on triton against torch: float32 must give the
     same tokens; in bf16 the random tiny models are chaotic (bf16 vs fp32 with the torch forms moves them
     by ~3-20 logits), so there each backend is compared with the float32 run: triton must be no further.

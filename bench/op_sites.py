@@ -27,7 +27,8 @@ NO_KERNEL = {"view", "_unsafe_view", "as_strided", "slice", "select", "unsqueeze
              "transpose", "permute", "detach", "alias", "reshape", "unbind", "split", "split_with_sizes", "narrow",
              "_reshape_alias", "lift_fresh", "unfold", "diagonal", "view_as_real", "chunk", "empty", "empty_like",
              "empty_strided", "new_empty", "new_empty_strided", "resolve_conj", "resolve_neg", "_to_copy_noop",
-             "is_same_size", "sym_size", "sym_stride", "sym_numel", "sym_storage_offset"}
+             "is_same_size", "sym_size", "sym_stride", "sym_numel", "sym_storage_offset",
+             "promote_types", "result_type", "can_cast"}  # dtype queries: no kernel either
 
 
 class OpSites(TorchDispatchMode):
