@@ -57,12 +57,16 @@ def main() -> None:
     ap.add_argument("--dtype", default=None)
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--top", type=int, default=40)
+    ap.add_argument("--phase", default="execute", choices=("execute", "draft", "commit"),
+                    help="which executor call to count: the step's forward, the MTP drafts (k=3) or the KDA commit")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="an engine option (e.g. moe_route_backend=torch); repeatable")
     args = ap.parse_args()
     kw = dict(kv.split("=", 1) for kv in args.set)
     if args.dtype:
         kw["dtype"] = args.dtype
+    if args.phase != "execute":
+        kw["speculative_config"] = {"method": "mtp", "num_speculative_tokens": 3, "adaptive": False}
     llm = LLM(device=args.device, enforce_eager=True, kv_cache_memory=2 * 2**30, max_num_seqs=max(8, args.batch), **kw)
     eng = llm.engine
     prompts = [mtp_prompts()[i % len(mtp_prompts())] for i in range(args.batch)]
@@ -72,7 +76,7 @@ def main() -> None:
         eng.step()
     eng.step()  # one decode step before the counted one
     mode = OpSites()
-    execute = eng.executor.execute
+    execute = getattr(eng.executor, args.phase)
 
     def counted(*a, **k):
         mode.on = True
@@ -80,16 +84,16 @@ def main() -> None:
             return execute(*a, **k)
         finally:
             mode.on = False
-    eng.executor.execute = counted
+    setattr(eng.executor, args.phase, counted)
     with mode:
         eng.step()
-    del eng.executor.execute
+    delattr(eng.executor, args.phase)
     llm.shutdown()
     by_site: dict[str, Counter] = defaultdict(Counter)
     for (site, name), n in mode.counts.items():
         by_site[site][name] += n
     total = sum(mode.counts.values())
-    print(f"ops in one decode step at batch {args.batch} ({args.device}, eager): {total}\n"
+    print(f"ops in one decode step's {args.phase} calls at batch {args.batch} ({args.device}, eager): {total}\n"
           "| ops | site | ops there |\n| --- | --- | --- |")
     for site, ops in sorted(by_site.items(), key=lambda kv: -sum(kv[1].values()))[:args.top]:
         print(f"| {sum(ops.values())} | {site} | {', '.join(f'{k} {v}' for k, v in ops.most_common(6))} |")

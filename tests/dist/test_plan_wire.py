@@ -37,7 +37,9 @@ def test_step_draft_and_commit_messages_roundtrip():
     assert step.kind == plan_wire.STEP and step.plan == plan and step.rows == []
     for from_main, kind in ((True, plan_wire.DRAFT_MAIN), (False, plan_wire.DRAFT_CHAIN)):
         msg = _message(*plan_wire.encode_draft(plan, [7, 0, 3], from_main))
-        assert (msg.kind, msg.plan, msg.rows) == (kind, plan, [7, 0, 3])
+        assert (msg.kind, msg.plan, msg.rows, msg.depths) == (kind, plan, [7, 0, 3], 1)
+    deep = _message(*plan_wire.encode_draft(plan, [7, 0, 3], True, depths=3))  # a chain graph's draft step
+    assert (deep.kind, deep.plan, deep.rows, deep.depths) == (plan_wire.DRAFT_MAIN, plan, [7, 0, 3], 3)
     commit = _message(*plan_wire.encode_commit([3, 1, 0, 2]))
     assert (commit.kind, commit.plan, commit.rows) == (plan_wire.COMMIT, None, [3, 1, 0, 2])
     assert _message(*plan_wire.encode_commit([])).rows == []

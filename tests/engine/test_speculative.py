@@ -343,17 +343,17 @@ def test_mtp_draft_matches_plain_torch_recipe(spec):
     assert (got - ref).abs().max().item() < bound, ((got - ref).abs().max().item(), bound)
 
 
-def test_padded_graph_steps_give_identical_tokens(plain):
-    """Verify, commit and MTP draft steps through the fixed-shape graph path (each sequence padded to
-    1+k rows, the batch to a bucket; what CUDA graphs replay), run eagerly on CPU: greedy tokens
-    identical to plain decoding, every kind of graph step used, pools full afterwards."""
+def _padded_graph_run(plain, chain: bool):
+    """Greedy generations through the fixed-shape graph steps run eagerly on CPU (draft chain on or off):
+    -> (graph kinds used, each step's drafts and their probabilities, verify steps that padded sequences of
+    different lengths)."""
     import collections
 
     llm = LLM(device="cpu", kv_cache_memory="16MiB", block_size=16, max_num_seqs=8, speculative_config=SPEC)
     runner = llm.engine.executor.runner
-    runner.setup_graphs(8, None, enforce_eager=False, pad_on_cpu=True, num_speculative_tokens=3)
+    runner.setup_graphs(8, None, enforce_eager=False, pad_on_cpu=True, num_speculative_tokens=3, draft_chain=chain)
     graphs = runner.graphs
-    assert graphs.spec_buckets == [1, 2, 4, 8] and graphs.max_q == 4
+    assert graphs.spec_buckets == [1, 2, 4, 8] and graphs.max_q == 4 and graphs.chain_depths == (3 if chain else 0)
     used, replay = collections.Counter(), graphs._replay
     mixed = []
 
@@ -370,6 +370,14 @@ def test_padded_graph_steps_give_identical_tokens(plain):
         return run(plan, key)
 
     graphs._replay, graphs.run = spy, spy_run
+    speculator, drafts = llm.engine.speculator, []
+    propose = speculator.propose
+
+    def spy_propose(*a, **kw):  # every step's drafts and the drafter's probability of each
+        propose(*a, **kw)
+        drafts.append([(s.request_id, list(s.drafts), list(s.draft_sure)) for s in llm.engine.scheduler.running])
+
+    speculator.propose = spy_propose
     sp = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
     prompts = PROMPTS + ["1, 2, 3, 4,", "{\"name\": \"a\", \"value\":"]
     want = [o.outputs[0].token_ids for o in plain.generate(prompts, sp)]
@@ -380,10 +388,33 @@ def test_padded_graph_steps_give_identical_tokens(plain):
     last = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
     assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS[:1], last)] == \
         [o.outputs[0].token_ids for o in plain.generate(PROMPTS[:1], last)]
-    for kind in (("main", True), ("commit", True), ("draft", False), ("draft", True), ("main", False)):
-        assert used[kind], f"no {kind} graph step ran ({dict(used)})"
-    assert mixed, "no verify step padded sequences of different lengths"
     assert _pools_full(llm)
+    return used, drafts, mixed
+
+
+def test_padded_graph_steps_give_identical_tokens(plain):
+    """Verify, commit and MTP draft steps through the fixed-shape graph path (each sequence padded to
+    1+k rows, the batch to a bucket; what CUDA graphs replay), run eagerly on CPU: greedy tokens
+    identical to plain decoding, every kind of graph step used, pools full afterwards. The draft chain
+    (catch-up and chained depths in one graph step, drafts fed forward on the device) drafts exactly
+    what one graph step per depth drafts, with the same probabilities (to rounding)."""
+    by_depth, by_depth_drafts, mixed = _padded_graph_run(plain, chain=False)
+    for kind in (("main", True), ("commit", True), ("draft", False), ("draft", True), ("main", False)):
+        assert by_depth[kind], f"no {kind} graph step ran ({dict(by_depth)})"
+    assert not by_depth["chain", False] and not by_depth["chain", True]
+    assert mixed, "no verify step padded sequences of different lengths"
+    chained, chained_drafts, _ = _padded_graph_run(plain, chain=True)
+    assert chained["chain", True], dict(chained)
+    assert chained["draft", False] < by_depth["draft", False]  # chained depths no longer run one by one
+    # the same shapes and forms: the same drafts, step by step, with the same probabilities up to rounding (a
+    # padding row's hidden differs between the two, so an expert's fp32 GEMM may take another M: ~1e-7 seen;
+    # a draft one position off moves them by ~1e-4)
+    assert [[(r, d) for r, d, _ in step] for step in chained_drafts] == \
+        [[(r, d) for r, d, _ in step] for step in by_depth_drafts]
+    assert sum(len(d) for step in chained_drafts for _, d, _ in step) > 100
+    gap = max(abs(x - y) for s1, s2 in zip(chained_drafts, by_depth_drafts) for a, b in zip(s1, s2)
+              for x, y in zip(a[2], b[2]))
+    assert gap < 1e-5, gap
 
 
 def test_greedy_with_penalties_walks_position_by_position(plain, spec):

@@ -92,7 +92,8 @@ class RankState:
             self.cache_shape = CacheShape(int(agreed), mine.num_slots, mine.block_size)
             self.runner.allocate_cache(self.cache_shape)
             self.runner.setup_graphs(ecfg.max_num_seqs, ecfg.max_model_len, ecfg.enforce_eager,
-                                     num_speculative_tokens=0 if spec is None else spec.num_speculative_tokens)
+                                     num_speculative_tokens=0 if spec is None else spec.num_speculative_tokens,
+                                     draft_chain=ecfg.draft_graph == "chain")
         except BaseException:
             self.close()
             raise
@@ -122,7 +123,7 @@ def worker_loop(state: RankState) -> None:
             elif msg.kind == plan_wire.COMMIT:
                 state.runner.commit(msg.rows)
             else:
-                state.runner.draft(msg.plan, msg.rows, msg.kind == plan_wire.DRAFT_MAIN)
+                state.runner.draft(msg.plan, msg.rows, msg.kind == plan_wire.DRAFT_MAIN, msg.depths)
     finally:
         state.close()
 
@@ -207,10 +208,13 @@ class TPExecutor:
         self._on_every_rank(lambda: plan_wire.broadcast(*plan_wire.encode_commit(counts), self.state.control),
                             lambda: self.state.runner.commit(counts))
 
-    def draft(self, plan: StepPlan, source_rows: list[int], from_main: bool) -> Drafted:
-        return self._on_every_rank(lambda: plan_wire.broadcast(*plan_wire.encode_draft(plan, source_rows, from_main),
-                                                                 self.state.control),
-                                   lambda: self.state.runner.draft(plan, source_rows, from_main))
+    def draft(self, plan: StepPlan, source_rows: list[int], from_main: bool, depths: int = 1) -> Drafted:
+        wire = plan_wire.encode_draft(plan, source_rows, from_main, depths)
+        return self._on_every_rank(lambda: plan_wire.broadcast(*wire, self.state.control),
+                                   lambda: self.state.runner.draft(plan, source_rows, from_main, depths))
+
+    def chain_depths(self, plan: StepPlan) -> int:
+        return self.state.runner.chain_depths(plan)  # every rank captures the same graphs
 
     def _on_every_rank(self, send, run):
         """Send the work to the other ranks, run it here; a failure marks the executor dead."""

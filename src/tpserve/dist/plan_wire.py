@@ -7,7 +7,7 @@ reset_slots [R].
 
 Speculative decoding adds two messages: an MTP draft step (header[0] DRAFT_MAIN or DRAFT_CHAIN:
 the hidden rows come from the main model or the previous depth; the payload is the plan's, then
-the source rows [T]) and a KDA commit (header [COMMIT, n, 0, ...], payload: the n accepted counts).
+the source rows [T], then the number of chained depths [1]) and a KDA commit (header [COMMIT, n, 0, ...], payload: the n accepted counts).
 `receive` returns a Message.
 """
 
@@ -31,6 +31,7 @@ class Message:
     kind: int
     plan: StepPlan | None = None
     rows: list[int] = field(default_factory=list)  # DRAFT_*: source rows; COMMIT: accepted counts
+    depths: int = 1  # DRAFT_*: depths chained in one graph step (ModelRunner.draft)
 
 
 def encode(plan: StepPlan, kind: int = STEP) -> tuple[torch.Tensor, torch.Tensor]:
@@ -70,12 +71,13 @@ def decode(header: torch.Tensor, payload: torch.Tensor) -> StepPlan:
                     bool(sp), num_decode)
 
 
-def encode_draft(plan: StepPlan, source_rows: list[int], from_main: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def encode_draft(plan: StepPlan, source_rows: list[int], from_main: bool,
+                 depths: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """An MTP draft step (ModelRunner.draft's arguments) as (header, payload)."""
     if len(source_rows) != len(plan.input_ids):
         raise ValueError(f"source_rows: {len(source_rows)} rows for {len(plan.input_ids)} tokens")
     header, payload = encode(plan, DRAFT_MAIN if from_main else DRAFT_CHAIN)
-    return header, torch.cat([payload, torch.tensor(source_rows, dtype=torch.long)])
+    return header, torch.cat([payload, torch.tensor(list(source_rows) + [depths], dtype=torch.long)])
 
 
 def encode_commit(counts: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -89,7 +91,7 @@ def message_size(header: torch.Tensor) -> int:
     kind, tokens = int(header[0]), int(header[1])
     if kind == COMMIT:
         return tokens
-    return payload_size(header) + (tokens if kind in (DRAFT_MAIN, DRAFT_CHAIN) else 0)
+    return payload_size(header) + (tokens + 1 if kind in (DRAFT_MAIN, DRAFT_CHAIN) else 0)
 
 
 def decode_message(header: torch.Tensor, payload: torch.Tensor) -> Message:
@@ -100,8 +102,9 @@ def decode_message(header: torch.Tensor, payload: torch.Tensor) -> Message:
         return Message(kind, decode(header, payload))
     if kind not in (DRAFT_MAIN, DRAFT_CHAIN):
         raise ValueError(f"plan wire: unknown message kind {kind}")
-    cut = payload.numel() - tokens
-    return Message(kind, decode(header, payload[:cut]), payload[cut:].tolist())
+    cut = payload.numel() - tokens - 1
+    tail = payload[cut:].tolist()
+    return Message(kind, decode(header, payload[:cut]), tail[:-1], tail[-1])
 
 
 def send(plan: StepPlan | None, group) -> None:

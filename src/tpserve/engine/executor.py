@@ -65,7 +65,8 @@ class LocalExecutor:
         self.runner.allocate_cache(self.cache_shape)
         spec = ecfg.speculative
         self.runner.setup_graphs(ecfg.max_num_seqs, ecfg.max_model_len, ecfg.enforce_eager,
-                                 num_speculative_tokens=0 if spec is None else spec.num_speculative_tokens)
+                                 num_speculative_tokens=0 if spec is None else spec.num_speculative_tokens,
+                                 draft_chain=ecfg.draft_graph == "chain")
 
     def execute(self, plan: StepPlan) -> torch.Tensor:
         return self.runner.execute(plan)
@@ -73,8 +74,11 @@ class LocalExecutor:
     def commit(self, counts: list[int]) -> None:
         self.runner.commit(counts)
 
-    def draft(self, plan: StepPlan, source_rows: list[int], from_main: bool) -> Drafted:
-        return self.runner.draft(plan, source_rows, from_main)
+    def draft(self, plan: StepPlan, source_rows: list[int], from_main: bool, depths: int = 1) -> Drafted:
+        return self.runner.draft(plan, source_rows, from_main, depths)
+
+    def chain_depths(self, plan: StepPlan) -> int:
+        return self.runner.chain_depths(plan)
 
     def verify_graph_batch(self) -> int | None:
         return self.runner.verify_graph_batch()

@@ -5,7 +5,11 @@ A graph is captured per key (kind, b, q): b sequences (a padded batch size, "buc
 Decode steps are ("main", b, 1) for every bucket up to --max-num-seqs. With the MTP drafter, buckets up
 to SPEC_MAX_BATCH also get ("main", b, q) verify steps for q = 2 .. 1+k (a sequence with fewer drafts, or
 none, is padded to q rows), ("commit", b, q) for the KDA commit after each, and ("draft", b, q) for the
-MTP layer (catch-up over up to q positions, then one position per chained depth).
+MTP layer (catch-up over up to q positions, then one position per chained depth). With the draft chain
+(`--draft-graph chain`, the default) ("chain", b, q) graphs run a catch-up of q rows per sequence and then
+k-1 more depths in one replay: each depth's greedy draft (the argmax, on the device) is the next depth's
+input token at the next position, its cache row looked up in the block table inside the graph, so a
+drafting step costs one replay and one host copy instead of one of each per depth.
 
 All inputs of a step live in one persistent int64 device buffer, filled from a pinned host twin with
 one non-blocking copy per step. Layout for key (b, q), T = b*q rows: token ids, positions, cache rows
@@ -47,7 +51,8 @@ def buckets(max_num_seqs: int) -> list[int]:
 
 
 class StepGraphs:
-    def __init__(self, runner, max_num_seqs: int, max_blocks: int, capture: bool = True, max_query: int = 1):
+    def __init__(self, runner, max_num_seqs: int, max_blocks: int, capture: bool = True, max_query: int = 1,
+                 chain: bool = False):
         self.runner, self.capture, self.max_blocks = runner, capture, max_blocks
         self.buckets = buckets(max_num_seqs)
         self.max_bs = self.buckets[-1]
@@ -55,6 +60,8 @@ class StepGraphs:
         self.spec_buckets = [b for b in self.buckets if b <= SPEC_MAX_BATCH] if max_query > 1 or runner.mtp else []
         if self.spec_buckets and self.spec_buckets[-1] < min(max_num_seqs, SPEC_MAX_BATCH):
             self.spec_buckets.append(min(max_num_seqs, SPEC_MAX_BATCH))
+        # chain graphs draft max_query - 1 depths (num_speculative_tokens); none for one depth
+        self.chain_depths = max_query - 1 if chain and runner.mtp and max_query >= 3 and self.spec_buckets else 0
         shape = runner.cache_shape
         self.dummy_slot, self.dummy_block, self.block_size = shape.num_slots, shape.num_blocks, shape.block_size
         dev = runner.device
@@ -117,6 +124,7 @@ class StepGraphs:
         ids[:], pos[:], owner[:], slots[n:] = 0, 0, dummy_row, self.dummy_slot
         rows[:] = self.dummy_block * bs
         tables[n:] = self.dummy_block
+        lrows[:b] = np.arange(b) * q  # a chain reads one logits row per sequence: padding sequences their first
         n_real = n_logits = 0
         if n:
             slots[:n] = plan.slots
@@ -167,7 +175,30 @@ class StepGraphs:
         hidden = self.hidden_in[:b * q]
         new_hidden, normed = model.mtp.draft(hidden, model.embed(batch.input_ids, batch), batch, cache)
         logits = model.lm_logits(normed)
+        if kind == "chain":
+            return self._chain(batch, b, q, new_hidden, logits)
         return new_hidden, logits, argmax_and_probability(logits)
+
+    def _chain(self, batch: ForwardBatch, b: int, q: int, hidden: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        """The chained depths after a catch-up (its MTP hidden rows and logits, b*q rows): each sequence's
+        logits row (one per sequence) gives its draft, which the next depth reads at the next position.
+        The same forms and shapes as the per-depth draft graphs ("draft", b, 1). -> greedy [2, depths, b]."""
+        model, cache, bs = self.runner.model, self.runner.cache, self.block_size
+        lrows = self._views(self.device_buf, b, q)[6][:b]
+        seqs = self.arange[:b]
+        pos = batch.positions.index_select(0, lrows)
+        hidden = hidden.index_select(0, lrows)
+        draws = [argmax_and_probability(logits.index_select(0, lrows))]
+        for _ in range(1, self.chain_depths):
+            pos = pos + 1
+            ids = draws[-1][0].long()
+            step = ForwardBatch(input_ids=ids, positions=pos, cu_seqlens=list(range(b + 1)), context_lens=[0] * b,
+                                slots=batch.slots, block_tables=batch.block_tables,
+                                slot_mapping=batch.block_tables[seqs, pos // bs] * bs + pos % bs, logits_indices=seqs,
+                                token_seq=seqs, decode_seqs=b, fixed_shapes=True, query_len=1)
+            hidden, normed = model.mtp.draft(hidden, model.embed(ids, step), step, cache)
+            draws.append(argmax_and_probability(model.lm_logits(normed)))
+        return torch.stack(draws, dim=1)
 
     def _capture_one(self, kind: str, b: int, q: int) -> None:
         cache = self.runner.cache
@@ -192,6 +223,8 @@ class StepGraphs:
                 out += [("main", b, q), ("commit", b, q)]
         if self.runner.mtp:
             out += [("draft", b, q) for q in range(1, self.max_q + 1) for b in reversed(self.spec_buckets)]
+        if self.chain_depths:
+            out += [("chain", b, q) for q in range(1, self.max_q + 1) for b in reversed(self.spec_buckets)]
         return out
 
     def capture_all(self) -> None:
@@ -211,13 +244,15 @@ class StepGraphs:
             self.close()
             self.capture = False
             self.spec_buckets = []
+            self.chain_depths = 0
             return
         torch.cuda.synchronize(self.runner.device)
         self.capture_seconds = time.perf_counter() - start
         self.graph_bytes = torch.cuda.memory_reserved(self.runner.device) - reserved_before
-        log.info("captured %d graphs (decode batch %s; verify/commit/draft batch %s, up to %d rows each) in %.1f s, "
+        log.info("captured %d graphs (decode batch %s; verify/commit/draft%s batch %s, up to %d rows each) in %.1f s, "
                  "%.0f MiB of graph memory", len(self.graphs), ",".join(map(str, self.buckets)),
-                 ",".join(map(str, self.spec_buckets)) or "-", self.max_q, self.capture_seconds,
+                 "/chain" if self.chain_depths else "", ",".join(map(str, self.spec_buckets)) or "-", self.max_q,
+                 self.capture_seconds,
                  self.graph_bytes / 2**20)
 
     # -------------------------------------------------------------------- step
@@ -277,6 +312,15 @@ class StepGraphs:
         self.hidden_in.index_copy_(0, real, source.index_select(0, src))
         new_hidden, logits, greedy = self._replay(key)
         return logits.index_select(0, lrows), new_hidden.index_select(0, lrows), greedy.index_select(1, lrows)
+
+    def draft_chain(self, plan, key, source: torch.Tensor, source_rows: list[int]) -> torch.Tensor:
+        """The catch-up `plan` (one logits row per sequence) and chain_depths - 1 more depths -> greedy draws
+        [2, depths, sequences]."""
+        _, b, q = key
+        n_real, n_logits = self._fill(plan, b, q, source_rows)
+        _, real, src = self._fields(b, q, n_real, n_logits)
+        self.hidden_in.index_copy_(0, real, source.index_select(0, src))
+        return self._replay(key)[:, :, :len(plan.slots)]
 
     def close(self) -> None:
         self.graphs.clear()

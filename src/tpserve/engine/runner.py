@@ -30,7 +30,7 @@ class Drafted:
     """One MTP depth's output rows: fp32 logits [n, vocab] and sampler.argmax_and_probability of
     them, float64 [2, n] (greedy draws take one host copy of it)."""
 
-    logits: torch.Tensor
+    logits: torch.Tensor | None  # None from a chain of depths (greedy only)
     greedy: torch.Tensor
 
 
@@ -113,9 +113,10 @@ class ModelRunner:
                                               dtype=self.ctx.dtype, device=self.device)
 
     def setup_graphs(self, max_num_seqs: int, max_model_len: int | None, enforce_eager: bool,
-                     pad_on_cpu: bool = False, num_speculative_tokens: int = 0) -> None:
-        """Capture decode graphs, and with speculation verify / commit / draft graphs (CUDA; not with
-        enforce_eager). pad_on_cpu runs the same padded, fixed-shape steps eagerly (tests on CPU)."""
+                     pad_on_cpu: bool = False, num_speculative_tokens: int = 0, draft_chain: bool = True) -> None:
+        """Capture decode graphs, and with speculation verify / commit / draft graphs, and with draft_chain
+        the chained drafts of num_speculative_tokens depths (CUDA; not with enforce_eager). pad_on_cpu runs
+        the same padded, fixed-shape steps eagerly (tests on CPU)."""
         from tpserve.engine.graphs import StepGraphs
 
         if enforce_eager or (self.device.type != "cuda" and not pad_on_cpu):
@@ -123,7 +124,8 @@ class ModelRunner:
         shape = self.cache_shape
         longest = min(max_model_len or self.cfg.max_position_embeddings, shape.num_blocks * shape.block_size)
         self.graphs = StepGraphs(self, max_num_seqs, -(-longest // shape.block_size),
-                                 capture=self.device.type == "cuda", max_query=1 + num_speculative_tokens)
+                                 capture=self.device.type == "cuda", max_query=1 + num_speculative_tokens,
+                                 chain=draft_chain)
         self.graphs.capture_all()
 
     def verify_graph_batch(self) -> int | None:
@@ -133,6 +135,16 @@ class ModelRunner:
         if self.graphs is None or not self.graphs.capture:
             return None
         return max(self.graphs.spec_buckets, default=0)
+
+    def chain_depths(self, plan: StepPlan | None = None) -> int:
+        """Depths a draft(..., depths=n) call chains in one graph step, for `plan` when one is given (it
+        needs a chain graph and a logits row per sequence); 0: one depth per call."""
+        g = self.graphs
+        if g is None or not g.chain_depths:
+            return 0
+        if plan is not None and (len(plan.logits_indices) != len(plan.slots) or g.key_for(plan, "chain") is None):
+            return 0
+        return g.chain_depths
 
     def build_batch(self, plan: StepPlan) -> ForwardBatch:
         dev, bs = self.device, self.cache_shape.block_size
@@ -177,14 +189,22 @@ class ModelRunner:
         kda_commit(self.cache, counts)
 
     @torch.inference_mode()
-    def draft(self, plan: StepPlan, source_rows: list[int], from_main: bool) -> Drafted:
+    def draft(self, plan: StepPlan, source_rows: list[int], from_main: bool, depths: int = 1) -> Drafted:
         """One MTP depth over `plan`'s tokens (the token after each position). Hidden inputs: rows
         `source_rows` of the main model's last hidden (from_main) or of the previous depth's output.
         -> fp32 logits at plan.logits_indices (their hidden rows feed the next depth) and the rows'
-        greedy draws (computed inside the draft graph where one replays)."""
+        greedy draws (computed inside the draft graph where one replays).
+        depths > 1 (a chain graph, `chain_depths()`; every sequence of the plan wants one logits row):
+        that many depths, each fed the previous one's greedy draft on the device -> Drafted with no
+        logits and greedy [2, depths, sequences]."""
         if not self.mtp:
             raise RuntimeError("draft: the model was built without the MTP drafter")
         src = self.last_hidden if from_main else self.draft_hidden
+        if depths > 1:
+            if depths != self.chain_depths(plan):
+                raise ValueError(f"draft: {depths} chained depths asked; this plan can chain "
+                                 f"{self.chain_depths(plan)} (0: no chain graph runs it)")
+            return Drafted(None, self.graphs.draft_chain(plan, self.graphs.key_for(plan, "chain"), src, source_rows))
         key = None if self.graphs is None or self.graphs.hidden_in is None else self.graphs.key_for(plan, "draft")
         if key is not None:
             logits, self.draft_hidden, greedy = self.graphs.draft(plan, key, src, source_rows)

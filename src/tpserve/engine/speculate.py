@@ -13,6 +13,9 @@ through the plain decode update, so the state is what decoding without drafts le
 layer catches up over the positions this step made real (the main model's hidden rows and the
 token after each), and chains k-1 more depths from its own output (vLLM's MTP chaining). The MTP
 cache rows of drafted positions are rewritten by the next catch-up before anything reads them.
+With `--draft-graph chain` and CUDA graphs, a step whose drafting sequences are all greedy and all draft
+num_speculative_tokens runs the catch-up and the chained depths in one graph replay (engine/graphs.py):
+the same drafts, one host copy instead of one per depth; truncation then keeps a prefix of them.
 """
 
 from __future__ import annotations
@@ -204,11 +207,24 @@ class Speculator:
             base += n_rows
         if not plan.ids:
             return
-        drafted = eng.executor.draft(plan.build(), rows, True)
-        survival = [1.0] * len(drafting)
+        built = plan.build()
         deepest, num_drafting = max((want for _, want in drafting), default=0), len(drafting)
+        # a chain graph drafts every depth in one replay when all of them go the same way: every sequence of the
+        # catch-up drafts the chain's depth, greedily (its draws are argmaxes, fed to the next depth on the GPU)
+        chain = eng.executor.chain_depths(built)
+        if not (chain and num_drafting == len(plan.slots) and all(w == chain for _, w in drafting)
+                and all(seq.params.greedy for seq, _ in drafting)):
+            chain = 0
+        drafted = eng.executor.draft(built, rows, True, max(chain, 1))
+        chained = drafted.greedy.tolist() if chain else None  # [2][depth][sequence]: one host copy
+        survival = [1.0] * len(drafting)
+        at = list(range(len(drafting)))  # each drafting sequence's index in the chain's draws
         for depth in range(1, deepest + 1):
-            toks, probs, sure = self._draw(drafted, [s for s, _ in drafting])
+            if chained is None:
+                toks, probs, sure = self._draw(drafted, [s for s, _ in drafting])
+            else:
+                toks = [int(chained[0][depth - 1][i]) for i in at]
+                probs, sure = None, [chained[1][depth - 1][i] for i in at]
             keep, nxt = [], _Plan()
             for i, (seq, want) in enumerate(drafting):
                 seq.drafts.append(toks[i])
@@ -223,7 +239,9 @@ class Speculator:
                 break
             drafting = [drafting[i] for i in keep]
             survival = [survival[i] for i in keep]
-            drafted = eng.executor.draft(nxt.build(), keep, False)
+            at = [at[i] for i in keep]
+            if chained is None:
+                drafted = eng.executor.draft(nxt.build(), keep, False)
         self.last_draft_seconds = time.perf_counter() - t0
         if not decode_only:  # the catch-up ran over prompt rows too: not what a decode step's drafts cost
             self.last_draft_seconds = None  # (the next step's measured rate would be charged with it)
