@@ -90,6 +90,11 @@ class EngineConfig:
                                 "gates over the pool, weighted sum of the keys): triton (one kernel, cuda only), "
                                 "torch (about 9 ops per MLA layer), or auto (triton on cuda)", switch=True,
                                 choices=("auto", "triton", "torch"))
+    mla_decode_backend: str = _opt("auto", "sparse MLA of decode / verify tokens (and sparse prefill queries) over "
+                                   "the indexer's selected latent rows: triton (the paged cache read in place, an "
+                                   "online softmax split over the selection; cuda only), torch (a gather of the "
+                                   "selected rows, about 13 ops per MLA layer), or auto (triton on cuda)",
+                                   switch=True, choices=("auto", "triton", "torch"))
     moe_triton_max_tokens: int = _opt(2048, "largest forward (tokens) that takes the triton MoE (it needs a "
                                       "tokens x top-k x hidden fp32 buffer: 268 MB at 2048); longer bf16/fp16 "
                                       "ones take torch grouped_mm (no loop)", switch=True)

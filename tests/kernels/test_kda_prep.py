@@ -113,7 +113,8 @@ def test_conv_rows_refuses_what_it_cannot_do():
 
 
 def test_engine_with_small_op_kernels_keeps_tokens_and_speculative_exactness():
-    """The demo model on the CPU in float32 with the KDA prep, SwiGLU and indexer pool kernels interpreted:
+    """The demo model on the CPU in float32 with the KDA prep, SwiGLU, indexer pool and sparse MLA kernels
+    interpreted:
     greedy tokens equal to the torch forms, mixed steps (prefill chunks beside decodes) included, and
     with MTP drafts (verify rows through the same conv kernel) equal to plain decoding."""
     out = run_interpreted("""
@@ -122,7 +123,7 @@ def test_engine_with_small_op_kernels_keeps_tokens_and_speculative_exactness():
         from tpserve import LLM, SamplingParams
         from tpserve.train.acceptance import mtp_prompts
         plain = setup._triton_or_torch
-        interpreted = ("kda_prep_backend", "act_backend", "indexer_backend")
+        interpreted = ("kda_prep_backend", "act_backend", "indexer_backend", "mla_decode_backend")
         setup._triton_or_torch = lambda name, choice, device: (
             choice if name in interpreted and choice == "triton" else plain(name, choice, device))
         on = {name: "triton" for name in interpreted}
@@ -135,7 +136,8 @@ def test_engine_with_small_op_kernels_keeps_tokens_and_speculative_exactness():
             llm = LLM(device="cpu", dtype="float32", max_num_batched_tokens=32, kv_cache_memory=2**28, **kw)
             runs[name] = [o.outputs[0].token_ids for o in llm.generate(prompts, sp)]
             model = llm.engine.executor.runner.model
-            prep = model.layers[0].self_attn.prep_conv and model.layers[2].self_attn.indexer.fused_pools
+            mla = model.layers[2].self_attn
+            prep = model.layers[0].self_attn.prep_conv and mla.indexer.fused_pools and mla.fused_sparse
             llm.shutdown()
             runs[name + " prep"] = prep
         print(json.dumps(runs))

@@ -116,6 +116,7 @@ def resolve_runtime(ecfg: EngineConfig) -> Runtime:
                       moe_triton_max_tokens=ecfg.moe_triton_max_tokens,
                       moe_route=_triton_or_torch("moe_route_backend", ecfg.moe_route_backend, device),
                       indexer=_triton_or_torch("indexer_backend", ecfg.indexer_backend, device),
+                      mla_decode=_triton_or_torch("mla_decode_backend", ecfg.mla_decode_backend, device),
                       mla_prefill=ecfg.mla_prefill,
                       fused_collectives=ecfg.fused_collectives, weights=weight_options(ecfg, device))
     return Runtime(model_dir, device, dtype, kernels)

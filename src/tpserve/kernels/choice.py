@@ -28,6 +28,7 @@ class Kernels:
     act: str = "torch"            # "triton": the dense MLPs' clamped SwiGLU in one kernel
     moe_route: str = "torch"      # "triton": router top-k and the experts' sorted layout one kernel each
     indexer: str = "torch"        # "triton": the indexer's pool compression in one kernel
+    mla_decode: str = "torch"     # "triton": sparse MLA over the paged latent cache (kernels/mla_triton.py)
     mla_prefill: str = "dense"    # "sparse": each query attends its selected rows only; "dense": masked SDPA
     fused_collectives: bool = True  # TP > 1: all-reduce + mHC expand as one Communicator call
     weights: WeightOptions = WeightOptions()
@@ -35,4 +36,5 @@ class Kernels:
     def describe(self) -> str:
         moe = f"triton up to {self.moe_triton_max_tokens} tokens" if self.moe == "triton" else self.moe
         return (f"kda={self.kda}, kda_prep={self.kda_prep}, mhc={self.mhc}, norm={self.norm}, act={self.act}, "
-                f"moe={moe}, moe_route={self.moe_route}, indexer={self.indexer}, mla_prefill={self.mla_prefill}")
+                f"moe={moe}, moe_route={self.moe_route}, indexer={self.indexer}, mla_decode={self.mla_decode}, "
+                f"mla_prefill={self.mla_prefill}")

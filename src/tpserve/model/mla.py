@@ -23,9 +23,10 @@ SPARSE_QUERY_BLOCK = 256  # sparse prefill queries per gather of their selected 
 
 class MlaAttention(nn.Module):
     def __init__(self, ctx: ShardContext, cfg: ModelConfig, layer: int, prefill: str = "dense",
-                 indexer: str = "torch"):
+                 indexer: str = "torch", decode: str = "torch"):
         super().__init__()
         self.prefill_mode = prefill
+        self.fused_sparse = decode == "triton"  # kernels/mla_triton.py: the paged latent read in place
         d, bias = cfg.hidden_size, cfg.attention_bias
         self.layer = layer
         self.heads = ctx.split(cfg.num_attention_heads, "num_attention_heads")
@@ -101,6 +102,12 @@ class MlaAttention(nn.Module):
         into the query and the output): decode / verify tokens, and prefill queries when sparse.
         q [N, H, d], sel [N, W], token_seq [>= N] (the owning sequence of each row)."""
         w_uk, w_uv = self._kv_weights()
+        if self.fused_sparse:
+            from tpserve.kernels.mla_triton import sparse_mla
+
+            o_lat = sparse_mla(torch.einsum("bhd,hdc->bhc", q, w_uk), sel, token_seq[:q.shape[0]], block_tables,
+                               latent_flat, block_size, self.scaling)
+            return torch.einsum("bhc,hvc->bhv", o_lat, w_uv).reshape(q.shape[0], self.heads * self.v_dim)
         rows = token_rows(block_tables, token_seq[:q.shape[0]], sel, block_size)
         lat = latent_flat[rows].to(q.dtype)                                          # [N, W, c]
         q_lat = torch.einsum("bhd,hdc->bhc", q, w_uk)

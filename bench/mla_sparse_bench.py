@@ -1,0 +1,100 @@
+"""Sparse MLA decode attention: the Triton kernel (kernels/mla_triton.py) against the torch form of
+model/mla.py `_sparse`, at GLM-5.3-Flash's widths (TP=1: 64 heads, latent 512, selection 2048 + 3).
+
+    python bench/mla_sparse_bench.py [--tokens 1 8 32 64] [--heads 64] [--dtype bfloat16] [--json F]
+
+Per token count: the largest error of each form against a float64 reference (and the kernel's against
+the torch form), and the median time of 200 CUDA-graph replays after warm-up (CUDA events); the floor is the selected
+latent rows read once (bytes / 4.3 TB/s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+HBM = 4.3e12
+
+
+def torch_form(q_lat, sel, seq, tables, latent, bs, scaling):
+    rows = tables[seq[:, None], sel.clamp(min=0) // bs] * bs + sel.clamp(min=0) % bs
+    lat = latent[rows].to(q_lat.dtype)
+    scores = torch.einsum("bhc,bwc->bhw", q_lat, lat).float() * scaling
+    scores = scores.masked_fill((sel < 0).unsqueeze(1), float("-inf"))
+    probs = scores.softmax(dim=-1).masked_fill((sel < 0).all(-1)[:, None, None], 0.0).to(q_lat.dtype)
+    return torch.einsum("bhw,bwc->bhc", probs, lat)
+
+
+def median_us(fn, reps: int = 200) -> float:
+    """Median time of one replay of a CUDA graph of fn (as a decode step runs it: no launch gaps)."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    for _ in range(10):
+        graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        graph.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3)
+    return sorted(times)[len(times) // 2]
+
+
+def main() -> None:
+    from tpserve.kernels.mla_triton import sparse_mla
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", type=int, nargs="*", default=[1, 8, 32, 64])
+    ap.add_argument("--heads", type=int, default=64)
+    ap.add_argument("--latent", type=int, default=512)
+    ap.add_argument("--width", type=int, default=2051)
+    ap.add_argument("--context", type=int, default=16384)
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--json", dest="json_out", default=None)
+    args = ap.parse_args()
+    dev, dtype, bs = torch.device("cuda"), getattr(torch, args.dtype), 64
+    g = torch.Generator(device="cpu").manual_seed(0)
+    rows_out = []
+    print("| tokens | torch form us | triton us | triton / torch | floor us | kernel err vs fp64 | torch err vs fp64 |"
+          "\n| --- | --- | --- | --- | --- | --- | --- |")
+    for n in args.tokens:
+        nb = args.context // bs
+        blocks = nb * n + 1
+        latent = torch.randn(blocks * bs, args.latent, generator=g).to(dtype).to(dev)
+        tables = torch.randperm(blocks - 1, generator=g)[:n * nb].view(n, nb).to(dev)
+        seq = torch.arange(n, device=dev)
+        sel = torch.stack([torch.randperm(args.context, generator=g)[:args.width] for _ in range(n)]).to(dev)
+        sel[:, -3:] = -1  # an unfinished tail
+        q_lat = (torch.randn(n, args.heads, args.latent, generator=g) * 0.05).to(dtype).to(dev)
+        scaling = 192 ** -0.5
+        rows = tables[seq[:, None], sel.clamp(min=0) // bs] * bs + sel.clamp(min=0) % bs
+        lat64 = latent[rows].double()
+        s = torch.einsum("bhc,bwc->bhw", q_lat.double(), lat64) * scaling
+        ref = torch.einsum("bhw,bwc->bhc", s.masked_fill((sel < 0)[:, None], float("-inf")).softmax(-1), lat64)
+        want = torch_form(q_lat, sel, seq, tables, latent, bs, scaling)
+        got = sparse_mla(q_lat, sel, seq, tables, latent, bs, scaling)
+        t_torch = median_us(lambda: torch_form(q_lat, sel, seq, tables, latent, bs, scaling))
+        t_triton = median_us(lambda: sparse_mla(q_lat, sel, seq, tables, latent, bs, scaling))
+        floor = n * args.width * args.latent * latent.element_size() / HBM * 1e6
+        row = dict(tokens=n, torch_us=t_torch, triton_us=t_triton, floor_us=floor,
+                   kernel_err=float((got.double() - ref).abs().max()), torch_err=float((want.double() - ref).abs().max()),
+                   kernel_vs_torch=float((got.double() - want.double()).abs().max()))
+        rows_out.append(row)
+        print(f"| {n} | {t_torch:.1f} | {t_triton:.1f} | {t_triton / t_torch:.2f} | {floor:.2f} | "
+              f"{row['kernel_err']:.2e} | {row['torch_err']:.2e} |")
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump(dict(vars(args), rows=rows_out), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
