@@ -39,8 +39,8 @@ class StandInExecutor:
     from a precomputed table (one index op per call), so the stand-in costs about what reading a
     graph's output costs on a GPU."""
 
-    def __init__(self, real, vocab: int):
-        self.real, self.vocab = real, vocab
+    def __init__(self, real, vocab: int, chain: int = 0):
+        self.real, self.vocab, self.chain = real, vocab, chain
         self.cache_shape = real.cache_shape
         self.world_size = 1
         self.table = torch.zeros(97, vocab)
@@ -55,13 +55,22 @@ class StandInExecutor:
     def commit(self, counts) -> None:
         pass
 
-    def draft(self, plan, source_rows, from_main) -> Drafted:
+    def draft(self, plan, source_rows, from_main, depths: int = 1) -> Drafted:
         """Greedy draws read only `greedy` (tokens and probabilities); the logits rows are a placeholder
-        of the right shape (this benchmark runs greedy requests only)."""
+        of the right shape (this benchmark runs greedy requests only). depths > 1: a draft chain's
+        draws [2, depths, n] (what a chain graph returns)."""
         positions = [plan.positions[i] for i in plan.logits_indices]
+        if depths > 1:
+            return Drafted(None, torch.tensor([[[float(script_token(p + 2 + d)) for p in positions]
+                                                for d in range(depths)], [[1.0] * len(positions)] * depths],
+                                              dtype=torch.float64))
         greedy = torch.tensor([[float(script_token(p + 2)) for p in positions], [1.0] * len(positions)],
                               dtype=torch.float64)
         return Drafted(self.table[:len(positions)], greedy)
+
+    def chain_depths(self, plan) -> int:
+        """As a GPU with chain graphs (`--draft-graph chain`): k depths when every sequence drafts."""
+        return self.chain if len(plan.logits_indices) == len(plan.slots) == plan.num_decode else 0
 
     def verify_graph_batch(self):
         return None
@@ -97,7 +106,8 @@ def main() -> None:
     for name, spec in (("plain", None), (f"k={args.k}", {"method": "mtp", "num_speculative_tokens": args.k,
                                                         "adaptive": False})):
         llm = LLM(device="cpu", speculative_config=spec, max_num_seqs=max(args.batch, 8), kv_cache_memory="256MiB")
-        llm.engine.executor = StandInExecutor(llm.engine.executor, llm.engine.model_config.vocab_size)
+        llm.engine.executor = StandInExecutor(llm.engine.executor, llm.engine.model_config.vocab_size,
+                                              chain=args.k if spec and args.k > 1 else 0)  # the draft chain, as on a GPU
         decode_ms(llm, prompts, sp)  # warm-up
         runs = [decode_ms(llm, prompts, sp) for _ in range(args.repeats)]
         step_ms = statistics.median(r[0] for r in runs)

@@ -1,7 +1,7 @@
 """Sparse MLA decode attention: the Triton kernel (kernels/mla_triton.py) against the torch form of
 model/mla.py `_sparse`, at GLM-5.3-Flash's widths (TP=1: 64 heads, latent 512, selection 2048 + 3).
 
-    python bench/mla_sparse_bench.py [--tokens 1 8 32 64] [--heads 64] [--dtype bfloat16] [--json F]
+    python bench/mla_sparse_bench.py [--tokens 1 8 32 64] [--heads 64] [--dtype bfloat16] [--ranges 4 8 ...] [--json F]
 
 Per token count: the largest error of each form against a float64 reference (and the kernel's against
 the torch form), and the median time of 200 CUDA-graph replays after warm-up (CUDA events); the floor is the selected
@@ -59,6 +59,8 @@ def main() -> None:
     ap.add_argument("--width", type=int, default=2051)
     ap.add_argument("--context", type=int, default=16384)
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--ranges", type=int, nargs="*", default=[],
+                    help="also time these fixed range counts (the selection split per token) at each token count")
     ap.add_argument("--json", dest="json_out", default=None)
     args = ap.parse_args()
     dev, dtype, bs = torch.device("cuda"), getattr(torch, args.dtype), 64
@@ -88,9 +90,13 @@ def main() -> None:
         row = dict(tokens=n, torch_us=t_torch, triton_us=t_triton, floor_us=floor,
                    kernel_err=float((got.double() - ref).abs().max()), torch_err=float((want.double() - ref).abs().max()),
                    kernel_vs_torch=float((got.double() - want.double()).abs().max()))
+        for r in args.ranges:
+            row[f"triton_us_ranges_{r}"] = median_us(lambda: sparse_mla(q_lat, sel, seq, tables, latent, bs, scaling, r))
         rows_out.append(row)
         print(f"| {n} | {t_torch:.1f} | {t_triton:.1f} | {t_triton / t_torch:.2f} | {floor:.2f} | "
               f"{row['kernel_err']:.2e} | {row['torch_err']:.2e} |")
+        if args.ranges:
+            print("    ranges: " + ", ".join(f"{r}: {row[f'triton_us_ranges_{r}']:.1f} us" for r in args.ranges))
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump(dict(vars(args), rows=rows_out), f, indent=1)

@@ -87,8 +87,10 @@ class EngineConfig:
                                   "(plain ops, about 33 kernels per MoE layer), or auto (triton on cuda)",
                                   switch=True, choices=("auto", "triton", "torch"))
     indexer_backend: str = _opt("auto", "the DSA indexer's pool compression (every token's pool: softmax of the "
-                                "gates over the pool, weighted sum of the keys): triton (one kernel, cuda only), "
-                                "torch (about 9 ops per MLA layer), or auto (triton on cuda)", switch=True,
+                                "gates over the pool, weighted sum of the keys) and the decode / verify tokens' "
+                                "pool scores (read from the paged pool cache in place): triton (one kernel each, "
+                                "cuda only), torch (about 9 + 20 ops per MLA layer), or auto (triton on cuda)",
+                                switch=True,
                                 choices=("auto", "triton", "torch"))
     mla_decode_backend: str = _opt("auto", "sparse MLA of decode / verify tokens (and sparse prefill queries) over "
                                    "the indexer's selected latent rows: triton (the paged cache read in place, an "

@@ -37,3 +37,45 @@ def test_fill_pools_kernel_against_torch():
     """)
     for name, (excess, untouched) in out.items():
         assert excess <= 0 and untouched, (name, excess, untouched)
+
+
+def test_decode_scores_kernel_against_reference():
+    """Decode index scores read from the paged pool cache in place, against a float64 reference of
+    sum_h w_h relu(q_h . key_p / sqrt(d)). Bound: each head's dot product is d fp32 terms (<= d u32 sum |q k|
+    / sqrt(d)), relu passes errors on unchanged, the head sum adds H u32 sum |w s| on top of sum |w_h| err_h.
+    Pools not complete at a token's position score float32's lowest value exactly."""
+    out = run_interpreted("""
+        import json, torch
+        from tpserve.kernels.indexer_triton import decode_scores
+        res = {}
+        for n, heads, d, kpool, bs, dtype in [(3, 4, 32, 8, 16, torch.float32), (2, 32, 128, 16, 64, torch.float16),
+                                              (4, 5, 24, 4, 8, torch.float32)]:
+            g = torch.Generator().manual_seed(n * d + heads)
+            nb, blocks = 6, 20
+            pool = torch.randn(blocks * bs // kpool, d, generator=g).to(dtype)
+            tables = torch.stack([torch.randperm(blocks, generator=g)[:nb] for _ in range(n + 1)])
+            seq = torch.tensor([(i * 2) % (n + 1) for i in range(n)])
+            pos = torch.randint(0, nb * bs, (n,), generator=g)
+            pos[0] = kpool - 2                                       # no complete pool yet
+            q = torch.randn(n, heads, d, generator=g).to(dtype)
+            w = torch.randn(n, heads, generator=g)
+            n_pools = nb * bs // kpool
+            got = decode_scores(q, w, pos, seq, tables, pool, bs, kpool, n_pools)
+            j = torch.arange(n_pools)
+            visible = (j + 1) * kpool <= pos[:, None] + 1
+            start = j * kpool
+            rows = (tables[seq[:, None], start // bs] * bs + start % bs) // kpool   # [n, P]
+            keys = pool[rows].double()                                              # [n, P, d]
+            s = torch.einsum("nhd,npd->nhp", q.double(), keys) * d ** -0.5
+            ref = torch.einsum("nh,nhp->np", w.double(), s.clamp(min=0))
+            u32 = 2.0 ** -24
+            dots = torch.einsum("nhd,npd->nhp", q.double().abs(), keys.abs()) * d ** -0.5
+            bound = torch.einsum("nh,nhp->np", w.double().abs(), d * u32 * dots + heads * u32 * s.abs()) + 1e-30
+            lowest = torch.finfo(torch.float32).min
+            res[f"{n}x{heads}x{d} kpool {kpool} {dtype}"] = [
+                float(((got.double() - ref).abs() - bound)[visible].max()),
+                bool((got[~visible] == lowest).all()), bool((~visible[0]).all())]
+        print(json.dumps(res))
+    """)
+    for name, (excess, masked, first_empty) in out.items():
+        assert excess <= 0 and masked and first_empty, (name, excess, masked, first_empty)

@@ -3,16 +3,20 @@ engine's host work for k + 1 tokens per step, and the engine's outputs follow th
 
 from __future__ import annotations
 
+import pytest
 from helpers import load_bench
 
 from tpserve import LLM, SamplingParams
 
 
-def test_stand_in_drafts_are_all_accepted_and_follow_the_script():
+@pytest.mark.parametrize("chain", [0, 3], ids=["per-depth", "chain"])
+def test_stand_in_drafts_are_all_accepted_and_follow_the_script(chain):
+    """chain 3: the speculator takes a chain graph's draws [2, depths, n] (engine/speculate.py) and feeds
+    each depth's drafts to the right sequence and position."""
     mod = load_bench("host_overhead")
     llm = LLM(device="cpu", max_num_seqs=8, kv_cache_memory="64MiB",
               speculative_config={"method": "mtp", "num_speculative_tokens": 3, "adaptive": False})
-    llm.engine.executor = mod.StandInExecutor(llm.engine.executor, llm.engine.model_config.vocab_size)
+    llm.engine.executor = mod.StandInExecutor(llm.engine.executor, llm.engine.model_config.vocab_size, chain)
     prompt = llm._tokens("Count from 1 to 5.")[0]
     out = llm.generate({"prompt_token_ids": prompt}, SamplingParams(temperature=0, max_tokens=20,
                                                                      ignore_eos=True))[0].outputs[0].token_ids

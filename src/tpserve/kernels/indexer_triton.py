@@ -1,4 +1,4 @@
-"""The DSA indexer's pool compression in one Triton kernel (switch `--indexer-backend`).
+"""The DSA indexer's pool compression and decode scores, one Triton kernel each (switch `--indexer-backend`).
 
 Every token computes the pool that ends at it (model/indexer.py `_fill_pools`): the kpool cached keys
 and gate vectors of that pool gathered, softmax over the pool's tokens per channel of (gate + ape), the
@@ -9,6 +9,18 @@ layers. Here one program per token reads 2 x kpool x d 16-bit values (8 KB at kp
 writes d: one launch (1.6 us per call in the demo model's decode graph on an H200,
 bench/results/decode_profile_indexer_triton_h200.json). Against torch: the same roundings, the softmax's exp and the sum in another
 order (a few fp32 ulps before the final rounding; tests/kernels/test_indexer_triton.py).
+
+Decode scores (model/indexer.py `_select_tokens`): a decode / verify token scores every complete pool of
+its own sequence, sum_h w_h relu(q_h . key / sqrt(d)). In torch, over a graph step's fixed width (every
+pool the block table can address: 8,192 at 131,072 positions and kpool 16), that is the pools' cache rows
+(~16 launches, once per step), a gather of [n, P, d] pool keys, fp32 copies, two matmuls, relu, the mask:
+~20 launches per layer and ~2 MB gathered per token. Here a program per (token, 64 pools) looks the pools
+up in the block table and reads them in place; blocks of pools not complete at the token's position only
+write the mask value, so the work follows the context, not the width. Floors per token at 1k context
+(64 pools, GLM-5.3-Flash: 32 heads, d 128): 16 KB of keys and 0.5 MFLOP: launch-bound. 16-bit inputs
+dot on the tensor cores (exact products, fp32 sums), float32 with IEEE dots; against torch's fp32 matmuls
+only the summation order differs (bound in the test). Measured in the engine (BENCHMARKS.md, tenth
+session): real-width KKKMKKKM decode 0.92-0.94x of the torch form's step time at batch 1, 32, 64.
 """
 
 from __future__ import annotations
@@ -52,3 +64,57 @@ def fill_pools(keys: torch.Tensor, gates: torch.Tensor, ape: torch.Tensor, rows:
         _fill_pools_kernel[(t,)](keys, gates, ape.contiguous(), rows.contiguous(), target.contiguous(), pool,
                                  KPOOL=kpool, D=d, KP=triton.next_power_of_2(kpool), DP=triton.next_power_of_2(d),
                                  num_warps=4)
+
+
+@triton.jit
+def _decode_scores_kernel(q_ptr, w_ptr, pos_ptr, seq_ptr, tables_ptr, pool_ptr, out_ptr, P, table_stride, scale, fill,
+                          H: tl.constexpr, D: tl.constexpr, HP: tl.constexpr, DP: tl.constexpr, BS: tl.constexpr,
+                          KPOOL: tl.constexpr, BP: tl.constexpr, IEEE: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    first = tl.program_id(1) * BP
+    j = first + tl.arange(0, BP)
+    pos = tl.load(pos_ptr + t).to(tl.int64)
+    if (first + 1) * KPOOL > pos + 1:  # no pool of this block is complete yet (most of a fixed-width step)
+        tl.store(out_ptr + t * P + j, tl.full([BP], fill, tl.float32), mask=j < P)
+        return
+    seq = tl.load(seq_ptr + t).to(tl.int64)
+    visible = ((j + 1) * KPOOL <= pos + 1) & (j < P)
+    h = tl.arange(0, HP)
+    d = tl.arange(0, DP)
+    hm, dm = h < H, d < D
+    q = tl.load(q_ptr + (t * H + h)[:, None] * D + d[None, :], mask=hm[:, None] & dm[None, :], other=0.0)
+    w = tl.load(w_ptr + t * H + h, mask=hm, other=0.0)
+    start = j.to(tl.int64) * KPOOL
+    block = tl.load(tables_ptr + seq * table_stride + start // BS, mask=visible, other=0).to(tl.int64)
+    row = (block * BS + start % BS) // KPOOL
+    keys = tl.load(pool_ptr + row[:, None] * D + d[None, :], mask=visible[:, None] & dm[None, :], other=0.0)
+    if IEEE:  # float32: no TF32
+        s = tl.dot(keys.to(tl.float32), tl.trans(q.to(tl.float32)), input_precision="ieee")  # [BP, HP]
+    else:  # 16-bit: exact products on the tensor cores, fp32 sums
+        s = tl.dot(keys.to(q.dtype), tl.trans(q))
+    s = tl.maximum(s * scale, 0.0)
+    score = tl.sum(s * w[None, :], axis=1)
+    tl.store(out_ptr + t * P + j, tl.where(visible, score, fill), mask=j < P)
+
+
+def decode_scores(q: torch.Tensor, w: torch.Tensor, positions: torch.Tensor, token_seq: torch.Tensor,
+                  block_tables: torch.Tensor, pool: torch.Tensor, block_size: int, kpool: int,
+                  n_pools: int) -> torch.Tensor:
+    """Index scores of decode / verify tokens over the pools of their own sequence, read in place from the
+    paged pool cache: q [n, H, d], w [n, H] fp32 (head weights, scale folded in), positions / token_seq [n],
+    block_tables [B, nb], pool [rows, d] -> fp32 [n, n_pools], sum_h w_h relu(q_h . key / sqrt(d)); pools
+    not yet complete at a token's position get float32's lowest value (model/indexer.py `_expand`)."""
+    n, heads, d = q.shape
+    out = torch.empty(n, n_pools, dtype=torch.float32, device=q.device)
+    if n == 0 or n_pools == 0:
+        return out
+    if not pool.is_contiguous():
+        raise ValueError("decode_scores: the pool cache must be contiguous")
+    tables = block_tables.contiguous()
+    bp = 64
+    _decode_scores_kernel[(n, triton.cdiv(n_pools, bp))](
+        q.contiguous(), w.float().contiguous(), positions.contiguous(), token_seq.contiguous(), tables, pool, out,
+        n_pools, tables.stride(0), d ** -0.5, torch.finfo(torch.float32).min, H=heads, D=d,
+        HP=max(16, triton.next_power_of_2(heads)), DP=max(16, triton.next_power_of_2(d)), BS=block_size, KPOOL=kpool,
+        BP=bp, IEEE=q.dtype == torch.float32, num_warps=4)
+    return out

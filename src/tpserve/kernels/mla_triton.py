@@ -8,7 +8,9 @@ per MLA layer and the gathered copy written and read again. Here each program ta
 of heads and a range of the selection (flash-decoding: at batch 1 a token's ~2k rows are split across
 programs so more than a few SMs read them), looks each selected position up in the block table, reads
 its latent row straight from the paged cache, and keeps an online softmax; a second kernel combines the
-ranges (one launch when a single range covers the selection).
+ranges (one launch when a single range covers the selection). Ranges are added until the grid holds two
+waves of programs on an H200 (`ranges_for`). Measured (BENCHMARKS.md, tenth session; 64 heads, C 512,
+W 2051, bf16, graph replays): 16.5 us at 1 token (torch form 57.5), 41.5 at 8, 122 at 32, 222 at 64.
 
 Floors (GLM-5.3-Flash, TP=1: 64 heads, C = 512, W = 2051, bf16): per token 2.1 MB of latent read once
 per head block (4 blocks of 16 heads; L2 serves the repeats) and 2 x 64 x 2051 x 512 = 134 MFLOP; at
@@ -30,7 +32,8 @@ import triton.language as tl
 
 HEAD_BLOCK = 16   # heads per program (tl.dot needs >= 16 rows; fewer heads are masked)
 ROW_BLOCK = 32    # selected rows per inner step
-FULL_GRID = 264   # programs that fill an H200's 132 SMs twice: above it one range covers the selection
+FULL_GRID = 264   # two waves on an H200's 132 SMs: ranges fill up to it, never past it (a third wave of a few
+# programs cost 60 vs 42 us at 8 tokens; bench/mla_sparse_bench.py --ranges); past it one range per token
 
 
 @triton.jit
@@ -106,7 +109,7 @@ def ranges_for(tokens: int, heads: int, width: int) -> int:
     programs = tokens * triton.cdiv(heads, HEAD_BLOCK)
     if programs >= FULL_GRID:
         return 1
-    return max(1, min(triton.cdiv(width, ROW_BLOCK), triton.cdiv(FULL_GRID, programs)))
+    return max(1, min(triton.cdiv(width, ROW_BLOCK), FULL_GRID // programs))
 
 
 def sparse_mla(q_lat: torch.Tensor, sel: torch.Tensor, token_seq: torch.Tensor, block_tables: torch.Tensor,

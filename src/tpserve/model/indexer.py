@@ -59,7 +59,7 @@ class Indexer(nn.Module):
     def __init__(self, ctx: ShardContext, cfg: ModelConfig, layer: int, backend: str = "torch"):
         super().__init__()
         self.layer = layer
-        self.fused_pools = backend == "triton"  # kernels/indexer_triton.py: pool compression in one kernel
+        self.fused_pools = backend == "triton"  # kernels/indexer_triton.py: pool compression and decode scores
         self.n_heads, self.head_dim, self.kpool = cfg.index_n_heads, cfg.index_head_dim, cfg.index_kpool
         self.pools_to_keep = cfg.index_topk // cfg.index_kpool
         self.tail = cfg.index_kpool_always_select_tail
@@ -148,17 +148,21 @@ class Indexer(nn.Module):
         s = F.relu(s * self.head_dim ** -0.5)
         return torch.matmul(w.unsqueeze(-2), s).squeeze(-2)
 
-    def _expand(self, scores: torch.Tensor, visible: torch.Tensor, pos: torch.Tensor,
+    def _expand(self, scores: torch.Tensor, visible: torch.Tensor | None, pos: torch.Tensor,
                 batch: ForwardBatch | None = None) -> torch.Tensor:
         """Top pools among the visible ones, as token positions, plus the tail -> [n, W] (the tail from
-        `batch`'s memo when it is given: decode rows, the same in every layer)."""
+        `batch`'s memo when it is given: decode rows, the same in every layer). visible None: the scores
+        of invisible pools are float32's lowest already (the fused decode scores)."""
         n, n_pools = scores.shape
         out = torch.full((n, self.width), -1, dtype=torch.long, device=scores.device)
         k = min(self.pools_to_keep, n_pools)
         if k > 0:
-            masked = scores.masked_fill(~visible, torch.finfo(scores.dtype).min)
+            masked = scores if visible is None else scores.masked_fill(~visible, torch.finfo(scores.dtype).min)
             chosen = masked.topk(k, dim=-1).indices                                 # [n, k]
-            ok = visible.gather(-1, chosen)
+            if visible is None:
+                ok = (chosen + 1) * self.kpool <= pos.unsqueeze(-1) + 1
+            else:
+                ok = visible.gather(-1, chosen)
             toks = (chosen * self.kpool).unsqueeze(-1) + torch.arange(self.kpool, device=scores.device)
             toks = toks.masked_fill(~ok.unsqueeze(-1), -1).flatten(-2)
             out[:, :toks.shape[1]] = toks
@@ -186,6 +190,13 @@ class Indexer(nn.Module):
         else:  # the reference's width: exact ties between pool scores are broken by top-k's algorithm,
             # which depends on the width (tie choices can differ from the fixed-width graph step)
             n_pools = max(batch.total_len(i) for i in range(batch.decode_seqs)) // self.kpool
+        if self.fused_pools:
+            from tpserve.kernels.indexer_triton import decode_scores
+
+            scores = decode_scores(q, w, pos, batch.token_seq[:n], batch.block_tables,
+                                   cache.pool_k[self.layer].view(-1, self.head_dim), cache.block_size, self.kpool,
+                                   n_pools)
+            return self._expand(scores, None, pos, batch)
         rows, visible = batch.memoized(("select", n, n_pools, self.kpool, cache.block_size),
                                        lambda: self._select_rows(batch, n, n_pools, cache.block_size))
         pool_keys = cache.pool_k[self.layer].view(-1, self.head_dim)[rows]            # [n, P, d]
