@@ -472,16 +472,19 @@ def test_adaptive_mode_gives_plain_tokens(plain):
 def test_adaptive_does_not_draft_above_the_verify_graphs(plain):
     """With CUDA graphs for plain decode steps up to any batch but for verify / draft steps only up
     to SPEC_MAX_BATCH, a drafting step above that runs eagerly: the adaptive mode drafts nothing there
-    (exploration steps included), and the MTP catch-up stops after IDLE_STEPS; a batch within the
-    limit still drafts. (The limit is stood in for on the CPU, where nothing is captured.)"""
+    (exploration steps included), and the MTP layer does not run at all (no eager catch-up pass per step:
+    the three prompts are prefilled in one step, already above the limit); a batch within the limit
+    still drafts. (The limit is stood in for on the CPU, where nothing is captured.)"""
     llm = LLM(device="cpu", kv_cache_memory="16MiB", block_size=16, max_num_seqs=8,
               speculative_config={"method": "mtp", "num_speculative_tokens": 3})
     eng = llm.engine
     assert eng.executor.verify_graph_batch() is None  # CPU: no step replays a graph
     eng.executor.verify_graph_batch = lambda: 2
+    mtp_passes, draft = [], eng.executor.draft
+    eng.executor.draft = lambda *a, **kw: mtp_passes.append(1) or draft(*a, **kw)
     sp = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     got = [o.outputs[0].token_ids for o in llm.generate(PROMPTS[:3], sp)]
-    assert eng.stats().get("spec_decode_num_drafts", 0) == 0
+    assert eng.stats().get("spec_decode_num_drafts", 0) == 0 and not mtp_passes
     assert got == [o.outputs[0].token_ids for o in plain.generate(PROMPTS[:3], sp)]
     llm.generate(PROMPTS[:1], sp)
     assert eng.stats()["spec_decode_num_drafts"] > 0  # batch 1: exploration steps draft at least

@@ -57,3 +57,10 @@ def test_bench_spec_passes_every_engine_switch_through(monkeypatch):
     except Stop:
         pass
     assert seen and seen[0]["norm_backend"] == "torch" and seen[0]["max_num_batched_tokens"] == 96
+
+
+def test_bench_spec_no_fixed_leaves_out_the_fixed_k_rows():
+    from tpserve.tools.bench_spec import _settings
+
+    assert [name for name, _ in _settings([1, 3], fixed=False)] == ["off", "adaptive (k<=3)"]
+    assert [name for name, _ in _settings([1, 3])] == ["off", "k=1", "k=3", "adaptive (k<=3)"]

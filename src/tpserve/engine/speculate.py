@@ -174,19 +174,21 @@ class Speculator:
         self.emitted, self.last_draft_seconds = 0, 0.0
         self.choice = self.policy.begin_step()
         k = self.policy.choose_k(batch, running)
+        above_graphs = False
         if self.spec.adaptive:
             k = self.rates.override(batch, k)
             limit = eng.executor.verify_graph_batch()
             if limit is not None and batch > limit:
                 # plain steps replay a graph here and drafting steps could not (eager steps cost
                 # several times a replay on a GPU: BENCHMARKS.md, batch 64), exploration included
-                k = 0
+                k, above_graphs = 0, True
         self.last_k = k
         self.idle_steps = self.idle_steps + 1 if k == 0 else 0
-        if self.idle_steps > IDLE_STEPS and not any(_fixed(seq) for seq in running):
-            # speculation has not paid for a while (large batches): stop the MTP catch-up too, so these
-            # steps cost what plain decoding costs; the running requests no longer draft (their MTP
-            # cache would have a gap), requests that arrive later do when k > 0 again
+        if (above_graphs or self.idle_steps > IDLE_STEPS) and not any(_fixed(seq) for seq in running):
+            # speculation has not paid for a while (large batches), or cannot run from graphs at this
+            # batch: stop the MTP catch-up too (an eager MTP pass per step cost batch 64 ~15%: BENCHMARKS.md,
+            # tenth session), so these steps cost what plain decoding costs; the running requests no longer
+            # draft (their MTP cache would have a gap), requests that arrive later do when k > 0 again
             for seq in running:
                 seq.mtp_computed = -1
             return

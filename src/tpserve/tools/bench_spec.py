@@ -28,15 +28,18 @@ def register(sub, bench, tune) -> None:
     p.add_argument("--k", type=int, nargs="*", default=[1, 2, 3, 5, 7], help="fixed draft counts to compare")
     p.add_argument("--max-tokens", type=int, default=96)
     p.add_argument("--repeats", type=int, default=2, help="timed runs per setting (best taken)")
+    p.add_argument("--no-fixed", dest="fixed", action="store_false",
+                   help="leave out the fixed-k rows (only off and adaptive: e.g. at large batches, where fixed k "
+                        "runs eager steps)")
     p.add_argument("--json", dest="json_out", default=None)
     p.add_argument("--plot", default=None, metavar="PNG", help="tok/s per setting and batch size")
     p.set_defaults(func=run)
 
 
-def _settings(ks: list[int]) -> list[tuple[str, dict | None]]:
+def _settings(ks: list[int], fixed: bool = True) -> list[tuple[str, dict | None]]:
     out: list[tuple[str, dict | None]] = [("off", None)]
     out += [(f"k={k}", {"method": "mtp", "num_speculative_tokens": k, "adaptive": False, "truncate_threshold": 0.0})
-            for k in ks]
+            for k in ks if fixed]
     out.append((f"adaptive (k<={max(ks)})", {"method": "mtp", "num_speculative_tokens": max(ks)}))
     return out
 
@@ -123,7 +126,7 @@ def measure(args) -> dict:
     base = engine_config_from_args(args)
     sp = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
     rows, reference = [], {}
-    settings = _settings(sorted(set(args.k)))
+    settings = _settings(sorted(set(args.k)), args.fixed)
     with tqdm(total=len(settings) * len(args.batch), desc="bench spec") as bar:
         for name, spec in settings:
             kw = engine_options(base)  # every switch given on the command line reaches the engines
