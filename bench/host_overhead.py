@@ -1,6 +1,6 @@
 """The engine's own host time per decode step, without a model: what is left between CUDA graphs.
 
-    python bench/host_overhead.py [--k 3] [--batch 1] [--max-tokens 96] [--repeats 3] [--profile 25]
+    python bench/host_overhead.py [--k 3] [--batch 1] [--max-tokens 96] [--repeats 3] [--profile 25] [--adaptive]
 
 On a GPU a decode step is a graph replay plus host work around it (scheduling, the step plan,
 sampling or draft acceptance, detokenization and stop checks, the draft bookkeeping); on the H200
@@ -9,8 +9,9 @@ model's engine runs on the CPU with its executor replaced by a stand-in that ret
 drafts at once (no forward): every token follows one fixed sequence, and the stand-in drafter
 proposes exactly that sequence, so every draft is accepted and a k-draft step emits k + 1 tokens.
 What remains is the engine's host work alone. Prints ms per decode step and per emitted token for
-plain decoding and for --k drafts (fixed k), median of --repeats; --profile N prints the N engine
-functions with the most own time (cProfile, one more run).
+plain decoding and for --k drafts (fixed k), median of --repeats; --adaptive adds the adaptive mode with
+a GPU's verify-graph limit (it drafts nothing above batch 16: there it should cost what plain costs);
+--profile N prints the N engine functions with the most own time (cProfile, one more run).
 """
 
 from __future__ import annotations
@@ -39,8 +40,8 @@ class StandInExecutor:
     from a precomputed table (one index op per call), so the stand-in costs about what reading a
     graph's output costs on a GPU."""
 
-    def __init__(self, real, vocab: int, chain: int = 0):
-        self.real, self.vocab, self.chain = real, vocab, chain
+    def __init__(self, real, vocab: int, chain: int = 0, graph_limit: int | None = None):
+        self.real, self.vocab, self.chain, self.graph_limit = real, vocab, chain, graph_limit
         self.cache_shape = real.cache_shape
         self.world_size = 1
         self.table = torch.zeros(97, vocab)
@@ -73,7 +74,7 @@ class StandInExecutor:
         return self.chain if len(plan.logits_indices) == len(plan.slots) == plan.num_decode else 0
 
     def verify_graph_batch(self):
-        return None
+        return self.graph_limit  # as a GPU's (SPEC_MAX_BATCH) when given: adaptive drafts nothing above it
 
     def check_alive(self) -> None:
         pass
@@ -98,16 +99,21 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--profile", type=int, default=0, metavar="N")
+    ap.add_argument("--adaptive", action="store_true", help="also the adaptive mode, with a GPU's verify-graph "
+                    "limit (batch 16) stood in for")
     args = ap.parse_args()
     structured = mtp_prompts()
     prompts = [structured[i % len(structured)] for i in range(args.batch)]
     sp = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
     print("| setting | ms per decode step | ms per emitted token |\n| --- | --- | --- |")
-    for name, spec in (("plain", None), (f"k={args.k}", {"method": "mtp", "num_speculative_tokens": args.k,
-                                                        "adaptive": False})):
+    settings = [("plain", None), (f"k={args.k}", {"method": "mtp", "num_speculative_tokens": args.k, "adaptive": False})]
+    if args.adaptive:
+        settings.append((f"adaptive (k<={args.k})", {"method": "mtp", "num_speculative_tokens": args.k}))
+    for name, spec in settings:
         llm = LLM(device="cpu", speculative_config=spec, max_num_seqs=max(args.batch, 8), kv_cache_memory="256MiB")
         llm.engine.executor = StandInExecutor(llm.engine.executor, llm.engine.model_config.vocab_size,
-                                              chain=args.k if spec and args.k > 1 else 0)  # the draft chain, as on a GPU
+                                              chain=args.k if spec and args.k > 1 else 0,  # the draft chain, as on a GPU
+                                              graph_limit=16 if spec and spec.get("adaptive", True) else None)
         decode_ms(llm, prompts, sp)  # warm-up
         runs = [decode_ms(llm, prompts, sp) for _ in range(args.repeats)]
         step_ms = statistics.median(r[0] for r in runs)

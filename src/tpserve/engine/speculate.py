@@ -85,6 +85,14 @@ class Speculator:
         """Emit every completing sequence's tokens (one row each, plus one per draft); return the commit
         counts (tokens now real) of the sequences that verified drafts, in step order."""
         eng = self.engine
+        if not any(s.seq.drafts for s in sampled):  # nothing to verify (k = 0): the plain engine's sampling
+            results = sampler.sample(logits, [s.seq for s in sampled], eng.generator)
+            for s, res in zip(sampled, results):
+                eng._append(s.seq, res)
+                if s.seq.is_finished:
+                    self.policy.forget(s.seq)
+            self.emitted += len(sampled)
+            return []
         groups, row = [], 0
         for s in sampled:
             groups.append(_Walk(s.seq, row, list(s.seq.drafts), s.seq.draft_probs, list(s.seq.draft_sure)))
@@ -173,15 +181,16 @@ class Speculator:
                 self.rates.observe(batch, self.last_k > 0, self.emitted, step_seconds + self.last_draft_seconds)
         self.emitted, self.last_draft_seconds = 0, 0.0
         self.choice = self.policy.begin_step()
-        k = self.policy.choose_k(batch, running)
-        above_graphs = False
-        if self.spec.adaptive:
-            k = self.rates.override(batch, k)
-            limit = eng.executor.verify_graph_batch()
-            if limit is not None and batch > limit:
-                # plain steps replay a graph here and drafting steps could not (eager steps cost
-                # several times a replay on a GPU: BENCHMARKS.md, batch 64), exploration included
-                k, above_graphs = 0, True
+        limit = eng.executor.verify_graph_batch() if self.spec.adaptive else None
+        above_graphs = limit is not None and batch > limit
+        if above_graphs:
+            # plain steps replay a graph here and drafting steps could not (eager steps cost several
+            # times a replay on a GPU: BENCHMARKS.md, batch 64), exploration included
+            k = 0
+        else:
+            k = self.policy.choose_k(batch, running)
+            if self.spec.adaptive:
+                k = self.rates.override(batch, k)
         self.last_k = k
         self.idle_steps = self.idle_steps + 1 if k == 0 else 0
         if (above_graphs or self.idle_steps > IDLE_STEPS) and not any(_fixed(seq) for seq in running):
