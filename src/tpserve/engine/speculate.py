@@ -245,7 +245,8 @@ class Speculator:
                 survival[i] *= min(1.0, self.calibration.factor * sure[i])
                 if depth < want and (_fixed(seq) or self.policy.keep_drafting(self.choice.explore, survival[i])):
                     keep.append(i)
-                    nxt.add(seq, [seq.num_tokens - 2 + depth], True)
+                    if chained is None:  # (a chain has drafted the next depth already)
+                        nxt.add(seq, [seq.num_tokens - 2 + depth], True)
             if not keep:
                 break
             drafting = [drafting[i] for i in keep]
