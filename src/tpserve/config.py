@@ -86,10 +86,11 @@ class EngineConfig:
                                   "kernel each, cuda only; group-limited routing, n_group > 1, keeps torch), torch "
                                   "(plain ops, about 33 kernels per MoE layer), or auto (triton on cuda)",
                                   switch=True, choices=("auto", "triton", "torch"))
-    indexer_backend: str = _opt("auto", "the DSA indexer's pool compression (every token's pool: softmax of the "
-                                "gates over the pool, weighted sum of the keys) and the decode / verify tokens' "
-                                "pool scores (read from the paged pool cache in place): triton (one kernel each, "
-                                "cuda only), torch (about 9 + 20 ops per MLA layer), or auto (triton on cuda)",
+    indexer_backend: str = _opt("auto", "the DSA indexer's pool compression (every completed pool: softmax of the "
+                                "gates over the pool, weighted sum of the keys), the decode / verify tokens' pool "
+                                "scores (read from the paged pool cache in place) and their selection's positions: "
+                                "triton (one kernel each, cuda only), torch (about 40 ops per MLA layer), or auto "
+                                "(triton on cuda)",
                                 switch=True,
                                 choices=("auto", "triton", "torch"))
     mla_decode_backend: str = _opt("auto", "sparse MLA of decode / verify tokens (and sparse prefill queries) over "

@@ -10,33 +10,48 @@ from interpreted import run_interpreted
 
 
 def test_fill_pools_kernel_against_torch():
+    """Tokens that complete a pool write its pooled key where model/indexer.py's torch form writes it (within
+    the bound above); every other pool row is left as it was (the torch form sends those tokens' writes to
+    the dummy row, the kernel skips them)."""
     out = run_interpreted("""
-        import json, torch
+        import json, types, torch
         from tpserve.kernels.indexer_triton import fill_pools
+        from tpserve.model.indexer import Indexer
         res = {}
-        for t, kpool, d, dtype in [(3, 16, 128, torch.float16), (5, 4, 24, torch.float32), (1, 3, 10, torch.float16)]:
+        for t, kpool, d, bs, dtype in [(9, 16, 128, 32, torch.float16), (12, 4, 24, 8, torch.float32),
+                                       (7, 3, 10, 6, torch.float16)]:
             g = torch.Generator().manual_seed(t * d)
-            keys = torch.randn(40, d, generator=g).to(dtype)
-            gates = (3 * torch.randn(40, d, generator=g)).to(dtype)
+            blocks, nb = 10, 4
+            keys = torch.randn(blocks * bs, d, generator=g).to(dtype)
+            gates = (3 * torch.randn(blocks * bs, d, generator=g)).to(dtype)
             ape = torch.randn(kpool, d, generator=g).to(dtype)
-            rows = torch.randint(0, 40, (t, kpool), generator=g)
-            target = torch.randperm(6, generator=g)[:t]
-            want = torch.zeros(7, d, dtype=dtype)
+            tables = torch.stack([torch.randperm(blocks - 1, generator=g)[:nb] for _ in range(3)])
+            seq = torch.randint(0, 3, (t,), generator=g)
+            pos = torch.randint(0, nb * bs, (t,), generator=g)
+            pos[:3] = torch.tensor([kpool - 1, 2 * kpool - 1, kpool - 2])       # two complete a pool, one not
+            pool_rows = blocks * bs // kpool
+            dummy = pool_rows - 1
+            ns = types.SimpleNamespace(kpool=kpool)
+            batch = types.SimpleNamespace(positions=pos, block_tables=tables, token_seq=seq)
+            rows, target = Indexer._fill_rows(ns, batch, bs, dummy)
             probs = (gates[rows].float() + ape.float()).softmax(dim=1).to(dtype)
+            want = torch.zeros(pool_rows, d, dtype=dtype)
             want[target] = (probs * keys[rows]).sum(dim=1).to(dtype)
-            got = torch.zeros(7, d, dtype=dtype)
-            fill_pools(keys, gates, ape, rows, target, got)
+            got = torch.zeros(pool_rows, d, dtype=dtype)
+            fill_pools(keys, gates, ape, pos, seq, tables, bs, got)
+            written = sorted(set(target.tolist()) - {dummy})
+            others = [r for r in range(pool_rows) if r not in written]
             eps = torch.finfo(dtype).eps
-            top = (probs.double() * keys[rows].double()).abs().amax(1)            # [t, d]
-            bound = torch.zeros(7, d, dtype=torch.float64)
-            bound[target] = (kpool + 1) * eps * top + 2.0**-24
-            res[f"{t}x{kpool}x{d} {dtype}"] = [
-                float(((got.double() - want.double()).abs() - bound).max()),
-                bool((got[[i for i in range(7) if i not in target.tolist()]] == 0).all())]
+            top = torch.zeros(pool_rows, d, dtype=torch.float64)
+            top[target] = (probs.double() * keys[rows].double()).abs().amax(1)
+            bound = (kpool + 1) * eps * top + 2.0**-24
+            res[f"{t} tokens kpool {kpool} d {d} {dtype}"] = [
+                float(((got.double() - want.double()).abs() - bound)[written].max()),
+                bool((got[others] == 0).all()), len(written)]
         print(json.dumps(res))
     """)
-    for name, (excess, untouched) in out.items():
-        assert excess <= 0 and untouched, (name, excess, untouched)
+    for name, (excess, untouched, written) in out.items():
+        assert excess <= 0 and untouched and written >= 2, (name, excess, untouched, written)
 
 
 def test_decode_scores_kernel_against_reference():
@@ -79,3 +94,33 @@ def test_decode_scores_kernel_against_reference():
     """)
     for name, (excess, masked, first_empty) in out.items():
         assert excess <= 0 and masked and first_empty, (name, excess, masked, first_empty)
+
+
+def test_expand_selection_kernel_equals_torch_form():
+    """Chosen pools -> token positions (invalid pools -1) plus the unfinished pool's tail: integer work, so
+    the kernel must equal model/indexer.py's torch form exactly (tail on and off, fewer pools than kept)."""
+    out = run_interpreted("""
+        import json, types, torch
+        from tpserve.kernels.indexer_triton import expand_selection
+        from tpserve.model.indexer import Indexer
+        res = {}
+        for n, n_pools, keep, kpool, tail in [(5, 40, 8, 4, True), (3, 6, 8, 8, True), (4, 30, 5, 16, False),
+                                             (2, 50, 4, 1, True)]:
+            g = torch.Generator().manual_seed(n * n_pools + kpool)
+            width = keep * kpool + (kpool - 1 if tail else 0)
+            ns = types.SimpleNamespace(pools_to_keep=keep, kpool=kpool, width=width, tail=tail, fused_pools=False)
+            ns._tail = lambda pos, ns=ns: Indexer._tail(ns, pos)
+            pos = torch.randint(0, n_pools * kpool + 5, (n,), generator=g)
+            pos[0] = 0
+            scores = torch.randn(n, n_pools, generator=g)
+            visible = (torch.arange(n_pools) + 1) * kpool <= pos[:, None] + 1
+            scores = scores.masked_fill(~visible, torch.finfo(torch.float32).min)
+            want = Indexer._expand(ns, scores, None, pos)
+            k = min(keep, n_pools)
+            got = expand_selection(scores.topk(k, dim=-1).indices, pos, width, keep, kpool, tail)
+            res[f"{n}x{n_pools} keep {keep} kpool {kpool} tail {tail}"] = [bool(torch.equal(got, want)),
+                                                                           int((want >= 0).sum())]
+        print(json.dumps(res))
+    """)
+    for name, (equal, selected) in out.items():
+        assert equal and selected > 0, (name, equal, selected)

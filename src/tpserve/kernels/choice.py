@@ -27,7 +27,7 @@ class Kernels:
     moe_triton_max_tokens: int = 0  # the triton MoE runs forwards of at most this many tokens
     act: str = "torch"            # "triton": the dense MLPs' clamped SwiGLU in one kernel
     moe_route: str = "torch"      # "triton": router top-k and the experts' sorted layout one kernel each
-    indexer: str = "torch"        # "triton": the indexer's pool compression and decode scores, one kernel each
+    indexer: str = "torch"        # "triton": the indexer's pool compression, decode scores, selection: a kernel each
     mla_decode: str = "torch"     # "triton": sparse MLA over the paged latent cache (kernels/mla_triton.py)
     mla_prefill: str = "dense"    # "sparse": each query attends its selected rows only; "dense": masked SDPA
     fused_collectives: bool = True  # TP > 1: all-reduce + mHC expand as one Communicator call

@@ -1,6 +1,8 @@
-"""The DSA indexer's pool compression and decode scores, one Triton kernel each (switch `--indexer-backend`).
+"""The DSA indexer's pool compression, decode scores and selection expansion, one Triton kernel each (switch
+`--indexer-backend`).
 
-Every token computes the pool that ends at it (model/indexer.py `_fill_pools`): the kpool cached keys
+Every token that completes a pool computes it (model/indexer.py `_fill_pools`; the kernel finds the pool's
+cache rows in the block table itself and returns at once for the other tokens): the kpool cached keys
 and gate vectors of that pool gathered, softmax over the pool's tokens per channel of (gate + ape), the
 probabilities rounded to the key dtype, times the keys (rounded), summed in fp32 and rounded into the
 pool row (tokens that end no pool write the reserved dummy row). In torch that is ~9 launches per MLA
@@ -31,14 +33,20 @@ import triton.language as tl
 
 
 @triton.jit
-def _fill_pools_kernel(keys_ptr, gates_ptr, ape_ptr, rows_ptr, target_ptr, pool_ptr,
-                       KPOOL: tl.constexpr, D: tl.constexpr, KP: tl.constexpr, DP: tl.constexpr):
+def _fill_pools_kernel(keys_ptr, gates_ptr, ape_ptr, pos_ptr, seq_ptr, tables_ptr, pool_ptr, table_stride,
+                       BS: tl.constexpr, KPOOL: tl.constexpr, D: tl.constexpr, KP: tl.constexpr, DP: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
+    pos = tl.load(pos_ptr + t).to(tl.int64)
+    if (pos + 1) % KPOOL != 0:  # this token completes no pool: nothing to write
+        return
+    seq = tl.load(seq_ptr + t).to(tl.int64)
     j = tl.arange(0, KP)
     c = tl.arange(0, DP)
     jm = j < KPOOL
     m = jm[:, None] & (c[None, :] < D)
-    rows = tl.load(rows_ptr + t * KPOOL + j, mask=jm, other=0).to(tl.int64)
+    toks = pos + 1 - KPOOL + j                                   # the pool's tokens, in its sequence
+    block = tl.load(tables_ptr + seq * table_stride + toks // BS, mask=jm, other=0).to(tl.int64)
+    rows = block * BS + toks % BS
     at = rows[:, None] * D + c[None, :]
     z = tl.load(gates_ptr + at, mask=m, other=0.0).to(tl.float32) \
         + tl.load(ape_ptr + j[:, None] * D + c[None, :], mask=m, other=0.0).to(tl.float32)
@@ -48,22 +56,25 @@ def _fill_pools_kernel(keys_ptr, gates_ptr, ape_ptr, rows_ptr, target_ptr, pool_
     keys = tl.load(keys_ptr + at, mask=m, other=0.0)
     probs = (e / tl.sum(e, axis=0)[None, :]).to(keys.dtype)
     prod = (probs.to(tl.float32) * keys.to(tl.float32)).to(keys.dtype).to(tl.float32)
-    target = tl.load(target_ptr + t).to(tl.int64)
+    first = pos + 1 - KPOOL
+    target = (tl.load(tables_ptr + seq * table_stride + first // BS).to(tl.int64) * BS + first % BS) // KPOOL
     tl.store(pool_ptr + target * D + c, tl.sum(prod, axis=0).to(pool_ptr.dtype.element_ty), mask=c < D)
 
 
-def fill_pools(keys: torch.Tensor, gates: torch.Tensor, ape: torch.Tensor, rows: torch.Tensor, target: torch.Tensor,
-               pool: torch.Tensor) -> None:
-    """keys, gates [R, d] (flat caches), ape [kpool, d], rows [T, kpool] cache rows of the pool ending at
-    each token, target [T] the pool row each token writes -> pool [P, d] written in place."""
-    t, kpool = rows.shape
-    d = keys.shape[1]
+def fill_pools(keys: torch.Tensor, gates: torch.Tensor, ape: torch.Tensor, positions: torch.Tensor,
+               token_seq: torch.Tensor, block_tables: torch.Tensor, block_size: int, pool: torch.Tensor) -> None:
+    """keys, gates [R, d] (flat caches), ape [kpool, d], positions / token_seq [T] (each token's position and
+    block-table row), block_tables [B, nb] -> the pooled key of every pool a token completes, written into
+    pool [P, d] (row block * bs / kpool + offset / kpool); tokens that complete none write nothing."""
+    t = positions.shape[0]
+    kpool, d = ape.shape
     if not (keys.is_contiguous() and gates.is_contiguous() and pool.is_contiguous()):
         raise ValueError("fill_pools: keys, gates and pool must be contiguous")
     if t:
-        _fill_pools_kernel[(t,)](keys, gates, ape.contiguous(), rows.contiguous(), target.contiguous(), pool,
-                                 KPOOL=kpool, D=d, KP=triton.next_power_of_2(kpool), DP=triton.next_power_of_2(d),
-                                 num_warps=4)
+        tables = block_tables.contiguous()
+        _fill_pools_kernel[(t,)](keys, gates, ape.contiguous(), positions.contiguous(), token_seq[:t].contiguous(),
+                                 tables, pool, tables.stride(0), BS=block_size, KPOOL=kpool, D=d,
+                                 KP=triton.next_power_of_2(kpool), DP=triton.next_power_of_2(d), num_warps=4)
 
 
 @triton.jit
@@ -117,4 +128,34 @@ def decode_scores(q: torch.Tensor, w: torch.Tensor, positions: torch.Tensor, tok
         n_pools, tables.stride(0), d ** -0.5, torch.finfo(torch.float32).min, H=heads, D=d,
         HP=max(16, triton.next_power_of_2(heads)), DP=max(16, triton.next_power_of_2(d)), BS=block_size, KPOOL=kpool,
         BP=bp, IEEE=q.dtype == torch.float32, num_warps=4)
+    return out
+
+
+@triton.jit
+def _expand_kernel(chosen_ptr, pos_ptr, out_ptr, K, W, KEEP: tl.constexpr, KPOOL: tl.constexpr, TAIL: tl.constexpr,
+                   BLOCK: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    c = tl.arange(0, BLOCK)
+    pos = tl.load(pos_ptr + t).to(tl.int64)
+    slot = c // KPOOL
+    picked = c < K * KPOOL
+    pool = tl.load(chosen_ptr + t * K + slot, mask=picked, other=0).to(tl.int64)
+    val = tl.where(picked & ((pool + 1) * KPOOL <= pos + 1), pool * KPOOL + c % KPOOL, -1)
+    if TAIL:
+        count = (pos + 1) % KPOOL
+        o = c - KEEP * KPOOL
+        val = tl.where((o >= 0) & (o < count), pos + 1 - count + o, val)
+    tl.store(out_ptr + t * W + c, val, mask=c < W)
+
+
+def expand_selection(chosen: torch.Tensor, positions: torch.Tensor, width: int, pools_to_keep: int, kpool: int,
+                     tail: bool) -> torch.Tensor:
+    """The chosen pools of each decode / verify token as token positions, plus its unfinished pool's
+    positions (model/indexer.py `_expand` and `_tail`, for scores whose invisible pools are masked already):
+    chosen [n, k] pool indices (k <= pools_to_keep), positions [n] -> [n, width] long, -1 = none."""
+    n, k = chosen.shape
+    out = torch.empty(n, width, dtype=torch.long, device=chosen.device)
+    if n:
+        _expand_kernel[(n,)](chosen.contiguous(), positions.contiguous(), out, k, width, KEEP=pools_to_keep,
+                             KPOOL=kpool, TAIL=tail and kpool > 1, BLOCK=triton.next_power_of_2(width), num_warps=4)
     return out

@@ -109,15 +109,15 @@ class Indexer(nn.Module):
         Every token computes the pool that ends at it; tokens that end no pool write theirs to the
         reserved dummy block's pool row (the last one), so no host loop or host read is needed."""
         pool_flat = cache.pool_k[self.layer].view(-1, self.head_dim)
-        rows, target = batch.memoized(("fill_pools", self.kpool, cache.block_size, pool_flat.shape[0]),
-                                      lambda: self._fill_rows(batch, cache.block_size, pool_flat.shape[0] - 1))
-        if self.fused_pools:
+        if self.fused_pools:  # the pools' rows found in the kernel; tokens that complete none write nothing
             from tpserve.kernels.indexer_triton import fill_pools
 
             fill_pools(cache.index_k[self.layer].view(-1, self.head_dim),
-                       cache.index_gate[self.layer].view(-1, self.head_dim), self.index_kpool_compress_ape, rows,
-                       target, pool_flat)
+                       cache.index_gate[self.layer].view(-1, self.head_dim), self.index_kpool_compress_ape,
+                       batch.positions, batch.token_seq, batch.block_tables, cache.block_size, pool_flat)
             return
+        rows, target = batch.memoized(("fill_pools", self.kpool, cache.block_size, pool_flat.shape[0]),
+                                      lambda: self._fill_rows(batch, cache.block_size, pool_flat.shape[0] - 1))
         keys = cache.index_k[self.layer].view(-1, self.head_dim)[rows]
         gates = cache.index_gate[self.layer].view(-1, self.head_dim)[rows]
         probs = (gates.float() + self.index_kpool_compress_ape.float()).softmax(dim=1).to(keys.dtype)
@@ -154,8 +154,13 @@ class Indexer(nn.Module):
         `batch`'s memo when it is given: decode rows, the same in every layer). visible None: the scores
         of invisible pools are float32's lowest already (the fused decode scores)."""
         n, n_pools = scores.shape
-        out = torch.full((n, self.width), -1, dtype=torch.long, device=scores.device)
         k = min(self.pools_to_keep, n_pools)
+        if visible is None and self.fused_pools and k > 0:  # positions, validity and tail in one kernel
+            from tpserve.kernels.indexer_triton import expand_selection
+
+            return expand_selection(scores.topk(k, dim=-1).indices, pos, self.width, self.pools_to_keep, self.kpool,
+                                    self.tail)
+        out = torch.full((n, self.width), -1, dtype=torch.long, device=scores.device)
         if k > 0:
             masked = scores if visible is None else scores.masked_fill(~visible, torch.finfo(scores.dtype).min)
             chosen = masked.topk(k, dim=-1).indices                                 # [n, k]
