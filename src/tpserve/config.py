@@ -89,14 +89,14 @@ class EngineConfig:
     indexer_backend: str = _opt("auto", "the DSA indexer's pool compression (every completed pool: softmax of the "
                                 "gates over the pool, weighted sum of the keys), the decode / verify tokens' pool "
                                 "scores (read from the paged pool cache in place) and their selection's positions: "
-                                "triton (one kernel each, cuda only), torch (about 40 ops per MLA layer), or auto "
-                                "(triton on cuda)",
+                                "triton (one kernel each, cuda only), torch (25 ops per MLA layer and 39 per step in "
+                                "float32, bench/op_sites.py), or auto (triton on cuda)",
                                 switch=True,
                                 choices=("auto", "triton", "torch"))
     mla_decode_backend: str = _opt("auto", "sparse MLA of decode / verify tokens (and sparse prefill queries) over "
                                    "the indexer's selected latent rows: triton (the paged cache read in place, an "
                                    "online softmax split over the selection; cuda only), torch (a gather of the "
-                                   "selected rows, about 13 ops per MLA layer), or auto (triton on cuda)",
+                                   "selected rows, 18 ops per MLA layer in float32), or auto (triton on cuda)",
                                    switch=True, choices=("auto", "triton", "torch"))
     moe_triton_max_tokens: int = _opt(2048, "largest forward (tokens) that takes the triton MoE (it needs a "
                                       "tokens x top-k x hidden fp32 buffer: 268 MB at 2048); longer bf16/fp16 "

@@ -108,14 +108,14 @@ def test_expand_selection_kernel_equals_torch_form():
                                              (2, 50, 4, 1, True)]:
             g = torch.Generator().manual_seed(n * n_pools + kpool)
             width = keep * kpool + (kpool - 1 if tail else 0)
-            ns = types.SimpleNamespace(pools_to_keep=keep, kpool=kpool, width=width, tail=tail, fused_pools=False)
+            ns = types.SimpleNamespace(pools_to_keep=keep, kpool=kpool, width=width, tail=tail)
             ns._tail = lambda pos, ns=ns: Indexer._tail(ns, pos)
             pos = torch.randint(0, n_pools * kpool + 5, (n,), generator=g)
             pos[0] = 0
             scores = torch.randn(n, n_pools, generator=g)
             visible = (torch.arange(n_pools) + 1) * kpool <= pos[:, None] + 1
             scores = scores.masked_fill(~visible, torch.finfo(torch.float32).min)
-            want = Indexer._expand(ns, scores, None, pos)
+            want = Indexer._expand(ns, scores, visible, pos)  # the torch form
             k = min(keep, n_pools)
             got = expand_selection(scores.topk(k, dim=-1).indices, pos, width, keep, kpool, tail)
             res[f"{n}x{n_pools} keep {keep} kpool {kpool} tail {tail}"] = [bool(torch.equal(got, want)),

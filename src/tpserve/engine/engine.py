@@ -185,10 +185,13 @@ class LLMEngine:
                 self.dead = f"engine step failed while speculating: {type(exc).__name__}: {exc}"
                 raise EngineDeadError(self.dead) from exc
         elif sampled:
-            results = sampler.sample(logits, [s.seq for s in sampled], self.generator)
-            for s, res in zip(sampled, results):
-                self._append(s.seq, res)
+            self.sample_and_append([s.seq for s in sampled], logits)
         return [self._output(rid) for rid in touched if rid in self.requests and self._reportable(rid)]
+
+    def sample_and_append(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
+        """One token per sequence from its logits row (a step without drafts to verify)."""
+        for seq, res in zip(seqs, sampler.sample(logits, seqs, self.generator)):
+            self._append(seq, res)
 
     def _reportable(self, request_id: str) -> bool:
         seqs = self.requests[request_id][0]

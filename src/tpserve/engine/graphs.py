@@ -124,7 +124,8 @@ class StepGraphs:
         ids[:], pos[:], owner[:], slots[n:] = 0, 0, dummy_row, self.dummy_slot
         rows[:] = self.dummy_block * bs
         tables[n:] = self.dummy_block
-        lrows[:b] = np.arange(b) * q  # a chain reads one logits row per sequence: padding sequences their first
+        if plan is None or source_rows is not None:  # a chain graph (captured, or an MTP step) reads one logits
+            lrows[:b] = np.arange(b) * q  # row per sequence: padding sequences their first
         n_real = n_logits = 0
         if n:
             slots[:n] = plan.slots

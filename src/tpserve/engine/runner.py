@@ -139,12 +139,17 @@ class ModelRunner:
     def chain_depths(self, plan: StepPlan | None = None) -> int:
         """Depths a draft(..., depths=n) call chains in one graph step, for `plan` when one is given (it
         needs a chain graph and a logits row per sequence); 0: one depth per call."""
-        g = self.graphs
-        if g is None or not g.chain_depths:
+        if self.graphs is None or not self.graphs.chain_depths:
             return 0
-        if plan is not None and (len(plan.logits_indices) != len(plan.slots) or g.key_for(plan, "chain") is None):
+        if plan is not None and self._chain_key(plan) is None:
             return 0
-        return g.chain_depths
+        return self.graphs.chain_depths
+
+    def _chain_key(self, plan: StepPlan):
+        """The chain graph that runs `plan` (one logits row per sequence), or None."""
+        if len(plan.logits_indices) != len(plan.slots):
+            return None
+        return self.graphs.key_for(plan, "chain")
 
     def build_batch(self, plan: StepPlan) -> ForwardBatch:
         dev, bs = self.device, self.cache_shape.block_size
@@ -201,10 +206,11 @@ class ModelRunner:
             raise RuntimeError("draft: the model was built without the MTP drafter")
         src = self.last_hidden if from_main else self.draft_hidden
         if depths > 1:
-            if depths != self.chain_depths(plan):
+            key = self._chain_key(plan) if self.chain_depths() else None
+            if key is None or depths != self.graphs.chain_depths:
                 raise ValueError(f"draft: {depths} chained depths asked; this plan can chain "
                                  f"{self.chain_depths(plan)} (0: no chain graph runs it)")
-            return Drafted(None, self.graphs.draft_chain(plan, self.graphs.key_for(plan, "chain"), src, source_rows))
+            return Drafted(None, self.graphs.draft_chain(plan, key, src, source_rows))
         key = None if self.graphs is None or self.graphs.hidden_in is None else self.graphs.key_for(plan, "draft")
         if key is not None:
             logits, self.draft_hidden, greedy = self.graphs.draft(plan, key, src, source_rows)

@@ -86,9 +86,8 @@ class Speculator:
         counts (tokens now real) of the sequences that verified drafts, in step order."""
         eng = self.engine
         if not any(s.seq.drafts for s in sampled):  # nothing to verify (k = 0): the plain engine's sampling
-            results = sampler.sample(logits, [s.seq for s in sampled], eng.generator)
-            for s, res in zip(sampled, results):
-                eng._append(s.seq, res)
+            eng.sample_and_append([s.seq for s in sampled], logits)
+            for s in sampled:
                 if s.seq.is_finished:
                     self.policy.forget(s.seq)
             self.emitted += len(sampled)

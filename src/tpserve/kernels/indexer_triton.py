@@ -15,8 +15,9 @@ order (a few fp32 ulps before the final rounding; tests/kernels/test_indexer_tri
 Decode scores (model/indexer.py `_select_tokens`): a decode / verify token scores every complete pool of
 its own sequence, sum_h w_h relu(q_h . key / sqrt(d)). In torch, over a graph step's fixed width (every
 pool the block table can address: 8,192 at 131,072 positions and kpool 16), that is the pools' cache rows
-(~16 launches, once per step), a gather of [n, P, d] pool keys, fp32 copies, two matmuls, relu, the mask:
-~20 launches per layer and ~2 MB gathered per token. Here a program per (token, 64 pools) looks the pools
+(14 ops, once per step), a gather of [n, P, d] pool keys, fp32 copies, two matmuls, relu, the mask
+(7 ops per layer in float32, counted with `bench/op_sites.py`; bf16 adds two copies) and ~2 MB gathered
+per token. Here a program per (token, 64 pools) looks the pools
 up in the block table and reads them in place; blocks of pools not complete at the token's position only
 write the mask value, so the work follows the context, not the width. Floors per token at 1k context
 (64 pools, GLM-5.3-Flash: 32 heads, d 128): 16 KB of keys and 0.5 MFLOP: launch-bound. 16-bit inputs

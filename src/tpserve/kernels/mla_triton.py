@@ -2,9 +2,9 @@
 
 Decode and verify tokens (and sparse prefill queries) attend in latent space over the indexer's selected
 positions only (model/mla.py `_sparse`). In torch that is the block-table lookup of every selected
-position (~5 launches), a gather of the selected latent rows ([N, W, C]: 2 MB per token at W = 2051,
-C = 512), the score einsum, scaling, two masks, the softmax, casts and the output einsum: ~13 launches
-per MLA layer and the gathered copy written and read again. Here each program takes one token, a block
+position (6 ops), a gather of the selected latent rows ([N, W, C]: 2 MB per token at W = 2051,
+C = 512), the score einsum, scaling, two masks, the softmax, casts and the value einsum: 16 ops per MLA
+layer in float32 (`bench/op_sites.py`; bf16 adds two casts) and the gathered copy written and read again. Here each program takes one token, a block
 of heads and a range of the selection (flash-decoding: at batch 1 a token's ~2k rows are split across
 programs so more than a few SMs read them), looks each selected position up in the block table, reads
 its latent row straight from the paged cache, and keeps an online softmax; a second kernel combines the

@@ -151,23 +151,20 @@ class Indexer(nn.Module):
     def _expand(self, scores: torch.Tensor, visible: torch.Tensor | None, pos: torch.Tensor,
                 batch: ForwardBatch | None = None) -> torch.Tensor:
         """Top pools among the visible ones, as token positions, plus the tail -> [n, W] (the tail from
-        `batch`'s memo when it is given: decode rows, the same in every layer). visible None: the scores
-        of invisible pools are float32's lowest already (the fused decode scores)."""
+        `batch`'s memo when it is given: decode rows, the same in every layer). visible None: the fused
+        decode path (scores of invisible pools are float32's lowest already; the expansion is one kernel)."""
         n, n_pools = scores.shape
         k = min(self.pools_to_keep, n_pools)
-        if visible is None and self.fused_pools and k > 0:  # positions, validity and tail in one kernel
+        if visible is None and k > 0:  # positions, validity and tail in one kernel
             from tpserve.kernels.indexer_triton import expand_selection
 
             return expand_selection(scores.topk(k, dim=-1).indices, pos, self.width, self.pools_to_keep, self.kpool,
                                     self.tail)
         out = torch.full((n, self.width), -1, dtype=torch.long, device=scores.device)
         if k > 0:
-            masked = scores if visible is None else scores.masked_fill(~visible, torch.finfo(scores.dtype).min)
+            masked = scores.masked_fill(~visible, torch.finfo(scores.dtype).min)
             chosen = masked.topk(k, dim=-1).indices                                 # [n, k]
-            if visible is None:
-                ok = (chosen + 1) * self.kpool <= pos.unsqueeze(-1) + 1
-            else:
-                ok = visible.gather(-1, chosen)
+            ok = visible.gather(-1, chosen)
             toks = (chosen * self.kpool).unsqueeze(-1) + torch.arange(self.kpool, device=scores.device)
             toks = toks.masked_fill(~ok.unsqueeze(-1), -1).flatten(-2)
             out[:, :toks.shape[1]] = toks

@@ -103,19 +103,18 @@ class MlaAttention(nn.Module):
         into the query and the output): decode / verify tokens, and prefill queries when sparse.
         q [N, H, d], sel [N, W], token_seq [>= N] (the owning sequence of each row)."""
         w_uk, w_uv = self._kv_weights()
+        q_lat = torch.einsum("bhd,hdc->bhc", q, w_uk)
         if self.fused_sparse:
             from tpserve.kernels.mla_triton import sparse_mla
 
-            o_lat = sparse_mla(torch.einsum("bhd,hdc->bhc", q, w_uk), sel, token_seq[:q.shape[0]], block_tables,
-                               latent_flat, block_size, self.scaling)
-            return torch.einsum("bhc,hvc->bhv", o_lat, w_uv).reshape(q.shape[0], self.heads * self.v_dim)
-        rows = token_rows(block_tables, token_seq[:q.shape[0]], sel, block_size)
-        lat = latent_flat[rows].to(q.dtype)                                          # [N, W, c]
-        q_lat = torch.einsum("bhd,hdc->bhc", q, w_uk)
-        scores = torch.einsum("bhc,bwc->bhw", q_lat, lat).float() * self.scaling
-        scores = scores.masked_fill((sel < 0).unsqueeze(1), float("-inf"))
-        # a query with nothing selected (no complete pool yet and no tail) attends to nothing: output 0,
-        # as SDPA gives for a fully masked row
-        probs = scores.softmax(dim=-1).masked_fill((sel < 0).all(-1)[:, None, None], 0.0).to(q.dtype)
-        o_lat = torch.einsum("bhw,bwc->bhc", probs, lat)
+            o_lat = sparse_mla(q_lat, sel, token_seq[:q.shape[0]], block_tables, latent_flat, block_size, self.scaling)
+        else:
+            rows = token_rows(block_tables, token_seq[:q.shape[0]], sel, block_size)
+            lat = latent_flat[rows].to(q.dtype)                                      # [N, W, c]
+            scores = torch.einsum("bhc,bwc->bhw", q_lat, lat).float() * self.scaling
+            scores = scores.masked_fill((sel < 0).unsqueeze(1), float("-inf"))
+            # a query with nothing selected (no complete pool yet and no tail) attends to nothing: output 0,
+            # as SDPA gives for a fully masked row
+            probs = scores.softmax(dim=-1).masked_fill((sel < 0).all(-1)[:, None, None], 0.0).to(q.dtype)
+            o_lat = torch.einsum("bhw,bwc->bhc", probs, lat)
         return torch.einsum("bhc,hvc->bhv", o_lat, w_uv).reshape(q.shape[0], self.heads * self.v_dim)
