@@ -6,7 +6,8 @@
 
 For each setting (plain decoding, then speculative decoding with a fixed k), after a warm-up call:
 --steps decode steps of --batch structured prompts under the torch profiler, each engine phase
-(execute: the forward, decode or verify; commit; draft: the MTP forwards) under its own profiler
+(execute: the forward, decode or verify; commit; draft: the MTP forwards; execute_spec: a fused step, `--draft-graph
+fused`: verify, commit and drafts) under its own profiler
 session, synchronized at its end, so every device kernel it ran (a graph replay's included) is
 charged to it. Prints per phase the kernels per step and
 device us per step, and the top kernels by device time with their count per step: what a fused
@@ -27,7 +28,7 @@ from torch.profiler import ProfilerActivity, profile
 from tpserve import LLM, SamplingParams
 from tpserve.train.acceptance import mtp_prompts
 
-PHASES = (("executor", "execute"), ("executor", "commit"), ("executor", "draft"))
+PHASES = (("executor", "execute"), ("executor", "commit"), ("executor", "draft"), ("executor", "execute_spec"))
 
 
 class PhaseProfiles:

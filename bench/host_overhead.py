@@ -1,6 +1,7 @@
 """The engine's own host time per decode step, without a model: what is left between CUDA graphs.
 
     python bench/host_overhead.py [--k 3] [--batch 1] [--max-tokens 96] [--repeats 3] [--profile 25] [--adaptive]
+        [--fused]
 
 On a GPU a decode step is a graph replay plus host work around it (scheduling, the step plan,
 sampling or draft acceptance, detokenization and stop checks, the draft bookkeeping); on the H200
@@ -11,7 +12,9 @@ proposes exactly that sequence, so every draft is accepted and a k-draft step em
 What remains is the engine's host work alone. Prints ms per decode step and per emitted token for
 plain decoding and for --k drafts (fixed k), median of --repeats; --adaptive adds the adaptive mode with
 a GPU's verify-graph limit (it drafts nothing above batch 16: there it should cost what plain costs);
---profile N prints the N engine functions with the most own time (cProfile, one more run).
+--fused adds fixed k with fused speculative steps (`--draft-graph fused`: acceptance, commit and the next
+drafts on the device, one host copy per step); --profile N prints the N engine functions with the most own
+time (cProfile, one more run).
 """
 
 from __future__ import annotations
@@ -40,8 +43,8 @@ class StandInExecutor:
     from a precomputed table (one index op per call), so the stand-in costs about what reading a
     graph's output costs on a GPU."""
 
-    def __init__(self, real, vocab: int, chain: int = 0, graph_limit: int | None = None):
-        self.real, self.vocab, self.chain, self.graph_limit = real, vocab, chain, graph_limit
+    def __init__(self, real, vocab: int, chain: int = 0, graph_limit: int | None = None, fused: bool = False):
+        self.real, self.vocab, self.chain, self.graph_limit, self.fused = real, vocab, chain, graph_limit, fused
         self.cache_shape = real.cache_shape
         self.world_size = 1
         self.table = torch.zeros(97, vocab)
@@ -73,6 +76,28 @@ class StandInExecutor:
         """As a GPU with chain graphs (`--draft-graph chain`): k depths when every sequence drafts."""
         return self.chain if len(plan.logits_indices) == len(plan.slots) == plan.num_decode else 0
 
+    def spec_step_limits(self) -> tuple[int, int]:
+        """As a GPU with spec graphs (`--draft-graph fused`) when fused: batches up to 16."""
+        return (16, 1 << 30) if self.fused and self.chain else (0, 0)
+
+    def execute_spec(self, plan):
+        """What ModelRunner.execute_spec returns, from the script: each verify row's next token (rows padded to
+        k + 1), the drafts accepted (those equal to the row before's choice), the chain's draws from the last
+        accepted row."""
+        q, cu = self.chain + 1, plan.cu_seqlens
+        greedy, accepted, last = [], [], []
+        for i in range(len(plan.slots)):
+            pos, ids = plan.positions[cu[i]:cu[i + 1]], plan.input_ids[cu[i]:cu[i + 1]]
+            greedy.append([script_token(p + 1) for p in pos] + [0] * (q - len(pos)))
+            a = 0
+            while a < len(ids) - 1 and greedy[-1][a] == ids[a + 1]:
+                a += 1
+            accepted.append(a)
+            last.append(pos[0] + a)
+        draws = [[[float(script_token(p + 2 + d)) for p in last] for d in range(self.chain)],
+                 [[1.0] * len(last) for _ in range(self.chain)]]
+        return greedy, accepted, draws
+
     def verify_graph_batch(self):
         return self.graph_limit  # as a GPU's (SPEC_MAX_BATCH) when given: adaptive drafts nothing above it
 
@@ -101,19 +126,24 @@ def main() -> None:
     ap.add_argument("--profile", type=int, default=0, metavar="N")
     ap.add_argument("--adaptive", action="store_true", help="also the adaptive mode, with a GPU's verify-graph "
                     "limit (batch 16) stood in for")
+    ap.add_argument("--fused", action="store_true", help="also fixed k with fused speculative steps")
     args = ap.parse_args()
     structured = mtp_prompts()
     prompts = [structured[i % len(structured)] for i in range(args.batch)]
     sp = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
     print("| setting | ms per decode step | ms per emitted token |\n| --- | --- | --- |")
-    settings = [("plain", None), (f"k={args.k}", {"method": "mtp", "num_speculative_tokens": args.k, "adaptive": False})]
+    fixed = {"method": "mtp", "num_speculative_tokens": args.k, "adaptive": False}
+    settings = [("plain", None, False), (f"k={args.k}", fixed, False)]
+    if args.fused:
+        settings.append((f"k={args.k} fused", fixed, True))
     if args.adaptive:
-        settings.append((f"adaptive (k<={args.k})", {"method": "mtp", "num_speculative_tokens": args.k}))
-    for name, spec in settings:
+        settings.append((f"adaptive (k<={args.k})", {"method": "mtp", "num_speculative_tokens": args.k}, False))
+    for name, spec, fused in settings:
         llm = LLM(device="cpu", speculative_config=spec, max_num_seqs=max(args.batch, 8), kv_cache_memory="256MiB")
         llm.engine.executor = StandInExecutor(llm.engine.executor, llm.engine.model_config.vocab_size,
                                               chain=args.k if spec and args.k > 1 else 0,  # the draft chain, as on a GPU
-                                              graph_limit=16 if spec and spec.get("adaptive", True) else None)
+                                              graph_limit=16 if spec and spec.get("adaptive", True) else None,
+                                              fused=fused)
         decode_ms(llm, prompts, sp)  # warm-up
         runs = [decode_ms(llm, prompts, sp) for _ in range(args.repeats)]
         step_ms = statistics.median(r[0] for r in runs)

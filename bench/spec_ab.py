@@ -1,14 +1,15 @@
 """Adaptive k against a fixed k in steady state, interleaved in one process (less exposed to drift
 than `bench spec`, which times its settings one after another).
 
-    python bench/spec_ab.py [--batch 1] [--k 5] [--fixed-k K] [--max-tokens 64] [--rounds 6]
-                            [--device cpu] [--truncate-threshold T]
+    python bench/spec_ab.py [--batch 1] [--k 5] [--fixed-k K] [--baseline fixed|off] [--max-tokens 64]
+                            [--rounds 6] [--device cpu] [--truncate-threshold T] [--draft-graph G]
 
 Both engines first run one untimed pass over the structured prompts of `bench spec` (the adaptive
 policy learns its costs and acceptance there; fixed k warms up the same way). Then each round runs
 one timed pass per engine, alternating which goes first, and records decode-step throughput (steps
 without a prefill chunk). Prints the per-round ratio adaptive / fixed and its median, and how often the
-adaptive engine chose each k over the timed rounds (k = 0: a plain step).
+adaptive engine chose each k over the timed rounds (k = 0: a plain step). --baseline off compares the
+adaptive engine with plain decoding instead (batch 64: does it cost nothing where it drafts nothing).
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--baseline", choices=("fixed", "off"), default="fixed",
+                    help="the other engine: fixed k (default) or no speculation")
+    ap.add_argument("--draft-graph", default=None, help="--draft-graph of both engines (default: the engine's)")
     ap.add_argument("--truncate-threshold", type=float, default=None,
                     help="the adaptive engine's truncation threshold (default: the engine's default)")
     args = ap.parse_args()
@@ -44,9 +48,13 @@ def main() -> None:
     sp = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
     fixed_k = args.k if args.fixed_k is None else args.fixed_k
     kw = dict(device=args.device, max_num_seqs=max(args.batch, 8), kv_cache_memory=2**30)
+    if args.draft_graph:
+        kw["draft_graph"] = args.draft_graph
+    other = None if args.baseline == "off" else {"method": "mtp", "num_speculative_tokens": fixed_k,
+                                                  "adaptive": False, "truncate_threshold": 0.0}
+    base_name = "off" if other is None else f"fixed k={fixed_k}"
     engines = {
-        "fixed": LLM(speculative_config={"method": "mtp", "num_speculative_tokens": fixed_k, "adaptive": False,
-                                         "truncate_threshold": 0.0}, **kw),
+        "fixed": LLM(speculative_config=other, **kw),
         "adaptive": LLM(speculative_config={"method": "mtp", "num_speculative_tokens": args.k,
                                             **({} if args.truncate_threshold is None
                                                else {"truncate_threshold": args.truncate_threshold})}, **kw)}
@@ -63,14 +71,14 @@ def main() -> None:
             chosen[speculator.last_k] += 1
     speculator.propose = counted_propose
     ratios = []
-    print(f"| round | fixed k={fixed_k} decode tok/s | adaptive (k<={args.k}) decode tok/s | adaptive / fixed |")
+    print(f"| round | {base_name} decode tok/s | adaptive (k<={args.k}) decode tok/s | adaptive / {base_name} |")
     print("| --- | --- | --- | --- |")
     for r in range(args.rounds):
         order = ["fixed", "adaptive"] if r % 2 == 0 else ["adaptive", "fixed"]
         rate = {name: timed_pass(engines[name], groups, sp) for name in order}
         ratios.append(rate["adaptive"] / rate["fixed"])
         print(f"| {r + 1} | {rate['fixed']:.1f} | {rate['adaptive']:.1f} | {ratios[-1]:.3f} |", flush=True)
-    print(f"median adaptive / fixed: {statistics.median(ratios):.3f} over {args.rounds} rounds "
+    print(f"median adaptive / {base_name}: {statistics.median(ratios):.3f} over {args.rounds} rounds "
           f"(min {min(ratios):.3f}, max {max(ratios):.3f})")
     total = sum(chosen.values()) or 1
     print("adaptive k per step: " + ", ".join(f"k={k} {100 * n / total:.0f}%" for k, n in sorted(chosen.items())))

@@ -1,13 +1,15 @@
 """Where a decode step's time goes, phase by phase, with and without speculative decoding.
 
-    python bench/spec_breakdown.py [--batch 1] [--k 3] [--max-tokens 96] [--device cpu|cuda] [--dtype D]
+    python bench/spec_breakdown.py [--batch 1] [--k 3] [--adaptive] [--max-tokens 96] [--device cpu|cuda]
+        [--dtype D] [--draft-graph fused|chain|depth]
 
 One generate call of --batch requests (the structured prompts of `bench spec`), greedy, after a
 warm-up call. Every engine phase is timed around a device synchronize (so GPU work is charged to
 the phase that queued it): schedule, plan (host buffers), execute (the model forward: decode or
 verify), sample (plain decoding), verify (acceptance on the host), commit (KDA state of the
 accepted drafts), draft (the MTP forwards), propose minus draft (the policy and bookkeeping), and
-the rest of the step (outputs). Steps that hold a prefill chunk are left out. Prints ms per step and
+the rest of the step (outputs); a fused step (`--draft-graph fused`) charges its verify, commit and drafts
+to execute and its host walk to verify. Steps that hold a prefill chunk are left out. Prints ms per step and
 ms per emitted token for each phase; the synchronizes cost a little, so the step total is also
 given without them (a second call, untimed phases).
 """
@@ -65,6 +67,8 @@ def breakdown(llm: LLM, prompts: list[str], sp: SamplingParams, device: str) -> 
     timer.wrap(eng.executor, "commit", "commit")
     timer.wrap(eng.executor, "draft", "draft")
     if eng.speculator is not None:
+        timer.wrap(eng.executor, "execute_spec", "execute")  # a fused step: verify, commit and drafts
+        timer.wrap(eng.speculator, "verify_fused", "verify")
         timer.wrap(eng.speculator, "verify", "verify")
         timer.wrap(eng.speculator, "propose", "propose")
     original_sample = sampler.sample
@@ -109,17 +113,24 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--k", type=int, default=3)
+    ap.add_argument("--adaptive", action="store_true", help="the speculative setting picks k <= --k per step")
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default=None)
+    ap.add_argument("--draft-graph", default=None)
     args = ap.parse_args()
     structured = mtp_prompts()
     prompts = [structured[i % len(structured)] for i in range(args.batch)]
     sp = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
     rows = []
-    for name, spec in (("off", None), (f"k={args.k}", {"method": "mtp", "num_speculative_tokens": args.k,
-                                                      "adaptive": False, "truncate_threshold": 0.0})):
+    spec_name = f"adaptive (k<={args.k})" if args.adaptive else f"k={args.k}"
+    spec = {"method": "mtp", "num_speculative_tokens": args.k}  # adaptive: bench spec's setting (defaults)
+    if not args.adaptive:
+        spec.update(adaptive=False, truncate_threshold=0.0)
+    for name, spec in (("off", None), (spec_name, spec)):
         kw = {"dtype": args.dtype} if args.dtype else {}
+        if args.draft_graph:
+            kw["draft_graph"] = args.draft_graph
         llm = LLM(device=args.device, speculative_config=spec, max_num_seqs=max(args.batch, 8),
                   kv_cache_memory=2 * 2**30, **kw)
         llm.generate(prompts, sp)  # warm-up: kernels compiled, graphs replayed once

@@ -54,11 +54,15 @@ class EngineConfig:
                                "to --max-num-seqs sequences replay graphs captured at start, and with "
                                "speculation the verify, KDA commit and MTP draft steps of up to 16; cuda only)",
                                switch=True)
-    draft_graph: str = _opt("chain", "MTP drafting in graph steps: chain (the catch-up and every chained depth in "
+    draft_graph: str = _opt("fused", "MTP drafting in graph steps: chain (the catch-up and every chained depth in "
                             "one CUDA graph, each greedy draft fed to the next depth on the GPU: one replay and "
-                            "one host copy per step) or depth (a replay and a host copy per depth); chain is used "
-                            "when every drafting request is greedy and drafts num_speculative_tokens", switch=True,
-                            choices=("chain", "depth"))
+                            "one host copy per step), fused (chain, and a step where every request verifies "
+                            "num_speculative_tokens drafts greedily runs the acceptance, KDA commit, catch-up and "
+                            "chain in one more graph right after the verify graph: two replays and one host copy "
+                            "per step; sequences with fewer drafts padded) or depth (a replay and a host copy per "
+                            "depth); chain is used when every drafting request is greedy and drafts "
+                            "num_speculative_tokens", switch=True,
+                            choices=("fused", "chain", "depth"))
     kda_backend: str = _opt("auto", "KDA kernels: fla (fla-core Triton, cuda only; its recurrent kernel (decode, "
                             "verify, commit) and chunked kernel (prefill) self-tested at start, each replaced by "
                             "torch where it disagrees), torch, or auto (fla on cuda in bf16/fp16, torch in fp32)",

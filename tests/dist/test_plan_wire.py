@@ -35,6 +35,8 @@ def test_step_draft_and_commit_messages_roundtrip():
     plan = StepPlan([5, 7, 9], [4, 5, 6], [0, 3], [4], [1], [[2, 3]], [0, 1, 2], [], False, 1)
     step = _message(*plan_wire.encode(plan))
     assert step.kind == plan_wire.STEP and step.plan == plan and step.rows == []
+    fused = _message(*plan_wire.encode(plan, plan_wire.SPEC))  # a fused speculative step (execute_spec)
+    assert fused.kind == plan_wire.SPEC and fused.plan == plan and fused.rows == []
     for from_main, kind in ((True, plan_wire.DRAFT_MAIN), (False, plan_wire.DRAFT_CHAIN)):
         msg = _message(*plan_wire.encode_draft(plan, [7, 0, 3], from_main))
         assert (msg.kind, msg.plan, msg.rows, msg.depths) == (kind, plan, [7, 0, 3], 1)

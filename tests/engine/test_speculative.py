@@ -343,17 +343,18 @@ def test_mtp_draft_matches_plain_torch_recipe(spec):
     assert (got - ref).abs().max().item() < bound, ((got - ref).abs().max().item(), bound)
 
 
-def _padded_graph_run(plain, chain: bool):
-    """Greedy generations through the fixed-shape graph steps run eagerly on CPU (draft chain on or off):
+def _padded_graph_run(plain, mode: str):
+    """Greedy generations through the fixed-shape graph steps run eagerly on CPU (--draft-graph `mode`):
     -> (graph kinds used, each step's drafts and their probabilities, verify steps that padded sequences of
     different lengths)."""
     import collections
 
     llm = LLM(device="cpu", kv_cache_memory="16MiB", block_size=16, max_num_seqs=8, speculative_config=SPEC)
     runner = llm.engine.executor.runner
-    runner.setup_graphs(8, None, enforce_eager=False, pad_on_cpu=True, num_speculative_tokens=3, draft_chain=chain)
+    runner.setup_graphs(8, None, enforce_eager=False, pad_on_cpu=True, num_speculative_tokens=3, draft_graph=mode)
     graphs = runner.graphs
-    assert graphs.spec_buckets == [1, 2, 4, 8] and graphs.max_q == 4 and graphs.chain_depths == (3 if chain else 0)
+    assert graphs.spec_buckets == [1, 2, 4, 8] and graphs.max_q == 4
+    assert graphs.chain_depths == (0 if mode == "depth" else 3) and graphs.fused == (mode == "fused")
     used, replay = collections.Counter(), graphs._replay
     mixed = []
 
@@ -369,7 +370,15 @@ def _padded_graph_run(plain, chain: bool):
             mixed.append(sorted(lens))
         return run(plan, key)
 
-    graphs._replay, graphs.run = spy, spy_run
+    spec_step = graphs.spec_step
+
+    def spy_spec_step(plan, key):
+        lens = {b - a for a, b in zip(plan.cu_seqlens, plan.cu_seqlens[1:])}
+        if len(lens) > 1 or max(lens) < graphs.max_q:
+            mixed.append(sorted(lens))
+        return spec_step(plan, key)
+
+    graphs._replay, graphs.run, graphs.spec_step = spy, spy_run, spy_spec_step
     speculator, drafts = llm.engine.speculator, []
     propose = speculator.propose
 
@@ -378,6 +387,13 @@ def _padded_graph_run(plain, chain: bool):
         drafts.append([(s.request_id, list(s.drafts), list(s.draft_sure)) for s in llm.engine.scheduler.running])
 
     speculator.propose = spy_propose
+    verify_fused = speculator.verify_fused
+
+    def spy_verify_fused(*a, **kw):
+        verify_fused(*a, **kw)
+        drafts.append([(s.request_id, list(s.drafts), list(s.draft_sure)) for s in llm.engine.scheduler.running])
+
+    speculator.verify_fused = spy_verify_fused
     sp = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
     prompts = PROMPTS + ["1, 2, 3, 4,", "{\"name\": \"a\", \"value\":"]
     want = [o.outputs[0].token_ids for o in plain.generate(prompts, sp)]
@@ -398,13 +414,13 @@ def test_padded_graph_steps_give_identical_tokens(plain):
     identical to plain decoding, every kind of graph step used, pools full afterwards. The draft chain
     (catch-up and chained depths in one graph step, drafts fed forward on the device) drafts exactly
     what one graph step per depth drafts, with the same probabilities (to rounding)."""
-    by_depth, by_depth_drafts, mixed = _padded_graph_run(plain, chain=False)
+    by_depth, by_depth_drafts, mixed = _padded_graph_run(plain, "depth")
     for kind in (("main", True), ("commit", True), ("draft", False), ("draft", True), ("main", False)):
         assert by_depth[kind], f"no {kind} graph step ran ({dict(by_depth)})"
-    assert not by_depth["chain", False] and not by_depth["chain", True]
+    assert not by_depth["chain", False] and not by_depth["chain", True] and not by_depth["spec", True]
     assert mixed, "no verify step padded sequences of different lengths"
-    chained, chained_drafts, _ = _padded_graph_run(plain, chain=True)
-    assert chained["chain", True], dict(chained)
+    chained, chained_drafts, _ = _padded_graph_run(plain, "chain")
+    assert chained["chain", True] and not chained["spec", True], dict(chained)
     assert chained["draft", False] < by_depth["draft", False]  # chained depths no longer run one by one
     # the same shapes and forms: the same drafts, step by step, with the same probabilities up to rounding (a
     # padding row's hidden differs between the two, so an expert's fp32 GEMM may take another M: ~1e-7 seen;
@@ -413,6 +429,24 @@ def test_padded_graph_steps_give_identical_tokens(plain):
         [[(r, d) for r, d, _ in step] for step in by_depth_drafts]
     assert sum(len(d) for step in chained_drafts for _, d, _ in step) > 100
     gap = max(abs(x - y) for s1, s2 in zip(chained_drafts, by_depth_drafts) for a, b in zip(s1, s2)
+              for x, y in zip(a[2], b[2]))
+    assert gap < 1e-5, gap
+
+
+def test_fused_spec_steps_give_identical_tokens_and_drafts(plain):
+    """--draft-graph fused through the padded graph steps on CPU: greedy tokens identical to plain decoding;
+    decode steps where every sequence verifies drafts run the spec graph (acceptance, KDA commit, catch-up over
+    the verify rows and the chain, on the device), sequences with fewer than k drafts (truncated) padded to k;
+    the same drafts as the chain, step by step, with the same probabilities up to rounding (the catch-up
+    multiplies 1+k rows per sequence where the chain's multiplies the accepted ones)."""
+    fused, fused_drafts, padded = _padded_graph_run(plain, "fused")
+    assert fused["spec", True] > 10 and padded, (dict(fused), padded)
+    commits = fused["commit", True]
+    chained, chained_drafts, _ = _padded_graph_run(plain, "chain")
+    assert commits < chained["commit", True]  # a fused step commits inside its spec graph
+    assert [[(r, d) for r, d, _ in step] for step in fused_drafts] == \
+        [[(r, d) for r, d, _ in step] for step in chained_drafts]
+    gap = max(abs(x - y) for s1, s2 in zip(fused_drafts, chained_drafts) for a, b in zip(s1, s2)
               for x, y in zip(a[2], b[2]))
     assert gap < 1e-5, gap
 

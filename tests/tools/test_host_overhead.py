@@ -9,14 +9,20 @@ from helpers import load_bench
 from tpserve import LLM, SamplingParams
 
 
-@pytest.mark.parametrize("chain", [0, 3], ids=["per-depth", "chain"])
-def test_stand_in_drafts_are_all_accepted_and_follow_the_script(chain):
+@pytest.mark.parametrize("chain,fused", [(0, False), (3, False), (3, True)], ids=["per-depth", "chain", "fused"])
+def test_stand_in_drafts_are_all_accepted_and_follow_the_script(chain, fused):
     """chain 3: the speculator takes a chain graph's draws [2, depths, n] (engine/speculate.py) and feeds
-    each depth's drafts to the right sequence and position."""
+    each depth's drafts to the right sequence and position; fused: steps where every draft is pending run
+    as fused steps (acceptance and next drafts from the executor at once: Speculator.verify_fused)."""
     mod = load_bench("host_overhead")
     llm = LLM(device="cpu", max_num_seqs=8, kv_cache_memory="64MiB",
               speculative_config={"method": "mtp", "num_speculative_tokens": 3, "adaptive": False})
-    llm.engine.executor = mod.StandInExecutor(llm.engine.executor, llm.engine.model_config.vocab_size, chain)
+    llm.engine.executor = mod.StandInExecutor(llm.engine.executor, llm.engine.model_config.vocab_size, chain,
+                                              fused=fused)
+    calls = []
+    if fused:
+        execute_spec = llm.engine.executor.execute_spec
+        llm.engine.executor.execute_spec = lambda plan: calls.append(plan) or execute_spec(plan)
     prompt = llm._tokens("Count from 1 to 5.")[0]
     out = llm.generate({"prompt_token_ids": prompt}, SamplingParams(temperature=0, max_tokens=20,
                                                                      ignore_eos=True))[0].outputs[0].token_ids
@@ -24,6 +30,7 @@ def test_stand_in_drafts_are_all_accepted_and_follow_the_script(chain):
     assert out == [mod.script_token(n + i) for i in range(20)]
     stats = llm.engine.stats()
     assert stats["spec_decode_num_accepted_tokens"] == stats["spec_decode_num_draft_tokens"] > 0
+    assert (len(calls) >= 3) == fused  # 20 tokens: prefill, then 4 per step; the steps after the first fused
     step_ms, token_ms = mod.decode_ms(llm, ["Count from 1 to 5."], SamplingParams(temperature=0, max_tokens=17,
                                                                                   ignore_eos=True))
     assert step_ms > 0 and abs(step_ms / token_ms - 4) < 0.5  # k + 1 tokens per decode step

@@ -93,7 +93,7 @@ class RankState:
             self.runner.allocate_cache(self.cache_shape)
             self.runner.setup_graphs(ecfg.max_num_seqs, ecfg.max_model_len, ecfg.enforce_eager,
                                      num_speculative_tokens=0 if spec is None else spec.num_speculative_tokens,
-                                     draft_chain=ecfg.draft_graph == "chain")
+                                     draft_graph=ecfg.draft_graph)
         except BaseException:
             self.close()
             raise
@@ -120,6 +120,8 @@ def worker_loop(state: RankState) -> None:
                 break
             if msg.kind == plan_wire.STEP:
                 state.runner.execute(msg.plan)
+            elif msg.kind == plan_wire.SPEC:
+                state.runner.execute_spec(msg.plan)
             elif msg.kind == plan_wire.COMMIT:
                 state.runner.commit(msg.rows)
             else:
@@ -215,6 +217,14 @@ class TPExecutor:
 
     def chain_depths(self, plan: StepPlan) -> int:
         return self.state.runner.chain_depths(plan)  # every rank captures the same graphs
+
+    def spec_step_limits(self) -> tuple[int, int]:
+        return self.state.runner.spec_step_limits()
+
+    def execute_spec(self, plan: StepPlan):
+        return self._on_every_rank(lambda: plan_wire.broadcast(*plan_wire.encode(plan, plan_wire.SPEC),
+                                                               self.state.control),
+                                   lambda: self.state.runner.execute_spec(plan))
 
     def _on_every_rank(self, send, run):
         """Send the work to the other ranks, run it here; a failure marks the executor dead."""

@@ -7,7 +7,9 @@ reset_slots [R].
 
 Speculative decoding adds two messages: an MTP draft step (header[0] DRAFT_MAIN or DRAFT_CHAIN:
 the hidden rows come from the main model or the previous depth; the payload is the plan's, then
-the source rows [T], then the number of chained depths [1]) and a KDA commit (header [COMMIT, n, 0, ...], payload: the n accepted counts).
+the source rows [T], then the number of chained depths [1]), a KDA commit (header [COMMIT, n, 0, ...],
+payload: the n accepted counts) and a fused speculative step (header[0] SPEC, the plan's layout:
+ModelRunner.execute_spec).
 `receive` returns a Message.
 """
 
@@ -22,12 +24,13 @@ import torch.distributed as dist
 from tpserve.engine.runner import StepPlan
 
 HEADER = 8
-STEP, STOP, COMMIT, DRAFT_MAIN, DRAFT_CHAIN = 1, 2, 3, 4, 5
+STEP, STOP, COMMIT, DRAFT_MAIN, DRAFT_CHAIN, SPEC = 1, 2, 3, 4, 5, 6
 
 
 @dataclass(frozen=True)
 class Message:
-    """What a rank other than 0 is told to run: kind STEP (plan), DRAFT_* (plan, rows) or COMMIT (counts)."""
+    """What a rank other than 0 is told to run: kind STEP or SPEC (plan), DRAFT_* (plan, rows) or COMMIT
+    (counts)."""
     kind: int
     plan: StepPlan | None = None
     rows: list[int] = field(default_factory=list)  # DRAFT_*: source rows; COMMIT: accepted counts
@@ -98,7 +101,7 @@ def decode_message(header: torch.Tensor, payload: torch.Tensor) -> Message:
     kind, tokens = int(header[0]), int(header[1])
     if kind == COMMIT:
         return Message(kind, rows=payload.tolist())
-    if kind == STEP:
+    if kind in (STEP, SPEC):
         return Message(kind, decode(header, payload))
     if kind not in (DRAFT_MAIN, DRAFT_CHAIN):
         raise ValueError(f"plan wire: unknown message kind {kind}")

@@ -161,6 +161,8 @@ class LLMEngine:
             return []
         # decodes first (they take the decode kernels), verifies of drafts next, prefill chunks last
         scheduled.sort(key=lambda s: (not s.decode, s.num_tokens != 1))
+        if self.speculator is not None and self.speculator.fusable(scheduled):  # (reserves blocks: before the plan)
+            return self._fused_step(scheduled, self._plan(scheduled))
         plan = self._plan(scheduled)
         t0 = time.perf_counter()
         try:
@@ -187,6 +189,26 @@ class LLMEngine:
         elif sampled:
             self.sample_and_append([s.seq for s in sampled], logits)
         return [self._output(rid) for rid in touched if rid in self.requests and self._reportable(rid)]
+
+    def _fused_step(self, scheduled: list[Scheduled], plan: StepPlan) -> list[RequestOutput]:
+        """A speculative step whose acceptance, KDA commit and next drafts run on the device after the verify
+        (Speculator.fusable, ModelRunner.execute_spec): the host emits the accepted runs and keeps the drafts."""
+        t0 = time.perf_counter()
+        try:
+            verified = self.executor.execute_spec(plan)
+        except Exception as exc:
+            self.dead = f"engine step failed: {type(exc).__name__}: {exc}"
+            raise EngineDeadError(self.dead) from exc
+        self.step_count += 1
+        for s in scheduled:
+            s.seq.num_computed += s.num_tokens - s.num_drafts  # drafts count once accepted
+        try:
+            self.speculator.verify_fused(scheduled, verified, time.perf_counter() - t0, len(plan.input_ids))
+        except Exception as exc:
+            self.dead = f"engine step failed while speculating: {type(exc).__name__}: {exc}"
+            raise EngineDeadError(self.dead) from exc
+        ids = {s.seq.request_id for s in scheduled}
+        return [self._output(rid) for rid in ids if rid in self.requests and self._reportable(rid)]
 
     def sample_and_append(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
         """One token per sequence from its logits row (a step without drafts to verify)."""

@@ -66,7 +66,7 @@ class LocalExecutor:
         spec = ecfg.speculative
         self.runner.setup_graphs(ecfg.max_num_seqs, ecfg.max_model_len, ecfg.enforce_eager,
                                  num_speculative_tokens=0 if spec is None else spec.num_speculative_tokens,
-                                 draft_chain=ecfg.draft_graph == "chain")
+                                 draft_graph=ecfg.draft_graph)
 
     def execute(self, plan: StepPlan) -> torch.Tensor:
         return self.runner.execute(plan)
@@ -79,6 +79,12 @@ class LocalExecutor:
 
     def chain_depths(self, plan: StepPlan) -> int:
         return self.runner.chain_depths(plan)
+
+    def spec_step_limits(self) -> tuple[int, int]:
+        return self.runner.spec_step_limits()
+
+    def execute_spec(self, plan: StepPlan):
+        return self.runner.execute_spec(plan)
 
     def verify_graph_batch(self) -> int | None:
         return self.runner.verify_graph_batch()

@@ -10,6 +10,12 @@ MTP layer (catch-up over up to q positions, then one position per chained depth)
 k-1 more depths in one replay: each depth's greedy draft (the argmax, on the device) is the next depth's
 input token at the next position, its cache row looked up in the block table inside the graph, so a
 drafting step costs one replay and one host copy instead of one of each per depth.
+With `--draft-graph fused` (the chain's graphs, and more) a ("spec", b, 1+k) graph follows the verify graph
+("main", b, 1+k) with no host step between them: the greedy acceptance on the device (each row's argmax
+against the next row's draft), the KDA commit of the accepted rows, the MTP catch-up over the verify rows
+(the main model's hidden rows and each row's argmax as the next token; rows past the accepted run are
+drafts never used, as in a verify step) and the chained depths from the last accepted row; one host copy
+of the argmaxes, accepted counts and drafts ends the step (`spec_step`).
 
 All inputs of a step live in one persistent int64 device buffer, filled from a pinned host twin with
 one non-blocking copy per step. Layout for key (b, q), T = b*q rows: token ids, positions, cache rows
@@ -52,7 +58,7 @@ def buckets(max_num_seqs: int) -> list[int]:
 
 class StepGraphs:
     def __init__(self, runner, max_num_seqs: int, max_blocks: int, capture: bool = True, max_query: int = 1,
-                 chain: bool = False):
+                 chain: bool = False, fused: bool = False):
         self.runner, self.capture, self.max_blocks = runner, capture, max_blocks
         self.buckets = buckets(max_num_seqs)
         self.max_bs = self.buckets[-1]
@@ -62,6 +68,7 @@ class StepGraphs:
             self.spec_buckets.append(min(max_num_seqs, SPEC_MAX_BATCH))
         # chain graphs draft max_query - 1 depths (num_speculative_tokens); none for one depth
         self.chain_depths = max_query - 1 if chain and runner.mtp and max_query >= 3 and self.spec_buckets else 0
+        self.fused = fused and self.chain_depths > 0  # ("spec", b, max_query) graphs after the verify graphs
         shape = runner.cache_shape
         self.dummy_slot, self.dummy_block, self.block_size = shape.num_slots, shape.num_blocks, shape.block_size
         dev = runner.device
@@ -78,6 +85,7 @@ class StepGraphs:
         self.copied = torch.cuda.Event() if dev.type == "cuda" else None  # the host twin may be rewritten
         self.graphs: dict[tuple[str, int, int], tuple[torch.cuda.CUDAGraph | None, tuple]] = {}
         self.verify: dict[tuple[int, int], dict] = {}  # (b, q) -> the verify graph's KDA rows (model/kda.py)
+        self.verify_out: dict[tuple[int, int], tuple] = {}  # (b, q) -> the verify graph's (logits, hidden)
         self.pool = None
         self.capture_seconds = 0.0
         self.graph_bytes = 0
@@ -173,23 +181,42 @@ class StepGraphs:
         if kind == "commit":
             commit_uniform(cache, self.verify[(b, q)], self.device_buf[self.counts_at:self.counts_at + b])
             return ()
+        if kind == "spec":
+            return self._spec(batch, b, q)
         hidden = self.hidden_in[:b * q]
         new_hidden, normed = model.mtp.draft(hidden, model.embed(batch.input_ids, batch), batch, cache)
+        if kind == "chain":  # one logits row per sequence, from the host
+            return self._chain(batch, b, new_hidden, normed, self._views(self.device_buf, b, q)[6][:b])
         logits = model.lm_logits(normed)
-        if kind == "chain":
-            return self._chain(batch, b, q, new_hidden, logits)
         return new_hidden, logits, argmax_and_probability(logits)
 
-    def _chain(self, batch: ForwardBatch, b: int, q: int, hidden: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-        """The chained depths after a catch-up (its MTP hidden rows and logits, b*q rows): each sequence's
-        logits row (one per sequence) gives its draft, which the next depth reads at the next position.
+    def _spec(self, batch: ForwardBatch, b: int, q: int) -> torch.Tensor:
+        """After the verify graph (b, q) (its logits and hidden rows; each sequence's last token and up to q-1
+        drafts, padded to q rows): greedy acceptance, the KDA commit of 1 + accepted rows, the MTP catch-up over
+        the verify rows and the chain from each sequence's last accepted row. -> float64 [b*q argmaxes | b
+        accepted counts | 2 * depths * b draws (argmax_and_probability of each depth)], for one host copy."""
+        model, cache = self.runner.model, self.runner.cache
+        logits, hidden = self.verify_out[(b, q)]
+        greedy = logits.argmax(-1).view(b, q)
+        real = batch.token_seq.view(b, q) == self.arange[:b].unsqueeze(1)  # padding rows own the dummy table row
+        hit = (greedy[:, :-1] == batch.input_ids.view(b, q)[:, 1:]) & real[:, 1:]  # row j's choice vs draft j+1
+        accepted = hit.long().cumprod(1).sum(1)
+        commit_uniform(cache, self.verify[(b, q)], accepted + 1)
+        # catch-up: the token after row j's position is row j's argmax (a draft accepted there, or the bonus)
+        new_hidden, normed = model.mtp.draft(hidden, model.embed(greedy.view(-1), batch), batch, cache)
+        draws = self._chain(batch, b, new_hidden, normed, self.arange[:b] * q + accepted)
+        return torch.cat([greedy.view(-1).double(), accepted.double(), draws.flatten()])
+
+    def _chain(self, batch: ForwardBatch, b: int, hidden: torch.Tensor, normed: torch.Tensor,
+               lrows: torch.Tensor) -> torch.Tensor:
+        """The chained depths after a catch-up (its MTP hidden and normed rows, b*q rows): each sequence's
+        row lrows[i] gives its draft, which the next depth reads at the next position.
         The same forms and shapes as the per-depth draft graphs ("draft", b, 1). -> greedy [2, depths, b]."""
         model, cache, bs = self.runner.model, self.runner.cache, self.block_size
-        lrows = self._views(self.device_buf, b, q)[6][:b]
         seqs = self.arange[:b]
         pos = batch.positions.index_select(0, lrows)
         hidden = hidden.index_select(0, lrows)
-        draws = [argmax_and_probability(logits.index_select(0, lrows))]
+        draws = [argmax_and_probability(model.lm_logits(normed.index_select(0, lrows)))]
         for _ in range(1, self.chain_depths):
             pos = pos + 1
             ids = draws[-1][0].long()
@@ -213,8 +240,9 @@ class StepGraphs:
         if self.pool is None:
             self.pool = graph.pool()
         self.graphs[(kind, b, q)] = (graph, out)
-        if kind == "main" and q > 1:  # the captured verify rows stay alive: the commit graph reads them
+        if kind == "main" and q > 1:  # the captured verify rows and outputs stay alive: commit, spec read them
             self.verify[(b, q)] = dict(cache.verify)
+            self.verify_out[(b, q)] = out
             cache.verify.clear()
 
     def keys(self) -> list[tuple[str, int, int]]:
@@ -226,6 +254,8 @@ class StepGraphs:
             out += [("draft", b, q) for q in range(1, self.max_q + 1) for b in reversed(self.spec_buckets)]
         if self.chain_depths:
             out += [("chain", b, q) for q in range(1, self.max_q + 1) for b in reversed(self.spec_buckets)]
+        if self.fused:
+            out += [("spec", b, self.max_q) for b in reversed(self.spec_buckets)]
         return out
 
     def capture_all(self) -> None:
@@ -246,13 +276,14 @@ class StepGraphs:
             self.capture = False
             self.spec_buckets = []
             self.chain_depths = 0
+            self.fused = False
             return
         torch.cuda.synchronize(self.runner.device)
         self.capture_seconds = time.perf_counter() - start
         self.graph_bytes = torch.cuda.memory_reserved(self.runner.device) - reserved_before
         log.info("captured %d graphs (decode batch %s; verify/commit/draft%s batch %s, up to %d rows each) in %.1f s, "
                  "%.0f MiB of graph memory", len(self.graphs), ",".join(map(str, self.buckets)),
-                 "/chain" if self.chain_depths else "", ",".join(map(str, self.spec_buckets)) or "-", self.max_q,
+                 "/chain/spec" if self.fused else "/chain" if self.chain_depths else "", ",".join(map(str, self.spec_buckets)) or "-", self.max_q,
                  self.capture_seconds,
                  self.graph_bytes / 2**20)
 
@@ -280,8 +311,9 @@ class StepGraphs:
             graph.replay()
             return out
         out = self._forward(*key)
-        if key[0] == "main" and key[2] > 1:  # eager: the verify rows are this run's (the commit reads them)
+        if key[0] == "main" and key[2] > 1:  # eager: the verify rows are this run's (commit, spec read them)
             self.verify[key[1:]] = dict(self.runner.cache.verify)
+            self.verify_out[key[1:]] = out
             self.runner.cache.verify.clear()
         return out
 
@@ -323,7 +355,23 @@ class StepGraphs:
         self.hidden_in.index_copy_(0, real, source.index_select(0, src))
         return self._replay(key)[:, :, :len(plan.slots)]
 
+    def spec_step(self, plan, key) -> tuple[list[list[int]], list[int], list]:
+        """A verify step (key ("main", b, max_q): every sequence verifies up to max_q - 1 drafts, padded to max_q
+        rows) and the ("spec", b, max_q) graph after it, no host step between -> for the plan's n sequences,
+        from one host copy: the argmax of each verify row [n][q] (padding rows' too), the accepted drafts [n],
+        the chain's draws [2][depths][n]."""
+        _, b, q = key
+        n = len(plan.slots)
+        self._fill(plan, b, q)
+        self._replay(key)
+        packed = self._replay(("spec", b, q)).cpu().numpy()  # the step's one device-to-host copy
+        greedy = packed[:b * q].reshape(b, q)[:n].astype(np.int64).tolist()
+        accepted = packed[b * q:b * q + n].astype(np.int64).tolist()
+        draws = packed[b * q + b:].reshape(2, self.chain_depths, b)[:, :, :n].tolist()
+        return greedy, accepted, draws
+
     def close(self) -> None:
         self.graphs.clear()
         self.verify.clear()
+        self.verify_out.clear()
         self.pool = None

@@ -113,10 +113,11 @@ class ModelRunner:
                                               dtype=self.ctx.dtype, device=self.device)
 
     def setup_graphs(self, max_num_seqs: int, max_model_len: int | None, enforce_eager: bool,
-                     pad_on_cpu: bool = False, num_speculative_tokens: int = 0, draft_chain: bool = True) -> None:
-        """Capture decode graphs, and with speculation verify / commit / draft graphs, and with draft_chain
-        the chained drafts of num_speculative_tokens depths (CUDA; not with enforce_eager). pad_on_cpu runs
-        the same padded, fixed-shape steps eagerly (tests on CPU)."""
+                     pad_on_cpu: bool = False, num_speculative_tokens: int = 0, draft_graph: str = "chain") -> None:
+        """Capture decode graphs, and with speculation verify / commit / draft graphs, with draft_graph chain
+        the chained drafts of num_speculative_tokens depths too, with fused also the spec graphs run after a
+        verify graph (`execute_spec`) (CUDA; not with enforce_eager). pad_on_cpu runs the same padded,
+        fixed-shape steps eagerly (tests on CPU)."""
         from tpserve.engine.graphs import StepGraphs
 
         if enforce_eager or (self.device.type != "cuda" and not pad_on_cpu):
@@ -125,7 +126,7 @@ class ModelRunner:
         longest = min(max_model_len or self.cfg.max_position_embeddings, shape.num_blocks * shape.block_size)
         self.graphs = StepGraphs(self, max_num_seqs, -(-longest // shape.block_size),
                                  capture=self.device.type == "cuda", max_query=1 + num_speculative_tokens,
-                                 chain=draft_chain)
+                                 chain=draft_graph in ("chain", "fused"), fused=draft_graph == "fused")
         self.graphs.capture_all()
 
     def verify_graph_batch(self) -> int | None:
@@ -135,6 +136,30 @@ class ModelRunner:
         if self.graphs is None or not self.graphs.capture:
             return None
         return max(self.graphs.spec_buckets, default=0)
+
+    def spec_step_limits(self) -> tuple[int, int]:
+        """(largest batch, positions a sequence's rows may reach) of a fused speculative step
+        (`execute_spec`); (0, 0): none runs here."""
+        g = self.graphs
+        if g is None or not g.fused:
+            return 0, 0
+        return g.spec_buckets[-1], g.max_blocks * g.block_size
+
+    def execute_spec(self, plan: StepPlan) -> tuple[list[list[int]], list[int], list]:
+        """A greedy speculative step in two graph replays and one host copy (engine/graphs.py `spec_step`):
+        every sequence of `plan` verifies 1 to num_speculative_tokens drafts (padded to that many); acceptance,
+        the KDA commit and the next drafts run on the device. -> (argmax of each verify row, padding rows'
+        included, accepted drafts, the next drafts' draws [2][depths][sequence])."""
+        g = self.graphs
+        key = g.key_for(plan) if g is not None and g.fused else None
+        cu = plan.cu_seqlens
+        if key is None or key[2] == 1 or len(plan.logits_indices) != len(plan.input_ids):
+            raise ValueError(f"execute_spec: the plan is not a verify step of {self.spec_step_limits()[0]} or "
+                             "fewer sequences with every row's logits and 1 to num_speculative_tokens drafts each")
+        key = ("main", key[1], g.max_q)  # every sequence padded to the spec graphs' rows
+        cache_mod.reset_slots(self.cache, plan.reset_slots)
+        self.graph_verify, self.last_hidden = None, None
+        return g.spec_step(plan, key)
 
     def chain_depths(self, plan: StepPlan | None = None) -> int:
         """Depths a draft(..., depths=n) call chains in one graph step, for `plan` when one is given (it

@@ -167,24 +167,91 @@ class Speculator:
     def forget(self, seq: Sequence) -> None:
         self.policy.forget(seq)
 
+    def fusable(self, scheduled: list[Scheduled]) -> bool:
+        """Whether this step can verify, commit and draft on the device in one go (`verify_fused`): every
+        sequence verifies 1 to num_speculative_tokens drafts, greedily with nothing but the argmax in force and no
+        logprobs, its MTP cache current, and blocks (reserved here, before the step's plan) for the rows the
+        next drafts' chain writes, up to position num_computed + 2k - 1 (else they would land in the shared
+        dummy block, where other sequences' rows overwrite them)."""
+        limit, positions = self.engine.executor.spec_step_limits()  # (0, 0): none
+        k = self.spec.num_speculative_tokens
+        if not limit or len(scheduled) > limit:
+            return False
+        for s in scheduled:
+            seq = s.seq
+            if not (s.decode and 0 < s.num_drafts <= k and seq.draft_probs is None and seq.mtp_computed == seq.num_computed
+                    and seq.params.logprobs is None and sampler.plain_argmax(seq)
+                    and seq.num_computed + 2 * k <= positions):  # the chain's last row: num_computed + 2k - 1
+                return False
+        return all(self.engine.scheduler.reserve(s.seq, s.seq.num_computed + 2 * k) for s in scheduled)
+
+    def verify_fused(self, scheduled: list[Scheduled], verified, step_seconds: float, step_tokens: int) -> None:
+        """After a fused step (ModelRunner.execute_spec; the KDA commit and the MTP catch-up ran on the device):
+        emit each sequence's accepted run from the verify rows' argmaxes, then take the next drafts from the
+        chain's draws (truncation and the policy's k as in `propose`)."""
+        greedy, accepted, draws = verified
+        groups = []
+        for i, s in enumerate(scheduled):
+            seq = s.seq
+            g = _Walk(seq, 0, list(seq.drafts), None, list(seq.draft_sure))
+            for j, token in enumerate(greedy[i]):
+                if not self._emit(g, j, sampler.SampleResult(token, None, None)):
+                    break
+            if not seq.is_finished and g.accepted != accepted[i]:  # the device committed accepted[i] + 1 rows
+                raise RuntimeError(f"fused speculative step: the device accepted {accepted[i]} drafts of "
+                                   f"{seq.request_id}, the host walk {g.accepted}")
+            groups.append(g)
+        self._finish(groups)
+        for s in scheduled:
+            s.seq.mtp_computed = s.seq.num_computed  # the catch-up covered every accepted row
+        k = self._next_k(scheduled, step_seconds, step_tokens, fused=True)  # (the drafts ran inside the step)
+        if k is None:
+            return
+        drafting, at = [], []
+        for i, s in enumerate(scheduled):
+            want = self._budget(s.seq, k) if s.seq.status is Status.RUNNING else 0
+            if want > 0:
+                drafting.append((s.seq, want))
+                at.append(i)
+        self._extend_drafts(drafting, None, draws, at)
+
     def propose(self, scheduled: list[Scheduled], starts: list[int], step_seconds: float, step_tokens: int) -> None:
         """After a step's tokens are emitted: draft the next step's tokens with the MTP layer."""
-        eng = self.engine
         t0 = time.perf_counter()
-        running = [s.seq for s in scheduled if s.seq.status is Status.RUNNING]
+        k = self._next_k(scheduled, step_seconds, step_tokens)
+        if k is None:
+            return
+        self._draft_all(scheduled, starts, k, all(s.decode for s in scheduled), t0)
+
+    def _next_k(self, scheduled: list[Scheduled], step_seconds: float, step_tokens: int,
+                fused: bool = False) -> int | None:
+        """Observe the step just run (its time and tokens), then choose the next step's k; None: the MTP layer
+        stops for the running sequences (they draft no more)."""
+        eng = self.engine
         batch = len(eng.scheduler.running)
-        decode_only = all(s.decode for s in scheduled)
-        if decode_only:  # steps with prefill chunks say nothing of decode costs or rates
-            self.policy.observe_step(step_tokens, max(step_seconds, 1e-9))
+        limit = eng.executor.verify_graph_batch() if self.spec.adaptive else None
+        above_graphs = limit is not None and batch > limit
+        if above_graphs and not any(_fixed(s.seq) for s in scheduled):
+            # plain steps replay a graph here and drafting steps could not (eager steps cost several times a
+            # replay on a GPU: BENCHMARKS.md, batch 64), exploration included: no drafts, and the MTP catch-up
+            # stops too (an eager MTP pass per step cost batch 64 ~15%: BENCHMARKS.md, tenth session); the
+            # running requests no longer draft (their MTP cache would have a gap), requests that arrive later
+            # do when the batch is small again. Nothing is observed (no step here drafts), so these steps cost
+            # what plain decoding costs (~40 us more per step at batch 64 before this early exit: BENCHMARKS.md)
+            self.emitted, self.last_draft_seconds, self.last_k = 0, 0.0, 0
+            self.idle_steps += 1
+            for s in scheduled:
+                s.seq.mtp_computed = -1
+            return None
+        running = [s.seq for s in scheduled if s.seq.status is Status.RUNNING]
+        if all(s.decode for s in scheduled):  # steps with prefill chunks say nothing of decode costs or rates
+            if not fused:  # (a fused step's time holds its drafting too: the cost model fits them apart)
+                self.policy.observe_step(step_tokens, max(step_seconds, 1e-9))
             if self.last_draft_seconds is not None:  # None: the drafts came with a prompt's MTP catch-up
                 self.rates.observe(batch, self.last_k > 0, self.emitted, step_seconds + self.last_draft_seconds)
         self.emitted, self.last_draft_seconds = 0, 0.0
         self.choice = self.policy.begin_step()
-        limit = eng.executor.verify_graph_batch() if self.spec.adaptive else None
-        above_graphs = limit is not None and batch > limit
-        if above_graphs:
-            # plain steps replay a graph here and drafting steps could not (eager steps cost several
-            # times a replay on a GPU: BENCHMARKS.md, batch 64), exploration included
+        if above_graphs:  # (requests with a fixed k draft it: `_budget`)
             k = 0
         else:
             k = self.policy.choose_k(batch, running)
@@ -192,14 +259,18 @@ class Speculator:
                 k = self.rates.override(batch, k)
         self.last_k = k
         self.idle_steps = self.idle_steps + 1 if k == 0 else 0
-        if (above_graphs or self.idle_steps > IDLE_STEPS) and not any(_fixed(seq) for seq in running):
-            # speculation has not paid for a while (large batches), or cannot run from graphs at this
-            # batch: stop the MTP catch-up too (an eager MTP pass per step cost batch 64 ~15%: BENCHMARKS.md,
-            # tenth session), so these steps cost what plain decoding costs; the running requests no longer
-            # draft (their MTP cache would have a gap), requests that arrive later do when k > 0 again
+        if self.idle_steps > IDLE_STEPS and not any(_fixed(seq) for seq in running):
+            # speculation has not paid for a while (large batches): stop the MTP catch-up too, as above the
+            # graphs; the running requests no longer draft, requests that arrive later do when k > 0 again
             for seq in running:
                 seq.mtp_computed = -1
-            return
+            return None
+        return k
+
+    def _draft_all(self, scheduled: list[Scheduled], starts: list[int], k: int, decode_only: bool,
+                   t0: float) -> None:
+        """The MTP catch-up over the positions the step made real, then up to k drafts per sequence."""
+        eng = self.engine
         # catch-up: the positions this step made real, with the main model's hidden rows
         plan, rows, drafting = _Plan(), [], []
         base = 0
@@ -227,9 +298,20 @@ class Speculator:
             chain = 0
         drafted = eng.executor.draft(built, rows, True, max(chain, 1))
         chained = drafted.greedy.tolist() if chain else None  # [2][depth][sequence]: one host copy
+        self._extend_drafts(drafting, drafted, chained, list(range(len(drafting))))
+        self.last_draft_seconds = time.perf_counter() - t0
+        if not decode_only:  # the catch-up ran over prompt rows too: not what a decode step's drafts cost
+            self.last_draft_seconds = None  # (the next step's measured rate would be charged with it)
+        elif deepest > 0:
+            self.policy.observe_draft(deepest, max(self.last_draft_seconds, 1e-9), num_drafting)
+
+    def _extend_drafts(self, drafting: list[tuple[Sequence, int]], drafted, chained, at: list[int]) -> None:
+        """Depth by depth, each drafting sequence's next draft until it has `want` of them or truncation stops
+        it: from `chained` draws [2][depth][at[i]] (a chain graph's), else from `drafted` (the first depth's
+        output) and one more MTP step per depth."""
+        eng = self.engine
         survival = [1.0] * len(drafting)
-        at = list(range(len(drafting)))  # each drafting sequence's index in the chain's draws
-        for depth in range(1, deepest + 1):
+        for depth in range(1, max((want for _, want in drafting), default=0) + 1):
             if chained is None:
                 toks, probs, sure = self._draw(drafted, [s for s, _ in drafting])
             else:
@@ -253,11 +335,6 @@ class Speculator:
             at = [at[i] for i in keep]
             if chained is None:
                 drafted = eng.executor.draft(nxt.build(), keep, False)
-        self.last_draft_seconds = time.perf_counter() - t0
-        if not decode_only:  # the catch-up ran over prompt rows too: not what a decode step's drafts cost
-            self.last_draft_seconds = None  # (the next step's measured rate would be charged with it)
-        elif deepest > 0:
-            self.policy.observe_draft(deepest, max(self.last_draft_seconds, 1e-9), num_drafting)
 
     def _budget(self, seq: Sequence, k: int) -> int:
         """Drafts this sequence may take next step (room before max_tokens / max_model_len, blocks)."""

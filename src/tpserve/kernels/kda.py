@@ -114,41 +114,56 @@ def fla_decode_inplace(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: tor
     return out.squeeze(1)
 
 
-def _fla_rows(b: int, n: int, states: torch.Tensor, read_col: int, write_cols: list[int], slots: torch.Tensor,
-              q, k, v, g, beta) -> torch.Tensor:
+def _fla_rows(b: int, n: int, states: torch.Tensor, index: tuple[torch.Tensor, torch.Tensor], q, k, v, g,
+              beta) -> torch.Tensor:
     """fla-core's recurrent kernel over b sequences of n rows each (rows [b*n, ...], sequence-major) in its
-    speculative-decoding mode: each sequence starts from the pool state at column `read_col` of its index
-    row and writes the state after token t to column t. Columns are the dummy slot (the pool's last)
-    except read_col and write_cols, which hold the sequence's slot. -> out [b*n, H, V]."""
+    speculative-decoding mode: `index` = (state indices [b, n+1], accepted [b]) from `fla_verify_index` or
+    `fla_commit_index`: each sequence starts from the pool state at column accepted-1 of its index row and
+    writes the state after token t to column t. -> out [b*n, H, V]."""
     from fla.ops.kda.fused_recurrent import fused_recurrent_kda_fwd
 
-    dummy = states.shape[0] - 1
-    idx = torch.full((b, n + 1), dummy, dtype=torch.long, device=q.device)
-    for c in [read_col, *write_cols]:
-        idx[:, c] = slots
-    accepted = torch.full((b,), read_col + 1, dtype=torch.long, device=q.device)
-    rows = [x.contiguous().view(b, n, *x.shape[1:]) for x in (q, k, v, g, beta)]
+    idx, accepted = index
+    rows = [x.contiguous().view(b, n, *x.shape[1:]) for x in (q, k, v, g, beta)]  # (no copy when contiguous)
     out, _ = fused_recurrent_kda_fwd(*rows, initial_state=states, inplace_final_state=True, ssm_state_indices=idx,
-                                     num_accepted_tokens=accepted, use_qk_l2norm_in_kernel=True)
+                                     num_accepted_tokens=accepted, use_qk_l2norm_in_kernel=True,
+                                     out=torch.empty_like(rows[2]))  # every row written: no zero fill
     return out.view(b * n, *v.shape[1:])
 
 
-def fla_verify(q, k, v, g, beta, states: torch.Tensor, slots: torch.Tensor, n: int) -> torch.Tensor:
+def fla_verify_index(states: torch.Tensor, slots: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`_fla_rows`' index for a verify of n rows per sequence: read each slot (column n), write every
+    per-token state to the dummy slot (the pool's last). The same for every KDA layer of a step."""
+    cols = torch.arange(n + 1, device=slots.device)
+    idx = torch.where(cols == n, slots.unsqueeze(1), states.shape[0] - 1)
+    return idx, torch.full_like(slots, n + 1)
+
+
+def fla_commit_index(states: torch.Tensor, slots: torch.Tensor, counts: torch.Tensor,
+                     n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`_fla_rows`' index for a commit: read each slot (column n), write the state after row counts[i]-1 to
+    it (column counts[i]-1; none when counts[i] is 0) and every other per-token state to the dummy slot.
+    The same for every KDA layer of a step."""
+    cols = torch.arange(n + 1, device=slots.device)
+    pick = (cols == n) | (cols == counts.unsqueeze(1) - 1)
+    return torch.where(pick, slots.unsqueeze(1), states.shape[0] - 1), torch.full_like(slots, n + 1)
+
+
+def fla_verify(q, k, v, g, beta, states: torch.Tensor, slots: torch.Tensor, n: int,
+               index: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """Verify rows of a graph step (b = len(slots) sequences of n rows) in one kernel: row j's output is
     what the j-th of n one-token `fla_decode_inplace` steps gives (the same loop body of the same kernel);
     the slots are not written (the per-token states go to the dummy slot)."""
-    return _fla_rows(slots.shape[0], n, states, n, [], slots, q, k, v, g, beta)
+    index = fla_verify_index(states, slots, n) if index is None else index
+    return _fla_rows(slots.shape[0], n, states, index, q, k, v, g, beta)
 
 
-def fla_commit(q, k, v, g, beta, states: torch.Tensor, slots: torch.Tensor, counts: torch.Tensor, n: int) -> None:
-    """After acceptance: advance each slot by the first counts[i] of its n verified rows, in one kernel.
-    Rows past the count get g = 0 and beta = 0, an exact no-op of the update (decay by exp(0) = 1, a
-    delta of 0), so the state written after row n-1 is the state after row counts[i]-1."""
-    b = slots.shape[0]
-    keep = torch.arange(n, device=q.device) < counts.unsqueeze(1)                        # [b, n]
-    g = torch.where(keep.view(b * n, 1, 1), g, 0.0)
-    beta = torch.where(keep.view(b * n, 1), beta, 0.0)
-    _fla_rows(b, n, states, n, [n - 1], slots, q, k, v, g, beta)
+def fla_commit(q, k, v, g, beta, states: torch.Tensor, slots: torch.Tensor, counts: torch.Tensor, n: int,
+               index: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+    """After acceptance: advance each slot by the first counts[i] of its n verified rows, in one kernel: the
+    kernel runs all n rows and the slot receives the state after row counts[i]-1 (the same loop body as
+    one-token decode steps, so bit for bit what they leave); the other per-token states go to the dummy slot."""
+    index = fla_commit_index(states, slots, counts, n) if index is None else index
+    _fla_rows(slots.shape[0], n, states, index, q, k, v, g, beta)
 
 
 def _self_test_inputs(head_dim: int, lower_bound: float | None, device: torch.device, heads: int = 4):

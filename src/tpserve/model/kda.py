@@ -65,6 +65,8 @@ class KdaAttention(nn.Module):
             g = self._forget_gate(x)
             beta = torch.sigmoid(self.b_proj(x))
         states = cache.kda_state[self.layer]
+        if self.backend == "fla" and batch.fixed_shapes and batch.query_len > 1:
+            q, k, v = q.contiguous(), k.contiguous(), v.contiguous()  # once: fla's verify and commit read them
         nv = batch.single_token_seqs
         if nv < batch.decode_seqs:  # verify rows: read the states, commit later (`commit`)
             a, b = batch.cu_seqlens[nv], batch.decode_tokens
@@ -163,7 +165,9 @@ class KdaAttention(nn.Module):
 
     def _fla(self, q, k, v, g, beta, batch: ForwardBatch, states: torch.Tensor) -> torch.Tensor:
         if batch.fixed_shapes and batch.query_len > 1:  # a graph verify step: one kernel, slots not written
-            return kda_ops.fla_verify(q, k, v, g, beta, states, batch.slots[:batch.decode_seqs], batch.query_len)
+            slots, n = batch.slots[:batch.decode_seqs], batch.query_len
+            index = batch.memoized(("fla_verify_index", n), lambda: kda_ops.fla_verify_index(states, slots, n))
+            return kda_ops.fla_verify(q, k, v, g, beta, states, slots, n, index)
         nd = batch.single_token_seqs
         parts = []
         if nd:  # decode: the state pool is read and written in place at the slots
@@ -243,11 +247,17 @@ def commit(cache: CacheTensors, counts: list[int]) -> None:
     cache.verify.clear()
 
 
-def _advance_conv(convs: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor, counts: torch.Tensor) -> None:
+def _conv_columns(counts: torch.Tensor, window: int) -> torch.Tensor:
+    """Columns of [window | rows] that are each sequence's new window: counts[i] .. counts[i] + window - 1."""
+    return counts.unsqueeze(1) + torch.arange(window, device=counts.device)
+
+
+def _advance_conv(convs: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor, counts: torch.Tensor,
+                  cols: torch.Tensor | None = None) -> None:
     """Each slot's conv window becomes the last k-1 inputs of [its window | its first counts[i] rows]
-    (rows [S, width, C]), by index: copies only, no arithmetic."""
+    (rows [S, width, C]), by index: copies only, no arithmetic. cols: `_conv_columns` of counts."""
     ext = torch.cat([convs[slots], rows.transpose(1, 2).to(convs.dtype)], dim=-1)      # [S, C, k-1+width]
-    cols = counts.unsqueeze(1) + torch.arange(convs.shape[-1], device=counts.device)
+    cols = _conv_columns(counts, convs.shape[-1]) if cols is None else cols
     convs[slots] = ext.gather(-1, cols.unsqueeze(1).expand(-1, ext.shape[1], -1))
 
 
@@ -269,13 +279,19 @@ def verify_uniform(q, k, v, g, beta, b: int, n: int, states: torch.Tensor) -> to
 def commit_uniform(cache: CacheTensors, verify: dict[int, "VerifyInputs"], counts: torch.Tensor) -> None:
     """`commit` for a graph verify step (every sequence n rows; counts [b] a device tensor), with fixed
     shapes and no host values: the update runs for every sequence at every position and is kept where
-    j < counts[i]. The same arithmetic as `commit` on the same rows."""
+    j < counts[i]. The same arithmetic as `commit` on the same rows. What depends only on the slots and
+    counts (fla's state index, the conv window's columns) is computed once for every layer."""
+    shared = {}
     for layer, vi in verify.items():
         b, n = vi.slots.shape[0], vi.offsets[1] - vi.offsets[0]
         states, convs = cache.kda_state[layer], cache.conv_state[layer]
-        _advance_conv(convs, vi.slots, vi.raw.view(b, n, -1), counts)
+        if "cols" not in shared:
+            shared["cols"] = _conv_columns(counts, convs.shape[-1])
+        _advance_conv(convs, vi.slots, vi.raw.view(b, n, -1), counts, shared["cols"])
         if vi.fla:
-            kda_ops.fla_commit(vi.q, vi.k, vi.v, vi.g, vi.beta, states, vi.slots, counts, n)
+            if "index" not in shared:
+                shared["index"] = kda_ops.fla_commit_index(states, vi.slots, counts, n)
+            kda_ops.fla_commit(vi.q, vi.k, vi.v, vi.g, vi.beta, states, vi.slots, counts, n, shared["index"])
             continue
         s = states[vi.slots]
         for j in range(n):
