@@ -78,6 +78,10 @@ class EngineConfig:
                              "triton (one fused kernel each, cuda only; the demo model's decode step replays 747 "
                              "kernels instead of 1,042), torch (plain ops, the reference), or auto (triton on cuda)",
                              switch=True, choices=("auto", "triton", "torch"))
+    argmax_backend: str = _opt("auto", "the MTP drafter's greedy draws in speculative decoding (each row's argmax "
+                               "and its probability): triton (one kernel per call, cuda only), torch (max, "
+                               "logsumexp, exp, casts and a stack: about 9 launches per drafted depth), or auto "
+                               "(triton on cuda)", switch=True, choices=("auto", "triton", "torch"))
     act_backend: str = _opt("auto", "the clamped SwiGLU of the dense MLPs and shared experts: triton (one "
                             "kernel, cuda only), torch (four ops), or auto (triton on cuda)", switch=True,
                             choices=("auto", "triton", "torch"))

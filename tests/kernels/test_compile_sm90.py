@@ -10,6 +10,7 @@ I64, BF16, F32 = "*i64", "*bf16", "*fp32"
 
 
 def _cases():
+    from tpserve.kernels import argmax_triton as am
     from tpserve.kernels import indexer_triton as idx
     from tpserve.kernels import mla_triton as mla
 
@@ -37,11 +38,14 @@ def _cases():
                                        dict(BS=16, C=128, CP=128, BH=16, BW=32, ITERS=9, S=1, IEEE=True)),
         "sparse_mla combine": (mla._combine_kernel, dict(m_ptr=F32, l_ptr=F32, acc_ptr=F32, out_ptr=BF16),
                                dict(S=65, SP=128, C=512, CP=512)),
+        "argmax_and_probability": (am._argmax_prob_kernel,
+                                   dict(x_ptr=F32, stride="i32", out_ptr="*fp64", out_stride="i32", V="i32"),
+                                   dict(BLOCK=4096)),
     }
 
 
 @pytest.mark.parametrize("name", ["fill_pools", "expand_selection", "decode_scores bf16", "sparse_mla bf16, ranges",
-                                  "sparse_mla fp32, one range", "sparse_mla combine"])
+                                  "sparse_mla fp32, one range", "sparse_mla combine", "argmax_and_probability"])
 def test_kernel_compiles_for_sm90(name):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource

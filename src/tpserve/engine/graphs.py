@@ -188,7 +188,7 @@ class StepGraphs:
         if kind == "chain":  # one logits row per sequence, from the host
             return self._chain(batch, b, new_hidden, normed, self._views(self.device_buf, b, q)[6][:b])
         logits = model.lm_logits(normed)
-        return new_hidden, logits, argmax_and_probability(logits)
+        return new_hidden, logits, argmax_and_probability(logits, self.runner.kernels.argmax)
 
     def _spec(self, batch: ForwardBatch, b: int, q: int) -> torch.Tensor:
         """After the verify graph (b, q) (its logits and hidden rows; each sequence's last token and up to q-1
@@ -204,29 +204,47 @@ class StepGraphs:
         commit_uniform(cache, self.verify[(b, q)], accepted + 1)
         # catch-up: the token after row j's position is row j's argmax (a draft accepted there, or the bonus)
         new_hidden, normed = model.mtp.draft(hidden, model.embed(greedy.view(-1), batch), batch, cache)
-        draws = self._chain(batch, b, new_hidden, normed, self.arange[:b] * q + accepted)
-        return torch.cat([greedy.view(-1).double(), accepted.double(), draws.flatten()])
+        packed = torch.empty(b * q + b + 2 * self.chain_depths * b, dtype=torch.float64, device=greedy.device)
+        packed[:b * q] = greedy.view(-1)
+        packed[b * q:b * q + b] = accepted
+        self._chain(batch, b, new_hidden, normed, self.arange[:b] * q + accepted,
+                    packed[b * q + b:].view(2, self.chain_depths, b))
+        return packed
 
     def _chain(self, batch: ForwardBatch, b: int, hidden: torch.Tensor, normed: torch.Tensor,
-               lrows: torch.Tensor) -> torch.Tensor:
+               lrows: torch.Tensor, draws: torch.Tensor | None = None) -> torch.Tensor:
         """The chained depths after a catch-up (its MTP hidden and normed rows, b*q rows): each sequence's
         row lrows[i] gives its draft, which the next depth reads at the next position.
-        The same forms and shapes as the per-depth draft graphs ("draft", b, 1). -> greedy [2, depths, b]."""
-        model, cache, bs = self.runner.model, self.runner.cache, self.block_size
+        The same forms and shapes as the per-depth draft graphs ("draft", b, 1). -> greedy [2, depths, b]
+        (written into `draws` when given)."""
+        model, cache, bs, depths = self.runner.model, self.runner.cache, self.block_size, self.chain_depths
+        if draws is None:
+            draws = torch.empty(2, depths, b, dtype=torch.float64, device=hidden.device)
         seqs = self.arange[:b]
         pos = batch.positions.index_select(0, lrows)
         hidden = hidden.index_select(0, lrows)
-        draws = [argmax_and_probability(model.lm_logits(normed.index_select(0, lrows)))]
-        for _ in range(1, self.chain_depths):
-            pos = pos + 1
-            ids = draws[-1][0].long()
-            step = ForwardBatch(input_ids=ids, positions=pos, cu_seqlens=list(range(b + 1)), context_lens=[0] * b,
-                                slots=batch.slots, block_tables=batch.block_tables,
-                                slot_mapping=batch.block_tables[seqs, pos // bs] * bs + pos % bs, logits_indices=seqs,
-                                token_seq=seqs, decode_seqs=b, fixed_shapes=True, query_len=1)
+        self._draw(model.lm_logits(normed.index_select(0, lrows)), draws[:, 0])
+        if depths > 1:  # every later depth's positions and cache rows at once [depths - 1, b]
+            ahead = pos.unsqueeze(0) + self.arange[1:depths].unsqueeze(1)
+            rows = batch.block_tables[seqs, ahead // bs] * bs + ahead % bs
+        for d in range(1, depths):
+            ids = draws[0, d - 1].long()
+            step = ForwardBatch(input_ids=ids, positions=ahead[d - 1], cu_seqlens=list(range(b + 1)),
+                                context_lens=[0] * b, slots=batch.slots, block_tables=batch.block_tables,
+                                slot_mapping=rows[d - 1], logits_indices=seqs, token_seq=seqs, decode_seqs=b,
+                                fixed_shapes=True, query_len=1)
             hidden, normed = model.mtp.draft(hidden, model.embed(ids, step), step, cache)
-            draws.append(argmax_and_probability(model.lm_logits(normed)))
-        return torch.stack(draws, dim=1)
+            self._draw(model.lm_logits(normed), draws[:, d])
+        return draws
+
+    def _draw(self, logits: torch.Tensor, out: torch.Tensor) -> None:
+        """argmax_and_probability of logits [n, V] into out (a float64 [2, n] view)."""
+        if self.runner.kernels.argmax == "triton":
+            from tpserve.kernels.argmax_triton import argmax_and_probability_triton
+
+            argmax_and_probability_triton(logits, out)
+        else:
+            out.copy_(argmax_and_probability(logits))
 
     def _capture_one(self, kind: str, b: int, q: int) -> None:
         cache = self.runner.cache

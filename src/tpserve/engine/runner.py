@@ -245,7 +245,7 @@ class ModelRunner:
         new_hidden, normed = self.model.mtp.draft(hidden, self.model.embed(batch.input_ids, batch), batch, self.cache)
         self.draft_hidden = new_hidden[batch.logits_indices]
         logits = self.model.lm_logits(normed[batch.logits_indices])
-        return Drafted(logits, argmax_and_probability(logits))
+        return Drafted(logits, argmax_and_probability(logits, self.kernels.argmax))
 
     def close(self) -> None:
         """Release graphs and their memory pool (before the process group goes)."""

@@ -118,6 +118,7 @@ def resolve_runtime(ecfg: EngineConfig) -> Runtime:
                       indexer=_triton_or_torch("indexer_backend", ecfg.indexer_backend, device),
                       mla_decode=_triton_or_torch("mla_decode_backend", ecfg.mla_decode_backend, device),
                       mla_prefill=ecfg.mla_prefill,
+                      argmax=_triton_or_torch("argmax_backend", ecfg.argmax_backend, device),
                       fused_collectives=ecfg.fused_collectives, weights=weight_options(ecfg, device))
     return Runtime(model_dir, device, dtype, kernels)
 
