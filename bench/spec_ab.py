@@ -1,7 +1,8 @@
 """Adaptive k against a fixed k in steady state, interleaved in one process (less exposed to drift
 than `bench spec`, which times its settings one after another).
 
-    python bench/spec_ab.py [--batch 1] [--k 5] [--fixed-k K] [--baseline fixed|off] [--max-tokens 64]
+    python bench/spec_ab.py [--batch 1] [--k 5] [--fixed-k K] [--baseline fixed|off] [--candidate adaptive|fixed]
+                            [--max-tokens 64]
                             [--rounds 6] [--device cpu] [--truncate-threshold T] [--draft-graph G]
 
 Both engines first run one untimed pass over the structured prompts of `bench spec` (the adaptive
@@ -9,7 +10,8 @@ policy learns its costs and acceptance there; fixed k warms up the same way). Th
 one timed pass per engine, alternating which goes first, and records decode-step throughput (steps
 without a prefill chunk). Prints the per-round ratio adaptive / fixed and its median, and how often the
 adaptive engine chose each k over the timed rounds (k = 0: a plain step). --baseline off compares the
-adaptive engine with plain decoding instead (batch 64: does it cost nothing where it drafts nothing).
+adaptive engine with plain decoding instead (batch 64: does it cost nothing where it drafts nothing);
+--candidate fixed with --baseline off times fixed k against plain decoding (the speedup, interleaved).
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--baseline", choices=("fixed", "off"), default="fixed",
                     help="the other engine: fixed k (default) or no speculation")
+    ap.add_argument("--candidate", choices=("adaptive", "fixed"), default="adaptive",
+                    help="the engine compared with the baseline: adaptive k (default) or fixed k = --k")
     ap.add_argument("--draft-graph", default=None, help="--draft-graph of both engines (default: the engine's)")
     ap.add_argument("--truncate-threshold", type=float, default=None,
                     help="the adaptive engine's truncation threshold (default: the engine's default)")
@@ -54,34 +58,38 @@ def main() -> None:
                                                   "adaptive": False, "truncate_threshold": 0.0}
     base_name = "off" if other is None else f"fixed k={fixed_k}"
     engines = {
-        "fixed": LLM(speculative_config=other, **kw),
-        "adaptive": LLM(speculative_config={"method": "mtp", "num_speculative_tokens": args.k,
-                                            **({} if args.truncate_threshold is None
-                                               else {"truncate_threshold": args.truncate_threshold})}, **kw)}
+        "base": LLM(speculative_config=other, **kw),
+        "cand": LLM(speculative_config={"method": "mtp", "num_speculative_tokens": args.k,
+                                        **({"adaptive": False, "truncate_threshold": 0.0}
+                                           if args.candidate == "fixed" else {}),
+                                        **({} if args.truncate_threshold is None
+                                           else {"truncate_threshold": args.truncate_threshold})}, **kw)}
     for llm in engines.values():
         timed_pass(llm, groups, sp)  # untimed pass
-    chosen = Counter()  # k the adaptive engine picked per step with requests left to draft for (timed rounds)
-    adaptive = engines["adaptive"].engine
-    speculator = adaptive.speculator
-    propose = speculator.propose
+    chosen = Counter()  # k the candidate picked per step with requests left to draft for (timed rounds)
+    cand_engine = engines["cand"].engine
+    speculator = cand_engine.speculator
 
-    def counted_propose(*a, **kw):
-        propose(*a, **kw)
-        if adaptive.scheduler.running:  # after a request's last step there is nothing to draft for
-            chosen[speculator.last_k] += 1
-    speculator.propose = counted_propose
+    def counted(fn):  # propose (after a plain or verify step) and verify_fused (a fused step) choose k
+        def wrapped(*a, **kw):
+            fn(*a, **kw)
+            if cand_engine.scheduler.running:  # after a request's last step there is nothing to draft for
+                chosen[speculator.last_k] += 1
+        return wrapped
+    speculator.propose, speculator.verify_fused = counted(speculator.propose), counted(speculator.verify_fused)
     ratios = []
-    print(f"| round | {base_name} decode tok/s | adaptive (k<={args.k}) decode tok/s | adaptive / {base_name} |")
+    cand = f"adaptive (k<={args.k})" if args.candidate == "adaptive" else f"fixed k={args.k}"
+    print(f"| round | {base_name} decode tok/s | {cand} decode tok/s | {cand} / {base_name} |")
     print("| --- | --- | --- | --- |")
     for r in range(args.rounds):
-        order = ["fixed", "adaptive"] if r % 2 == 0 else ["adaptive", "fixed"]
+        order = ["base", "cand"] if r % 2 == 0 else ["cand", "base"]
         rate = {name: timed_pass(engines[name], groups, sp) for name in order}
-        ratios.append(rate["adaptive"] / rate["fixed"])
-        print(f"| {r + 1} | {rate['fixed']:.1f} | {rate['adaptive']:.1f} | {ratios[-1]:.3f} |", flush=True)
-    print(f"median adaptive / {base_name}: {statistics.median(ratios):.3f} over {args.rounds} rounds "
+        ratios.append(rate["cand"] / rate["base"])
+        print(f"| {r + 1} | {rate['base']:.1f} | {rate['cand']:.1f} | {ratios[-1]:.3f} |", flush=True)
+    print(f"median {cand} / {base_name}: {statistics.median(ratios):.3f} over {args.rounds} rounds "
           f"(min {min(ratios):.3f}, max {max(ratios):.3f})")
     total = sum(chosen.values()) or 1
-    print("adaptive k per step: " + ", ".join(f"k={k} {100 * n / total:.0f}%" for k, n in sorted(chosen.items())))
+    print(f"{cand} k per step: " + ", ".join(f"k={k} {100 * n / total:.0f}%" for k, n in sorted(chosen.items())))
     for llm in engines.values():
         llm.shutdown()
 
