@@ -242,3 +242,37 @@ def test_choose_k_refits_the_cost_models_every_few_observations():
     stale = fit.coef(fresh=False)
     assert policy.snapshot()["step_cost"]["a"] == fit.coef()[0] and fit._fit_at == fit._adds
     assert stale is not fit.coef()
+
+
+def test_choose_k_remembers_only_what_nothing_observed_since_would_change():
+    """choose_k keeps its last answer while the batch and the estimates are unchanged (most steps: acceptance
+    trains on exploring steps only): a policy answering from that memory and one recomputing every time give
+    the same k through a run of observations, forgets and batch changes."""
+    rng = random.Random(5)
+    remembering, fresh = (SpecPolicy(5, **MOE) for _ in range(2))
+    asked, computed, batch = 0, [], 1
+    choose = remembering._choose
+    remembering._choose = lambda *a: computed.append(1) or choose(*a)
+    for step in range(600):
+        for p in (remembering, fresh):
+            p.begin_step()
+        if rng.random() < 0.05:  # the batch changes now and then
+            batch = rng.choice([1, 4, 40])
+        keys = [f"r{i}" for i in range(min(batch, 3))]
+        fresh._last_choice = None
+        k = remembering.choose_k(batch, keys)
+        assert k == fresh.choose_k(batch, keys), step
+        asked += 1
+        kind = rng.random()
+        for p in (remembering, fresh):
+            rng_p = random.Random(step)  # the same observation on both
+            if kind < 0.2:
+                _train_acceptance(p, [0.9, 0.7, 0.5], 1, rng_p, key=rng_p.choice(keys), explore=step % 2 == 0)
+            elif kind < 0.3:
+                p.observe_step(rng_p.randint(1, 64), 1e-3 * (1 + rng_p.random()))
+            elif kind < 0.35:
+                p.observe_draft(rng_p.randint(1, 5), 2e-4 * (1 + rng_p.random()), rng_p.randint(1, 4))
+            elif kind < 0.37:
+                p.forget(rng_p.choice(keys))
+    assert asked == 600 and remembering._version == fresh._version > 50
+    assert len(computed) < asked / 3  # (exploring steps answer max_k without computing)

@@ -272,13 +272,19 @@ def test_measured_rates_turn_drafting_off_where_it_loses():
     r = MeasuredRates()
     assert [r.override(1, 3) for _ in range(8)] == [3] * 7 + [0]  # no measurements yet: the policy's k
     r.observe(1, False, 10, 0.1)   # plain: 100 tok/s
-    r.observe(1, True, 30, 0.6)    # drafting: 50 tok/s
+    r.observe(1, True, 45, 0.5)    # drafting: 90 tok/s
     ks = [r.override(1, 3) for _ in range(120)]
     assert ks.count(3) == 2 and ks[64 - 9] == 3 and ks[128 - 9] == 3  # only the re-measuring steps
+    r.observe(1, True, 10, 0.6)    # drafting: 75 tok/s in the decayed mean, plain's lead now > 25%
+    ks = [r.override(1, 3) for _ in range(512)]
+    assert ks.count(3) == 2 and ks[256 - 129] == 3  # re-measured every 256th step only
     r.observe(64, False, 64, 0.1)
-    r.observe(64, True, 200, 0.1)  # faster with drafts at batch 64: k stays, plain probes every 8th step
+    r.observe(64, True, 70, 0.1)  # faster with drafts at batch 64 by 9%: k stays, plain every 64th step
     ks = [r.override(40, 2) for _ in range(128)]
-    assert ks.count(0) == 2 and ks.count(2) == 126  # plain re-measured every 64th step only
+    assert ks.count(0) == 2 and ks.count(2) == 126
+    r.observe(64, True, 200, 0.1)  # by far faster: plain re-measured every 256th step
+    ks = [r.override(40, 2) for _ in range(512)]
+    assert ks.count(0) == 2 and ks.count(2) == 510
     assert MeasuredRates.bucket(1) == 1 and MeasuredRates.bucket(5) == 8 and MeasuredRates.bucket(64) == 64
 
 

@@ -169,6 +169,9 @@ class SpecPolicy:
         per_expert = FULL_EXPERT_READ_PRIOR / (num_experts * num_moe_layers) if num_experts and num_moe_layers else 0.0
         self._step_fit = _RidgeFit((STEP_FIXED_PRIOR, per_expert, PER_TOKEN_PRIOR))
         self._draft_fit = _RidgeFit(DRAFT_PRIOR)
+        # choose_k's last answer and what it depended on: the estimates change only when something is
+        # observed (acceptance on exploring steps, costs), so most steps ask the same question again
+        self._version, self._last_choice = 0, None
 
     # ------------------------------------------------------------------ steps
     def begin_step(self) -> StepChoice:
@@ -186,6 +189,14 @@ class SpecPolicy:
             return self.max_k
         if num_seqs == 0:
             return 0
+        key = (self._version, num_seqs, tuple(seq_keys))
+        if self._last_choice is not None and self._last_choice[0] == key:
+            return self._last_choice[1]
+        best = self._choose(num_seqs, seq_keys)
+        self._last_choice = (key, best)
+        return best
+
+    def _choose(self, num_seqs: int, seq_keys: list) -> int:
         # Request s has rates glob_i * r_s (see _ratio), so its expected emitted tokens for k are
         # 1 + sum_{j<=k} G_j r_s^j with G_j = prod_{i<=j} glob_i: sum the powers of r over the batch.
         glob = self.acceptance()
@@ -234,6 +245,7 @@ class SpecPolicy:
             raise ValueError(f"accepted: must be in 0..drafted ({drafted}), got {accepted}")
         if not explore:
             return
+        self._version += 1
         own = self._req.setdefault(seq_key, [0.0, 0.0, 0, 1.0])
         for i in range(min(accepted + 1, drafted)):
             hit = 1 if i < accepted else 0
@@ -246,7 +258,8 @@ class SpecPolicy:
 
     def forget(self, seq_key) -> None:
         """Drop a finished request's estimates (no-op for an unknown key)."""
-        self._req.pop(seq_key, None)
+        if self._req.pop(seq_key, None) is not None:
+            self._version += 1
 
     # ----------------------------------------------------------------- costs
     def experts_touched(self, num_tokens: int) -> float:
@@ -271,6 +284,7 @@ class SpecPolicy:
         if not seconds > 0:  # also NaN; the fit weighs observations by 1 / seconds^2
             raise ValueError(f"seconds: must be > 0, got {seconds}")
         self._step_fit.add([1.0, self.experts_touched(num_tokens), float(num_tokens)], seconds)
+        self._version += 1
 
     def observe_draft(self, k: int, seconds: float, num_seqs: int = 1) -> None:
         """Drafting k positions for each of num_seqs sequences took `seconds`."""
@@ -281,6 +295,7 @@ class SpecPolicy:
         if not seconds > 0:  # also NaN; the fit weighs observations by 1 / seconds^2
             raise ValueError(f"seconds: must be > 0, got {seconds}")
         self._draft_fit.add([1.0, float(k), float(num_seqs * k)], seconds)
+        self._version += 1
 
     def snapshot(self) -> dict:
         """Global acceptance rates by position and the fitted cost coefficients (for logs, benchmarks)."""

@@ -382,10 +382,11 @@ class MeasuredRates:
     bucket (powers of two): the policy's cost model sees tokens and experts, not what the machine does
     with them (graphs for some steps, host overheads, a compute-bound CPU). Until both are measured every
     PLAIN_PROBE-th step drafts nothing (it measures plain decoding); then the slower mode runs only every
-    SPEC_PROBE-th step (to re-measure it): k = 0 where drafting is measured slower, the policy's k where
-    faster."""
+    SPEC_PROBE-th step (to re-measure it), every CLEAR_PROBE-th once the faster one leads by more than
+    CLEAR_LEAD (a probe costs a step in the slower mode, and a wide lead rarely flips): k = 0 where
+    drafting is measured slower, the policy's k where faster."""
 
-    PLAIN_PROBE, SPEC_PROBE, DECAY = 8, 64, 0.8
+    PLAIN_PROBE, SPEC_PROBE, CLEAR_PROBE, CLEAR_LEAD, DECAY = 8, 64, 256, 1.25, 0.8
 
     def __init__(self):
         self.ema: dict[tuple[int, bool], float] = {}
@@ -408,9 +409,10 @@ class MeasuredRates:
             return 0
         plain, spec = self.ema.get((self.bucket(batch), False)), self.ema.get((self.bucket(batch), True))
         if plain is not None and spec is not None:  # both measured: re-measure the loser now and then
+            every = self.CLEAR_PROBE if max(spec, plain) > self.CLEAR_LEAD * min(spec, plain) else self.SPEC_PROBE
             if spec < plain:
-                return k if self.step % self.SPEC_PROBE == 0 else 0
-            return 0 if self.step % self.SPEC_PROBE == 0 else k
+                return k if self.step % every == 0 else 0
+            return 0 if self.step % every == 0 else k
         return 0 if self.step % self.PLAIN_PROBE == 0 else k
 
     def snapshot(self) -> dict:
