@@ -10,7 +10,8 @@ model's engine runs on the CPU with its executor replaced by a stand-in that ret
 drafts at once (no forward): every token follows one fixed sequence, and the stand-in drafter
 proposes exactly that sequence, so every draft is accepted and a k-draft step emits k + 1 tokens.
 What remains is the engine's host work alone. Prints ms per decode step and per emitted token for
-plain decoding and for --k drafts (fixed k), median of --repeats; --adaptive adds the adaptive mode with
+plain decoding and for --k drafts (fixed k), median of --repeats rounds in which the settings alternate;
+--adaptive adds the adaptive mode with
 a GPU's verify-graph limit (it drafts nothing above batch 16: there it should cost what plain costs);
 --fused adds fixed k with fused speculative steps (`--draft-graph fused`: acceptance, commit and the next
 drafts on the device, one host copy per step); --profile N prints the N engine functions with the most own
@@ -132,22 +133,32 @@ def main() -> None:
     prompts = [structured[i % len(structured)] for i in range(args.batch)]
     sp = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
     print("| setting | ms per decode step | ms per emitted token |\n| --- | --- | --- |")
-    fixed = {"method": "mtp", "num_speculative_tokens": args.k, "adaptive": False}
+    fixed = {"method": "mtp", "num_speculative_tokens": args.k, "adaptive": False, "truncate_threshold": 0.0}
+    adaptive = {"method": "mtp", "num_speculative_tokens": args.k}
     settings = [("plain", None, False), (f"k={args.k}", fixed, False)]
     if args.fused:
         settings.append((f"k={args.k} fused", fixed, True))
     if args.adaptive:
-        settings.append((f"adaptive (k<={args.k})", {"method": "mtp", "num_speculative_tokens": args.k}, False))
+        settings.append((f"adaptive (k<={args.k})", adaptive, False))
+    if args.adaptive and args.fused:
+        settings.append((f"adaptive (k<={args.k}) fused", adaptive, True))
+    engines = []
     for name, spec, fused in settings:
         llm = LLM(device="cpu", speculative_config=spec, max_num_seqs=max(args.batch, 8), kv_cache_memory="256MiB")
         llm.engine.executor = StandInExecutor(llm.engine.executor, llm.engine.model_config.vocab_size,
                                               chain=args.k if spec and args.k > 1 else 0,  # the draft chain, as on a GPU
                                               graph_limit=16 if spec and spec.get("adaptive", True) else None,
                                               fused=fused)
-        decode_ms(llm, prompts, sp)  # warm-up
-        runs = [decode_ms(llm, prompts, sp) for _ in range(args.repeats)]
-        step_ms = statistics.median(r[0] for r in runs)
-        token_ms = statistics.median(r[1] for r in runs)
+        for _ in range(3):  # warm-up (the adaptive mode's first measurements and probes too)
+            decode_ms(llm, prompts, sp)
+        engines.append((name, llm))
+    runs = {name: [] for name, _ in engines}
+    for r in range(args.repeats):  # the settings alternate, each round in a rotated order (less exposed to drift)
+        for name, llm in engines[r % len(engines):] + engines[:r % len(engines)]:
+            runs[name].append(decode_ms(llm, prompts, sp))
+    for name, llm in engines:
+        step_ms = statistics.median(x[0] for x in runs[name])
+        token_ms = statistics.median(x[1] for x in runs[name])
         print(f"| {name} | {step_ms:.3f} | {token_ms:.3f} |", flush=True)
         if args.profile:
             prof = cProfile.Profile()
@@ -156,8 +167,8 @@ def main() -> None:
             prof.disable()
             print(f"\n{name}: top {args.profile} by own time")
             pstats.Stats(prof).sort_stats("tottime").print_stats(args.profile)
+    for _, llm in engines:
         llm.shutdown()
-
 
 if __name__ == "__main__":
     main()
