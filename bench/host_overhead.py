@@ -1,7 +1,7 @@
 """The engine's own host time per decode step, without a model: what is left between CUDA graphs.
 
     python bench/host_overhead.py [--k 3] [--batch 1] [--max-tokens 96] [--repeats 3] [--profile 25] [--adaptive]
-        [--fused]
+        [--fused] [--fill]
 
 On a GPU a decode step is a graph replay plus host work around it (scheduling, the step plan,
 sampling or draft acceptance, detokenization and stop checks, the draft bookkeeping); on the H200
@@ -15,7 +15,9 @@ plain decoding and for --k drafts (fixed k), median of --repeats rounds in which
 a GPU's verify-graph limit (it drafts nothing above batch 16: there it should cost what plain costs);
 --fused adds fixed k with fused speculative steps (`--draft-graph fused`: acceptance, commit and the next
 drafts on the device, one host copy per step); --profile N prints the N engine functions with the most own
-time (cProfile, one more run).
+time (cProfile, one more run). The stand-in has no CUDA graphs, so these times leave out writing a graph
+step's inputs into their host twin (engine/graphs.py `_fill`): --fill times that alone, for a decode step of
+--batch sequences with 20-block tables and a verify step of min(--batch, 16) sequences of k + 1 rows.
 """
 
 from __future__ import annotations
@@ -118,6 +120,33 @@ def decode_ms(llm: LLM, prompts: list[str], sp: SamplingParams) -> tuple[float, 
     return 1e3 * seconds / max(len(decode), 1), 1e3 * seconds / max(sum(t for _, t in decode), 1)
 
 
+def fill_us(batch: int, k: int, calls: int = 500) -> tuple[float, float]:
+    """us per StepGraphs._fill call: a decode step of `batch` sequences, a verify step of min(batch, 16)."""
+    import time
+
+    from tpserve.engine.runner import StepPlan
+
+    llm = LLM(device="cpu", max_num_seqs=max(batch, 8), kv_cache_memory="256MiB", block_size=16,
+              speculative_config={"method": "mtp", "num_speculative_tokens": k, "adaptive": False})
+    runner = llm.engine.executor.runner
+    runner.setup_graphs(max(batch, 8), None, enforce_eager=False, pad_on_cpu=True, num_speculative_tokens=k)
+    graphs, out = runner.graphs, []
+    for n, q in ((batch, 1), (min(batch, 16), k + 1)):
+        tables = [list(range(20 * i, 20 * i + 20)) for i in range(n)]
+        pos = [p for i in range(n) for p in range(300 + i % 8, 300 + i % 8 + q)]
+        plan = StepPlan(list(range(n * q)), pos, list(range(0, n * q + 1, q)), pos[::q], list(range(n)), tables,
+                        list(range(n * q)), [], False, n)
+        b = graphs.bucket(n) if q == 1 else next(x for x in graphs.spec_buckets if x >= n)
+        for _ in range(50):
+            graphs._fill(plan, b, q)
+        t = time.perf_counter()
+        for _ in range(calls):
+            graphs._fill(plan, b, q)
+        out.append(1e6 * (time.perf_counter() - t) / calls)
+    llm.shutdown()
+    return out[0], out[1]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--k", type=int, default=3)
@@ -128,7 +157,13 @@ def main() -> None:
     ap.add_argument("--adaptive", action="store_true", help="also the adaptive mode, with a GPU's verify-graph "
                     "limit (batch 16) stood in for")
     ap.add_argument("--fused", action="store_true", help="also fixed k with fused speculative steps")
+    ap.add_argument("--fill", action="store_true", help="only time a graph step's host inputs (_fill)")
     args = ap.parse_args()
+    if args.fill:
+        decode, verify = fill_us(args.batch, args.k)
+        print(f"_fill: decode step of {args.batch} sequences {decode:.1f} us, verify step of "
+              f"{min(args.batch, 16)} x {args.k + 1} rows {verify:.1f} us")
+        return
     structured = mtp_prompts()
     prompts = [structured[i % len(structured)] for i in range(args.batch)]
     sp = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)

@@ -121,3 +121,46 @@ def test_sparse_prefill_equals_dense(tiny, name):
         assert_logits_match_oracle(prefill_logits(llm, prompts[0]["prompt_token_ids"]), path,
                                    prompts[0]["prompt_token_ids"])
     assert runs["sparse"] == runs["dense"]
+
+
+def test_fill_writes_the_whole_step_whatever_was_filled_before(tiny):
+    """StepGraphs._fill (the host twin of a graph step's inputs) against the layout written from scratch,
+    through a run of fills: more than 8 sequences (the array path), a table that gained a block, another
+    bucket's layout in between (it overlaps these host rows), and back. Block-table rows are rewritten only
+    when they changed since the last fill of the same layout: a stale row would send a cache write to
+    another sequence's block."""
+    import numpy as np
+
+    from tpserve.engine.runner import StepPlan
+
+    llm = _llm(tiny(), max_num_seqs=16)
+    runner = llm.engine.executor.runner
+    runner.setup_graphs(16, None, enforce_eager=False, pad_on_cpu=True)
+    g = runner.graphs
+    bs = g.block_size
+
+    def plan(n, shift=0, grown=()):
+        tables = [[100 + 10 * i + j for j in range(1 + i % 3 + (i in grown))] for i in range(n)]
+        pos = [len(t) * bs - 1 - (i + shift) % bs for i, t in enumerate(tables)]
+        return StepPlan([7 + i for i in range(n)], pos, list(range(n + 1)), pos, [30 + i for i in range(n)], tables,
+                        list(range(n)), [], False, n)
+
+    def check(p, b):
+        ids, pos, rows, owner, slots, tables, *_ = g._views(g.host_np, b, 1)
+        n = len(p.slots)
+        assert ids[:n].tolist() == p.input_ids and not ids[n:].any()
+        assert pos[:n].tolist() == p.positions and not pos[n:].any()
+        assert owner.tolist() == list(range(n)) + [b] * (b - n)
+        assert slots.tolist() == p.slots + [g.dummy_slot] * (b - n)
+        want = np.full((b + 1, g.max_blocks), g.dummy_block)
+        for i, t in enumerate(p.block_tables):
+            want[i, :len(t)] = t
+        assert np.array_equal(tables, want)
+        assert rows.tolist() == [t[q // bs] * bs + q % bs for t, q in zip(p.block_tables, p.positions)] + \
+            [g.dummy_block * bs] * (b - n)
+
+    steps = [(plan(12), 16), (plan(12, shift=1, grown=(4, 9)), 16), (plan(5), 8), (plan(12, shift=2), 16),
+             (plan(3), 4), (plan(16, grown=(0,)), 16), (plan(12), 16)]
+    for p, b in steps:
+        g._fill(p, b, 1)
+        check(p, b)

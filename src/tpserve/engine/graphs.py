@@ -83,6 +83,7 @@ class StepGraphs:
         if self.spec_buckets and runner.mtp:
             self.hidden_in = torch.zeros(rows, runner.cfg.hidden_size, dtype=runner.ctx.dtype, device=dev)
         self.copied = torch.cuda.Event() if dev.type == "cuda" else None  # the host twin may be rewritten
+        self._tables_layout, self._tables_cache = None, []  # the block-table rows last written (`_fill_tables`)
         self.graphs: dict[tuple[str, int, int], tuple[torch.cuda.CUDAGraph | None, tuple]] = {}
         self.verify: dict[tuple[int, int], dict] = {}  # (b, q) -> the verify graph's KDA rows (model/kda.py)
         self.verify_out: dict[tuple[int, int], tuple] = {}  # (b, q) -> the verify graph's (logits, hidden)
@@ -131,7 +132,7 @@ class StepGraphs:
         bs, dummy_row = self.block_size, b
         ids[:], pos[:], owner[:], slots[n:] = 0, 0, dummy_row, self.dummy_slot
         rows[:] = self.dummy_block * bs
-        tables[n:] = self.dummy_block
+        self._fill_tables(tables, (b, q), [] if plan is None else plan.block_tables)
         if plan is None or source_rows is not None:  # a chain graph (captured, or an MTP step) reads one logits
             lrows[:b] = np.arange(b) * q  # row per sequence: padding sequences their first
         n_real = n_logits = 0
@@ -139,18 +140,17 @@ class StepGraphs:
             slots[:n] = plan.slots
         if n and q == 1:  # decode: one row per sequence
             ids[:n], pos[:n], owner[:n] = plan.input_ids, plan.positions, np.arange(n)
-            for i, t in enumerate(plan.block_tables):
-                tables[i, :len(t)] = t
-                tables[i, len(t):] = self.dummy_block
-                p = plan.positions[i]
-                rows[i] = t[p // bs] * bs + p % bs
+            if n > 8:  # (array ops cost more than a loop for a few sequences)
+                p = pos[:n]
+                rows[:n] = tables[np.arange(n), p // bs] * bs + p % bs
+            else:
+                for i, (t, p) in enumerate(zip(plan.block_tables, plan.positions)):
+                    rows[i] = t[p // bs] * bs + p % bs
             if source_rows is not None:  # an MTP depth: rows are their own padded rows
                 real[:n] = np.arange(n)
         elif n:
             cu = plan.cu_seqlens
             for i, t in enumerate(plan.block_tables):
-                tables[i, :len(t)] = t
-                tables[i, len(t):] = self.dummy_block
                 a, e = cu[i], cu[i + 1]
                 r = slice(i * q, i * q + e - a)
                 ids[r] = plan.input_ids[a:e]
@@ -167,6 +167,21 @@ class StepGraphs:
                 src[:len(source_rows)] = source_rows
         self._copy(0, self._width(b, q))
         return n_real, n_logits
+
+    def _fill_tables(self, tables: np.ndarray, layout: tuple[int, int], block_tables: list[list[int]]) -> None:
+        """The block tables into their host rows (padding rows: the dummy block), rewriting only rows that
+        changed since the last fill of the same layout (b, q): a sequence's table changes only when it gains a
+        block, and writing a row costs more than comparing it (~64 rows per step at batch 64). Another layout
+        overlaps these host rows with other fields, so a fill of another layout rewrites every row."""
+        cached = self._tables_cache if self._tables_layout == layout else [None] * tables.shape[0]
+        for i in range(tables.shape[0]):
+            t = block_tables[i] if i < len(block_tables) else ()
+            if cached[i] == t:
+                continue
+            tables[i, :len(t)] = t
+            tables[i, len(t):] = self.dummy_block
+            cached[i] = t
+        self._tables_layout, self._tables_cache = layout, cached
 
     def _fields(self, b: int, q: int, n_real: int, n_logits: int):
         *_, lrows, real, src = self._views(self.device_buf, b, q)
