@@ -181,7 +181,7 @@ def main() -> None:
     for name, spec, fused in settings:
         llm = LLM(device="cpu", speculative_config=spec, max_num_seqs=max(args.batch, 8), kv_cache_memory="256MiB")
         llm.engine.executor = StandInExecutor(llm.engine.executor, llm.engine.model_config.vocab_size,
-                                              chain=args.k if spec and args.k > 1 else 0,  # the draft chain, as on a GPU
+                                              chain=args.k if spec and args.k > 1 else 0,  # the chain, as on a GPU
                                               graph_limit=16 if spec and spec.get("adaptive", True) else None,
                                               fused=fused)
         for _ in range(3):  # warm-up (the adaptive mode's first measurements and probes too)

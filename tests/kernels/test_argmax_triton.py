@@ -16,7 +16,8 @@ def test_argmax_and_probability_kernel_against_torch():
         from tpserve.kernels.argmax_triton import argmax_and_probability_triton
         res = {}
         for n, v, dtype, scale in [(3, 4096, torch.float32, 4.0), (2, 5000, torch.float32, 1.0),
-                                   (4, 100, torch.float32, 30.0), (1, 4100, torch.bfloat16, 8.0), (0, 64, torch.float32, 1.0)]:
+                                   (4, 100, torch.float32, 30.0), (1, 4100, torch.bfloat16, 8.0),
+                                   (0, 64, torch.float32, 1.0)]:
             g = torch.Generator().manual_seed(v + n)
             x = (scale * torch.randn(n, v + 3, generator=g)).to(dtype)[:, :v]  # strided rows
             if n >= 3:  # ties: the maximum repeated later in the row, and across a block boundary

@@ -165,50 +165,52 @@ class LLMEngine:
             return self._fused_step(scheduled, self._plan(scheduled))
         plan = self._plan(scheduled)
         t0 = time.perf_counter()
-        try:
-            logits = self.executor.execute(plan)
-        except Exception as exc:
-            self.dead = f"engine step failed: {type(exc).__name__}: {exc}"
-            raise EngineDeadError(self.dead) from exc
-        self.step_count += 1
+        logits = self._fatal("", self.executor.execute, plan)
         logits = prompt_logprobs.take(logits, scheduled, self.tokenizer)  # prompt_logprobs: split off its rows
         sampled = [s for s in scheduled if s.completes]
         starts = [s.seq.num_computed for s in scheduled] if self.speculator is not None else []
-        for s in scheduled:
-            s.seq.num_computed += s.num_tokens - s.num_drafts  # drafts count once accepted
-        touched = {s.seq.request_id for s in sampled}
+        self._advance(scheduled)
         if self.speculator is not None:
-            try:
-                counts = self.speculator.verify(sampled, logits)
-                if counts:
-                    self.executor.commit(counts)
-                self.speculator.propose(scheduled, starts, time.perf_counter() - t0, len(plan.input_ids))
-            except Exception as exc:
-                self.dead = f"engine step failed while speculating: {type(exc).__name__}: {exc}"
-                raise EngineDeadError(self.dead) from exc
+            self._fatal(" while speculating", self._speculate, sampled, logits, scheduled, starts,
+                        time.perf_counter() - t0, len(plan.input_ids))
         elif sampled:
             self.sample_and_append([s.seq for s in sampled], logits)
-        return [self._output(rid) for rid in touched if rid in self.requests and self._reportable(rid)]
+        return self._outputs(s.seq.request_id for s in sampled)
 
     def _fused_step(self, scheduled: list[Scheduled], plan: StepPlan) -> list[RequestOutput]:
         """A speculative step whose acceptance, KDA commit and next drafts run on the device after the verify
         (Speculator.fusable, ModelRunner.execute_spec): the host emits the accepted runs and keeps the drafts."""
         t0 = time.perf_counter()
+        verified = self._fatal("", self.executor.execute_spec, plan)
+        self._advance(scheduled)
+        self._fatal(" while speculating", self.speculator.verify_fused, scheduled, verified, time.perf_counter() - t0,
+                    len(plan.input_ids))
+        return self._outputs(s.seq.request_id for s in scheduled)
+
+    def _speculate(self, sampled: list[Scheduled], logits: torch.Tensor, scheduled: list[Scheduled], starts: list[int],
+                   seconds: float, tokens: int) -> None:
+        """After a step with speculation on: verify (emit) its drafts, commit the KDA states, draft again."""
+        counts = self.speculator.verify(sampled, logits)
+        if counts:
+            self.executor.commit(counts)
+        self.speculator.propose(scheduled, starts, seconds, tokens)
+
+    def _fatal(self, what: str, fn, *args):
+        """fn(*args); an exception there leaves the engine dead (its caches may be half written)."""
         try:
-            verified = self.executor.execute_spec(plan)
+            return fn(*args)
         except Exception as exc:
-            self.dead = f"engine step failed: {type(exc).__name__}: {exc}"
+            self.dead = f"engine step failed{what}: {type(exc).__name__}: {exc}"
             raise EngineDeadError(self.dead) from exc
+
+    def _advance(self, scheduled: list[Scheduled]) -> None:
+        """After the forward: the step's tokens are in the cache (drafts count once accepted)."""
         self.step_count += 1
         for s in scheduled:
-            s.seq.num_computed += s.num_tokens - s.num_drafts  # drafts count once accepted
-        try:
-            self.speculator.verify_fused(scheduled, verified, time.perf_counter() - t0, len(plan.input_ids))
-        except Exception as exc:
-            self.dead = f"engine step failed while speculating: {type(exc).__name__}: {exc}"
-            raise EngineDeadError(self.dead) from exc
-        ids = {s.seq.request_id for s in scheduled}
-        return [self._output(rid) for rid in ids if rid in self.requests and self._reportable(rid)]
+            s.seq.num_computed += s.num_tokens - s.num_drafts
+
+    def _outputs(self, request_ids) -> list[RequestOutput]:
+        return [self._output(rid) for rid in set(request_ids) if rid in self.requests and self._reportable(rid)]
 
     def sample_and_append(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
         """One token per sequence from its logits row (a step without drafts to verify)."""

@@ -316,7 +316,8 @@ class StepGraphs:
         self.graph_bytes = torch.cuda.memory_reserved(self.runner.device) - reserved_before
         log.info("captured %d graphs (decode batch %s; verify/commit/draft%s batch %s, up to %d rows each) in %.1f s, "
                  "%.0f MiB of graph memory", len(self.graphs), ",".join(map(str, self.buckets)),
-                 "/chain/spec" if self.fused else "/chain" if self.chain_depths else "", ",".join(map(str, self.spec_buckets)) or "-", self.max_q,
+                 "/chain/spec" if self.fused else "/chain" if self.chain_depths else "",
+                 ",".join(map(str, self.spec_buckets)) or "-", self.max_q,
                  self.capture_seconds,
                  self.graph_bytes / 2**20)
 

@@ -152,7 +152,6 @@ class ModelRunner:
         included, accepted drafts, the next drafts' draws [2][depths][sequence])."""
         g = self.graphs
         key = g.key_for(plan) if g is not None and g.fused else None
-        cu = plan.cu_seqlens
         if key is None or key[2] == 1 or len(plan.logits_indices) != len(plan.input_ids):
             raise ValueError(f"execute_spec: the plan is not a verify step of {self.spec_step_limits()[0]} or "
                              "fewer sequences with every row's logits and 1 to num_speculative_tokens drafts each")

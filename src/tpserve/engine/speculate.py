@@ -15,7 +15,11 @@ token after each), and chains k-1 more depths from its own output (vLLM's MTP ch
 cache rows of drafted positions are rewritten by the next catch-up before anything reads them.
 With `--draft-graph chain` and CUDA graphs, a step whose drafting sequences are all greedy and all draft
 num_speculative_tokens runs the catch-up and the chained depths in one graph replay (engine/graphs.py):
-the same drafts, one host copy instead of one per depth; truncation then keeps a prefix of them.
+the same drafts, one host copy instead of one per depth; truncation then keeps a prefix of them. With
+`--draft-graph fused` (the default) a greedy step whose sequences all verify drafts (`fusable`) does all of
+it on the device: the verify graph, then a graph with the acceptance, the commit, the catch-up and the
+chain; the host walks the copied argmaxes (`verify_fused`: the same emits, stops and counters) and keeps
+the drafts.
 """
 
 from __future__ import annotations
@@ -179,8 +183,9 @@ class Speculator:
             return False
         for s in scheduled:
             seq = s.seq
-            if not (s.decode and 0 < s.num_drafts <= k and seq.draft_probs is None and seq.mtp_computed == seq.num_computed
-                    and seq.params.logprobs is None and sampler.plain_argmax(seq)
+            if not (s.decode and 0 < s.num_drafts <= k and seq.draft_probs is None
+                    and seq.mtp_computed == seq.num_computed and seq.params.logprobs is None
+                    and sampler.plain_argmax(seq)
                     and seq.num_computed + 2 * k <= positions):  # the chain's last row: num_computed + 2k - 1
                 return False
         return all(self.engine.scheduler.reserve(s.seq, s.seq.num_computed + 2 * k) for s in scheduled)
@@ -237,7 +242,7 @@ class Speculator:
             # stops too (an eager MTP pass per step cost batch 64 ~15%: BENCHMARKS.md, tenth session); the
             # running requests no longer draft (their MTP cache would have a gap), requests that arrive later
             # do when the batch is small again. Nothing is observed (no step here drafts), so these steps cost
-            # what plain decoding costs (~40 us more per step at batch 64 before this early exit: BENCHMARKS.md)
+            # about what plain decoding costs
             self.emitted, self.last_draft_seconds, self.last_k = 0, 0.0, 0
             self.idle_steps += 1
             for s in scheduled:
