@@ -113,8 +113,8 @@ def test_conv_rows_refuses_what_it_cannot_do():
 
 
 def test_engine_with_small_op_kernels_keeps_tokens_and_speculative_exactness():
-    """The demo model on the CPU in float32 with the KDA prep, SwiGLU, indexer pool and sparse MLA kernels
-    interpreted:
+    """The demo model on the CPU in float32 with the KDA prep, SwiGLU, indexer pool, sparse MLA and drafter
+    argmax kernels interpreted:
     greedy tokens equal to the torch forms, mixed steps (prefill chunks beside decodes) included, and
     with MTP drafts (verify rows through the same conv kernel) equal to plain decoding."""
     out = run_interpreted("""
@@ -123,7 +123,7 @@ def test_engine_with_small_op_kernels_keeps_tokens_and_speculative_exactness():
         from tpserve import LLM, SamplingParams
         from tpserve.train.acceptance import mtp_prompts
         plain = setup._triton_or_torch
-        interpreted = ("kda_prep_backend", "act_backend", "indexer_backend", "mla_decode_backend")
+        interpreted = ("kda_prep_backend", "act_backend", "indexer_backend", "mla_decode_backend", "argmax_backend")
         setup._triton_or_torch = lambda name, choice, device: (
             choice if name in interpreted and choice == "triton" else plain(name, choice, device))
         on = {name: "triton" for name in interpreted}
