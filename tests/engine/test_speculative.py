@@ -529,3 +529,62 @@ def test_adaptive_does_not_draft_above_the_verify_graphs(plain):
     llm.generate(PROMPTS[:1], sp)
     assert eng.stats()["spec_decode_num_drafts"] > 0  # batch 1: exploration steps draft at least
     assert _pools_full(llm)
+
+
+def _fused_llm(**kw):
+    """An engine whose steps go through the padded graph path with fused speculative steps, run eagerly."""
+    llm = LLM(device="cpu", block_size=16, speculative_config=SPEC, **{"kv_cache_memory": "16MiB",
+                                                                        "max_num_seqs": 8, **kw})
+    seqs = llm.engine.ecfg.max_num_seqs
+    llm.engine.executor.runner.setup_graphs(seqs, None, enforce_eager=False, pad_on_cpu=True,
+                                            num_speculative_tokens=3, draft_graph="fused")
+    fused = []
+    spec_step = llm.engine.executor.runner.graphs.spec_step
+    llm.engine.executor.runner.graphs.spec_step = lambda plan, key: fused.append(key) or spec_step(plan, key)
+    return llm, fused
+
+
+def test_fused_steps_stop_abort_and_preempt_like_plain(plain):
+    """Fused steps (acceptance, commit and drafts on the device, the host walking the copied argmaxes): a stop
+    token, a stop string, max_tokens and n=2 inside accepted runs give plain decoding's outputs; an abort with
+    drafts pending and preemption with few blocks (the fused step reserves blocks for its chain first) free
+    every block and slot, and preempted requests keep plain decoding's tokens."""
+    llm, fused = _fused_llm()
+    base = plain.generate(PROMPTS[:1], SamplingParams(temperature=0, max_tokens=30))[0].outputs[0]
+    cases = [SamplingParams(temperature=0, max_tokens=30, stop_token_ids=[base.token_ids[9]]),
+             SamplingParams(temperature=0, max_tokens=30, stop=[base.text[12:16]]),
+             SamplingParams(temperature=0, max_tokens=7),
+             SamplingParams(temperature=0, max_tokens=30, n=2)]
+    for sp in cases:
+        before = len(fused)
+        x, y = plain.generate(PROMPTS[:1], sp)[0], llm.generate(PROMPTS[:1], sp)[0]
+        assert [o.token_ids for o in y.outputs] == [o.token_ids for o in x.outputs]
+        assert [o.text for o in y.outputs] == [o.text for o in x.outputs]
+        assert [o.finish_reason for o in y.outputs] == [o.finish_reason for o in x.outputs]
+        assert len(fused) > before, sp  # fused steps ran
+    assert _pools_full(llm)
+    eng = llm.engine
+    ids = llm.get_tokenizer().encode(PROMPTS[0])
+    for i in range(3):
+        eng.add_request(f"abort-{i}", ids, SamplingParams(temperature=0, max_tokens=200, ignore_eos=True))
+    before = len(fused)
+    for _ in range(40):
+        if len(fused) >= before + 3:
+            break
+        eng.step()
+    assert len(fused) >= before + 3 and any(s.drafts for s in eng.scheduler.running)
+    for i in range(3):
+        eng.abort(f"abort-{i}")
+    assert not eng.has_unfinished() and _pools_full(llm)
+
+    from tpserve.engine.cache import bytes_per_block, bytes_per_slot
+    from tpserve.model.mtp import mtp_config
+
+    cfg = mtp_config(eng.model_config)
+    budget = 4 * bytes_per_slot(cfg, 1, torch.float32) + 12 * bytes_per_block(cfg, 16, torch.float32)
+    small, fused = _fused_llm(kv_cache_memory=budget, max_num_seqs=4)
+    sp = SamplingParams(temperature=0, max_tokens=60, ignore_eos=True)
+    got = small.generate(PROMPTS, sp)
+    assert small.engine.scheduler.num_preemptions > 0 and fused
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in plain.generate(PROMPTS, sp)]
+    assert _pools_full(small)
