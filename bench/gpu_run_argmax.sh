@@ -10,7 +10,7 @@
 set -uo pipefail
 source bench/gpu_env.sh
 step "fla verify / commit tests on the GPU"
-PYTHONPATH=/tmp/site:$PWD/src:$PWD/tests timeout 120 python3 -m pytest -q -p no:cacheprovider -W ignore \
+PYTHONPATH=/tmp/site:$PWD/src:$PWD/tests timeout 120 python3 -m pytest -p no:cacheprovider -W ignore \
   tests/kernels/test_kda_fla.py 2>&1 | grep -E "passed|failed|error"
 step "argmax kernel vs torch on the GPU"
 timeout 60 python3 - <<'PY'

@@ -9,7 +9,7 @@
 set -uo pipefail
 source bench/gpu_env.sh
 step "fla verify / commit tests on the GPU"
-PYTHONPATH=/tmp/site:$PWD/src:$PWD/tests timeout 120 python3 -m pytest -q -p no:cacheprovider -W ignore tests/kernels/test_kda_fla.py 2>&1 | grep -E "passed|failed|error"
+PYTHONPATH=/tmp/site:$PWD/src:$PWD/tests timeout 120 python3 -m pytest -p no:cacheprovider -W ignore tests/kernels/test_kda_fla.py 2>&1 | grep -E "passed|failed|error"
 step "kernels per phase, batch 1, k=3 fused"
 timeout 80 python3 bench/decode_profile.py --device cuda --dtype bfloat16 --batch 1 --k 3 --steps 16 --top 30 \
   --json "$OUT/profile_commit.json" 2>&1 | grep -E "^\| (execute|draft|commit|execute_spec) |^##"

@@ -7,7 +7,7 @@
 set -uo pipefail
 source bench/gpu_env.sh
 step "fla verify / commit tests on the GPU"
-PYTHONPATH=/tmp/site:$PWD/src:$PWD/tests timeout 120 python3 -m pytest -q -rs -p no:cacheprovider \
+PYTHONPATH=/tmp/site:$PWD/src:$PWD/tests timeout 120 python3 -m pytest -rs -p no:cacheprovider \
   tests/kernels/test_kda_fla.py 2>&1 | tail -6
 step "fixed k=3 vs off, interleaved"
 timeout 150 python3 bench/spec_ab.py --device cuda --batch 1 --k 3 --max-tokens 96 --rounds 8 --baseline off \
