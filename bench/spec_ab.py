@@ -90,6 +90,10 @@ def main() -> None:
           f"(min {min(ratios):.3f}, max {max(ratios):.3f})")
     total = sum(chosen.values()) or 1
     print(f"{cand} k per step: " + ", ".join(f"k={k} {100 * n / total:.0f}%" for k, n in sorted(chosen.items())))
+    if args.candidate == "adaptive":  # what the adaptive engine measured and fitted (why it chose those k)
+        print(f"{cand} measured rates: {speculator.rates.snapshot()}")
+        snap = speculator.policy.snapshot()
+        print(f"{cand} acceptance per position: {[round(a, 3) for a in snap['acceptance']]}")
     for llm in engines.values():
         llm.shutdown()
 

@@ -7,6 +7,7 @@ below any change of token). Pools are full after finishes, stops and aborts insi
 """
 
 import dataclasses
+import time
 
 import pytest
 import torch
@@ -270,22 +271,97 @@ def test_measured_rates_turn_drafting_off_where_it_loses():
     from tpserve.engine.speculate import MeasuredRates
 
     r = MeasuredRates()
-    assert [r.override(1, 3) for _ in range(8)] == [3] * 7 + [0]  # no measurements yet: the policy's k
-    r.observe(1, False, 10, 0.1)   # plain: 100 tok/s
-    r.observe(1, True, 45, 0.5)    # drafting: 90 tok/s
-    ks = [r.override(1, 3) for _ in range(120)]
-    assert ks.count(3) == 2 and ks[64 - 9] == 3 and ks[128 - 9] == 3  # only the re-measuring steps
-    r.observe(1, True, 10, 0.6)    # drafting: 75 tok/s in the decayed mean, plain's lead now > 25%
-    ks = [r.override(1, 3) for _ in range(512)]
-    assert ks.count(3) == 2 and ks[256 - 129] == 3  # re-measured every 256th step only
-    r.observe(64, False, 64, 0.1)
-    r.observe(64, True, 70, 0.1)  # faster with drafts at batch 64 by 9%: k stays, plain every 64th step
-    ks = [r.override(40, 2) for _ in range(128)]
+
+    def steps(n, batch, k, spec=None, plain=None):  # each step's mode measured as it runs (None: not measured)
+        ks = []
+        for _ in range(n):
+            ks.append(r.override(batch, k))
+            step = spec if ks[-1] else plain
+            if step is not None:
+                r.observe(batch, ks[-1] > 0, *step)
+        return ks
+
+    assert steps(8, 1, 3) == [3] * 7 + [0]  # plain not measured: a plain step every 8th
+    for _ in range(4):
+        r.observe(1, False, 1, 0.01)   # plain: 100 tok/s
+    assert steps(16, 1, 3) == [3] * 16  # drafting not measured yet: the policy's k
+    for _ in range(4):
+        r.observe(1, True, 9, 0.1)     # drafting: 90 tok/s
+    ks = steps(130, 1, 3, spec=(9, 0.1))
+    assert ks.count(3) == 2 and ks[63] == 3 and ks[127] == 3  # drafting re-measured every 64th step
+    for _ in range(8):
+        r.observe(1, True, 5, 0.1)     # 50 tok/s in most of the window: plain leads by more than 25%
+    ks = steps(300, 1, 3)              # (nothing measured: a probe found no sequence able to draft)
+    assert ks.count(3) == 300 - 255 and ks[255] == 3  # every 256th step, and a probe due stays due
+    for _ in range(MeasuredRates.WINDOW):
+        r.observe(1, True, 50, 0.1)
+    ks = steps(300, 1, 3, plain=(1, 0.01))  # drafting now measured far faster: plain every 256th step
+    assert ks.count(0) == 2 and ks[0] == ks[256] == 0  # (plain's probe was due already)
+    for _ in range(4):
+        r.observe(64, False, 64, 0.1)
+        r.observe(64, True, 70, 0.1)  # faster with drafts at batch 64 by 9%: k stays, plain every 64th step
+    ks = steps(128, 40, 2, spec=(70, 0.1), plain=(64, 0.1))
     assert ks.count(0) == 2 and ks.count(2) == 126
-    r.observe(64, True, 200, 0.1)  # by far faster: plain re-measured every 256th step
-    ks = [r.override(40, 2) for _ in range(512)]
-    assert ks.count(0) == 2 and ks.count(2) == 510
     assert MeasuredRates.bucket(1) == 1 and MeasuredRates.bucket(5) == 8 and MeasuredRates.bucket(64) == 64
+
+
+def test_measured_rates_shrug_off_a_slow_first_drafting_step():
+    """One drafting step 200 times slower than the rest (a compile, a GC pause) among the first measured
+    does not make plain decoding look faster: each step's time is capped at 3x the window's median."""
+    from tpserve.engine.speculate import MeasuredRates
+
+    r = MeasuredRates()
+    r.observe(1, True, 1, 0.2)  # the outlier first
+    for i in range(5):
+        r.observe(1, False, 1, 0.001)
+        r.observe(1, True, 2 + i % 2, 0.0012)
+    assert r.rates[(1, True)] > r.rates[(1, False)]
+    assert all(r.override(1, 3) == 3 for _ in range(63))
+
+
+def test_speculation_measured_slower_still_probes_a_later_request():
+    """Plain decoding measured faster: the MTP layer stops for the running request after IDLE_STEPS
+    plain steps, and the drafting probe, once due, waits for a request that can draft (the next one)
+    instead of falling on a step where nothing drafts and being lost."""
+    llm = LLM(device="cpu", kv_cache_memory="16MiB", block_size=16, max_num_seqs=8,
+              speculative_config={"method": "mtp", "num_speculative_tokens": 2})
+    spec = llm.engine.speculator
+    rates = spec.rates
+    rates.SPEC_PROBE = rates.CLEAR_PROBE = 24
+    for _ in range(rates.MIN_OBS):
+        rates.observe(1, False, 1, 1e-6)  # plain decoding "measured" a million tokens per second
+        rates.observe(1, True, 1, 1.0)
+    sp = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    drafts = []
+    for prompt in PROMPTS[:3]:
+        before = spec.counters.num_drafts
+        llm.generate([prompt], sp)
+        drafts.append(spec.counters.num_drafts - before)
+    assert drafts[0] == 0 and sum(drafts[1:]) > 0  # the probe came due during the first request (30 steps)
+    assert len(rates.window[(1, True)]) > rates.MIN_OBS  # and its drafting step was measured
+    llm.shutdown()
+
+
+def test_step_time_runs_until_the_tokens_are_on_the_host():
+    """A step's measured time (what MeasuredRates and the cost model see) ends when its sampled tokens are on
+    the host, not when `execute` returns: on a GPU that only launched the work. Stand-in: verify (where the
+    host waits for the tokens) takes 300 ms longer (a CPU step of the demo model takes a few ms)."""
+    llm = LLM(device="cpu", kv_cache_memory="16MiB", block_size=16, max_num_seqs=8,
+              speculative_config={"method": "mtp", "num_speculative_tokens": 2, "adaptive": False})
+    spec = llm.engine.speculator
+    verify, propose, seen = spec.verify, spec.propose, []
+
+    def slow_verify(*a, **kw):
+        time.sleep(0.3)
+        return verify(*a, **kw)
+
+    def recording_propose(scheduled, starts, seconds, tokens):
+        seen.append(seconds)
+        return propose(scheduled, starts, seconds, tokens)
+    spec.verify, spec.propose = slow_verify, recording_propose
+    llm.generate([PROMPTS[0]], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    assert seen and min(seen) >= 0.3
+    llm.shutdown()
 
 
 def test_measured_rates_leave_out_the_step_after_a_prompt_catch_up():

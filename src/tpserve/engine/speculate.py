@@ -25,6 +25,7 @@ the drafts.
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 import torch
@@ -83,13 +84,15 @@ class Speculator:
         self.rates = MeasuredRates()
         self.calibration = Calibration()
         self.last_k, self.last_draft_seconds, self.emitted = 0, 0.0, 0
+        self.step_drafted = False  # the step just run verified drafts (what MeasuredRates files it under)
 
     # ------------------------------------------------------------------ verify
     def verify(self, sampled: list[Scheduled], logits: torch.Tensor) -> list[int]:
         """Emit every completing sequence's tokens (one row each, plus one per draft); return the commit
         counts (tokens now real) of the sequences that verified drafts, in step order."""
         eng = self.engine
-        if not any(s.seq.drafts for s in sampled):  # nothing to verify (k = 0): the plain engine's sampling
+        self.step_drafted = any(s.seq.drafts for s in sampled)
+        if not self.step_drafted:  # nothing to verify (k = 0): the plain engine's sampling
             eng.sample_and_append([s.seq for s in sampled], logits)
             for s in sampled:
                 if s.seq.is_finished:
@@ -195,6 +198,7 @@ class Speculator:
         emit each sequence's accepted run from the verify rows' argmaxes, then take the next drafts from the
         chain's draws (truncation and the policy's k as in `propose`)."""
         greedy, accepted, draws = verified
+        self.step_drafted = True
         groups = []
         for i, s in enumerate(scheduled):
             seq = s.seq
@@ -243,7 +247,7 @@ class Speculator:
             # running requests no longer draft (their MTP cache would have a gap), requests that arrive later
             # do when the batch is small again. Nothing is observed (no step here drafts), so these steps cost
             # about what plain decoding costs
-            self.emitted, self.last_draft_seconds, self.last_k = 0, 0.0, 0
+            self.emitted, self.last_draft_seconds, self.last_k, self.step_drafted = 0, 0.0, 0, False
             self.idle_steps += 1
             for s in scheduled:
                 s.seq.mtp_computed = -1
@@ -253,8 +257,8 @@ class Speculator:
             if not fused:  # (a fused step's time holds its drafting too: the cost model fits them apart)
                 self.policy.observe_step(step_tokens, max(step_seconds, 1e-9))
             if self.last_draft_seconds is not None:  # None: the drafts came with a prompt's MTP catch-up
-                self.rates.observe(batch, self.last_k > 0, self.emitted, step_seconds + self.last_draft_seconds)
-        self.emitted, self.last_draft_seconds = 0, 0.0
+                self.rates.observe(batch, self.step_drafted, self.emitted, step_seconds + self.last_draft_seconds)
+        self.emitted, self.last_draft_seconds, self.step_drafted = 0, 0.0, False
         self.choice = self.policy.begin_step()
         if above_graphs:  # (requests with a fixed k draft it: `_budget`)
             k = 0
@@ -385,16 +389,25 @@ class Speculator:
 class MeasuredRates:
     """Emitted tokens per second actually measured, for steps with and without drafts, per batch-size
     bucket (powers of two): the policy's cost model sees tokens and experts, not what the machine does
-    with them (graphs for some steps, host overheads, a compute-bound CPU). Until both are measured every
-    PLAIN_PROBE-th step drafts nothing (it measures plain decoding); then the slower mode runs only every
-    SPEC_PROBE-th step (to re-measure it), every CLEAR_PROBE-th once the faster one leads by more than
-    CLEAR_LEAD (a probe costs a step in the slower mode, and a wide lead rarely flips): k = 0 where
-    drafting is measured slower, the policy's k where faster."""
+    with them (graphs for some steps, host overheads, a compute-bound CPU).
 
-    PLAIN_PROBE, SPEC_PROBE, CLEAR_PROBE, CLEAR_LEAD, DECAY = 8, 64, 256, 1.25, 0.8
+    A mode's rate is tokens / seconds over its last WINDOW steps, each step's time capped at OUTLIER x
+    the window's median step time: one drafting step emits 1..k+1 tokens, so single steps say little,
+    and a compile or a GC pause in one step must not decide the mode (an early slow drafting step with a
+    per-step average used to lock a batch of 1 into plain steps on an H200). The modes are compared once
+    each has MIN_OBS steps; until then the policy's k, with a plain step whenever plain decoding has not
+    run for PLAIN_PROBE steps. Then the slower mode runs again once it has not run for SPEC_PROBE steps
+    (CLEAR_PROBE when the faster leads by more than CLEAR_LEAD): counted from its last measured step, so a
+    probe that found no sequence able to draft (their MTP stopped) stays due until one can (the next
+    request). k = 0 where drafting is measured slower, the policy's k where faster."""
+
+    PLAIN_PROBE, SPEC_PROBE, CLEAR_PROBE, CLEAR_LEAD = 8, 64, 256, 1.25
+    WINDOW, MIN_OBS, OUTLIER = 16, 4, 3.0
 
     def __init__(self):
-        self.ema: dict[tuple[int, bool], float] = {}
+        self.window: dict[tuple[int, bool], deque] = {}  # (bucket, drafted) -> (tokens, seconds) per step
+        self.rates: dict[tuple[int, bool], float] = {}
+        self.last_seen: dict[tuple[int, bool], int] = {}  # the `step` count at the mode's last observation
         self.step = 0
 
     @staticmethod
@@ -402,26 +415,36 @@ class MeasuredRates:
         return 1 << max(batch - 1, 0).bit_length()
 
     def observe(self, batch: int, drafted: bool, emitted: int, seconds: float) -> None:
-        if emitted <= 0 or seconds <= 0:
+        if emitted <= 0 or not seconds > 0:
             return
-        key, rate = (self.bucket(batch), drafted), emitted / seconds
-        old = self.ema.get(key)
-        self.ema[key] = rate if old is None else self.DECAY * old + (1 - self.DECAY) * rate
+        key = (self.bucket(batch), drafted)
+        win = self.window.setdefault(key, deque(maxlen=self.WINDOW))
+        win.append((emitted, seconds))
+        cap = self.OUTLIER * sorted(s for _, s in win)[len(win) // 2]
+        self.rates[key] = sum(t for t, _ in win) / sum(min(s, cap) for _, s in win)
+        self.last_seen[key] = self.step
+
+    def _since(self, key: tuple[int, bool]) -> int:
+        return self.step - self.last_seen.get(key, 0)
 
     def override(self, batch: int, k: int) -> int:
         self.step += 1
         if k == 0:
             return 0
-        plain, spec = self.ema.get((self.bucket(batch), False)), self.ema.get((self.bucket(batch), True))
-        if plain is not None and spec is not None:  # both measured: re-measure the loser now and then
-            every = self.CLEAR_PROBE if max(spec, plain) > self.CLEAR_LEAD * min(spec, plain) else self.SPEC_PROBE
-            if spec < plain:
-                return k if self.step % every == 0 else 0
-            return 0 if self.step % every == 0 else k
-        return 0 if self.step % self.PLAIN_PROBE == 0 else k
+        b = self.bucket(batch)
+        plain_key, spec_key = (b, False), (b, True)
+        counts = [len(self.window.get(key, ())) for key in (plain_key, spec_key)]
+        if min(counts) < self.MIN_OBS:  # not both measured: the policy's k, plain decoding now and then
+            return 0 if counts[0] < self.MIN_OBS and self._since(plain_key) >= self.PLAIN_PROBE else k
+        plain, spec = self.rates[plain_key], self.rates[spec_key]
+        every = self.CLEAR_PROBE if max(spec, plain) > self.CLEAR_LEAD * min(spec, plain) else self.SPEC_PROBE
+        if spec < plain:
+            return k if self._since(spec_key) >= every else 0
+        return 0 if self._since(plain_key) >= every else k
 
     def snapshot(self) -> dict:
-        return {f"batch<={b} {'spec' if d else 'plain'}": round(r, 1) for (b, d), r in sorted(self.ema.items())}
+        return {f"batch<={b} {'spec' if d else 'plain'}": {"tok_s": round(r, 1), "steps": len(self.window[(b, d)])}
+                for (b, d), r in sorted(self.rates.items())}
 
 
 class Calibration:
