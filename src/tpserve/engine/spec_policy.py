@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass
 from operator import mul
+from typing import NamedTuple
 
 # Priors (seconds; guesses, replaced by the online fit within a few dozen steps). Step: 3 ms fixed,
 # 30 us per token, and reading every expert of every MoE layer once costs as much as the fixed part
@@ -43,8 +43,7 @@ RIDGE = 0.01                          # a coefficient 100% off its prior costs a
                                       # relative squared error (an observation 10% off costs 0.01)
 
 
-@dataclass(frozen=True)
-class StepChoice:
+class StepChoice(NamedTuple):  # (a tuple: made every step, ~5x cheaper than a frozen dataclass)
     step: int      # 1-based step count
     explore: bool  # k = max_k and no truncation; acceptances of this step train the estimators
 

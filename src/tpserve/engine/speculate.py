@@ -253,7 +253,8 @@ class Speculator:
                 s.seq.mtp_computed = -1
             return None
         running = [s.seq for s in scheduled if s.seq.status is Status.RUNNING]
-        if all(s.decode for s in scheduled):  # steps with prefill chunks say nothing of decode costs or rates
+        # steps with prefill chunks say nothing of decode costs or rates; a fixed k uses neither
+        if self.spec.adaptive and all(s.decode for s in scheduled):
             if not fused:  # (a fused step's time holds its drafting too: the cost model fits them apart)
                 self.policy.observe_step(step_tokens, max(step_seconds, 1e-9))
             if self.last_draft_seconds is not None:  # None: the drafts came with a prompt's MTP catch-up
@@ -311,7 +312,7 @@ class Speculator:
         self.last_draft_seconds = time.perf_counter() - t0
         if not decode_only:  # the catch-up ran over prompt rows too: not what a decode step's drafts cost
             self.last_draft_seconds = None  # (the next step's measured rate would be charged with it)
-        elif deepest > 0:
+        elif deepest > 0 and self.spec.adaptive:
             self.policy.observe_draft(deepest, max(self.last_draft_seconds, 1e-9), num_drafting)
 
     def _extend_drafts(self, drafting: list[tuple[Sequence, int]], drafted, chained, at: list[int]) -> None:
@@ -405,7 +406,8 @@ class MeasuredRates:
     WINDOW, MIN_OBS, OUTLIER = 16, 4, 3.0
 
     def __init__(self):
-        self.window: dict[tuple[int, bool], deque] = {}  # (bucket, drafted) -> (tokens, seconds) per step
+        self.window: dict[tuple[int, bool], deque] = {}  # (bucket, drafted) -> [tokens, seconds, capped] per step
+        self._sums: dict[tuple[int, bool], list] = {}      # -> [tokens, capped seconds, cap, observations]
         self.rates: dict[tuple[int, bool], float] = {}
         self.last_seen: dict[tuple[int, bool], int] = {}  # the `step` count at the mode's last observation
         self.step = 0
@@ -419,9 +421,22 @@ class MeasuredRates:
             return
         key = (self.bucket(batch), drafted)
         win = self.window.setdefault(key, deque(maxlen=self.WINDOW))
-        win.append((emitted, seconds))
-        cap = self.OUTLIER * sorted(s for _, s in win)[len(win) // 2]
-        self.rates[key] = sum(t for t, _ in win) / sum(min(s, cap) for _, s in win)
+        sums = self._sums.setdefault(key, [0.0, 0.0, 0.0, 0])
+        sums[3] += 1
+        if len(win) < self.MIN_OBS or sums[3] % 8 == 0:  # the cap from the median, every step's time capped again
+            win.append([emitted, seconds, seconds])
+            cap = self.OUTLIER * sorted(w[1] for w in win)[len(win) // 2]
+            for w in win:
+                w[2] = min(w[1], cap)
+            sums[:3] = [sum(w[0] for w in win), sum(w[2] for w in win), cap]
+        else:  # in between (a sort is most of the cost): the last cap, the window's sums updated
+            if len(win) == win.maxlen:
+                sums[0] -= win[0][0]
+                sums[1] -= win[0][2]
+            win.append([emitted, seconds, min(seconds, sums[2])])
+            sums[0] += emitted
+            sums[1] += win[-1][2]
+        self.rates[key] = sums[0] / sums[1]
         self.last_seen[key] = self.step
 
     def _since(self, key: tuple[int, bool]) -> int:
