@@ -295,8 +295,9 @@ def test_measured_rates_turn_drafting_off_where_it_loses():
     assert ks.count(3) == 300 - 255 and ks[255] == 3  # every 256th step, and a probe due stays due
     for _ in range(MeasuredRates.WINDOW):
         r.observe(1, True, 50, 0.1)
-    ks = steps(300, 1, 3, plain=(1, 0.01))  # drafting now measured far faster: plain every 256th step
-    assert ks.count(0) == 2 and ks[0] == ks[256] == 0  # (plain's probe was due already)
+    ks = steps(2200, 1, 3, plain=(1, 0.01))  # drafting now 5x faster: plain every 1024th step (> 1.5x lead)
+    zeros = [i for i, k in enumerate(ks) if k == 0]
+    assert len(zeros) == 2 and zeros[1] - zeros[0] == 1024
     for _ in range(4):
         r.observe(64, False, 64, 0.1)
         r.observe(64, True, 70, 0.1)  # faster with drafts at batch 64 by 9%: k stays, plain every 64th step
@@ -327,7 +328,7 @@ def test_speculation_measured_slower_still_probes_a_later_request():
               speculative_config={"method": "mtp", "num_speculative_tokens": 2})
     spec = llm.engine.speculator
     rates = spec.rates
-    rates.SPEC_PROBE = rates.CLEAR_PROBE = 24
+    rates.SPEC_PROBE = rates.CLEAR_PROBE = rates.WIDE_PROBE = 24
     for _ in range(rates.MIN_OBS):
         rates.observe(1, False, 1, 1e-6)  # plain decoding "measured" a million tokens per second
         rates.observe(1, True, 1, 1.0)
@@ -612,9 +613,9 @@ def test_adaptive_does_not_draft_above_the_verify_graphs(plain):
     assert _pools_full(llm)
 
 
-def _fused_llm(**kw):
+def _fused_llm(spec=SPEC, **kw):
     """An engine whose steps go through the padded graph path with fused speculative steps, run eagerly."""
-    llm = LLM(device="cpu", block_size=16, speculative_config=SPEC, **{"kv_cache_memory": "16MiB",
+    llm = LLM(device="cpu", block_size=16, speculative_config=spec, **{"kv_cache_memory": "16MiB",
                                                                         "max_num_seqs": 8, **kw})
     seqs = llm.engine.ecfg.max_num_seqs
     llm.engine.executor.runner.setup_graphs(seqs, None, enforce_eager=False, pad_on_cpu=True,
@@ -669,3 +670,26 @@ def test_fused_steps_stop_abort_and_preempt_like_plain(plain):
     assert small.engine.scheduler.num_preemptions > 0 and fused
     assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in plain.generate(PROMPTS, sp)]
     assert _pools_full(small)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_adaptive_k_is_all_or_nothing_where_steps_are_padded(fused):
+    """A fused step verifies and chains num_speculative_tokens rows whatever k is: where the next step can be
+    fused, a policy's k between 0 and the largest becomes the largest (more tokens at the same cost); on the
+    unpadded path it stays as chosen."""
+    spec = {"method": "mtp", "num_speculative_tokens": 3, "truncate_threshold": 0.0}
+    if fused:
+        llm, steps = _fused_llm(spec)
+    else:
+        llm, steps = LLM(device="cpu", kv_cache_memory="16MiB", block_size=16, max_num_seqs=8,
+                         speculative_config=spec), None
+    sp_ = llm.engine.speculator
+    sp_.policy.choose_k = lambda num_seqs, keys: 1
+    sp_.rates.override = lambda batch, k: k
+    chosen, propose = [], sp_._next_k
+    sp_._next_k = lambda *a, **kw: chosen.append(propose(*a, **kw)) or chosen[-1]
+    llm.generate(PROMPTS[:2], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
+    ks = {k for k in chosen if k is not None}
+    assert ks == {3} if fused else ks == {1, 3}  # (3: the exploring steps, every 4th)
+    assert steps is None or steps
+    llm.shutdown()

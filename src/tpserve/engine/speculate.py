@@ -267,6 +267,8 @@ class Speculator:
             k = self.policy.choose_k(batch, running)
             if self.spec.adaptive:
                 k = self.rates.override(batch, k)
+            if 0 < k < self.spec.num_speculative_tokens and self._padded(running, batch):
+                k = self.spec.num_speculative_tokens
         self.last_k = k
         self.idle_steps = self.idle_steps + 1 if k == 0 else 0
         if self.idle_steps > IDLE_STEPS and not any(_fixed(seq) for seq in running):
@@ -276,6 +278,13 @@ class Speculator:
                 seq.mtp_computed = -1
             return None
         return k
+
+    def _padded(self, running: list[Sequence], batch: int) -> bool:
+        """Whether the next step can be fused (`fusable`): its verify and chain graphs run num_speculative_tokens
+        rows and depths whatever k is, so fewer drafts would save nothing and emit fewer tokens (an H200 at
+        batch 1: adaptive chose k = 3 or 4 of 5 on 5% of steps)."""
+        return (batch <= self.engine.executor.spec_step_limits()[0]
+                and all(sampler.plain_argmax(seq) and seq.params.logprobs is None for seq in running))
 
     def _draft_all(self, scheduled: list[Scheduled], starts: list[int], k: int, decode_only: bool,
                    t0: float) -> None:
@@ -398,11 +407,12 @@ class MeasuredRates:
     per-step average used to lock a batch of 1 into plain steps on an H200). The modes are compared once
     each has MIN_OBS steps; until then the policy's k, with a plain step whenever plain decoding has not
     run for PLAIN_PROBE steps. Then the slower mode runs again once it has not run for SPEC_PROBE steps
-    (CLEAR_PROBE when the faster leads by more than CLEAR_LEAD): counted from its last measured step, so a
+    (CLEAR_PROBE when the faster leads by more than CLEAR_LEAD, WIDE_PROBE by more than WIDE_LEAD; each
+    probe costs a step or two in the slower mode): counted from its last measured step, so a
     probe that found no sequence able to draft (their MTP stopped) stays due until one can (the next
     request). k = 0 where drafting is measured slower, the policy's k where faster."""
 
-    PLAIN_PROBE, SPEC_PROBE, CLEAR_PROBE, CLEAR_LEAD = 8, 64, 256, 1.25
+    PLAIN_PROBE, SPEC_PROBE, CLEAR_PROBE, CLEAR_LEAD, WIDE_PROBE, WIDE_LEAD = 8, 64, 256, 1.25, 1024, 1.5
     WINDOW, MIN_OBS, OUTLIER = 16, 4, 3.0
 
     def __init__(self):
@@ -452,7 +462,9 @@ class MeasuredRates:
         if min(counts) < self.MIN_OBS:  # not both measured: the policy's k, plain decoding now and then
             return 0 if counts[0] < self.MIN_OBS and self._since(plain_key) >= self.PLAIN_PROBE else k
         plain, spec = self.rates[plain_key], self.rates[spec_key]
-        every = self.CLEAR_PROBE if max(spec, plain) > self.CLEAR_LEAD * min(spec, plain) else self.SPEC_PROBE
+        lead = max(spec, plain) / min(spec, plain)
+        every = (self.SPEC_PROBE if lead <= self.CLEAR_LEAD else self.CLEAR_PROBE if lead <= self.WIDE_LEAD
+                 else self.WIDE_PROBE)
         if spec < plain:
             return k if self._since(spec_key) >= every else 0
         return 0 if self._since(plain_key) >= every else k
