@@ -264,11 +264,17 @@ class Speculator:
         if above_graphs:  # (requests with a fixed k draft it: `_budget`)
             k = 0
         else:
-            k = self.policy.choose_k(batch, running)
-            if self.spec.adaptive:
-                k = self.rates.override(batch, k)
-            if 0 < k < self.spec.num_speculative_tokens and self._padded(running, batch):
-                k = self.spec.num_speculative_tokens
+            max_k = self.spec.num_speculative_tokens
+            if self.spec.adaptive and self.rates.measured(batch) and self._padded(running, batch):
+                # the next step is fused, so k is 0 or max_k, and both were measured here: the measurements
+                # decide (the policy's cost model would only guess at the same thing)
+                k = self.rates.override(batch, max_k)
+            else:
+                k = self.policy.choose_k(batch, running)
+                if self.spec.adaptive:
+                    k = self.rates.override(batch, k)
+                if 0 < k < max_k and self._padded(running, batch):
+                    k = max_k
         self.last_k = k
         self.idle_steps = self.idle_steps + 1 if k == 0 else 0
         if self.idle_steps > IDLE_STEPS and not any(_fixed(seq) for seq in running):
@@ -420,6 +426,7 @@ class MeasuredRates:
         self._sums: dict[tuple[int, bool], list] = {}      # -> [tokens, capped seconds, cap, observations]
         self.rates: dict[tuple[int, bool], float] = {}
         self.last_seen: dict[tuple[int, bool], int] = {}  # the `step` count at the mode's last observation
+        self._decision: dict[int, tuple[tuple[int, bool], int]] = {}  # bucket -> (slower mode's key, probe every)
         self.step = 0
 
     @staticmethod
@@ -429,11 +436,16 @@ class MeasuredRates:
     def observe(self, batch: int, drafted: bool, emitted: int, seconds: float) -> None:
         if emitted <= 0 or not seconds > 0:
             return
-        key = (self.bucket(batch), drafted)
-        win = self.window.setdefault(key, deque(maxlen=self.WINDOW))
-        sums = self._sums.setdefault(key, [0.0, 0.0, 0.0, 0])
+        b = self.bucket(batch)
+        key = (b, drafted)
+        win = self.window.get(key)
+        if win is None:
+            win = self.window[key] = deque(maxlen=self.WINDOW)
+            self._sums[key] = [0.0, 0.0, 0.0, 0]
+        sums = self._sums[key]
         sums[3] += 1
-        if len(win) < self.MIN_OBS or sums[3] % 8 == 0:  # the cap from the median, every step's time capped again
+        full = len(win) < self.MIN_OBS or sums[3] % 8 == 0
+        if full:  # the cap from the median, every step's time capped again
             win.append([emitted, seconds, seconds])
             cap = self.OUTLIER * sorted(w[1] for w in win)[len(win) // 2]
             for w in win:
@@ -443,31 +455,44 @@ class MeasuredRates:
             if len(win) == win.maxlen:
                 sums[0] -= win[0][0]
                 sums[1] -= win[0][2]
-            win.append([emitted, seconds, min(seconds, sums[2])])
+            capped = seconds if seconds < sums[2] else sums[2]
+            win.append([emitted, seconds, capped])
             sums[0] += emitted
-            sums[1] += win[-1][2]
+            sums[1] += capped
         self.rates[key] = sums[0] / sums[1]
         self.last_seen[key] = self.step
+        decision = self._decision.get(b)
+        if full or decision is None or decision[0] == key:  # the faster mode's rate moves little step to step
+            self._decide(b)
 
-    def _since(self, key: tuple[int, bool]) -> int:
-        return self.step - self.last_seen.get(key, 0)
+    def _decide(self, b: int) -> None:
+        """Bucket b's slower mode and how often it is re-measured, once both modes are measured."""
+        plain_key, spec_key = (b, False), (b, True)
+        if min(len(self.window.get(plain_key, ())), len(self.window.get(spec_key, ()))) < self.MIN_OBS:
+            return
+        plain, spec = self.rates[plain_key], self.rates[spec_key]
+        lead = max(spec, plain) / min(spec, plain)
+        every = (self.SPEC_PROBE if lead <= self.CLEAR_LEAD else self.CLEAR_PROBE if lead <= self.WIDE_LEAD
+                 else self.WIDE_PROBE)
+        self._decision[b] = (spec_key if spec < plain else plain_key, every)
+
+    def measured(self, batch: int) -> bool:
+        """Both modes measured for this batch's bucket (`override` then decides from measurements alone)."""
+        return self.bucket(batch) in self._decision
 
     def override(self, batch: int, k: int) -> int:
         self.step += 1
         if k == 0:
             return 0
         b = self.bucket(batch)
-        plain_key, spec_key = (b, False), (b, True)
-        counts = [len(self.window.get(key, ())) for key in (plain_key, spec_key)]
-        if min(counts) < self.MIN_OBS:  # not both measured: the policy's k, plain decoding now and then
-            return 0 if counts[0] < self.MIN_OBS and self._since(plain_key) >= self.PLAIN_PROBE else k
-        plain, spec = self.rates[plain_key], self.rates[spec_key]
-        lead = max(spec, plain) / min(spec, plain)
-        every = (self.SPEC_PROBE if lead <= self.CLEAR_LEAD else self.CLEAR_PROBE if lead <= self.WIDE_LEAD
-                 else self.WIDE_PROBE)
-        if spec < plain:
-            return k if self._since(spec_key) >= every else 0
-        return 0 if self._since(plain_key) >= every else k
+        decision = self._decision.get(b)
+        if decision is None:  # not both measured: the policy's k, plain decoding now and then
+            plain_key = (b, False)
+            measured = len(self.window.get(plain_key, ())) >= self.MIN_OBS
+            return 0 if not measured and self.step - self.last_seen.get(plain_key, 0) >= self.PLAIN_PROBE else k
+        slower, every = decision
+        due = self.step - self.last_seen[slower] >= every  # the slower mode runs once it is due
+        return (k if due else 0) if slower[1] else (0 if due else k)
 
     def snapshot(self) -> dict:
         return {f"batch<={b} {'spec' if d else 'plain'}": {"tok_s": round(r, 1), "steps": len(self.window[(b, d)])}
