@@ -22,6 +22,7 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -170,6 +171,7 @@ class SnapshotStore:
                 self._remove(entry, rank, world)  # parts without their .ok: an interrupted write
             return False
         info = json.loads(self._ok_file(entry, rank, world).read_text())
+        start = time.perf_counter()
         tensors: dict[str, torch.Tensor] = {}
         for part in info["parts"]:  # every tensor loaded and checked before any goes into the model
             try:
@@ -196,6 +198,11 @@ class SnapshotStore:
         for n in left:  # declared but removed by processing (e.g. kv_b_proj's scale after dequantization)
             mod_name, _, pname = n.rpartition(".")
             del modules[mod_name]._parameters[pname]
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        seconds, nbytes = time.perf_counter() - start, sum(part["bytes"] for part in info["parts"])
+        log.info("rank %d: restored %.2f GiB from snapshot in %.2f s (%.2f GB/s, checksums included)", rank,
+                 nbytes / 2**30, seconds, nbytes / 1e9 / max(seconds, 1e-9))
         return True
 
 

@@ -1,0 +1,19 @@
+"""bench/boot_snapshot.py on make-tiny widths, on the CPU: a random checkpoint written under the model's own
+names in parts with an index, three boots in their own processes (snapshots off, first boot writing one,
+restore), and the restore's size and speed as the snapshot store logs them."""
+
+from __future__ import annotations
+
+from helpers import load_bench
+
+
+def test_boot_snapshot_writes_boots_and_restores(tmp_path):
+    mod = load_bench("boot_snapshot")
+    res = mod.main(["--size", "tiny", "--layers", "KM", "--device", "cpu", "--dir", str(tmp_path)])
+    boots = res["boots"]
+    assert not boots["off"]["restored"] and not boots["off"]["wrote"]
+    assert boots["write"]["wrote"] and not boots["write"]["restored"]
+    (gib, seconds, gbps), = boots["restore"]["restored"]
+    assert not boots["restore"]["wrote"] and seconds > 0 and gbps == res["restore_gbps"] > 0
+    assert abs(gib * 2**30 - res["snapshot_bytes"]) <= 0.01 * 2**30  # (the log rounds to 0.01 GiB)
+    assert res["checkpoint_bytes"] == sum(f.stat().st_size for f in (tmp_path / "ckpt").glob("*.safetensors"))
