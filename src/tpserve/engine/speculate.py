@@ -409,8 +409,9 @@ class MeasuredRates:
 
     A mode's rate is tokens / seconds over its last WINDOW steps, each step's time capped at OUTLIER x
     the window's median step time: one drafting step emits 1..k+1 tokens, so single steps say little,
-    and a compile or a GC pause in one step must not decide the mode (an early slow drafting step with a
-    per-step average used to lock a batch of 1 into plain steps on an H200). The modes are compared once
+    and a compile or a GC pause in one step must not decide the mode (per-step averages, probes that fell
+    on steps where nothing could draft and step times that missed the GPU's work kept a batch of 1 in
+    plain steps on an H200: BENCHMARKS.md, twelfth session). The modes are compared once
     each has MIN_OBS steps; until then the policy's k, with a plain step whenever plain decoding has not
     run for PLAIN_PROBE steps. Then the slower mode runs again once it has not run for SPEC_PROBE steps
     (CLEAR_PROBE when the faster leads by more than CLEAR_LEAD, WIDE_PROBE by more than WIDE_LEAD; each
