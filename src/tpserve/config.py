@@ -48,7 +48,9 @@ class EngineConfig:
     mla_prefill: str = _opt("dense", "MLA attention of prefill chunks: dense (the context's latent expanded to "
                             "keys/values, SDPA under the selection mask) or sparse (each query attends only its "
                             "<= index_topk selected latent rows, kv_b_proj absorbed, in query blocks; measured "
-                            "1.31x / 1.21x slower than dense at 4k / 16k tokens on an H200, BENCHMARKS.md run 12)",
+                            "1.31x / 1.21x slower than dense at 4k / 16k tokens on an H200 in run 12; on the "
+                            "sparse-MLA kernel since: 1.06x faster at 16k, 1.17x slower at 4k, BENCHMARKS.md "
+                            "eleventh / twelfth sessions)",
                             switch=True, choices=("sparse", "dense"))
     enforce_eager: bool = _opt(False, "run every step eagerly: no CUDA graphs (by default, decode steps of up "
                                "to --max-num-seqs sequences replay graphs captured at start, and with "
