@@ -331,17 +331,25 @@ class Speculator:
             self.policy.observe_draft(deepest, max(self.last_draft_seconds, 1e-9), num_drafting)
 
     def _extend_drafts(self, drafting: list[tuple[Sequence, int]], drafted, chained, at: list[int]) -> None:
-        """Depth by depth, each drafting sequence's next draft until it has `want` of them or truncation stops
-        it: from `chained` draws [2][depth][at[i]] (a chain graph's), else from `drafted` (the first depth's
-        output) and one more MTP step per depth."""
+        """Each drafting sequence's drafts until it has `want` of them or truncation stops it: from `chained`
+        draws [2][depth][at[i]] (a chain graph's, every depth drafted), else depth by depth from `drafted` (the
+        first depth's output) and one more MTP step per depth."""
         eng = self.engine
+        if chained is not None:  # every depth is drafted already: each sequence's run at once
+            tokens, sure, factor, explore = chained[0], chained[1], self.calibration.factor, self.choice.explore
+            for (seq, want), i in zip(drafting, at):
+                survival = 1.0
+                for depth in range(want):
+                    p = sure[depth][i]
+                    seq.drafts.append(int(tokens[depth][i]))
+                    seq.draft_sure.append(p)
+                    survival *= min(1.0, factor * p)
+                    if not (_fixed(seq) or self.policy.keep_drafting(explore, survival)):
+                        break
+            return
         survival = [1.0] * len(drafting)
         for depth in range(1, max((want for _, want in drafting), default=0) + 1):
-            if chained is None:
-                toks, probs, sure = self._draw(drafted, [s for s, _ in drafting])
-            else:
-                toks = [int(chained[0][depth - 1][i]) for i in at]
-                probs, sure = None, [chained[1][depth - 1][i] for i in at]
+            toks, probs, sure = self._draw(drafted, [s for s, _ in drafting])
             keep, nxt = [], _Plan()
             for i, (seq, want) in enumerate(drafting):
                 seq.drafts.append(toks[i])
@@ -351,15 +359,12 @@ class Speculator:
                 survival[i] *= min(1.0, self.calibration.factor * sure[i])
                 if depth < want and (_fixed(seq) or self.policy.keep_drafting(self.choice.explore, survival[i])):
                     keep.append(i)
-                    if chained is None:  # (a chain has drafted the next depth already)
-                        nxt.add(seq, [seq.num_tokens - 2 + depth], True)
+                    nxt.add(seq, [seq.num_tokens - 2 + depth], True)
             if not keep:
                 break
             drafting = [drafting[i] for i in keep]
             survival = [survival[i] for i in keep]
-            at = [at[i] for i in keep]
-            if chained is None:
-                drafted = eng.executor.draft(nxt.build(), keep, False)
+            drafted = eng.executor.draft(nxt.build(), keep, False)
 
     def _budget(self, seq: Sequence, k: int) -> int:
         """Drafts this sequence may take next step (room before max_tokens / max_model_len, blocks)."""
