@@ -164,3 +164,53 @@ def test_fill_writes_the_whole_step_whatever_was_filled_before(tiny):
     for p, b in steps:
         g._fill(p, b, 1)
         check(p, b)
+
+
+def test_fill_writes_verify_steps_whatever_was_filled_before():
+    """StepGraphs._fill for verify steps (q rows per sequence, fewer for some: padding rows after them) against
+    the layout written from scratch: one and two sequences (a loop), more (array expressions), a decode fill
+    of another layout in between. Real rows map to sequence i's rows from i * q; every padding row is the
+    dummy block's, owned by the dummy row."""
+    import numpy as np
+
+    from tpserve.engine.runner import StepPlan
+
+    from tpserve import LLM
+
+    llm = LLM(device="cpu", max_num_seqs=8, kv_cache_memory="64MiB", block_size=16,  # the demo model (MTP)
+              speculative_config={"method": "mtp", "num_speculative_tokens": 3, "adaptive": False})
+    runner = llm.engine.executor.runner
+    runner.setup_graphs(8, None, enforce_eager=False, pad_on_cpu=True, num_speculative_tokens=3)
+    g = runner.graphs
+    bs, q = g.block_size, 4
+
+    def plan(lengths, shift=0):
+        tables = [[50 + 10 * i + j for j in range(2 + i % 2)] for i in range(len(lengths))]
+        cu = np.concatenate([[0], np.cumsum(lengths)]).tolist()
+        pos = [len(t) * bs - q - (i + shift) % 3 + j for i, (t, n) in enumerate(zip(tables, lengths)) for j in range(n)]
+        ids = [300 + r for r in range(cu[-1])]
+        return StepPlan(ids, pos, cu, [pos[c] for c in cu[:-1]], [20 + i for i in range(len(lengths))], tables,
+                        list(range(cu[-1])), [], False, len(lengths))
+
+    def check(p, b):
+        ids, pos, rows, owner, slots, tables, lrows, real, _ = g._views(g.host_np, b, q)
+        want = {"ids": [0] * b * q, "pos": [0] * b * q, "rows": [g.dummy_block * bs] * b * q, "owner": [b] * b * q}
+        want_real = []
+        for i, t in enumerate(p.block_tables):
+            for j, r in enumerate(range(p.cu_seqlens[i], p.cu_seqlens[i + 1])):
+                at = i * q + j
+                want["ids"][at], want["pos"][at], want["owner"][at] = p.input_ids[r], p.positions[r], i
+                want["rows"][at] = t[p.positions[r] // bs] * bs + p.positions[r] % bs
+                want_real.append(at)
+        assert (ids.tolist(), pos.tolist(), rows.tolist(), owner.tolist()) == \
+            (want["ids"], want["pos"], want["rows"], want["owner"])
+        assert slots.tolist() == p.slots + [g.dummy_slot] * (b - len(p.slots))
+        assert real[:len(want_real)].tolist() == want_real
+        assert lrows[:len(want_real)].tolist() == want_real  # every row's logits (logits_indices: all rows)
+
+    decode = StepPlan([7], [40], [0, 1], [40], [3], [[90, 91, 92]], [0], [], False, 1)
+    for lengths, b in [([4], 1), ([2, 4], 2), ([4, 1, 3], 4), ([4, 4, 2, 4, 3], 8), ([1, 4, 4], 4), ([3], 1)]:
+        for shift in (0, 1):
+            g._fill(plan(lengths, shift), b, q)
+            check(plan(lengths, shift), b)
+        g._fill(decode, 2, 1)
