@@ -14,12 +14,12 @@ timeout 330 python3 bench/boot_snapshot.py --layers K --dir /tmp/tpserve-boot --
 rm -rf /tmp/tpserve-boot
 step "A/A: fixed k=5 vs fixed k=5, interleaved"
 timeout 100 python3 bench/spec_ab.py --device cuda --batch 1 --k 5 --fixed-k 5 --max-tokens 96 --rounds 8 \
-  --candidate fixed 2>&1 | grep -E "^median|Error|error|Traceback"
+  --candidate fixed --json "$OUT/ab_fixed5_fixed5.json" 2>&1 | grep -E "^median|Error|error|Traceback"
 step "batch 1: adaptive (k<=7) vs fixed k=7, interleaved"
 timeout 120 python3 bench/spec_ab.py --device cuda --batch 1 --k 7 --max-tokens 96 --rounds 8 \
-  2>&1 | grep -E "^median|k per step|measured rates|Error|error|Traceback"
+  --json "$OUT/ab_adaptive7_fixed7.json" 2>&1 | grep -E "^median|k per step|measured rates|Error|error|Traceback"
 step "batch 64: adaptive (k<=5) vs off, interleaved"
 timeout 100 python3 bench/spec_ab.py --device cuda --batch 64 --k 5 --max-tokens 96 --rounds 12 --baseline off \
-  2>&1 | grep -E "^median|k per step|Error|error|Traceback"
+  --json "$OUT/ab_b64_adaptive5_off.json" 2>&1 | grep -E "^median|k per step|Error|error|Traceback"
 save_triton_cache
 step "done"

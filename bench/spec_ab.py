@@ -3,7 +3,7 @@ than `bench spec`, which times its settings one after another).
 
     python bench/spec_ab.py [--batch 1] [--k 5] [--fixed-k K] [--baseline fixed|off] [--candidate adaptive|fixed]
                             [--max-tokens 64]
-                            [--rounds 6] [--device cpu] [--truncate-threshold T] [--draft-graph G]
+                            [--rounds 6] [--device cpu] [--truncate-threshold T] [--draft-graph G] [--json F]
 
 Both engines first run one untimed pass over the structured prompts of `bench spec` (the adaptive
 policy learns its costs and acceptance there; fixed k warms up the same way). Then each round runs
@@ -17,6 +17,7 @@ adaptive engine with plain decoding instead (batch 64: does it cost nothing wher
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 from collections import Counter
 
@@ -47,6 +48,7 @@ def main() -> None:
     ap.add_argument("--draft-graph", default=None, help="--draft-graph of both engines (default: the engine's)")
     ap.add_argument("--truncate-threshold", type=float, default=None,
                     help="the adaptive engine's truncation threshold (default: the engine's default)")
+    ap.add_argument("--json", default=None, help="also write the rounds, the median and the k histogram here")
     args = ap.parse_args()
     groups = structured_groups(args.batch)
     sp = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
@@ -77,7 +79,7 @@ def main() -> None:
                 chosen[speculator.last_k] += 1
         return wrapped
     speculator.propose, speculator.verify_fused = counted(speculator.propose), counted(speculator.verify_fused)
-    ratios = []
+    ratios, rounds = [], []
     cand = f"adaptive (k<={args.k})" if args.candidate == "adaptive" else f"fixed k={args.k}"
     print(f"| round | {base_name} decode tok/s | {cand} decode tok/s | {cand} / {base_name} |")
     print("| --- | --- | --- | --- |")
@@ -85,15 +87,22 @@ def main() -> None:
         order = ["base", "cand"] if r % 2 == 0 else ["cand", "base"]
         rate = {name: timed_pass(engines[name], groups, sp) for name in order}
         ratios.append(rate["cand"] / rate["base"])
+        rounds.append({"order": order, "base_tok_s": rate["base"], "cand_tok_s": rate["cand"], "ratio": ratios[-1]})
         print(f"| {r + 1} | {rate['base']:.1f} | {rate['cand']:.1f} | {ratios[-1]:.3f} |", flush=True)
     print(f"median {cand} / {base_name}: {statistics.median(ratios):.3f} over {args.rounds} rounds "
           f"(min {min(ratios):.3f}, max {max(ratios):.3f})")
     total = sum(chosen.values()) or 1
     print(f"{cand} k per step: " + ", ".join(f"k={k} {100 * n / total:.0f}%" for k, n in sorted(chosen.items())))
+    result = {"args": vars(args), "baseline": base_name, "candidate": cand, "rounds": rounds,
+              "median": statistics.median(ratios), "k_per_step": {str(k): n for k, n in sorted(chosen.items())}}
     if args.candidate == "adaptive":  # what the adaptive engine measured and fitted (why it chose those k)
-        print(f"{cand} measured rates: {speculator.rates.snapshot()}")
-        snap = speculator.policy.snapshot()
-        print(f"{cand} acceptance per position: {[round(a, 3) for a in snap['acceptance']]}")
+        result["measured_rates"] = speculator.rates.snapshot()
+        result["acceptance"] = speculator.policy.snapshot()["acceptance"]
+        print(f"{cand} measured rates: {result['measured_rates']}")
+        print(f"{cand} acceptance per position: {[round(a, 3) for a in result['acceptance']]}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
     for llm in engines.values():
         llm.shutdown()
 
