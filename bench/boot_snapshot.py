@@ -96,8 +96,8 @@ def boot(args) -> None:
     logging.getLogger("tpserve.snapshot").setLevel(logging.INFO)
     start = time.perf_counter()
     llm = LLM(str(args.dir / "ckpt"), device=args.device, skip_tokenizer_init=True, enforce_eager=True,
-              kv_cache_memory=64 << 20, max_num_seqs=8, snapshot=args.boot != "off",
-              snapshot_dir=str(args.dir / "snapshots"))
+              kv_cache_memory=(1 << 30) if args.size == "real" else (64 << 20), max_num_seqs=8, max_model_len=4096,
+              snapshot=args.boot != "off", snapshot_dir=str(args.dir / "snapshots"))
     seconds = time.perf_counter() - start
     llm.shutdown()
     restored = [m.groups() for m in map(RESTORED.search, lines) if m]
@@ -106,7 +106,8 @@ def boot(args) -> None:
 
 
 def run_boot(args, mode: str) -> dict:
-    cmd = [sys.executable, __file__, "--boot", mode, "--dir", str(args.dir), "--device", args.device]
+    cmd = [sys.executable, __file__, "--boot", mode, "--dir", str(args.dir), "--device", args.device,
+           "--size", args.size]
     out = subprocess.run(cmd, capture_output=True, text=True)
     found = [line for line in out.stdout.splitlines() if line.startswith("BOOT ")]
     if out.returncode != 0 or not found:
