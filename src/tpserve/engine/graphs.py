@@ -101,7 +101,7 @@ class StepGraphs:
     def _views(self, buf, b: int, q: int):
         """-> ids, positions, cache rows, owner rows [T]; slots [b]; tables [b+1, W]; then the host-side
         index fields (padded logits rows, padded real rows, MTP source rows), [T] each. Made once per buffer
-        and layout (a dozen slices: ~7 us a step on a CPU)."""
+        and layout (they are a dozen numpy slices, made on every fill before)."""
         key = (buf is self.host_np, b, q)
         views = self._view_cache.get(key)
         if views is None:
