@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import re
 import subprocess
@@ -36,34 +37,32 @@ RESTORED = re.compile(r"restored ([\d.]+) GiB from snapshot in ([\d.]+) s \(([\d
 
 
 def write_checkpoint(out: Path, cfg_dict: dict, device: str, seed: int = 0) -> int:
-    """Random tensors under transformers' names for cfg_dict's model, in parts of PART_BYTES; -> bytes."""
+    """Random bf16 tensors under transformers' names for cfg_dict's model, in parts of PART_BYTES; -> bytes."""
     from tpserve.model.config import ModelConfig
-    from tpserve.model.glm5_next import Glm5NextModel
-    from tpserve.model.layers import ShardContext
-    from tpserve.model.loader import checkpoint_name
-    from tpserve.model.tiny import _random_tensor
-    from tpserve.model.weights import checkpoint_sources
+    from tpserve.model.tiny import checkpoint_shapes, random_tensors
 
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(cfg_dict))
     cfg = ModelConfig.from_dict(cfg_dict)
-    with torch.device("meta"):
-        model = Glm5NextModel(ShardContext.single(torch.float32, "meta"), cfg)
-    sources = sorted(checkpoint_sources(model).items())
-    total = sum(2 * torch.Size(src.full_shape).numel() for _, (_, src) in sources)
-    gen = torch.Generator(device).manual_seed(seed)
+    total = sum(2 * math.prod(shape) for _, shape in checkpoint_shapes(cfg))
     weight_map, part, size, index = {}, {}, 0, 0
+
+    def flush():
+        nonlocal part, size, index
+        fname = f"model-{index:05d}.safetensors"
+        save_file(part, str(out / fname), metadata={"format": "pt"})
+        weight_map.update({n: fname for n in part})
+        part, size, index = {}, 0, index + 1
+
     with tqdm(total=total, unit="B", unit_scale=True, desc="writing a random checkpoint") as bar:
-        for i, (name, (_, src)) in enumerate(sources):
-            t = _random_tensor(name, tuple(src.full_shape), gen).to(torch.bfloat16).cpu().contiguous()
-            part[checkpoint_name(name)] = t
+        for name, t in random_tensors(cfg, seed, torch.bfloat16, device):
+            part[name] = t.cpu()
             size += t.numel() * 2
             bar.update(t.numel() * 2)
-            if size >= PART_BYTES or i == len(sources) - 1:
-                fname = f"model-{index:05d}.safetensors"
-                save_file(part, str(out / fname), metadata={"format": "pt"})
-                weight_map.update({n: fname for n in part})
-                part, size, index = {}, 0, index + 1
+            if size >= PART_BYTES:
+                flush()
+        if part:
+            flush()
     (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": total},
                                                                   "weight_map": weight_map}))
     return total

@@ -15,13 +15,14 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import subprocess
+import sys
 import tempfile
 import timeit
 import types
 from pathlib import Path
 
-from tpserve import LLM
-from tpserve.engine.runner import StepPlan
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import host_overhead  # noqa: E402
 
 CASES = ((1, 1), (64, 1), (1, 6), (16, 6))  # (sequences, rows each)
 
@@ -39,11 +40,7 @@ def main() -> None:
     spec = importlib.util.spec_from_file_location("graphs_base", f.name)
     base = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(base)
-    llm = LLM(device="cpu", max_num_seqs=64, kv_cache_memory="256MiB", block_size=16,
-              speculative_config={"method": "mtp", "num_speculative_tokens": 5, "adaptive": False})
-    runner = llm.engine.executor.runner
-    runner.setup_graphs(64, None, enforce_eager=False, pad_on_cpu=True, num_speculative_tokens=5)
-    g = runner.graphs
+    llm, g = host_overhead.padded_graphs(5, 64)
     versions = {args.base: (types.MethodType(base.StepGraphs._fill, g), types.MethodType(base.StepGraphs._views, g)),
                 "this tree": (g._fill, g._views)}
     times: dict[tuple[str, int, int], list[float]] = {}
@@ -51,11 +48,7 @@ def main() -> None:
         for name, (fill, views) in versions.items():
             g._views = views
             for n, q in CASES:
-                tables = [list(range(20 * i, 20 * i + 20)) for i in range(n)]
-                pos = [p for i in range(n) for p in range(300 + i % 8, 300 + i % 8 + q)]
-                plan = StepPlan(list(range(n * q)), pos, list(range(0, n * q + 1, q)), pos[::q], list(range(n)),
-                                tables, list(range(n * q)), [], False, n)
-                b = g.bucket(n) if q == 1 else next(x for x in g.spec_buckets if x >= n)
+                plan, b = host_overhead.fill_case(g, n, q)
                 for _ in range(20):
                     fill(plan, b, q)
                 best = min(timeit.repeat(lambda: fill(plan, b, q), number=100, repeat=7)) / 100 * 1e6

@@ -120,23 +120,45 @@ def decode_ms(llm: LLM, prompts: list[str], sp: SamplingParams) -> tuple[float, 
     return 1e3 * seconds / max(len(decode), 1), 1e3 * seconds / max(sum(t for _, t in decode), 1)
 
 
+def stand_in_llm(spec: dict | None, k: int, fused: bool, max_num_seqs: int = 8) -> LLM:
+    """The demo model's engine with the stand-in executor (the draft chain as on a GPU; an adaptive setting
+    gets a GPU's verify-graph limit, batch 16)."""
+    llm = LLM(device="cpu", speculative_config=spec, max_num_seqs=max_num_seqs, kv_cache_memory="256MiB")
+    llm.engine.executor = StandInExecutor(llm.engine.executor, llm.engine.model_config.vocab_size,
+                                          chain=k if spec and k > 1 else 0,
+                                          graph_limit=16 if spec and spec.get("adaptive", True) else None,
+                                          fused=fused)
+    return llm
+
+
+def padded_graphs(k: int, max_num_seqs: int):
+    """(LLM, its StepGraphs) for the padded graph steps on the CPU: fill the host inputs, no capture."""
+    llm = LLM(device="cpu", max_num_seqs=max_num_seqs, kv_cache_memory="256MiB", block_size=16,
+              speculative_config={"method": "mtp", "num_speculative_tokens": k, "adaptive": False})
+    runner = llm.engine.executor.runner
+    runner.setup_graphs(max_num_seqs, None, enforce_eager=False, pad_on_cpu=True, num_speculative_tokens=k)
+    return llm, runner.graphs
+
+
+def fill_case(graphs, n: int, q: int):
+    """(plan, padded batch) of a step of n sequences x q rows with 20-block tables."""
+    from tpserve.engine.runner import StepPlan
+
+    tables = [list(range(20 * i, 20 * i + 20)) for i in range(n)]
+    pos = [p for i in range(n) for p in range(300 + i % 8, 300 + i % 8 + q)]
+    plan = StepPlan(list(range(n * q)), pos, list(range(0, n * q + 1, q)), pos[::q], list(range(n)), tables,
+                    list(range(n * q)), [], False, n)
+    return plan, graphs.bucket(n) if q == 1 else next(x for x in graphs.spec_buckets if x >= n)
+
+
 def fill_us(batch: int, k: int, calls: int = 500) -> tuple[float, float]:
     """us per StepGraphs._fill call: a decode step of `batch` sequences, a verify step of min(batch, 16)."""
     import time
 
-    from tpserve.engine.runner import StepPlan
-
-    llm = LLM(device="cpu", max_num_seqs=max(batch, 8), kv_cache_memory="256MiB", block_size=16,
-              speculative_config={"method": "mtp", "num_speculative_tokens": k, "adaptive": False})
-    runner = llm.engine.executor.runner
-    runner.setup_graphs(max(batch, 8), None, enforce_eager=False, pad_on_cpu=True, num_speculative_tokens=k)
-    graphs, out = runner.graphs, []
+    llm, graphs = padded_graphs(k, max(batch, 8))
+    out = []
     for n, q in ((batch, 1), (min(batch, 16), k + 1)):
-        tables = [list(range(20 * i, 20 * i + 20)) for i in range(n)]
-        pos = [p for i in range(n) for p in range(300 + i % 8, 300 + i % 8 + q)]
-        plan = StepPlan(list(range(n * q)), pos, list(range(0, n * q + 1, q)), pos[::q], list(range(n)), tables,
-                        list(range(n * q)), [], False, n)
-        b = graphs.bucket(n) if q == 1 else next(x for x in graphs.spec_buckets if x >= n)
+        plan, b = fill_case(graphs, n, q)
         for _ in range(50):
             graphs._fill(plan, b, q)
         t = time.perf_counter()
@@ -179,11 +201,7 @@ def main() -> None:
         settings.append((f"adaptive (k<={args.k}) fused", adaptive, True))
     engines = []
     for name, spec, fused in settings:
-        llm = LLM(device="cpu", speculative_config=spec, max_num_seqs=max(args.batch, 8), kv_cache_memory="256MiB")
-        llm.engine.executor = StandInExecutor(llm.engine.executor, llm.engine.model_config.vocab_size,
-                                              chain=args.k if spec and args.k > 1 else 0,  # the chain, as on a GPU
-                                              graph_limit=16 if spec and spec.get("adaptive", True) else None,
-                                              fused=fused)
+        llm = stand_in_llm(spec, args.k, fused, max(args.batch, 8))
         for _ in range(3):  # warm-up (the adaptive mode's first measurements and probes too)
             decode_ms(llm, prompts, sp)
         engines.append((name, llm))

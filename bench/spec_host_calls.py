@@ -57,10 +57,7 @@ def main() -> None:
                 "adaptive": {"method": "mtp", "num_speculative_tokens": args.k}}
     engines, results = {}, {}
     for name, spec in settings.items():
-        llm = LLM(device="cpu", speculative_config=spec, max_num_seqs=8, kv_cache_memory="256MiB")
-        llm.engine.executor = host_overhead.StandInExecutor(
-            llm.engine.executor, llm.engine.model_config.vocab_size, chain=args.k,
-            graph_limit=16 if spec.get("adaptive", True) else None, fused=True)
+        llm = host_overhead.stand_in_llm(spec, args.k, fused=True)
         for _ in range(3):  # warm-up: the adaptive mode's first measurements and probes
             host_overhead.decode_ms(llm, prompts, sp)
         results[name] = [0.0, Counter(), Counter()]

@@ -43,7 +43,8 @@ RIDGE = 0.01                          # a coefficient 100% off its prior costs a
                                       # relative squared error (an observation 10% off costs 0.01)
 
 
-class StepChoice(NamedTuple):  # (a tuple: made every step, ~5x cheaper than a frozen dataclass)
+class StepChoice(NamedTuple):  # (a tuple: made every step; a frozen dataclass's __init__ sets each field
+    # through object.__setattr__)
     step: int      # 1-based step count
     explore: bool  # k = max_k and no truncation; acceptances of this step train the estimators
 

@@ -187,8 +187,7 @@ class Speculator:
         for s in scheduled:
             seq = s.seq
             if not (s.decode and 0 < s.num_drafts <= k and seq.draft_probs is None
-                    and seq.mtp_computed == seq.num_computed and seq.params.logprobs is None
-                    and sampler.plain_argmax(seq)
+                    and seq.mtp_computed == seq.num_computed and _argmax_only(seq)
                     and seq.num_computed + 2 * k <= positions):  # the chain's last row: num_computed + 2k - 1
                 return False
         return all(self.engine.scheduler.reserve(s.seq, s.seq.num_computed + 2 * k) for s in scheduled)
@@ -264,8 +263,9 @@ class Speculator:
         if above_graphs:  # (requests with a fixed k draft it: `_budget`)
             k = 0
         else:
-            max_k = self.spec.num_speculative_tokens
-            if self.spec.adaptive and self.rates.measured(batch) and self._padded(running, batch):
+            # (a fixed k is max_k on every step: whether the next step is padded does not matter to it)
+            max_k, padded = self.spec.num_speculative_tokens, self.spec.adaptive and self._padded(running, batch)
+            if padded and self.rates.measured(batch):
                 # the next step is fused, so k is 0 or max_k, and both were measured here: the measurements
                 # decide (the policy's cost model would only guess at the same thing)
                 k = self.rates.override(batch, max_k)
@@ -273,7 +273,7 @@ class Speculator:
                 k = self.policy.choose_k(batch, running)
                 if self.spec.adaptive:
                     k = self.rates.override(batch, k)
-                if 0 < k < max_k and self._padded(running, batch):
+                if padded and 0 < k < max_k:
                     k = max_k
         self.last_k = k
         self.idle_steps = self.idle_steps + 1 if k == 0 else 0
@@ -289,8 +289,7 @@ class Speculator:
         """Whether the next step can be fused (`fusable`): its verify and chain graphs run num_speculative_tokens
         rows and depths whatever k is, so fewer drafts would save nothing and emit fewer tokens (an H200 at
         batch 1: adaptive chose k = 3 or 4 of 5 on 5% of steps)."""
-        return (batch <= self.engine.executor.spec_step_limits()[0]
-                and all(sampler.plain_argmax(seq) and seq.params.logprobs is None for seq in running))
+        return batch <= self.engine.executor.spec_step_limits()[0] and all(map(_argmax_only, running))
 
     def _draft_all(self, scheduled: list[Scheduled], starts: list[int], k: int, decode_only: bool,
                    t0: float) -> None:
@@ -407,13 +406,52 @@ class Speculator:
                 "spec_decode_mean_accepted_length": c.mean_accepted_length}
 
 
+class _RateWindow:
+    """One mode's last WINDOW steps: rate = tokens / seconds, each step's time capped at OUTLIER x the
+    window's median. The cap (a sort) is recomputed, and every step capped again, every 8th step (and
+    whenever asked); in between the window's sums are updated in place."""
+
+    WINDOW, OUTLIER = 16, 3.0
+
+    def __init__(self):
+        self.steps: deque[list] = deque(maxlen=self.WINDOW)  # [tokens, seconds, capped seconds] per step
+        self.tokens, self.seconds, self.cap, self.added = 0.0, 0.0, 0.0, 0
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    @property
+    def rate(self) -> float:
+        return self.tokens / self.seconds
+
+    def add(self, tokens: int, seconds: float, recap: bool = False) -> bool:
+        """-> whether the cap was recomputed."""
+        steps = self.steps
+        self.added += 1
+        recap = recap or self.added % 8 == 0
+        if recap:
+            steps.append([tokens, seconds, seconds])
+            self.cap = self.OUTLIER * sorted(w[1] for w in steps)[len(steps) // 2]
+            for w in steps:
+                w[2] = min(w[1], self.cap)
+            self.tokens, self.seconds = sum(w[0] for w in steps), sum(w[2] for w in steps)
+        else:
+            if len(steps) == steps.maxlen:
+                self.tokens -= steps[0][0]
+                self.seconds -= steps[0][2]
+            capped = seconds if seconds < self.cap else self.cap
+            steps.append([tokens, seconds, capped])
+            self.tokens += tokens
+            self.seconds += capped
+        return recap
+
+
 class MeasuredRates:
     """Emitted tokens per second actually measured, for steps with and without drafts, per batch-size
     bucket (powers of two): the policy's cost model sees tokens and experts, not what the machine does
     with them (graphs for some steps, host overheads, a compute-bound CPU).
 
-    A mode's rate is tokens / seconds over its last WINDOW steps, each step's time capped at OUTLIER x
-    the window's median step time: one drafting step emits 1..k+1 tokens, so single steps say little,
+    A mode's rate is tokens / seconds over its last steps, each step's time capped (`_RateWindow`): one drafting step emits 1..k+1 tokens, so single steps say little,
     and a compile or a GC pause in one step must not decide the mode (per-step averages, probes that fell
     on steps where nothing could draft and step times that missed the GPU's work kept a batch of 1 in
     plain steps on an H200: BENCHMARKS.md, twelfth session). The modes are compared once
@@ -425,15 +463,17 @@ class MeasuredRates:
     request). k = 0 where drafting is measured slower, the policy's k where faster."""
 
     PLAIN_PROBE, SPEC_PROBE, CLEAR_PROBE, CLEAR_LEAD, WIDE_PROBE, WIDE_LEAD = 8, 64, 256, 1.25, 1024, 1.5
-    WINDOW, MIN_OBS, OUTLIER = 16, 4, 3.0
+    MIN_OBS, WINDOW = 4, _RateWindow.WINDOW
 
     def __init__(self):
-        self.window: dict[tuple[int, bool], deque] = {}  # (bucket, drafted) -> [tokens, seconds, capped] per step
-        self._sums: dict[tuple[int, bool], list] = {}      # -> [tokens, capped seconds, cap, observations]
-        self.rates: dict[tuple[int, bool], float] = {}
+        self.window: dict[tuple[int, bool], _RateWindow] = {}  # (bucket, drafted) -> that mode's recent steps
         self.last_seen: dict[tuple[int, bool], int] = {}  # the `step` count at the mode's last observation
         self._decision: dict[int, tuple[tuple[int, bool], int]] = {}  # bucket -> (slower mode's key, probe every)
         self.step = 0
+
+    @property
+    def rates(self) -> dict[tuple[int, bool], float]:
+        return {key: w.rate for key, w in self.window.items()}
 
     @staticmethod
     def bucket(batch: int) -> int:
@@ -446,29 +486,11 @@ class MeasuredRates:
         key = (b, drafted)
         win = self.window.get(key)
         if win is None:
-            win = self.window[key] = deque(maxlen=self.WINDOW)
-            self._sums[key] = [0.0, 0.0, 0.0, 0]
-        sums = self._sums[key]
-        sums[3] += 1
-        full = len(win) < self.MIN_OBS or sums[3] % 8 == 0
-        if full:  # the cap from the median, every step's time capped again
-            win.append([emitted, seconds, seconds])
-            cap = self.OUTLIER * sorted(w[1] for w in win)[len(win) // 2]
-            for w in win:
-                w[2] = min(w[1], cap)
-            sums[:3] = [sum(w[0] for w in win), sum(w[2] for w in win), cap]
-        else:  # in between (a sort is most of the cost): the last cap, the window's sums updated
-            if len(win) == win.maxlen:
-                sums[0] -= win[0][0]
-                sums[1] -= win[0][2]
-            capped = seconds if seconds < sums[2] else sums[2]
-            win.append([emitted, seconds, capped])
-            sums[0] += emitted
-            sums[1] += capped
-        self.rates[key] = sums[0] / sums[1]
+            win = self.window[key] = _RateWindow()
+        recapped = win.add(emitted, seconds, len(win) < self.MIN_OBS)
         self.last_seen[key] = self.step
         decision = self._decision.get(b)
-        if full or decision is None or decision[0] == key:  # the faster mode's rate moves little step to step
+        if recapped or decision is None or decision[0] == key:  # the faster mode's rate moves little step to step
             self._decide(b)
 
     def _decide(self, b: int) -> None:
@@ -476,7 +498,7 @@ class MeasuredRates:
         plain_key, spec_key = (b, False), (b, True)
         if min(len(self.window.get(plain_key, ())), len(self.window.get(spec_key, ()))) < self.MIN_OBS:
             return
-        plain, spec = self.rates[plain_key], self.rates[spec_key]
+        plain, spec = self.window[plain_key].rate, self.window[spec_key].rate
         lead = max(spec, plain) / min(spec, plain)
         every = (self.SPEC_PROBE if lead <= self.CLEAR_LEAD else self.CLEAR_PROBE if lead <= self.WIDE_LEAD
                  else self.WIDE_PROBE)
@@ -501,8 +523,9 @@ class MeasuredRates:
         return (k if due else 0) if slower[1] else (0 if due else k)
 
     def snapshot(self) -> dict:
-        return {f"batch<={b} {'spec' if d else 'plain'}": {"tok_s": round(r, 1), "steps": len(self.window[(b, d)])}
-                for (b, d), r in sorted(self.rates.items())}
+        return {f"batch<={b} {'spec' if d else 'plain'}": {"tok_s": round(w.rate, 1), "steps": len(w)}
+                for (b, d), w in sorted(self.window.items())}
+
 
 
 class Calibration:
@@ -524,6 +547,11 @@ class Calibration:
         """Draft probabilities of the positions verified (the first `accepted` of them were accepted)."""
         self.accepted += accepted
         self.prob_sum += sum(sure)
+
+
+def _argmax_only(seq: Sequence) -> bool:
+    """A fused step can choose this sequence's tokens: the raw logits' argmax, no logprobs to report."""
+    return seq.params.logprobs is None and sampler.plain_argmax(seq)
 
 
 def _fixed(seq: Sequence) -> bool:

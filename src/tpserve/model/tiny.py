@@ -82,18 +82,27 @@ def tiny_config_dict(layers: int = 4, **overrides: Any) -> dict[str, Any]:
             "tie_word_embeddings": bool(text.get("tie_word_embeddings", False))}
 
 
-def random_state_dict(cfg: ModelConfig, seed: int, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
-    """Random tensors for every checkpoint name the model expects (transformers' names)."""
+def checkpoint_shapes(cfg: ModelConfig) -> list[tuple[str, tuple[int, ...]]]:
+    """(model name, full shape) of every tensor the checkpoint holds, in name order."""
     from tpserve.model.glm5_next import Glm5NextModel
     from tpserve.model.weights import checkpoint_sources
 
     with torch.device("meta"):
         model = Glm5NextModel(ShardContext.single(torch.float32, "meta"), cfg)
-    gen = torch.Generator().manual_seed(seed)
-    out = {}
-    for name, (_, src) in sorted(checkpoint_sources(model).items()):
-        out[checkpoint_name(name)] = _random_tensor(name, src.full_shape, gen).to(dtype).contiguous()
-    return out
+    return [(name, tuple(src.full_shape)) for name, (_, src) in sorted(checkpoint_sources(model).items())]
+
+
+def random_tensors(cfg: ModelConfig, seed: int, dtype: torch.dtype = torch.float32, device: str = "cpu"):
+    """(checkpoint name, random tensor) for every tensor the model expects (transformers' names), one at a
+    time (a real-width checkpoint does not fit in memory at once), made on `device`."""
+    gen = torch.Generator(device).manual_seed(seed)
+    for name, shape in checkpoint_shapes(cfg):
+        yield checkpoint_name(name), _random_tensor(name, shape, gen).to(dtype).contiguous()
+
+
+def random_state_dict(cfg: ModelConfig, seed: int, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    """Random tensors for every checkpoint name the model expects (transformers' names)."""
+    return dict(random_tensors(cfg, seed, dtype))
 
 
 def make_tiny(out_dir: str | Path, *, seed: int = 0, layers: int = 4, dtype: torch.dtype = torch.float32,
