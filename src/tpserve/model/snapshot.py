@@ -8,9 +8,10 @@ fingerprint (config files' bytes; each weight file's name, size and mtime), the 
 the quantization method and every layer's chosen layout, and LAYOUT_VERSION (bumped whenever
 processing changes). Writes go to a temporary file, fsync, rename; the .ok file is written last.
 Too little disk, or a failed write, skips the snapshot with a warning. Restore reads each file
-once: sizes are checked first, tensor checksums (summed on the target device) after loading and
-before any tensor goes into the model. A snapshot whose key, size or checksum does not match is
-deleted and rebuilt, never used. Entries of another FORMAT are deleted when a store is opened.
+once, in large reads from several threads (st_reader): sizes are checked first, tensor checksums
+(summed on the target device) after loading and before any tensor goes into the model. A snapshot
+whose key, size or checksum does not match is deleted and rebuilt, never used. Entries of another
+FORMAT are deleted when a store is opened.
 """
 
 from __future__ import annotations
@@ -27,8 +28,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import nn
+
+from tpserve.model import st_reader
 
 FORMAT = 1
 LAYOUT_VERSION = 2  # 2: mHC `fn` stored in fp32
@@ -175,8 +178,8 @@ class SnapshotStore:
         tensors: dict[str, torch.Tensor] = {}
         for part in info["parts"]:  # every tensor loaded and checked before any goes into the model
             try:
-                loaded = load_file(str(entry / part["file"]), device=str(device))
-            except Exception as exc:  # noqa: BLE001  (a damaged header: safetensors' own error type)
+                loaded = st_reader.load(entry / part["file"], device)
+            except (st_reader.SafetensorsError, OSError) as exc:
                 loaded, why = None, f"{part['file']}: unreadable ({exc})"
             if loaded is not None:
                 bad = [n for n, t in loaded.items() if part["sums"].get(n) != tensor_checksum(t)]

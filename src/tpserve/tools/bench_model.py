@@ -172,15 +172,18 @@ def profile_decode(llm, batch: int, steps: int, top: int = 15) -> dict:
     for r in table:
         print(f"| {r['op']} | {r['calls_per_step']:.0f} | {r['self_cpu_ms_per_step']:.3f} |")
     device_time = lambda e: getattr(e, "self_device_time_total", 0) or 0  # noqa: E731
-    kernels = sorted((e for e in events if device_time(e) > 0), key=lambda e: -device_time(e))[:top]
+    kernels = sorted((e for e in events if device_time(e) > 0), key=lambda e: -device_time(e))
     ktable = [{"kernel": e.key, "calls_per_step": e.count / steps, "device_us_per_step": device_time(e) / steps}
               for e in kernels]
-    if ktable:
+    busy = sum(r["device_us_per_step"] for r in ktable)
+    if ktable:  # busy against the step time: what the GPU waits for the host (launch, sampling, next inputs)
+        print(f"device busy per step: {busy:.1f} us in {sum(r['calls_per_step'] for r in ktable):.0f} kernels "
+              f"(all of them in the JSON)")
         print("| kernel | calls per step | device us per step |\n| --- | --- | --- |")
-        for r in ktable:
+        for r in ktable[:top]:
             print(f"| {r['kernel'][:80]} | {r['calls_per_step']:.0f} | {r['device_us_per_step']:.1f} |")
     return {"batch": batch, "steps": steps, "launches_per_step": launches / steps, "top": table,
-            "kernels": ktable}
+            "kernels": ktable, "device_busy_us_per_step": busy}
 
 
 def bench_once(cfg_dict: dict, options: dict, args, enforce_eager: bool) -> dict:
