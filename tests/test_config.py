@@ -45,9 +45,30 @@ def test_kernel_choices_resolve_per_device(tiny):
 
     rt = resolve_runtime(EngineConfig(model=str(tiny("default")), device="cpu", moe_triton_max_tokens=9))
     assert rt.kernels == Kernels(kda="torch", mhc="torch", moe="torch", moe_triton_max_tokens=9)
-    for field in ("mhc_backend", "moe_backend"):
+    for field in ("mhc_backend", "moe_backend", "gemv_backend"):
         with pytest.raises(ValueError, match=f"{field}: triton needs a CUDA device"):
             resolve_runtime(EngineConfig(model=str(tiny("default")), device="cpu", **{field: "triton"}))
+
+
+def test_gemv_switch_reaches_every_linear_and_keeps_cpu_on_torch():
+    import torch
+    import torch.nn.functional as F
+
+    from tpserve.model.layers import Linear, ShardContext, column, set_gemv_backend
+
+    ctx = ShardContext.single(torch.float32)
+    model = torch.nn.Sequential(column(ctx, 8, 4), torch.nn.Sequential(column(ctx, 4, 3)))
+    for m in model.modules():
+        if isinstance(m, Linear):
+            m.weight.data.normal_()
+    set_gemv_backend(model, "triton")
+    assert all(m.decode_gemv for m in model.modules() if isinstance(m, Linear))
+    x = torch.randn(2, 8)
+    assert torch.equal(model[0](x), F.linear(x, model[0].weight))  # a CPU tensor never takes the GPU kernel
+    set_gemv_backend(model, "torch")
+    assert not any(m.decode_gemv for m in model.modules() if isinstance(m, Linear))
+    with pytest.raises(ValueError, match="gemv_backend"):
+        set_gemv_backend(model, "cutlass")
 
 
 def test_cli_reports_bad_settings_in_one_line(capsys):

@@ -26,6 +26,7 @@ class Kernels:
     moe: str = "torch"            # "triton": grouped expert GEMMs; "torch": a loop over the chosen experts
     moe_triton_max_tokens: int = 0  # the triton MoE runs forwards of at most this many tokens
     act: str = "torch"            # "triton": the dense MLPs' clamped SwiGLU in one kernel
+    gemv: str = "torch"           # "triton": dense linears of 1-16 rows as one GEMV launch (kernels/gemv_triton.py)
     moe_route: str = "torch"      # "triton": router top-k and the experts' sorted layout one kernel each
     indexer: str = "torch"        # "triton": the indexer's pool compression, decode scores, selection: a kernel each
     mla_decode: str = "torch"     # "triton": sparse MLA over the paged latent cache (kernels/mla_triton.py)
@@ -37,5 +38,5 @@ class Kernels:
     def describe(self) -> str:
         moe = f"triton up to {self.moe_triton_max_tokens} tokens" if self.moe == "triton" else self.moe
         return (f"kda={self.kda}, kda_prep={self.kda_prep}, mhc={self.mhc}, norm={self.norm}, act={self.act}, "
-                f"moe={moe}, moe_route={self.moe_route}, indexer={self.indexer}, mla_decode={self.mla_decode}, "
+                f"gemv={self.gemv}, moe={moe}, moe_route={self.moe_route}, indexer={self.indexer}, mla_decode={self.mla_decode}, "
                 f"mla_prefill={self.mla_prefill}")

@@ -15,7 +15,7 @@ from torch import nn
 
 from tpserve.kernels.choice import Kernels
 from tpserve.model.config import ModelConfig
-from tpserve.model.layers import ShardContext, set_norm_backend
+from tpserve.model.layers import ShardContext, set_gemv_backend, set_norm_backend
 from tpserve.model.quant import QuantConfig, apply_plan, plan_for_dummy, plan_from_checkpoint, read_quant_config
 
 log = logging.getLogger("tpserve.build")
@@ -43,6 +43,7 @@ def plan_model(model_dir: str | Path, cfg: ModelConfig, ctx: ShardContext, kerne
 
             model.mtp = MtpLayer(ctx, cfg, kernels)
     set_norm_backend(model, kernels.norm)
+    set_gemv_backend(model, kernels.gemv)
     if load_format == "dummy":
         plan = plan_for_dummy(model, qc)
     else:

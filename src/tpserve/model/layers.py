@@ -33,7 +33,10 @@ class ShardContext:
 
 class Linear(nn.Module):
     """y = x W^T (+ b); W declared with its full shape [out, in] and a Shard. The weight layout,
-    loading and forward belong to `self.quant` (model/quant_methods.py: bf16, fp8, nvfp4, ...)."""
+    loading and forward belong to `self.quant` (model/quant_methods.py: bf16, fp8, nvfp4, ...).
+    `decode_gemv` (set_gemv_backend): 16-bit weights take kernels/gemv_triton.py at 1-16 rows."""
+
+    decode_gemv = False
 
     def __init__(self, ctx: ShardContext, in_features: int, out_features: int, shard: Shard = REPLICATED,
                  bias: bool = False):
@@ -130,6 +133,15 @@ def norm_triton():
     from tpserve.kernels import norm_triton as module
 
     return module
+
+
+def set_gemv_backend(model: nn.Module, backend: str) -> None:
+    """Every Linear of `model` takes the Triton decode GEMV where it fits ("triton") or cuBLAS ("torch")."""
+    if backend not in ("triton", "torch"):
+        raise ValueError(f"gemv_backend: expected triton or torch, got {backend!r}")
+    for m in model.modules():
+        if isinstance(m, Linear):
+            m.decode_gemv = backend == "triton"
 
 
 def set_norm_backend(model: nn.Module, backend: str) -> None:

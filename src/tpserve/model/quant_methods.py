@@ -49,6 +49,11 @@ class Bf16Linear:
         declare(layer, "weight", (out_f, in_f), shard, dtype=ctx.dtype, world=ctx.world)
 
     def forward(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if layer.decode_gemv and bias is None and x.is_cuda:  # model/layers.set_gemv_backend
+            from tpserve.kernels import gemv_triton
+
+            if gemv_triton.fits(x, layer.weight):
+                return gemv_triton.gemv(x, layer.weight)
         return F.linear(x, layer.weight, bias)
 
     def dense_weight(self, layer: nn.Module, dtype: torch.dtype) -> torch.Tensor:
