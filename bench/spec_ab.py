@@ -1,22 +1,27 @@
 """Adaptive k against a fixed k in steady state, interleaved in one process (less exposed to drift
 than `bench spec`, which times its settings one after another).
 
-    python bench/spec_ab.py [--batch 1] [--k 5] [--fixed-k K] [--baseline fixed|off] [--candidate adaptive|fixed]
+    python bench/spec_ab.py [--batch 1] [--k 5] [--fixed-k K] [--baseline fixed|off] [--candidate adaptive|fixed|off]
                             [--max-tokens 64]
-                            [--rounds 6] [--device cpu] [--truncate-threshold T] [--draft-graph G] [--json F]
+                            [--rounds 6] [--pairs 1] [--device cpu] [--truncate-threshold T] [--draft-graph G] [--json F]
 
-Both engines first run one untimed pass over the structured prompts of `bench spec` (the adaptive
+With --pairs N, N pairs of engines are built one after another, each pair in the other order than the
+one before (an A/A control, fixed k=7 against fixed k=7 on an H200, gave 0.939 with every round of 16
+below 0.97: one engine of a pair can be slower as a whole); the median is over all rounds, and each
+pair's median is printed too. Both engines first run one untimed pass over the structured prompts of `bench spec` (the adaptive
 policy learns its costs and acceptance there; fixed k warms up the same way). Then each round runs
 one timed pass per engine, alternating which goes first, and records decode-step throughput (steps
 without a prefill chunk). Prints the per-round ratio adaptive / fixed and its median, and how often the
 adaptive engine chose each k over the timed rounds (k = 0: a plain step). --baseline off compares the
 adaptive engine with plain decoding instead (batch 64: does it cost nothing where it drafts nothing);
---candidate fixed with --baseline off times fixed k against plain decoding (the speedup, interleaved).
+--candidate fixed with --baseline off times fixed k against plain decoding (the speedup, interleaved);
+--candidate off with --baseline off is the A/A control of plain decoding.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 from collections import Counter
@@ -39,12 +44,15 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=5, help="the adaptive mode's largest k (and the fixed k by default)")
     ap.add_argument("--fixed-k", type=int, default=None, help="the fixed engine's k (default: --k)")
     ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--rounds", type=int, default=6, help="timed rounds per pair of engines")
+    ap.add_argument("--pairs", type=int, default=1,
+                    help="pairs of engines, each built in the other order (two identical engines differed by "
+                         "up to 6%% on an H200: the pairs spread that over both sides)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--baseline", choices=("fixed", "off"), default="fixed",
                     help="the other engine: fixed k (default) or no speculation")
-    ap.add_argument("--candidate", choices=("adaptive", "fixed"), default="adaptive",
-                    help="the engine compared with the baseline: adaptive k (default) or fixed k = --k")
+    ap.add_argument("--candidate", choices=("adaptive", "fixed", "off"), default="adaptive",
+                    help="the engine compared with the baseline: adaptive k (default), fixed k = --k, or off")
     ap.add_argument("--draft-graph", default=None, help="--draft-graph of both engines (default: the engine's)")
     ap.add_argument("--truncate-threshold", type=float, default=None,
                     help="the adaptive engine's truncation threshold (default: the engine's default)")
@@ -59,42 +67,52 @@ def main() -> None:
     other = None if args.baseline == "off" else {"method": "mtp", "num_speculative_tokens": fixed_k,
                                                   "adaptive": False, "truncate_threshold": 0.0}
     base_name = "off" if other is None else f"fixed k={fixed_k}"
-    engines = {
-        "base": LLM(speculative_config=other, **kw),
-        "cand": LLM(speculative_config={"method": "mtp", "num_speculative_tokens": args.k,
-                                        **({"adaptive": False, "truncate_threshold": 0.0}
-                                           if args.candidate == "fixed" else {}),
-                                        **({} if args.truncate_threshold is None
-                                           else {"truncate_threshold": args.truncate_threshold})}, **kw)}
-    for llm in engines.values():
-        timed_pass(llm, groups, sp)  # untimed pass
+    configs = {"base": other,
+               "cand": None if args.candidate == "off" else
+               {"method": "mtp", "num_speculative_tokens": args.k,
+                **({"adaptive": False, "truncate_threshold": 0.0} if args.candidate == "fixed" else {}),
+                **({} if args.truncate_threshold is None else {"truncate_threshold": args.truncate_threshold})}}
     chosen = Counter()  # k the candidate picked per step with requests left to draft for (timed rounds)
-    cand_engine = engines["cand"].engine
-    speculator = cand_engine.speculator
-
-    def counted(fn):  # propose (after a plain or verify step) and verify_fused (a fused step) choose k
-        def wrapped(*a, **kw):
-            fn(*a, **kw)
-            if cand_engine.scheduler.running:  # after a request's last step there is nothing to draft for
-                chosen[speculator.last_k] += 1
-        return wrapped
-    speculator.propose, speculator.verify_fused = counted(speculator.propose), counted(speculator.verify_fused)
     ratios, rounds = [], []
-    cand = f"adaptive (k<={args.k})" if args.candidate == "adaptive" else f"fixed k={args.k}"
-    print(f"| round | {base_name} decode tok/s | {cand} decode tok/s | {cand} / {base_name} |")
-    print("| --- | --- | --- | --- |")
-    for r in range(args.rounds):
-        order = ["base", "cand"] if r % 2 == 0 else ["cand", "base"]
-        rate = {name: timed_pass(engines[name], groups, sp) for name in order}
-        ratios.append(rate["cand"] / rate["base"])
-        rounds.append({"order": order, "base_tok_s": rate["base"], "cand_tok_s": rate["cand"], "ratio": ratios[-1]})
-        print(f"| {r + 1} | {rate['base']:.1f} | {rate['cand']:.1f} | {ratios[-1]:.3f} |", flush=True)
-    print(f"median {cand} / {base_name}: {statistics.median(ratios):.3f} over {args.rounds} rounds "
-          f"(min {min(ratios):.3f}, max {max(ratios):.3f})")
+    cand = {"adaptive": f"adaptive (k<={args.k})", "fixed": f"fixed k={args.k}", "off": "off"}[args.candidate]
+    print(f"| pair | round | {base_name} decode tok/s | {cand} decode tok/s | {cand} / {base_name} |")
+    print("| --- | --- | --- | --- | --- |")
+    for pair in range(args.pairs):  # each pair of engines built in the other order than the one before
+        built = ["base", "cand"] if pair % 2 == 0 else ["cand", "base"]
+        engines = {name: LLM(speculative_config=configs[name], **kw) for name in built}
+        for llm in engines.values():
+            timed_pass(llm, groups, sp)  # untimed pass
+        cand_engine = engines["cand"].engine
+        speculator = cand_engine.speculator
+
+        def counted(fn, cand_engine=cand_engine, speculator=speculator):  # propose / verify_fused choose k
+            def wrapped(*a, **kw):
+                fn(*a, **kw)
+                if cand_engine.scheduler.running:  # after a request's last step there is nothing to draft for
+                    chosen[speculator.last_k] += 1
+            return wrapped
+        if speculator is not None:
+            speculator.propose, speculator.verify_fused = counted(speculator.propose), counted(speculator.verify_fused)
+        for r in range(args.rounds):
+            order = ["base", "cand"] if r % 2 == 0 else ["cand", "base"]
+            rate = {name: timed_pass(engines[name], groups, sp) for name in order}
+            ratios.append(rate["cand"] / rate["base"])
+            rounds.append({"pair": pair, "built": built, "order": order, "base_tok_s": rate["base"],
+                           "cand_tok_s": rate["cand"], "ratio": ratios[-1]})
+            print(f"| {pair + 1} | {r + 1} | {rate['base']:.1f} | {rate['cand']:.1f} | {ratios[-1]:.3f} |", flush=True)
+        if pair < args.pairs - 1:
+            for llm in engines.values():
+                llm.shutdown()
+            del engines, cand_engine
+            gc.collect()
+    per_pair = [statistics.median(x["ratio"] for x in rounds if x["pair"] == p) for p in range(args.pairs)]
+    print(f"median {cand} / {base_name}: {statistics.median(ratios):.3f} over {len(ratios)} rounds "
+          f"(min {min(ratios):.3f}, max {max(ratios):.3f}); per pair of engines: "
+          + ", ".join(f"{x:.3f}" for x in per_pair))
     total = sum(chosen.values()) or 1
     print(f"{cand} k per step: " + ", ".join(f"k={k} {100 * n / total:.0f}%" for k, n in sorted(chosen.items())))
     result = {"args": vars(args), "baseline": base_name, "candidate": cand, "rounds": rounds,
-              "median": statistics.median(ratios), "k_per_step": {str(k): n for k, n in sorted(chosen.items())}}
+              "median": statistics.median(ratios), "per_pair_median": per_pair, "k_per_step": {str(k): n for k, n in sorted(chosen.items())}}
     if args.candidate == "adaptive":  # what the adaptive engine measured and fitted (why it chose those k)
         result["measured_rates"] = speculator.rates.snapshot()
         result["acceptance"] = speculator.policy.snapshot()["acceptance"]

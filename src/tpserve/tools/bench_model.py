@@ -131,17 +131,46 @@ def measure(llm, prefill: list[int], batches: list[int], steps: int, repeats: in
         for _ in range(b):
             engine.add_request(f"d{next(rid)}", prompt(128), params)
         finish_prefills(engine)
-        times, before = [], engine.stats()
+        times, before, graph_ms = [], engine.stats(), None
         while engine.has_unfinished():
             times.append(_timed_step(engine))
+            if len(times) == steps // 2 and engine.has_unfinished():  # the graph's inputs: a live step's
+                graph_ms = graph_replay_ms(engine, b)
         per_step = b * steps / len(times)  # tokens per step: b, or more when drafts are accepted
         after = engine.stats()
         drafts = after.get("spec_decode_num_drafts", 0) - before.get("spec_decode_num_drafts", 0)
         accepted = after.get("spec_decode_num_accepted_tokens", 0) - before.get("spec_decode_num_accepted_tokens", 0)
         out["decode"][b] = {"ms_per_step": 1000 * statistics.median(times), "steps": len(times),
                             "tok_per_s": per_step / statistics.median(times), "tokens_per_step": per_step,
-                            "mean_accepted_length": 1 + accepted / drafts if drafts else None}
+                            "mean_accepted_length": 1 + accepted / drafts if drafts else None,
+                            "graph_ms": graph_ms}
     return out
+
+
+def graph_replay_ms(engine, batch: int, reps: int = 20) -> float | None:
+    """The plain decode graph of `batch`'s bucket replayed back to back (no host work between replays:
+    the step time minus this is what the GPU waits for the host per step); None without graphs, at TP > 1
+    (the graphs live in the workers) and with speculation (its steps replay other graphs). Called between
+    two steps of a running batch: the replays repeat the step just run (the same cache rows and state
+    slots; the states advance again, so the batch's later tokens are not its greedy ones; timing only).
+    (Replayed after the batch had finished instead, the graph hit an illegal address on an H200; the
+    cause was not found.)"""
+    import torch
+
+    graphs = getattr(getattr(engine.executor, "runner", None), "graphs", None)
+    if graphs is None or not graphs.capture or engine.speculator is not None or batch > graphs.buckets[-1]:
+        return None
+    graph = graphs.graphs[("main", graphs.bucket(batch), 1)][0]
+    times = []
+    for _ in range(5):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(reps):
+            graph.replay()
+        b.record()
+        torch.cuda.synchronize(engine.device)
+        times.append(a.elapsed_time(b) / reps)
+    return statistics.median(times)
 
 
 def profile_decode(llm, batch: int, steps: int, top: int = 15) -> dict:
@@ -239,7 +268,8 @@ def print_table(res: dict, title: str) -> None:
     for b, r in res["decode"].items():
         spec = "" if r.get("mean_accepted_length") is None else \
             f" (speculative: mean accepted length {r['mean_accepted_length']:.2f}, {r['tokens_per_step']:.2f} tok/step)"
-        print(f"| decode step, batch {b}{spec} | {r['ms_per_step']:.3f} ms | {r['tok_per_s']:.1f} tok/s | "
+        graph = "" if r.get("graph_ms") is None else f" (graph replay alone {r['graph_ms']:.3f} ms)"
+        print(f"| decode step, batch {b}{spec}{graph} | {r['ms_per_step']:.3f} ms | {r['tok_per_s']:.1f} tok/s | "
               f"{r['floor_ms']:.3f} ms | {100 * r['of_floor']:.1f}% |")
 
 
