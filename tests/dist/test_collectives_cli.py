@@ -59,3 +59,27 @@ def test_tune_writes_a_loadable_table(tmp_path, capsys):
     assert table.lookup("all_reduce", "float32", 1024, 2) in ("torch", "oneshot", "twoshot", "ring")
     assert all(r.op != "all_reduce_add_rmsnorm" for r in table.rules)
     assert str(out_path) in capsys.readouterr().out
+
+
+def test_tune_plot_writes_a_png_of_every_measured_backend(tmp_path, capsys, monkeypatch):
+    from tpserve.tools import collectives
+
+    plotted = []
+    real_plot = collectives.plot_rows
+
+    def spy(rows, path, title):
+        plotted.append(rows)
+        real_plot(rows, path, title)
+
+    monkeypatch.setattr(collectives, "plot_rows", spy)
+    plot = tmp_path / "tune.png"
+    rc = main(["tune", "collectives", "--world", "2", "--device", "cpu", "--sizes", "1K,4K",
+               "--ops", "all_reduce,all_gather", "--iter-scale", "0.1",
+               "--out", str(tmp_path / "t.json"), "--plot", str(plot)])
+    assert rc == 0
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and plot.stat().st_size > 1000
+    assert f"plot written to {plot}" in capsys.readouterr().out
+    (rows,) = plotted  # the tuner's own measurements, every backend timed
+    assert {r["op"] for r in rows} == {"all_reduce", "all_gather"}
+    assert {"torch", "oneshot", "twoshot"} <= {b for r in rows for b, us in r["us"].items()
+                                                if isinstance(us, float)}

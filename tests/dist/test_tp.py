@@ -83,6 +83,68 @@ def test_fused_collectives_switch_changes_no_token(tiny):
     assert torch.equal(logits[True], logits[False])
 
 
+# TP=2 with sequence parallelism (prefills of >= 16 tokens: workspace or process-group
+# all-gather / reduce-scatter; decode steps: all-reduce) under each collective path; "off" (gloo
+# for everything) is the reference. "chunked": a workspace of one 4 KiB header and four 256-byte
+# slots (64 fp32, one token of the tiny model's hidden size), so nearly every model collective,
+# decode all-reduces included, takes several pipelined rounds; the variable reaches the spawned
+# worker through its environment.
+COLLECTIVE_PATHS = {"off": ({"custom_allreduce": False}, {}),
+                    "mesh": ({}, {}),
+                    "ring": ({"allreduce_topology": "ring"}, {}),
+                    "chunked": ({}, {"TPSERVE_ALLREDUCE_WORKSPACE_BYTES": str(4096 + 4 * 256)})}
+_path_runs: dict[str, dict] = {}
+
+
+def _collective_path_run(path, name: str) -> dict:
+    """Tokens, SP prefill logits and rank 0's collective picks with one path (memoised: one
+    engine per path for the whole module)."""
+    if name not in _path_runs:
+        kw, env = COLLECTIVE_PATHS[name]
+        prompts = random_prompts((9, 40), seed=7)
+        with pytest.MonkeyPatch.context() as mp:
+            for key, value in env.items():
+                mp.setenv(key, value)
+            llm = _tp(path, 2, sequence_parallel=True, sp_min_tokens=16, **kw)
+        try:
+            comm = llm.engine.executor.state.comm
+            ws = comm._ws
+            decode, rows = torch.empty(2, 64), torch.empty(20, 64)
+            rounds = ws._round if ws is not None else 0
+            outs = llm.generate([{"prompt_token_ids": p} for p in prompts], PARAMS)
+            _path_runs[name] = {
+                "tokens": [o.outputs[0].token_ids for o in outs],
+                "logits": prefill_logits(llm, prompts[1]),
+                "picks": (comm.backend_for("all_reduce", decode), comm.backend_for("all_gather", rows),
+                          comm.backend_for("reduce_scatter", rows)),
+                "slot_bytes": None if ws is None else ws.slot_bytes,
+                "rounds": (ws._round - rounds) if ws is not None else 0}
+        finally:
+            llm.shutdown()
+    return _path_runs[name]
+
+
+@pytest.mark.parametrize("name,picks", [("mesh", ("oneshot", "oneshot", "oneshot")),
+                                        ("ring", ("ring", "torch", "torch")),
+                                        ("chunked", ("chunked", "chunked", "chunked"))])
+def test_collective_path_switch_changes_no_token(tiny, name, picks):
+    """Greedy tokens at TP=2 with sequence parallelism are the same with each workspace path as
+    with the process group's collectives (--no-custom-allreduce); the workspace paths, one round
+    or many, mesh or ring, give bitwise the same logits (all sum in rank order)."""
+    path = tiny("default")
+    off, run = _collective_path_run(path, "off"), _collective_path_run(path, name)
+    assert off["picks"] == ("torch", "torch", "torch") and off["slot_bytes"] is None
+    assert run["picks"] == picks  # the path under test really served the model's collectives
+    assert run["rounds"] > 0
+    if name == "chunked":
+        assert run["slot_bytes"] == 256
+        assert run["rounds"] > 100  # many multi-round calls
+    assert run["tokens"] == off["tokens"]
+    torch.testing.assert_close(run["logits"], off["logits"], rtol=1e-5, atol=1e-5)
+    if name != "mesh":
+        assert torch.equal(run["logits"], _collective_path_run(path, "mesh")["logits"])
+
+
 def test_indivisible_sizes_are_refused(tiny):
     with pytest.raises(ValueError, match="divisible by tensor_parallel_size=4"):
         _tp(tiny("default"), 4)

@@ -1,4 +1,5 @@
-"""The CPU workspace collectives (shared memory) against plain sums, at world 2 and 3.
+"""The CPU workspace collectives (shared memory) against plain sums, at world 2 and 3, and
+all-gather / reduce-scatter at world 4 too.
 
 Each world size runs one battery in one spawn (process start-up dominates the cost); the tests
 below assert on its results. A small workspace (64 KiB) makes "larger than the workspace" cheap.
@@ -44,8 +45,11 @@ def digest(t: torch.Tensor) -> int:
     return zlib.crc32(t.reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
 
 
-def battery(rank: int, world: int) -> dict:
-    """Runs every path; returns {check name: problem or ''} plus digests and picks."""
+ALL_OPS = ("all_reduce", "all_gather", "reduce_scatter")
+
+
+def battery(rank: int, world: int, ops: tuple[str, ...] = ALL_OPS) -> dict:
+    """Runs every path of `ops`; returns {check name: problem or ''} plus digests and picks."""
     from tpserve.dist.comm import Communicator
 
     torch.set_num_threads(1)
@@ -64,6 +68,8 @@ def battery(rank: int, world: int) -> dict:
     case = 0
     for dtype in DTYPES:
         for shape in [(7,), (3, 5), (1, 1), (33, 129), (big // 100 + 1, 100), (big + 5,), ()]:
+            if "all_reduce" not in ops:
+                break
             case += 1
             xs = inputs(case, shape, dtype, world)
             want = plain_sum(xs)
@@ -80,6 +86,8 @@ def battery(rank: int, world: int) -> dict:
                         results[f"all_reduce {backend} {shape} input untouched"] = "input changed"
         for shape, dim in [((5,), 0), ((3, 7), 1), ((2, 3, 4), 2), ((big // 50 + 1, 50), 0),
                            ((2, big // 2 + 3), 1)]:
+            if "all_gather" not in ops:
+                break
             case += 1
             xs = inputs(case, shape, dtype, world)
             for layout in ("contiguous", "strided"):
@@ -92,6 +100,8 @@ def battery(rank: int, world: int) -> dict:
                     else f"picked {backend}"
         for shape, dim in [((world, 3), 0), ((3, 5 * world), 1), ((world * 2, 3, 5), 0),
                            ((world * (big // 40 // world + 1), 40), 0), ((3, world * 11), 1)]:
+            if "reduce_scatter" not in ops:
+                break
             case += 1
             xs = inputs(case, shape, dtype, world)
             want = plain_sum(xs).chunk(world, dim)[rank]
@@ -120,38 +130,44 @@ def battery(rank: int, world: int) -> dict:
             "shm_during": during, "shm_after": after, "cap": cap}
 
 
-@pytest.fixture(scope="module", params=[2, 3], ids=["world2", "world3"])
+@pytest.fixture(scope="module", params=[(2, ALL_OPS), (3, ALL_OPS),
+                                        (4, ("all_gather", "reduce_scatter"))],
+                ids=["world2", "world3", "world4_gather_scatter"])
 def run(request):
-    world = request.param
-    return world, spawn_ranks(battery, world, timeout=240)
+    world, ops = request.param
+    return world, ops, spawn_ranks(battery, world, ops, timeout=240)
 
 
 def test_every_path_matches_a_plain_sum(run):
-    world, ranks = run
+    world, ops, ranks = run
     for rank, out in enumerate(ranks):
         bad = {k: v for k, v in out["results"].items() if v}
         assert not bad, f"rank {rank}: {bad}"
     names = ranks[0]["results"]
-    assert any("chunked" in n for n in names) and any("oneshot" in n for n in names)
-    assert any("twoshot" in n for n in names) and any("strided" in n for n in names)
+    for op in ops:  # each op ran in one round and in several, contiguous and strided
+        mine = [n for n in names if n.startswith(op + " ")]
+        assert any("chunked" in n for n in mine) and any("oneshot" in n for n in mine), op
+        assert any("strided" in n for n in mine), op
+    if "all_reduce" in ops:
+        assert any("twoshot" in n for n in names)
     assert len(names) > 100
 
 
 def test_results_are_bitwise_identical_on_every_rank(run):
-    world, ranks = run
+    world, ops, ranks = run
     for out in ranks[1:]:
         assert out["digests"] == ranks[0]["digests"]
 
 
 def test_table_choice_is_the_same_on_every_rank(run):
-    world, ranks = run
+    world, ops, ranks = run
     assert all(out["picks"] == ranks[0]["picks"] for out in ranks)
     assert set(ranks[0]["picks"]) <= {"oneshot", "twoshot", "chunked", "torch"}
     assert "chunked" in ranks[0]["picks"]  # the largest shapes exceed the 64 KiB workspace
 
 
 def test_no_shared_memory_segment_is_left_behind(run):
-    world, ranks = run
+    world, ops, ranks = run
     for out in ranks:
         assert len(out["paths"]) == world and all(p.startswith("/dev/shm/") for p in out["paths"])
         assert out["shm_during"] == [], "segments must be unlinked once every rank mapped them"

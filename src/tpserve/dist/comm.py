@@ -17,6 +17,7 @@ some rank, every rank logs a warning and uses the process group's collectives in
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any, Callable
 
 import torch
@@ -28,6 +29,8 @@ from tpserve.dist.workspace_group import GroupOps
 
 log = logging.getLogger("tpserve.dist")
 IDENTITY = "identity"
+# bytes of workspace per rank, overriding config.allreduce_workspace_mb (tests, debugging)
+WORKSPACE_BYTES_ENV = "TPSERVE_ALLREDUCE_WORKSPACE_BYTES"
 
 
 class Communicator:
@@ -39,7 +42,9 @@ class Communicator:
         """`config`: an EngineConfig (None: defaults). `prepare_all`: build every candidate path
         even where the table never picks it (bench and tuner). `timeout_s`: how long a CPU
         workspace barrier waits for a peer before raising. `workspace_bytes`: overrides
-        config.allreduce_workspace_mb (tests use workspaces smaller than 1 MiB)."""
+        config.allreduce_workspace_mb (tests use workspaces smaller than 1 MiB); where it is None,
+        the environment variable TPSERVE_ALLREDUCE_WORKSPACE_BYTES does the same (a test and
+        debugging knob: it reaches spawned TP workers, e.g. to force multi-round paths)."""
         if config is None:
             from tpserve.config import EngineConfig
             config = EngineConfig()
@@ -49,6 +54,8 @@ class Communicator:
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.table: tuning.SizeTable | None = None
+        if workspace_bytes is None and os.environ.get(WORKSPACE_BYTES_ENV):
+            workspace_bytes = int(os.environ[WORKSPACE_BYTES_ENV])
         self.workspace_bytes = (int(workspace_bytes) if workspace_bytes is not None
                                 else int(config.allreduce_workspace_mb) << 20)
         self.topology = str(getattr(config, "allreduce_topology", "mesh"))
@@ -202,9 +209,14 @@ class Communicator:
             return self._ws.all_reduce_chunked(x)  # CUDA: the pipelined kernel
         if op == "all_reduce":
             return self._ws.all_reduce(x, two_shot=backend != "oneshot")
+        # "chunked" all-gather / reduce-scatter on CUDA: the pipelined kernel even where x fits
+        # one slot, as for the all-reduce above (else the bench and tuner would time the
+        # one-round kernel under that name); the CPU workspace pipelines every call alike
+        kw = ({"pipelined": True} if backend == "chunked"
+              and hasattr(self._ws, "all_reduce_chunked") else {})
         if op == "all_gather":
-            return self._ws.all_gather(x, dim)
-        return self._ws.reduce_scatter(x, dim)
+            return self._ws.all_gather(x, dim, **kw)
+        return self._ws.reduce_scatter(x, dim, **kw)
 
     # -- fused -------------------------------------------------------------------------------
     def all_reduce_add_rmsnorm(self, partial: torch.Tensor, residual: torch.Tensor,

@@ -286,11 +286,13 @@ def bench_worker(rank: int, world: int, spec: dict) -> dict:
 
 def _graph_check(comm: Communicator, device: torch.device, cap: int) -> list[str]:
     """Workspace paths captured in one CUDA graph, replayed with fresh inputs between eager
-    calls: the device-side epochs and slot parity must carry across replays."""
+    calls: the device-side epochs and slot parity must carry across replays. "chunked"
+    all-gather / reduce-scatter are the pipelined kernel (comm.run asks for it at any size)."""
     world, rank = comm.world_size, comm.rank
     shapes = {("all_reduce", "oneshot"): (1000,), ("all_reduce", "twoshot"): (4097,),
               ("all_reduce", "chunked"): (int(cap * 2.2) + 1,),
-              ("all_gather", "oneshot"): (300, 7), ("reduce_scatter", "oneshot"): (world * 64, 5)}
+              ("all_gather", "oneshot"): (300, 7), ("reduce_scatter", "oneshot"): (world * 64, 5),
+              ("all_gather", "chunked"): (301, 7), ("reduce_scatter", "chunked"): (world * 65, 5)}
     statics = {k: torch.zeros(s, dtype=torch.bfloat16, device=device) for k, s in shapes.items()}
     for (op, b), x in statics.items():  # compile every variant before capturing
         comm.run(op, x, b)

@@ -75,6 +75,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--table", default=None, help="size table JSON to show picks from")
     p.add_argument("--iter-scale", type=float, default=1.0, help="scale the iteration counts")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds before giving up")
+    p.add_argument("--plot", metavar="FILE",
+                   help="write a log-log plot (PNG) of the measured latency per size and backend")
 
 
 def register(sub: Any, bench: Any, tune: Any) -> None:
@@ -82,7 +84,6 @@ def register(sub: Any, bench: Any, tune: Any) -> None:
     _common(p)
     p.add_argument("--check", action="store_true",
                    help="first verify every path against a plain sum; exit 1 on a mismatch")
-    p.add_argument("--plot", metavar="FILE", help="write a log-log latency plot (PNG)")
     p.add_argument("--graph", action="store_true", help="time inside CUDA graph replays")
     p.add_argument("--json", metavar="FILE", help="write every measurement as JSON")
     p.add_argument("--no-timing", action="store_true", help="with --check: only check")
@@ -201,6 +202,13 @@ def plot_rows(rows: list[dict], path: str, title: str) -> None:
     plt.close(fig)
 
 
+def _plot(rows: list[dict], path: str, world: int, spec: dict) -> None:
+    """`--plot` of bench and tune alike: plot_rows with a title naming the run."""
+    mode = " (CUDA graphs)" if spec.get("graph") else ""
+    plot_rows(rows, path, f"collectives, world {world}, {spec['device']}{mode}")
+    print(f"plot written to {path}")
+
+
 def run_bench(args: argparse.Namespace) -> int:
     spec = _spec(args)
     started = time.time()
@@ -221,8 +229,7 @@ def run_bench(args: argparse.Namespace) -> int:
         with open(args.json, "w") as f:
             json.dump({"spec": spec, "rows": rows, "failures": failures}, f, indent=1)
     if args.plot and rows:
-        plot_rows(rows, args.plot, f"collectives, world {args.world}, {spec['device']}")
-        print(f"plot written to {args.plot}")
+        _plot(rows, args.plot, args.world, spec)
     print(f"({time.time() - started:.0f}s)")
     return 1 if failures else 0
 
@@ -258,6 +265,8 @@ def run_tune(args: argparse.Namespace) -> int:
     path = tuning.write_table(table, args.out or tuning.cache_path(key))
     print_rows(rows, args.world, spec["device"])
     print(f"\ntuned size table written to {path}")
+    if args.plot and rows:
+        _plot(rows, args.plot, args.world, spec)
     return 0
 
 
