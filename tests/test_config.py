@@ -45,7 +45,7 @@ def test_kernel_choices_resolve_per_device(tiny):
 
     rt = resolve_runtime(EngineConfig(model=str(tiny("default")), device="cpu", moe_triton_max_tokens=9))
     assert rt.kernels == Kernels(kda="torch", mhc="torch", moe="torch", moe_triton_max_tokens=9)
-    for field in ("mhc_backend", "moe_backend", "gemv_backend"):
+    for field in ("mhc_backend", "moe_backend", "gemv_backend", "indexer_topk_backend"):
         with pytest.raises(ValueError, match=f"{field}: triton needs a CUDA device"):
             resolve_runtime(EngineConfig(model=str(tiny("default")), device="cpu", **{field: "triton"}))
 

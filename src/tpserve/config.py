@@ -101,6 +101,15 @@ class EngineConfig:
                                   "kernel each, cuda only; group-limited routing, n_group > 1, keeps torch), torch "
                                   "(plain ops, about 33 kernels per MoE layer), or auto (triton on cuda)",
                                   switch=True, choices=("auto", "triton", "torch"))
+    indexer_topk_backend: str = _opt("auto", "the indexer's top-k pools of decode / verify tokens (with "
+                                     "--indexer-backend triton): triton (one kernel that sorts only the pools "
+                                     "complete at each token's position, cuda only), torch (torch.topk over every "
+                                     "pool the block table addresses: 8,192 at 131,072 positions), or auto "
+                                     "(torch). On an H200 triton took 11-12 us per call up to 16k-token "
+                                     "contexts against torch's 30-54 us, but 56 / 100 us at 64k / 128k "
+                                     "against 40-49 us (BENCHMARKS.md, thirteenth session): turn it on where "
+                                     "contexts stay short", switch=True,
+                                     choices=("auto", "triton", "torch"))
     indexer_backend: str = _opt("auto", "the DSA indexer's pool compression (every completed pool: softmax of the "
                                 "gates over the pool, weighted sum of the keys), the decode / verify tokens' pool "
                                 "scores (read from the paged pool cache in place) and their selection's positions: "

@@ -124,3 +124,38 @@ def test_expand_selection_kernel_equals_torch_form():
     """)
     for name, (equal, selected) in out.items():
         assert equal and selected > 0, (name, equal, selected)
+
+
+def test_top_pools_kernel_equals_a_stable_sort_of_the_complete_pools():
+    """top_pools against torch.sort(stable, descending) of each token's complete pools: the same pools in the
+    same order, equal scores included (lower index first), P past the complete ones; one round (P <= C) and
+    several (C - k new pools per round), k from 1 to 128, rows with no complete pool."""
+    out = run_interpreted("""
+        import json, torch
+        from tpserve.kernels.indexer_triton import top_pools
+        res = {}
+        g = torch.Generator().manual_seed(3)
+        for n, p, k, kpool in [(3, 300, 8, 4), (2, 2048, 128, 16), (4, 2500, 16, 16), (2, 64, 1, 1)]:
+            s = torch.randn(n, p, generator=g)
+            s[:, ::7] = 0.25                              # ties
+            s[:, 5:9] = torch.finfo(torch.float32).min    # as low as the masked pools of decode_scores
+            pos = torch.randint(0, p * kpool, (n,), generator=g)
+            pos[0] = 2                                    # no complete pool (kpool > 3) or three
+            pos[-1] = p * kpool - 1                       # all complete
+            got = top_pools(s, pos, k, kpool)
+            bad = 0
+            for r in range(n):
+                v = min((int(pos[r]) + 1) // kpool, p)
+                want = torch.sort(s[r, :v], descending=True, stable=True).indices[:k]
+                m = min(v, k)
+                bad += int(not torch.equal(got[r, :m], want[:m]) or not bool((got[r, m:] == p).all()))
+            res[f"{n}x{p} k{k} kpool{kpool}"] = bad
+        try:
+            top_pools(torch.zeros(2, 4, dtype=torch.float16), torch.zeros(2, dtype=torch.long), 2, 1)
+            res["fp16"] = "no error"
+        except ValueError as e:
+            res["fp16"] = str(e)
+        print(json.dumps(res))
+    """)
+    assert "must be float32" in out.pop("fp16")
+    assert all(bad == 0 for bad in out.values()), out

@@ -112,11 +112,12 @@ def resolve_runtime(ecfg: EngineConfig) -> Runtime:
                       mhc=_triton_or_torch("mhc_backend", ecfg.mhc_backend, device),
                       norm=_triton_or_torch("norm_backend", ecfg.norm_backend, device),
                       act=_triton_or_torch("act_backend", ecfg.act_backend, device),
-                      gemv=_gemv_choice(ecfg.gemv_backend, device),
+                      gemv=_measured_choice("gemv_backend", ecfg.gemv_backend, device),
                       moe=_triton_or_torch("moe_backend", ecfg.moe_backend, device),
                       moe_triton_max_tokens=ecfg.moe_triton_max_tokens,
                       moe_route=_triton_or_torch("moe_route_backend", ecfg.moe_route_backend, device),
                       indexer=_triton_or_torch("indexer_backend", ecfg.indexer_backend, device),
+                      indexer_topk=_measured_choice("indexer_topk_backend", ecfg.indexer_topk_backend, device),
                       mla_decode=_triton_or_torch("mla_decode_backend", ecfg.mla_decode_backend, device),
                       mla_prefill=ecfg.mla_prefill,
                       argmax=_triton_or_torch("argmax_backend", ecfg.argmax_backend, device),
@@ -132,9 +133,10 @@ def _triton_or_torch(name: str, choice: str, device: torch.device) -> str:
     return choice
 
 
-def _gemv_choice(choice: str, device: torch.device) -> str:
-    """auto is torch: the Triton GEMV did not measure faster in the engine (BENCHMARKS.md, thirteenth session)."""
-    return "torch" if choice == "auto" else _triton_or_torch("gemv_backend", choice, device)
+def _measured_choice(name: str, choice: str, device: torch.device) -> str:
+    """A Triton kernel that is not (yet) faster in the engine: auto is torch (gemv_backend and
+    indexer_topk_backend: BENCHMARKS.md, thirteenth session)."""
+    return "torch" if choice == "auto" else _triton_or_torch(name, choice, device)
 
 
 def _has_triton() -> bool:

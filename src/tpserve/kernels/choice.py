@@ -29,6 +29,7 @@ class Kernels:
     gemv: str = "torch"           # "triton": dense linears of 1-16 rows as one GEMV launch (kernels/gemv_triton.py)
     moe_route: str = "torch"      # "triton": router top-k and the experts' sorted layout one kernel each
     indexer: str = "torch"        # "triton": the indexer's pool compression, decode scores, selection: a kernel each
+    indexer_topk: str = "torch"   # "triton" (with indexer "triton"): decode top-k over complete pools only
     mla_decode: str = "torch"     # "triton": sparse MLA over the paged latent cache (kernels/mla_triton.py)
     mla_prefill: str = "dense"    # "sparse": each query attends its selected rows only; "dense": masked SDPA
     argmax: str = "torch"         # "triton": the drafter's argmax and its probability in one kernel per call
@@ -38,5 +39,5 @@ class Kernels:
     def describe(self) -> str:
         moe = f"triton up to {self.moe_triton_max_tokens} tokens" if self.moe == "triton" else self.moe
         return (f"kda={self.kda}, kda_prep={self.kda_prep}, mhc={self.mhc}, norm={self.norm}, act={self.act}, "
-                f"gemv={self.gemv}, moe={moe}, moe_route={self.moe_route}, indexer={self.indexer}, mla_decode={self.mla_decode}, "
+                f"gemv={self.gemv}, moe={moe}, moe_route={self.moe_route}, indexer={self.indexer}, indexer_topk={self.indexer_topk}, mla_decode={self.mla_decode}, "
                 f"mla_prefill={self.mla_prefill}")

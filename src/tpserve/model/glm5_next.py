@@ -31,7 +31,8 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.is_mla = cfg.layer_types[layer] == "indexed_attention"
         if self.is_mla:
-            self.self_attn = MlaAttention(ctx, cfg, layer, kernels.mla_prefill, kernels.indexer, kernels.mla_decode)
+            self.self_attn = MlaAttention(ctx, cfg, layer, kernels.mla_prefill, kernels.indexer, kernels.mla_decode,
+                                          kernels.indexer_topk)
         else:
             self.self_attn = KdaAttention(ctx, cfg, layer, kernels.kda, kernels.kda_prep)
         if cfg.mlp_layer_types[layer] == "sparse":

@@ -56,10 +56,12 @@ def cache_rows(block_tables: torch.Tensor, positions: torch.Tensor, block_size: 
 
 
 class Indexer(nn.Module):
-    def __init__(self, ctx: ShardContext, cfg: ModelConfig, layer: int, backend: str = "torch"):
+    def __init__(self, ctx: ShardContext, cfg: ModelConfig, layer: int, backend: str = "torch",
+                 topk: str = "torch"):
         super().__init__()
         self.layer = layer
         self.fused_pools = backend == "triton"  # kernels/indexer_triton.py: pool compression and decode scores
+        self.top_pools = topk == "triton" and self.fused_pools  # ... and the decode top-k over complete pools
         self.n_heads, self.head_dim, self.kpool = cfg.index_n_heads, cfg.index_head_dim, cfg.index_kpool
         self.pools_to_keep = cfg.index_topk // cfg.index_kpool
         self.tail = cfg.index_kpool_always_select_tail
@@ -156,10 +158,10 @@ class Indexer(nn.Module):
         n, n_pools = scores.shape
         k = min(self.pools_to_keep, n_pools)
         if visible is None and k > 0:  # positions, validity and tail in one kernel
-            from tpserve.kernels.indexer_triton import expand_selection
+            from tpserve.kernels.indexer_triton import expand_selection, top_pools
 
-            return expand_selection(scores.topk(k, dim=-1).indices, pos, self.width, self.pools_to_keep, self.kpool,
-                                    self.tail)
+            chosen = top_pools(scores, pos, k, self.kpool) if self.top_pools else scores.topk(k, dim=-1).indices
+            return expand_selection(chosen, pos, self.width, self.pools_to_keep, self.kpool, self.tail)
         out = torch.full((n, self.width), -1, dtype=torch.long, device=scores.device)
         if k > 0:
             masked = scores.masked_fill(~visible, torch.finfo(scores.dtype).min)

@@ -24,7 +24,7 @@ SPARSE_QUERY_BLOCK = 256  # sparse prefill queries per gather of their selected 
 
 class MlaAttention(nn.Module):
     def __init__(self, ctx: ShardContext, cfg: ModelConfig, layer: int, prefill: str = "dense",
-                 indexer: str = "torch", decode: str = "torch"):
+                 indexer: str = "torch", decode: str = "torch", indexer_topk: str = "torch"):
         super().__init__()
         self.prefill_mode = prefill
         self.fused_sparse = decode == "triton"  # kernels/mla_triton.py: the paged latent read in place
@@ -40,7 +40,7 @@ class MlaAttention(nn.Module):
         self.kv_a_layernorm = RMSNorm(ctx, cfg.kv_lora_rank, cfg.rms_norm_eps)
         self.kv_b_proj = column(ctx, cfg.kv_lora_rank, cfg.num_attention_heads * (self.nope + self.v_dim))
         self.o_proj = row(ctx, cfg.num_attention_heads * self.v_dim, d, bias=bias)
-        self.indexer = Indexer(ctx, cfg, layer, indexer) if cfg.indexer_is_full(layer) else None
+        self.indexer = Indexer(ctx, cfg, layer, indexer, indexer_topk) if cfg.indexer_is_full(layer) else None
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: CacheTensors,
                 prev_selection: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
