@@ -5,7 +5,7 @@
 Shapes: every Linear of the real-width model (bench model's config for --layers) with at least
 kernels/gemv_triton.MIN_N outputs, deduplicated, with how many such layers the model has. For each
 shape and M: correctness of both against a float64 product of the same bf16 inputs (max error over
-the output's magnitude), then time per call from CUDA-graph replays of 20 calls (median of 5), each
+the output's magnitude), then time per call from CUDA-graph replays of 20 calls (median of 5; quant_kernels.timed), each
 call on another copy of the weight so that the copies (>= 256 MB) cannot sit in L2 (50 MB); the floor
 is the weight's bytes / 4.3 TB/s. Prints a table and the per-step sum over the model's layers at M = 1.
 """
@@ -13,8 +13,8 @@ is the weight's bytes / 4.3 TB/s. Prints a table and the per-step sum over the m
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
-import statistics
 import sys
 from collections import Counter
 from pathlib import Path
@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+from quant_kernels import timed  # noqa: E402  (graph replays of 20 calls, median of 5)
 
 HBM = 4.3e12
 
@@ -42,25 +43,10 @@ def model_shapes(layers: str) -> Counter:
                    if isinstance(m, Linear) and m.bias is None and m.weight.shape[0] >= MIN_N)
 
 
-def timed(fns, reps: int = 20) -> float:
-    """Seconds per call of fns[i % len(fns)] over reps calls, graph-replayed."""
-    for f in fns[:3]:
-        f()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    with torch.cuda.stream(s), torch.cuda.graph(g):
-        for i in range(reps):
-            fns[i % len(fns)]()
-    out = []
-    for _ in range(5):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        torch.cuda.synchronize()
-        out.append(a.elapsed_time(b) / 1e3 / reps)
-    return statistics.median(out)
+def _cycling(fns):
+    """One callable that calls fns in turn (a captured graph of 20 calls reads 20 weight copies)."""
+    it = itertools.cycle(fns)
+    return lambda: next(it)()
 
 
 def main() -> None:
@@ -85,8 +71,8 @@ def main() -> None:
             scale = ref.abs().max().item()
             err_c = ((F.linear(x, ws[0]).double() - ref).abs().max().item()) / scale
             err_t = ((gemv_triton.gemv(x, ws[0]).double() - ref).abs().max().item()) / scale
-            t_c = timed([lambda w=w: F.linear(x, w) for w in ws])
-            t_t = timed([lambda w=w: gemv_triton.gemv(x, w) for w in ws])
+            t_c = timed(_cycling([lambda w=w: F.linear(x, w) for w in ws]))
+            t_t = timed(_cycling([lambda w=w: gemv_triton.gemv(x, w) for w in ws]))
             rows.append({"n": n, "k": k, "layers": count, "m": m, "cublas_us": 1e6 * t_c, "triton_us": 1e6 * t_t,
                          "floor_us": 1e6 * floor, "err_cublas": err_c, "err_triton": err_t})
             if m == 1:

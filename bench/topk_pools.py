@@ -12,31 +12,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-
-
-def timed(fn, reps: int = 20) -> float:
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(reps):
-            fn()
-    out = []
-    for _ in range(5):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        torch.cuda.synchronize()
-        out.append(a.elapsed_time(b) / reps)
-    return statistics.median(out)
+from quant_kernels import timed  # noqa: E402  (graph replays of 20 calls, median of 5)
 
 
 def main() -> None:
@@ -64,9 +46,9 @@ def main() -> None:
             equal = torch.equal(got[:, :m], want) and bool((got[:, m:] == args.pools).all())
             t_torch = timed(lambda: s.topk(args.k, dim=-1).indices)
             t_ours = timed(lambda: top_pools(s, pos, args.k, args.kpool))
-            rows.append({"tokens": n, "context": context, "pools": v, "torch_us": 1e3 * t_torch,
-                         "top_pools_us": 1e3 * t_ours, "equal": equal})
-            print(f"| {n} | {context} | {v} | {1e3 * t_torch:.1f} | {1e3 * t_ours:.1f} | {t_ours / t_torch:.2f} | "
+            rows.append({"tokens": n, "context": context, "pools": v, "torch_us": 1e6 * t_torch,
+                         "top_pools_us": 1e6 * t_ours, "equal": equal})
+            print(f"| {n} | {context} | {v} | {1e6 * t_torch:.1f} | {1e6 * t_ours:.1f} | {t_ours / t_torch:.2f} | "
                   f"{equal} |", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1))
