@@ -122,6 +122,9 @@ def resolve_runtime(ecfg: EngineConfig) -> Runtime:
                       mla_prefill=ecfg.mla_prefill,
                       argmax=_triton_or_torch("argmax_backend", ecfg.argmax_backend, device),
                       fused_collectives=ecfg.fused_collectives, weights=weight_options(ecfg, device))
+    if kernels.indexer_topk == "triton" and kernels.indexer != "triton":
+        raise ValueError("indexer_topk_backend: triton works on the Triton decode scores; it needs "
+                         "--indexer-backend triton (or auto on cuda)")
     return Runtime(model_dir, device, dtype, kernels)
 
 

@@ -39,5 +39,5 @@ class Kernels:
     def describe(self) -> str:
         moe = f"triton up to {self.moe_triton_max_tokens} tokens" if self.moe == "triton" else self.moe
         return (f"kda={self.kda}, kda_prep={self.kda_prep}, mhc={self.mhc}, norm={self.norm}, act={self.act}, "
-                f"gemv={self.gemv}, moe={moe}, moe_route={self.moe_route}, indexer={self.indexer}, indexer_topk={self.indexer_topk}, mla_decode={self.mla_decode}, "
-                f"mla_prefill={self.mla_prefill}")
+                f"gemv={self.gemv}, moe={moe}, moe_route={self.moe_route}, indexer={self.indexer}, "
+                f"indexer_topk={self.indexer_topk}, mla_decode={self.mla_decode}, mla_prefill={self.mla_prefill}")
