@@ -35,6 +35,7 @@ from tqdm import tqdm
 
 PART_BYTES = 4 << 30
 THREADS = 8
+PHASES = re.compile(r"model and weights [\d.]+ s .*")
 RESTORED = re.compile(r"restored ([\d.]+) GiB from snapshot in ([\d.]+) s \(([\d.]+) GB/s")
 
 
@@ -105,8 +106,9 @@ def boot(args) -> None:
     class Catch(logging.Handler):
         def emit(self, record):
             lines.append(record.getMessage())
-    logging.getLogger("tpserve.snapshot").addHandler(Catch())
-    logging.getLogger("tpserve.snapshot").setLevel(logging.INFO)
+    for name in ("tpserve.snapshot", "tpserve.executor"):  # the restore's GB/s, the boot's phases
+        logging.getLogger(name).addHandler(Catch())
+        logging.getLogger(name).setLevel(logging.INFO)
     start = time.perf_counter()
     llm = LLM(str(args.dir / "ckpt"), device=args.device, skip_tokenizer_init=True, enforce_eager=True,
               kv_cache_memory=(1 << 30) if args.size == "real" else (64 << 20), max_num_seqs=8, max_model_len=4096,
@@ -114,7 +116,9 @@ def boot(args) -> None:
     seconds = time.perf_counter() - start
     llm.shutdown()
     restored = [m.groups() for m in map(RESTORED.search, lines) if m]
+    phases = [m.group(0) for m in map(PHASES.search, lines) if m]
     print("BOOT " + json.dumps({"seconds": seconds, "restored": [[float(x) for x in g] for g in restored],
+                                "phases": phases[-1] if phases else None,
                                 "wrote": any("wrote snapshot" in m for m in lines)}), flush=True)
 
 
@@ -162,10 +166,11 @@ def main(argv: list[str] | None = None) -> dict | None:
     gib, secs, gbps = rows["restore"]["restored"][0]
     print(f"checkpoint {ckpt_bytes / 2**20:.1f} MiB ({args.layers}, {args.size} widths), snapshot "
           f"{snap_bytes / 2**20:.1f} MiB, device {args.device}")
-    print("| boot | seconds |\n| --- | --- |")
-    print(f"| snapshots off (checkpoint, page cache dropped) | {rows['off']['seconds']:.2f} |")
-    print(f"| first boot: checkpoint + writing the snapshot | {rows['write']['seconds']:.2f} |")
-    print(f"| from the snapshot (page cache dropped) | {rows['restore']['seconds']:.2f} |")
+    print("| boot | seconds | phases |\n| --- | --- | --- |")
+    for key, what in (("off", "snapshots off (checkpoint, page cache dropped)"),
+                      ("write", "first boot: checkpoint + writing the snapshot"),
+                      ("restore", "from the snapshot (page cache dropped)")):
+        print(f"| {what} | {rows[key]['seconds']:.2f} | {rows[key].get('phases') or ''} |")
     print(f"restore: {gib:.2f} GiB in {secs:.2f} s = {gbps:.2f} GB/s (checksums included)")
     print("disk read into host memory (page cache dropped): " + ", ".join(f"{k} {v:.2f} GB/s" for k, v in disk.items()))
     result = {"layers": args.layers, "size": args.size, "device": args.device, "checkpoint_bytes": ckpt_bytes,

@@ -17,3 +17,5 @@ def test_boot_snapshot_writes_boots_and_restores(tmp_path):
     assert not boots["restore"]["wrote"] and seconds > 0 and gbps == res["restore_gbps"] > 0
     assert abs(gib * 2**30 - res["snapshot_bytes"]) <= 0.01 * 2**30  # (the log rounds to 0.01 GiB)
     assert res["checkpoint_bytes"] == sum(f.stat().st_size for f in (tmp_path / "ckpt").glob("*.safetensors"))
+    assert all(boots[k]["phases"].startswith("model and weights") for k in boots)  # the executor's boot log
+    assert all(v > 0 for v in res["disk_read_gbps"].values())

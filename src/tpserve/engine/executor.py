@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import logging
+import time
 
 import torch
 
@@ -59,14 +60,19 @@ class LocalExecutor:
 
     def __init__(self, ecfg: EngineConfig, model_dir: str, cfg: ModelConfig, device: torch.device,
                  dtype: torch.dtype, kernels: Kernels):
+        t0 = time.perf_counter()
         self.runner = ModelRunner(model_dir, cfg, ShardContext.single(dtype, device), device, kernels,
                                   load_format=ecfg.load_format, mtp=ecfg.speculative is not None)
+        t1 = time.perf_counter()
         self.cache_shape = cache_budget(ecfg, self.runner.cache_config, device, dtype, 1)
         self.runner.allocate_cache(self.cache_shape)
+        t2 = time.perf_counter()
         spec = ecfg.speculative
         self.runner.setup_graphs(ecfg.max_num_seqs, ecfg.max_model_len, ecfg.enforce_eager,
                                  num_speculative_tokens=0 if spec is None else spec.num_speculative_tokens,
                                  draft_graph=ecfg.draft_graph)
+        log.info("boot: model and weights %.2f s (kernel self-tests included), cache %.2f s, graphs %.2f s",
+                 t1 - t0, t2 - t1, time.perf_counter() - t2)
 
     def execute(self, plan: StepPlan) -> torch.Tensor:
         return self.runner.execute(plan)
