@@ -596,7 +596,8 @@ def test_adaptive_does_not_draft_above_the_verify_graphs(plain):
     to SPEC_MAX_BATCH, a drafting step above that runs eagerly: the adaptive mode drafts nothing there
     (exploration steps included), and the MTP layer does not run at all (no eager catch-up pass per step:
     the three prompts are prefilled in one step, already above the limit); a batch within the limit
-    still drafts. (The limit is stood in for on the CPU, where nothing is captured.)"""
+    still drafts; once the batch is found above the limit, the steps until a request is added skip the
+    speculator. (The limit is stood in for on the CPU, where nothing is captured.)"""
     llm = LLM(device="cpu", kv_cache_memory="16MiB", block_size=16, max_num_seqs=8,
               speculative_config={"method": "mtp", "num_speculative_tokens": 3})
     eng = llm.engine
@@ -604,9 +605,14 @@ def test_adaptive_does_not_draft_above_the_verify_graphs(plain):
     eng.executor.verify_graph_batch = lambda: 2
     mtp_passes, draft = [], eng.executor.draft
     eng.executor.draft = lambda *a, **kw: mtp_passes.append(1) or draft(*a, **kw)
+    proposed, propose = [], eng.speculator.propose
+    eng.speculator.propose = lambda *a, **kw: proposed.append(1) or propose(*a, **kw)
     sp = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     got = [o.outputs[0].token_ids for o in llm.generate(PROMPTS[:3], sp)]
     assert eng.stats().get("spec_decode_num_drafts", 0) == 0 and not mtp_passes
+    # the step that found the batch above the limit asked the speculator; the 23 after it ran as plain steps
+    # (Speculator.idle: no request added since), without a verify / propose pass over the sequences
+    assert len(proposed) == 1 and eng.speculator.idle_steps >= 23
     assert got == [o.outputs[0].token_ids for o in plain.generate(PROMPTS[:3], sp)]
     llm.generate(PROMPTS[:1], sp)
     assert eng.stats()["spec_decode_num_drafts"] > 0  # batch 1: exploration steps draft at least

@@ -61,6 +61,7 @@ class LLMEngine:
         self.requests: dict[str, tuple[list[Sequence], str | None]] = {}
         self.dead: str | None = None
         self.step_count = 0
+        self.num_added = 0  # requests added so far (Speculator.idle: none since the batch went above the graphs)
         self.speculator = speculate.Speculator(self, spec) if spec is not None else None
         log.info("engine ready: %s on %s (%s), TP=%d, %d cache blocks of %d tokens, %d slots, max_model_len %d",
                  self.model_dir, self.device, self.dtype, ecfg.tensor_parallel_size, shape.num_blocks,
@@ -135,6 +136,7 @@ class LLMEngine:
             seq.final_only = final_only
             seqs.append(seq)
         self.requests[request_id] = (seqs, prompt)
+        self.num_added += 1
         for seq in seqs:
             self.scheduler.add(seq)
 
@@ -161,20 +163,24 @@ class LLMEngine:
             return []
         # decodes first (they take the decode kernels), verifies of drafts next, prefill chunks last
         scheduled.sort(key=lambda s: (not s.decode, s.num_tokens != 1))
-        if self.speculator is not None and self.speculator.fusable(scheduled):  # (reserves blocks: before the plan)
+        spec = self.speculator
+        idle = spec is not None and spec.idle()  # adaptive above the verify graphs: a plain step
+        if spec is not None and not idle and spec.fusable(scheduled):  # (reserves blocks: before the plan)
             return self._fused_step(scheduled, self._plan(scheduled))
         plan = self._plan(scheduled)
         t0 = time.perf_counter()
         logits = self._fatal("", self.executor.execute, plan)
         logits = prompt_logprobs.take(logits, scheduled, self.tokenizer)  # prompt_logprobs: split off its rows
         sampled = [s for s in scheduled if s.completes]
-        starts = [s.seq.num_computed for s in scheduled] if self.speculator is not None else []
+        starts = [s.seq.num_computed for s in scheduled] if spec is not None and not idle else []
         self._advance(scheduled)
-        if self.speculator is not None:
+        if spec is not None and not idle:
             self._fatal(" while speculating", self._speculate, sampled, logits, scheduled, starts, t0,
                         len(plan.input_ids))
         elif sampled:
             self.sample_and_append([s.seq for s in sampled], logits)
+            if idle:
+                spec.finished([s.seq for s in sampled])
         return self._outputs(s.seq.request_id for s in sampled)
 
     def _fused_step(self, scheduled: list[Scheduled], plan: StepPlan) -> list[RequestOutput]:

@@ -256,6 +256,10 @@ class SpecPolicy:
             self._obs[i] = self._obs[i] * GLOBAL_MEMORY + 1
         own[3] = self._ratio(own[0], own[1], own[2])
 
+    def tracking(self) -> bool:
+        """Whether any request has estimates here (forget would have something to drop)."""
+        return bool(self._req)
+
     def forget(self, seq_key) -> None:
         """Drop a finished request's estimates (no-op for an unknown key)."""
         if self._req.pop(seq_key, None) is not None:

@@ -81,6 +81,7 @@ class Speculator:
         self.counters = SpecCounters(accepted_per_pos=[0] * spec.num_speculative_tokens)
         self.choice = self.policy.begin_step()
         self.idle_steps = 0  # consecutive steps the policy chose k = 0
+        self.idle_since: int | None = None  # engine.num_added when the batch was last found above the graphs
         self.rates = MeasuredRates()
         self.calibration = Calibration()
         self.last_k, self.last_draft_seconds, self.emitted = 0, 0.0, 0
@@ -174,6 +175,29 @@ class Speculator:
     def forget(self, seq: Sequence) -> None:
         self.policy.forget(seq)
 
+    def idle(self) -> bool:
+        """Whether the coming step may run as plain decoding with no speculator call: the adaptive mode found the
+        batch above the verify graphs' (`_next_k`: no drafts, the MTP stopped, nothing observed) and since then
+        no request was added and the batch is still above them, so no sequence has drafts or a fixed k and
+        every running one is marked already. Saves verify's and propose's passes over the sequences on each
+        such step (about five per step at batch 64; the CPU stand-in's times are in BENCHMARKS.md, not
+        conclusive)."""
+        eng = self.engine
+        if self.idle_since is None or self.idle_since != eng.num_added:
+            return False
+        limit = eng.executor.verify_graph_batch()
+        if limit is None or len(eng.scheduler.running) <= limit:
+            return False
+        self.idle_steps += 1
+        return True
+
+    def finished(self, seqs: list[Sequence]) -> None:
+        """After a plain step of `idle`: the policy keeps nothing of the requests that ended in it."""
+        if self.policy.tracking():
+            for seq in seqs:
+                if seq.is_finished:
+                    self.policy.forget(seq)
+
     def fusable(self, scheduled: list[Scheduled]) -> bool:
         """Whether this step can verify, commit and draft on the device in one go (`verify_fused`): every
         sequence verifies 1 to num_speculative_tokens drafts, greedily with nothing but the argmax in force and no
@@ -250,7 +274,10 @@ class Speculator:
             self.idle_steps += 1
             for s in scheduled:
                 s.seq.mtp_computed = -1
+            if not any(_fixed(seq) for seq in eng.scheduler.running):  # the next steps may skip all this: `idle`
+                self.idle_since = eng.num_added
             return None
+        self.idle_since = None
         running = [s.seq for s in scheduled if s.seq.status is Status.RUNNING]
         # steps with prefill chunks say nothing of decode costs or rates; a fixed k uses neither
         if self.spec.adaptive and all(s.decode for s in scheduled):
