@@ -129,7 +129,8 @@ def test_expand_selection_kernel_equals_torch_form():
 def test_top_pools_kernel_equals_a_stable_sort_of_the_complete_pools():
     """top_pools against torch.sort(stable, descending) of each token's complete pools: the same pools in the
     same order, equal scores included (lower index first), P past the complete ones; one round (P <= C) and
-    several (C - k new pools per round), k from 1 to 128, rows with no complete pool."""
+    several (C - k new pools per round), k from 1 to 128, rows with no complete pool; the single kernel and
+    the chunked pair (parallel chunk sorts, one merge) alike."""
     out = run_interpreted("""
         import json, torch
         from tpserve.kernels.indexer_triton import top_pools
@@ -142,14 +143,15 @@ def test_top_pools_kernel_equals_a_stable_sort_of_the_complete_pools():
             pos = torch.randint(0, p * kpool, (n,), generator=g)
             pos[0] = 2                                    # no complete pool (kpool > 3) or three
             pos[-1] = p * kpool - 1                       # all complete
-            got = top_pools(s, pos, k, kpool)
-            bad = 0
-            for r in range(n):
-                v = min((int(pos[r]) + 1) // kpool, p)
-                want = torch.sort(s[r, :v], descending=True, stable=True).indices[:k]
-                m = min(v, k)
-                bad += int(not torch.equal(got[r, :m], want[:m]) or not bool((got[r, m:] == p).all()))
-            res[f"{n}x{p} k{k} kpool{kpool}"] = bad
+            for chunked in (False, True):
+                got = top_pools(s, pos, k, kpool, chunked=chunked)
+                bad = 0
+                for r in range(n):
+                    v = min((int(pos[r]) + 1) // kpool, p)
+                    want = torch.sort(s[r, :v], descending=True, stable=True).indices[:k]
+                    m = min(v, k)
+                    bad += int(not torch.equal(got[r, :m], want[:m]) or not bool((got[r, m:] == p).all()))
+                res[f"{n}x{p} k{k} kpool{kpool} chunked={chunked}"] = bad
         try:
             top_pools(torch.zeros(2, 4, dtype=torch.float16), torch.zeros(2, dtype=torch.long), 2, 1)
             res["fp16"] = "no error"

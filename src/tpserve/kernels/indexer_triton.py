@@ -191,7 +191,39 @@ def _top_pools_kernel(scores_ptr, pos_ptr, out_ptr, P, K: tl.constexpr, KPOOL: t
     tl.store(out_ptr + t * K + i, idx, mask=i < K)
 
 
-def top_pools(scores: torch.Tensor, positions: torch.Tensor, k: int, kpool: int) -> torch.Tensor:
+@triton.jit
+def _top_pools_chunk_kernel(scores_ptr, pos_ptr, part_ptr, P, NCH, K: tl.constexpr, KPOOL: tl.constexpr,
+                            C: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1)
+    v = tl.minimum((tl.load(pos_ptr + t).to(tl.int64) + 1) // KPOOL, P)
+    if c * C < v:  # chunks past the complete pools: never read by the merge
+        j = c * C + tl.arange(0, C)
+        ok = j < v
+        key = tl.where(ok, _packed(tl.load(scores_ptr + t * P + j, mask=ok, other=0.0), j),
+                       tl.full([C], -1, tl.int64) << 63)
+        key = tl.sort(key, descending=True)
+        i = tl.arange(0, C)
+        tl.store(part_ptr + (t * NCH + c) * K + i, key, mask=i < K)
+
+
+@triton.jit
+def _top_pools_merge_kernel(part_ptr, pos_ptr, out_ptr, P, NCH, K: tl.constexpr, KPOOL: tl.constexpr,
+                            C: tl.constexpr, M: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    v = tl.minimum((tl.load(pos_ptr + t).to(tl.int64) + 1) // KPOOL, P)
+    i = tl.arange(0, M)
+    empty = tl.full([M], -1, tl.int64) << 63
+    ok = (i // K < tl.cdiv(v, C)) & (i < NCH * K)
+    key = tl.load(part_ptr + t * NCH * K + i, mask=ok, other=0)
+    key = tl.where(ok, key, empty)
+    if v > C:  # one chunk: its keys are sorted already
+        key = tl.sort(key, descending=True)
+    idx = tl.where(key == empty, P, 4294967295 - (key & 4294967295))
+    tl.store(out_ptr + t * K + i, idx, mask=i < K)
+
+
+def top_pools(scores: torch.Tensor, positions: torch.Tensor, k: int, kpool: int, chunked: bool = False) -> torch.Tensor:
     """The k best pools of each decode / verify token among those complete at its position (model/indexer.py
     `_expand`, in place of `scores.topk(k).indices`): scores [n, P] fp32, positions [n] -> [n, k] int64 pool
     indices, best first (equal scores: lower index first), P where fewer than k pools are complete
@@ -199,13 +231,24 @@ def top_pools(scores: torch.Tensor, positions: torch.Tensor, k: int, kpool: int)
     never read; the complete ones go through a register sort of C keys, C - k new ones per round. On an H200
     (bench/topk_pools.py, k 128 of 8,192 pools): 11.0-11.6 us per call up to 1,024 complete pools (16k
     tokens) against torch.topk's 30-54 us over the whole width, 56 us at 4,096 and 100 us at 8,192 (one
-    round per 896 pools) against 40-49 us; switch --indexer-topk-backend, default torch."""
+    round per 896 pools) against 40-49 us; switch --indexer-topk-backend, default torch.
+    chunked: two kernels instead, for long contexts: chunks of C pools sorted in parallel programs (their best
+    k kept), then one merge sort of those (skipped when one chunk holds every complete pool). Checked in the
+    interpreter like the single kernel; not yet timed on a GPU (bench/topk_pools.py times both)."""
     n, p = scores.shape
     if scores.dtype != torch.float32 or not 0 < k <= p:
         raise ValueError(f"top_pools: scores must be float32 [n, P >= k], got {scores.dtype} {tuple(scores.shape)}, k={k}")
     out = torch.empty(n, k, dtype=torch.long, device=scores.device)
-    if n:
-        c = max(2 * triton.next_power_of_2(k), min(1024, triton.next_power_of_2(p)))
-        _top_pools_kernel[(n,)](scores.contiguous(), positions.contiguous(), out, p, K=k, KPOOL=kpool, C=c,
-                                num_warps=4)
+    if not n:
+        return out
+    c = max(2 * triton.next_power_of_2(k), min(1024, triton.next_power_of_2(p)))
+    scores, positions = scores.contiguous(), positions.contiguous()
+    if not chunked:
+        _top_pools_kernel[(n,)](scores, positions, out, p, K=k, KPOOL=kpool, C=c, num_warps=4)
+        return out
+    nch = triton.cdiv(p, c)
+    part = torch.empty(n, nch, k, dtype=torch.long, device=scores.device)
+    _top_pools_chunk_kernel[(n, nch)](scores, positions, part, p, nch, K=k, KPOOL=kpool, C=c, num_warps=4)
+    _top_pools_merge_kernel[(n,)](part, positions, out, p, nch, K=k, KPOOL=kpool, C=c,
+                                  M=triton.next_power_of_2(nch * k), num_warps=4)
     return out
