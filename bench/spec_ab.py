@@ -91,8 +91,15 @@ def main() -> None:
                 if cand_engine.scheduler.running:  # after a request's last step there is nothing to draft for
                     chosen[speculator.last_k] += 1
             return wrapped
+        def idle_counted(fn):  # a step that skips the speculator above the verify graphs (Speculator.idle): k = 0
+            def wrapped():
+                skip = fn()
+                chosen[0] += skip
+                return skip
+            return wrapped
         if speculator is not None:
             speculator.propose, speculator.verify_fused = counted(speculator.propose), counted(speculator.verify_fused)
+            speculator.idle = idle_counted(speculator.idle)
         for r in range(args.rounds):
             order = ["base", "cand"] if r % 2 == 0 else ["cand", "base"]
             rate = {name: timed_pass(engines[name], groups, sp) for name in order}
