@@ -82,6 +82,7 @@ def test_cpu_workspace_gets_no_pipelined_switch():
     """The CPU workspace pipelines every call; its methods take no `pipelined` argument."""
     ws = FakeWorkspace()
     comm = _comm(ws)
+    ran = 0
     for numel in (64, 5 * FITS):
         for op in ("all_gather", "reduce_scatter"):
             for backend in ("oneshot", "chunked"):
@@ -89,6 +90,8 @@ def test_cpu_workspace_gets_no_pipelined_switch():
                     ws.calls.clear()
                     comm.run(op, torch.ones(numel), backend)
                     assert ws.calls == [(op, {})]
+                    ran += 1
+    assert ran >= 4  # chunked at both sizes for both ops at least
 
 
 def test_graph_check_captures_the_pipelined_all_gather_and_reduce_scatter(monkeypatch):

@@ -164,22 +164,23 @@ class LLMEngine:
         # decodes first (they take the decode kernels), verifies of drafts next, prefill chunks last
         scheduled.sort(key=lambda s: (not s.decode, s.num_tokens != 1))
         spec = self.speculator
-        idle = spec is not None and spec.idle()  # adaptive above the verify graphs: a plain step
-        if spec is not None and not idle and spec.fusable(scheduled):  # (reserves blocks: before the plan)
+        # (adaptive k above the verify graphs: a plain step, Speculator.idle)
+        speculating = spec is not None and not spec.idle()
+        if speculating and spec.fusable(scheduled):  # (reserves blocks: before the plan)
             return self._fused_step(scheduled, self._plan(scheduled))
         plan = self._plan(scheduled)
         t0 = time.perf_counter()
         logits = self._fatal("", self.executor.execute, plan)
         logits = prompt_logprobs.take(logits, scheduled, self.tokenizer)  # prompt_logprobs: split off its rows
         sampled = [s for s in scheduled if s.completes]
-        starts = [s.seq.num_computed for s in scheduled] if spec is not None and not idle else []
+        starts = [s.seq.num_computed for s in scheduled] if speculating else []
         self._advance(scheduled)
-        if spec is not None and not idle:
+        if speculating:
             self._fatal(" while speculating", self._speculate, sampled, logits, scheduled, starts, t0,
                         len(plan.input_ids))
         elif sampled:
             self.sample_and_append([s.seq for s in sampled], logits)
-            if idle:
+            if spec is not None:
                 spec.finished([s.seq for s in sampled])
         return self._outputs(s.seq.request_id for s in sampled)
 

@@ -95,9 +95,7 @@ class Speculator:
         self.step_drafted = any(s.seq.drafts for s in sampled)
         if not self.step_drafted:  # nothing to verify (k = 0): the plain engine's sampling
             eng.sample_and_append([s.seq for s in sampled], logits)
-            for s in sampled:
-                if s.seq.is_finished:
-                    self.policy.forget(s.seq)
+            self.finished([s.seq for s in sampled])
             self.emitted += len(sampled)
             return []
         groups, row = [], 0
@@ -183,7 +181,7 @@ class Speculator:
         such step (about five per step at batch 64; the CPU stand-in's times are in BENCHMARKS.md, not
         conclusive)."""
         eng = self.engine
-        if self.idle_since is None or self.idle_since != eng.num_added:
+        if self.idle_since != eng.num_added:  # (None: not found above the graphs)
             return False
         limit = eng.executor.verify_graph_batch()
         if limit is None or len(eng.scheduler.running) <= limit:
@@ -192,7 +190,7 @@ class Speculator:
         return True
 
     def finished(self, seqs: list[Sequence]) -> None:
-        """After a plain step of `idle`: the policy keeps nothing of the requests that ended in it."""
+        """After a step without drafts: the policy keeps nothing of the requests that ended in it."""
         if self.policy.tracking():
             for seq in seqs:
                 if seq.is_finished:
@@ -552,7 +550,6 @@ class MeasuredRates:
     def snapshot(self) -> dict:
         return {f"batch<={b} {'spec' if d else 'plain'}": {"tok_s": round(w.rate, 1), "steps": len(w)}
                 for (b, d), w in sorted(self.window.items())}
-
 
 
 class Calibration:

@@ -201,7 +201,9 @@ def profile_decode(llm, batch: int, steps: int, top: int = 15) -> dict:
     for r in table:
         print(f"| {r['op']} | {r['calls_per_step']:.0f} | {r['self_cpu_ms_per_step']:.3f} |")
     device_time = lambda e: getattr(e, "self_device_time_total", 0) or 0  # noqa: E731
-    kernels = sorted((e for e in events if device_time(e) > 0), key=lambda e: -device_time(e))
+    # (op-level rows such as aten::argmax carry their kernels' time again: kernels and copies only)
+    kernels = sorted((e for e in events if device_time(e) > 0 and not e.key.startswith("aten::")),
+                     key=lambda e: -device_time(e))
     ktable = [{"kernel": e.key, "calls_per_step": e.count / steps, "device_us_per_step": device_time(e) / steps}
               for e in kernels]
     busy = sum(r["device_us_per_step"] for r in ktable)
