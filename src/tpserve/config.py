@@ -56,6 +56,12 @@ class EngineConfig:
                                "to --max-num-seqs sequences replay graphs captured at start, and with "
                                "speculation the verify, KDA commit and MTP draft steps of up to 16; cuda only)",
                                switch=True)
+    async_scheduling: bool = _opt(True, "launch a decode step before the host has read the previous step's tokens "
+                                  "(they feed the next step on the device): appending tokens, stop checks and "
+                                  "detokenizing overlap the GPU's next step (vLLM's --async-scheduling). Decode "
+                                  "steps at TP=1 of requests without penalties or grammars (with speculation: its "
+                                  "idle steps above the verify graphs); other steps run synchronously; outputs "
+                                  "identical either way (engine/overlap.py)", switch=True)
     draft_graph: str = _opt("fused", "MTP drafting in graph steps: chain (the catch-up and every chained depth in "
                             "one CUDA graph, each greedy draft fed to the next depth on the GPU: one replay and "
                             "one host copy per step), fused (chain, and a step where every request verifies "

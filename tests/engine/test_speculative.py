@@ -447,11 +447,11 @@ def _padded_graph_run(plain, mode: str):
 
     run = graphs.run
 
-    def spy_run(plan, key):
+    def spy_run(plan, key, prev=None):
         lens = {b - a for a, b in zip(plan.cu_seqlens, plan.cu_seqlens[1:])}
         if key[2] > 1 and len(lens) > 1:
             mixed.append(sorted(lens))
-        return run(plan, key)
+        return run(plan, key, prev)
 
     spec_step = graphs.spec_step
 
@@ -613,6 +613,7 @@ def test_adaptive_does_not_draft_above_the_verify_graphs(plain):
     # the step that found the batch above the limit asked the speculator; the 23 after it ran as plain steps
     # (Speculator.idle: no request added since), without a verify / propose pass over the sequences
     assert len(proposed) == 1 and eng.speculator.idle_steps >= 23
+    assert eng.num_overlapped > 0  # async scheduling runs the idle steps (engine/overlap.py)
     assert got == [o.outputs[0].token_ids for o in plain.generate(PROMPTS[:3], sp)]
     llm.generate(PROMPTS[:1], sp)
     assert eng.stats()["spec_decode_num_drafts"] > 0  # batch 1: exploration steps draft at least

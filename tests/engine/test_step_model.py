@@ -18,9 +18,9 @@ def _record_plans(llm):
     plans = []
     execute = llm.engine.executor.execute
 
-    def spy(plan):
+    def spy(plan, *prev):
         plans.append(plan)
-        return execute(plan)
+        return execute(plan, *prev)
 
     llm.engine.executor.execute = spy
     return plans

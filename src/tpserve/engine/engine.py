@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from tpserve.config import EngineConfig
-from tpserve.engine import logits_process, prompt_logprobs, sampler, speculate
+from tpserve.engine import logits_process, overlap, prompt_logprobs, sampler, speculate
 from tpserve.engine.detokenize import Detokenizer
 from tpserve.engine.executor import EngineDeadError, make_executor
 from tpserve.engine.outputs import CompletionOutput, RequestOutput
@@ -63,6 +63,10 @@ class LLMEngine:
         self.step_count = 0
         self.num_added = 0  # requests added so far (Speculator.idle: none since the batch went above the graphs)
         self.speculator = speculate.Speculator(self, spec) if spec is not None else None
+        # async scheduling (engine/overlap.py): a decode step launched, its tokens not yet on the host
+        self.overlap = ecfg.async_scheduling and self.executor.world_size == 1  # (with speculation: idle steps)
+        self.inflight: overlap.Inflight | None = None
+        self.num_overlapped = 0  # steps launched before the previous step's tokens were read
         log.info("engine ready: %s on %s (%s), TP=%d, %d cache blocks of %d tokens, %d slots, max_model_len %d",
                  self.model_dir, self.device, self.dtype, ecfg.tensor_parallel_size, shape.num_blocks,
                  shape.block_size, shape.num_slots, self.max_model_len)
@@ -145,6 +149,7 @@ class LLMEngine:
         if entry is None:
             return False
         for seq in entry[0]:
+            overlap.drop_pending(seq)  # (an in-flight token of an aborted request is dropped when it lands)
             if not seq.is_finished:
                 self.scheduler.finish(seq, "abort")
             if self.speculator is not None:
@@ -158,12 +163,17 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         if self.dead:
             raise EngineDeadError(self.dead)
+        spec = self.speculator
+        if self.inflight is not None and not (overlap.ready(self.inflight, self.scheduler, self.max_model_len)
+                                              and (spec is None or spec.idle())):
+            return self._fatal("", self._drain)
         scheduled = self.scheduler.schedule()
         if not scheduled:
             return []
+        if self.inflight is not None:
+            return self._fatal("", self._overlapped_step, scheduled)
         # decodes first (they take the decode kernels), verifies of drafts next, prefill chunks last
         scheduled.sort(key=lambda s: (not s.decode, s.num_tokens != 1))
-        spec = self.speculator
         # (adaptive k above the verify graphs: a plain step, Speculator.idle)
         speculating = spec is not None and not spec.idle()
         if speculating and spec.fusable(scheduled):  # (reserves blocks: before the plan)
@@ -178,11 +188,63 @@ class LLMEngine:
         if speculating:
             self._fatal(" while speculating", self._speculate, sampled, logits, scheduled, starts, t0,
                         len(plan.input_ids))
+        elif self.overlap and self._may_defer(scheduled, plan):  # (not while speculating)
+            self._fatal("", self._defer, [s.seq for s in scheduled], logits)
+            return []
         elif sampled:
             self.sample_and_append([s.seq for s in sampled], logits)
             if spec is not None:
                 spec.finished([s.seq for s in sampled])
         return self._outputs(s.seq.request_id for s in sampled)
+
+    # ------------------------------------------------------- async scheduling
+    @staticmethod
+    def _may_defer(scheduled: list[Scheduled], plan: StepPlan) -> bool:
+        """A decode step of one token per sequence, each sampled without host reads (engine/overlap.py)."""
+        return (len(plan.logits_indices) == len(scheduled) == len(plan.input_ids)
+                and all(s.decode and s.completes and overlap.pipelinable(s.seq) for s in scheduled))
+
+    def _defer(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
+        self.inflight = overlap.launch(logits, seqs, self.generator)
+        for seq in seqs:
+            seq.output_ids.append(overlap.PENDING)
+
+    def _overlapped_step(self, scheduled: list[Scheduled]) -> list[RequestOutput]:
+        """Launch this decode step on the in-flight step's device tokens, then land those (`overlap.ready`
+        said this step decodes exactly the in-flight sequences still running)."""
+        old = self.inflight
+        if len(scheduled) != len(self.scheduler.running) or not all(s.decode and s.num_tokens == 1 for s in scheduled):
+            raise RuntimeError("async scheduling: the step after an in-flight one is not the same decode batch")
+        plan = self._plan(scheduled)
+        plan.prev_rows = [old.rows[s.seq] for s in scheduled]
+        logits = self.executor.execute(plan, old.tokens)
+        seqs = [s.seq for s in scheduled]
+        new = overlap.launch(logits, seqs, self.generator)
+        self._advance(scheduled)
+        self.num_overlapped += 1
+        outputs = self._outputs(self._land(old))  # (built before the new placeholders go in)
+        for seq in seqs:
+            if not seq.is_finished:
+                seq.output_ids.append(overlap.PENDING)
+        self.inflight = new
+        return outputs
+
+    def _land(self, inflight: overlap.Inflight) -> list[str]:
+        """The in-flight step's tokens into their sequences (those still running) -> their request ids."""
+        ids = []
+        for seq, res in zip(inflight.seqs, inflight.land()):
+            if seq.is_finished:  # aborted, or ended by the token before
+                continue
+            overlap.drop_pending(seq)
+            self._append(seq, res)
+            ids.append(seq.request_id)
+        if self.speculator is not None:
+            self.speculator.finished(inflight.seqs)
+        return ids
+
+    def _drain(self) -> list[RequestOutput]:
+        inflight, self.inflight = self.inflight, None
+        return self._outputs(self._land(inflight))
 
     def _fused_step(self, scheduled: list[Scheduled], plan: StepPlan) -> list[RequestOutput]:
         """A speculative step whose acceptance, KDA commit and next drafts run on the device after the verify

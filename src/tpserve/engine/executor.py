@@ -74,8 +74,8 @@ class LocalExecutor:
         log.info("boot: model and weights %.2f s (kernel self-tests included), cache %.2f s, graphs %.2f s",
                  t1 - t0, t2 - t1, time.perf_counter() - t2)
 
-    def execute(self, plan: StepPlan) -> torch.Tensor:
-        return self.runner.execute(plan)
+    def execute(self, plan: StepPlan, prev: torch.Tensor | None = None) -> torch.Tensor:
+        return self.runner.execute(plan, prev)
 
     def commit(self, counts: list[int]) -> None:
         self.runner.commit(counts)

@@ -162,6 +162,8 @@ class StepGraphs:
                     rows[i] = t[p // bs] * bs + p % bs
             if source_rows is not None:  # an MTP depth: rows are their own padded rows
                 real[:n] = np.arange(n)
+            if plan.prev_rows is not None:  # async scheduling: where each row's id is in the in-flight tokens
+                src[:n] = plan.prev_rows
         elif n > 2:  # verify rows, as array expressions (a loop costs ~6 numpy calls per sequence)
             cu = np.asarray(plan.cu_seqlens)
             lengths = np.diff(cu)
@@ -374,10 +376,16 @@ class StepGraphs:
             self.runner.cache.verify.clear()
         return out
 
-    def run(self, plan, key) -> tuple[torch.Tensor, torch.Tensor]:
-        """-> (logits at plan.logits_indices, hidden of the plan's rows in plan order)."""
+    def run(self, plan, key, prev: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (logits at plan.logits_indices, hidden of the plan's rows in plan order). prev (a decode plan
+        with prev_rows, async scheduling): the in-flight step's tokens, gathered into the ids on the device."""
         _, b, q = key
         n_real, n_logits = self._fill(plan, b, q)
+        if prev is not None:
+            if q != 1:
+                raise ValueError("graphs.run: only decode steps take their ids from the in-flight tokens")
+            ids, *_, src = self._views(self.device_buf, b, q)
+            torch.index_select(prev, 0, src[:n_real], out=ids[:n_real])
         logits, hidden = self._replay(key)
         if q == 1:
             return logits[:n_logits], hidden[:n_real]

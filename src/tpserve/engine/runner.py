@@ -46,6 +46,8 @@ class StepPlan:
     reset_slots: list[int]
     sequence_parallel: bool = False
     num_decode: int = 0  # the first num_decode sequences are decodes/verifies (decode kernels)
+    prev_rows: list[int] | None = None  # async scheduling: each row's input id is row prev_rows[i] of the
+    # in-flight step's device tokens (input_ids holds placeholders; engine/overlap.py)
 
     @property
     def is_uniform_decode(self) -> bool:
@@ -175,7 +177,7 @@ class ModelRunner:
             return None
         return self.graphs.key_for(plan, "chain")
 
-    def build_batch(self, plan: StepPlan) -> ForwardBatch:
+    def build_batch(self, plan: StepPlan, prev: torch.Tensor | None = None) -> ForwardBatch:
         dev, bs = self.device, self.cache_shape.block_size
         width = max((len(t) for t in plan.block_tables), default=1) or 1
         tables = torch.zeros(len(plan.block_tables), width, dtype=torch.long)
@@ -185,24 +187,32 @@ class ModelRunner:
         owner = torch.repeat_interleave(torch.arange(len(plan.context_lens)),
                                         torch.tensor(plan.cu_seqlens[1:]) - torch.tensor(plan.cu_seqlens[:-1]))
         slot_mapping = tables[owner, positions // bs] * bs + positions % bs
+        if prev is not None:  # async scheduling: the ids are the in-flight step's tokens, on the device
+            ids = prev.index_select(0, torch.tensor(plan.prev_rows, dtype=torch.long).to(dev, non_blocking=True))
+        else:
+            ids = torch.tensor(plan.input_ids, dtype=torch.long, device=dev)
         return ForwardBatch(
-            input_ids=torch.tensor(plan.input_ids, dtype=torch.long, device=dev),
+            input_ids=ids,
             positions=positions.to(dev), cu_seqlens=list(plan.cu_seqlens), context_lens=list(plan.context_lens),
             slots=torch.tensor(plan.slots, dtype=torch.long, device=dev), block_tables=tables.to(dev),
             slot_mapping=slot_mapping.to(dev), logits_indices=torch.tensor(plan.logits_indices, dtype=torch.long, device=dev),
             sequence_parallel=plan.sequence_parallel, token_seq=owner.to(dev), decode_seqs=plan.num_decode)
 
-    def execute(self, plan: StepPlan) -> torch.Tensor:
+    def execute(self, plan: StepPlan, prev: torch.Tensor | None = None) -> torch.Tensor:
+        """plan's forward -> logits at plan.logits_indices. prev: the in-flight step's tokens, the input ids of
+        a plan with prev_rows (async scheduling)."""
+        if (prev is None) != (plan.prev_rows is None):
+            raise ValueError("execute: a plan with prev_rows needs the in-flight tokens (prev), and only it")
         cache_mod.reset_slots(self.cache, plan.reset_slots)
         key = None if self.graphs is None else self.graphs.key_for(plan)
         if key is not None:
-            logits, hidden = self.graphs.run(plan, key)
+            logits, hidden = self.graphs.run(plan, key, prev)
             # a verify graph verifies every sequence (one-row decodes too): the commit replays them all
             cu = plan.cu_seqlens
             self.graph_verify = (key, [b - a for a, b in zip(cu, cu[1:])]) if key[2] > 1 else None
         else:
             self.graph_verify = None
-            logits, hidden = self.model.forward_hidden(self.build_batch(plan), self.cache)
+            logits, hidden = self.model.forward_hidden(self.build_batch(plan, prev), self.cache)
         self.last_hidden = hidden if self.mtp else None
         return logits
 

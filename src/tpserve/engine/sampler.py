@@ -77,9 +77,11 @@ def _ban_stops_before_min_tokens(logits: torch.Tensor, seqs: list[Sequence]) -> 
     return logits.masked_fill(mask, float("-inf"))
 
 
-def _filter(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+def _filter(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor,
+            top_p_on: bool = True) -> torch.Tensor:
     """Mask (to -inf) the tokens outside top-k, then min-p, then top-p, row by row in one batch.
-    logits [n, V]; top_k [n] long (V = off); top_p, min_p [n] float (1 and 0 = off)."""
+    logits [n, V]; top_k [n] long (V = off); top_p, min_p [n] float (1 and 0 = off); top_p_on: some row's
+    top_p is below 1 (known on the host: no device sync to find out)."""
     vocab = logits.shape[1]
     ordered = logits.sort(dim=-1, descending=True).values
     kth = ordered.gather(1, (top_k.clamp(1, vocab) - 1).unsqueeze(1))
@@ -87,7 +89,7 @@ def _filter(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_
     probs = logits.softmax(-1)
     low = probs < min_p.unsqueeze(1) * probs.max(dim=-1, keepdim=True).values
     logits = logits.masked_fill(low & (min_p > 0).unsqueeze(1), float("-inf"))
-    if bool((top_p < 1.0).any()):
+    if top_p_on:
         sorted_logits, order = logits.sort(dim=-1, descending=True)
         p_sorted = sorted_logits.softmax(-1)
         drop = (p_sorted.cumsum(-1) - p_sorted > top_p.unsqueeze(1)) & (top_p < 1.0).unsqueeze(1)
@@ -103,7 +105,7 @@ def filtered_probs(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
     top_k = torch.tensor([min(p.top_k, vocab) if p.top_k > 0 else vocab for p in params], device=dev)  # any int
     top_p = torch.tensor([p.top_p for p in params], device=dev)
     min_p = torch.tensor([p.min_p for p in params], device=dev)
-    return _filter(logits / temp, top_k, top_p, min_p).softmax(-1)
+    return _filter(logits / temp, top_k, top_p, min_p, any(p.top_p < 1.0 for p in params)).softmax(-1)
 
 
 def processed_logits(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
@@ -168,25 +170,38 @@ def choose(logits: torch.Tensor, seqs: list[Sequence], engine_generator: torch.G
 def results_for(logits: torch.Tensor, seqs: list[Sequence], tokens: torch.Tensor) -> list[SampleResult]:
     """Chosen tokens [n] (device) of raw logits [n, V] -> results with the logprobs each request asked for
     (of the raw model distribution)."""
-    want = [s.params.logprobs is not None for s in seqs]
-    if not any(want):
-        return [SampleResult(t, None, None) for t in tokens.tolist()]
+    return unpack_results(pack_results(logits, seqs, tokens).cpu().numpy(), seqs)
+
+
+def pack_results(logits: torch.Tensor, seqs: list[Sequence], tokens: torch.Tensor) -> torch.Tensor:
+    """What the host needs of a step's chosen tokens [n], as one device tensor for the step's one copy: the
+    tokens [n, 1] (long), or with logprobs asked for by any row, float [n, 3 + 2k]: token, its logprob, its
+    rank, then the k top logprobs and their ids (k the most any row asks for). `unpack_results` reads it."""
+    k = max((s.params.logprobs or 0 for s in seqs if s.params.logprobs is not None), default=None)
+    if k is None:
+        return tokens.unsqueeze(1)
     raw_logprobs = logits.log_softmax(-1)
-    k = max(s.params.logprobs or 0 for s in seqs)
     chosen = raw_logprobs.gather(1, tokens.unsqueeze(1))
     rank = (raw_logprobs > chosen).sum(-1, keepdim=True) + 1
     packed = [tokens.unsqueeze(1).to(raw_logprobs.dtype), chosen, rank.to(raw_logprobs.dtype)]
     if k:
         top = raw_logprobs.topk(k, dim=-1)
         packed += [top.values, top.indices.to(raw_logprobs.dtype)]
-    host = torch.cat(packed, dim=1).cpu().numpy()  # the one device-to-host copy of the step
+    return torch.cat(packed, dim=1)
+
+
+def unpack_results(host: np.ndarray, seqs: list[Sequence]) -> list[SampleResult]:
+    """`pack_results`' rows, on the host -> one SampleResult per sequence."""
+    if host.shape[1] == 1:
+        return [SampleResult(t, None, None) for t in host[:, 0].tolist()]
+    k = (host.shape[1] - 3) // 2
     results = []
     for row, seq in enumerate(seqs):
         tok = int(host[row, 0])
-        if not want[row]:
+        n = seq.params.logprobs
+        if n is None:
             results.append(SampleResult(tok, None, None))
             continue
-        n = seq.params.logprobs
         top_lp: dict[int, Logprob] = {int(host[row, 3 + k + r]): Logprob(float(host[row, 3 + r]), rank=r + 1)
                                       for r in range(n)}
         if tok not in top_lp:

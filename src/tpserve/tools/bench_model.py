@@ -132,10 +132,19 @@ def measure(llm, prefill: list[int], batches: list[int], steps: int, repeats: in
             engine.add_request(f"d{next(rid)}", prompt(128), params)
         finish_prefills(engine)
         times, before, graph_ms = [], engine.stats(), None
+        if engine.device.type == "cuda":
+            torch.cuda.synchronize(engine.device)
+        last = time.perf_counter()
         while engine.has_unfinished():
-            times.append(_timed_step(engine))
+            ran = engine.step_count
+            engine.step()  # (synchronous: returns after reading the step's tokens; async scheduling: after
+            now = time.perf_counter()  # launching this step and reading the previous one's)
+            if engine.step_count > ran:  # (a call that only lands the async step in flight runs none)
+                times.append(now - last)
+            last = now
             if len(times) == steps // 2 and engine.has_unfinished():  # the graph's inputs: a live step's
                 graph_ms = graph_replay_ms(engine, b)
+                last = time.perf_counter()
         per_step = b * steps / len(times)  # tokens per step: b, or more when drafts are accepted
         after = engine.stats()
         drafts = after.get("spec_decode_num_drafts", 0) - before.get("spec_decode_num_drafts", 0)
