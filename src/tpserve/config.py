@@ -56,6 +56,10 @@ class EngineConfig:
                                "to --max-num-seqs sequences replay graphs captured at start, and with "
                                "speculation the verify, KDA commit and MTP draft steps of up to 16; cuda only)",
                                switch=True)
+    merge_linears: bool = _opt(True, "linears that read the same input run as one GEMM over their weights stacked at "
+                               "load (the dense MLPs' gate + up, KDA's q + k + v and f_a + g_a + b, MLA's q_a + "
+                               "kv_a; 16-bit weights without bias): one weight stream and one launch at decode "
+                               "instead of one per linear (model/merged.py)", switch=True)
     async_scheduling: bool = _opt(True, "launch a decode step before the host has read the previous step's tokens "
                                   "(they feed the next step on the device): appending tokens, stop checks and "
                                   "detokenizing overlap the GPU's next step (vLLM's --async-scheduling). Decode "
@@ -108,13 +112,13 @@ class EngineConfig:
                                   "(plain ops, about 33 kernels per MoE layer), or auto (triton on cuda)",
                                   switch=True, choices=("auto", "triton", "torch"))
     indexer_topk_backend: str = _opt("auto", "the indexer's top-k pools of decode / verify tokens (with "
-                                     "--indexer-backend triton): triton (one kernel that sorts only the pools "
-                                     "complete at each token's position, cuda only), torch (torch.topk over every "
+                                     "--indexer-backend triton): triton (kernels that sort only the pools "
+                                     "complete at each token's position, in parallel chunks when the block table "
+                                     "addresses more than 1,024 pools; cuda only), torch (torch.topk over every "
                                      "pool the block table addresses: 8,192 at 131,072 positions), or auto "
-                                     "(torch). On an H200 triton took 11-12 us per call up to 16k-token "
-                                     "contexts against torch's 30-54 us, but 56 / 100 us at 64k / 128k "
-                                     "against 40-49 us (BENCHMARKS.md, thirteenth session): turn it on where "
-                                     "contexts stay short", switch=True,
+                                     "(triton with --indexer-backend triton). On an H200 triton took 12-13 us per "
+                                     "call up to 16k-token contexts and 24-26 us at 64k / 128k, torch 29-54 us "
+                                     "(BENCHMARKS.md, fourteenth session)", switch=True,
                                      choices=("auto", "triton", "torch"))
     indexer_backend: str = _opt("auto", "the DSA indexer's pool compression (every completed pool: softmax of the "
                                 "gates over the pool, weighted sum of the keys), the decode / verify tokens' pool "

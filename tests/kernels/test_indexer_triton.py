@@ -143,7 +143,7 @@ def test_top_pools_kernel_equals_a_stable_sort_of_the_complete_pools():
             pos = torch.randint(0, p * kpool, (n,), generator=g)
             pos[0] = 2                                    # no complete pool (kpool > 3) or three
             pos[-1] = p * kpool - 1                       # all complete
-            for chunked in (False, True):
+            for chunked in (False, True, None):
                 got = top_pools(s, pos, k, kpool, chunked=chunked)
                 bad = 0
                 for r in range(n):

@@ -42,7 +42,9 @@ def test_quantized_weights_stay_quantized(pairs):
     dtypes = {n: p.dtype for n, p in model.named_parameters()}
     assert dtypes["layers.3.mlp.experts.gate_up_proj"] == torch.uint8
     assert dtypes["layers.3.mlp.experts.gate_up_bscale"] == torch.float8_e4m3fn
-    assert dtypes["layers.0.self_attn.q_proj.weight"] == torch.float32  # nvfp4: experts only
+    # nvfp4: experts only; q, k, v stay 16-bit (here fp32), stacked into one weight (model/merged.py)
+    assert dtypes["layers.0.self_attn.qkv_weight"] == torch.float32
+    assert "layers.0.self_attn.q_proj.weight" not in dtypes
     llm = LLM(str(pairs["fp8-8"][0]), device="cpu", kv_cache_memory="8MiB", block_size=16)
     model = llm.engine.executor.runner.model
     dtypes = {n: p.dtype for n, p in model.named_parameters()}

@@ -108,6 +108,10 @@ def resolve_runtime(ecfg: EngineConfig) -> Runtime:
         backend = "fla" if device.type == "cuda" and dtype != torch.float32 and fla_available() else "torch"
     elif backend == "fla" and device.type != "cuda":
         raise ValueError("kda_backend: fla needs a CUDA device (use torch on cpu)")
+    indexer = _triton_or_torch("indexer_backend", ecfg.indexer_backend, device)
+    indexer_topk = ecfg.indexer_topk_backend  # auto: triton where the decode scores are Triton's
+    indexer_topk = (indexer if indexer_topk == "auto"
+                    else _triton_or_torch("indexer_topk_backend", indexer_topk, device))
     kernels = Kernels(kda=backend, kda_prep=_triton_or_torch("kda_prep_backend", ecfg.kda_prep_backend, device),
                       mhc=_triton_or_torch("mhc_backend", ecfg.mhc_backend, device),
                       norm=_triton_or_torch("norm_backend", ecfg.norm_backend, device),
@@ -116,8 +120,8 @@ def resolve_runtime(ecfg: EngineConfig) -> Runtime:
                       moe=_triton_or_torch("moe_backend", ecfg.moe_backend, device),
                       moe_triton_max_tokens=ecfg.moe_triton_max_tokens,
                       moe_route=_triton_or_torch("moe_route_backend", ecfg.moe_route_backend, device),
-                      indexer=_triton_or_torch("indexer_backend", ecfg.indexer_backend, device),
-                      indexer_topk=_measured_choice("indexer_topk_backend", ecfg.indexer_topk_backend, device),
+                      indexer=indexer,
+                      indexer_topk=indexer_topk,
                       mla_decode=_triton_or_torch("mla_decode_backend", ecfg.mla_decode_backend, device),
                       mla_prefill=ecfg.mla_prefill,
                       argmax=_triton_or_torch("argmax_backend", ecfg.argmax_backend, device),
@@ -137,8 +141,8 @@ def _triton_or_torch(name: str, choice: str, device: torch.device) -> str:
 
 
 def _measured_choice(name: str, choice: str, device: torch.device) -> str:
-    """A Triton kernel that is not (yet) faster in the engine: auto is torch (gemv_backend and
-    indexer_topk_backend: BENCHMARKS.md, thirteenth session)."""
+    """A Triton kernel that is not (yet) faster in the engine: auto is torch (gemv_backend: BENCHMARKS.md,
+    thirteenth session)."""
     return "torch" if choice == "auto" else _triton_or_torch(name, choice, device)
 
 

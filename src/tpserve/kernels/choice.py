@@ -15,6 +15,7 @@ class WeightOptions:
     snapshot_dir: str | None = None   # default: <cache dir>/snapshots
     gpu_memory_utilization: float = 0.85  # for the start-up memory plan (model/plan.py)
     block_size: int = 64
+    merge_linears: bool = True         # model/merged.py: linears that share an input as one GEMM
 
 
 @dataclass(frozen=True)

@@ -223,18 +223,18 @@ def _top_pools_merge_kernel(part_ptr, pos_ptr, out_ptr, P, NCH, K: tl.constexpr,
     tl.store(out_ptr + t * K + i, idx, mask=i < K)
 
 
-def top_pools(scores: torch.Tensor, positions: torch.Tensor, k: int, kpool: int, chunked: bool = False) -> torch.Tensor:
+def top_pools(scores: torch.Tensor, positions: torch.Tensor, k: int, kpool: int,
+              chunked: bool | None = None) -> torch.Tensor:
     """The k best pools of each decode / verify token among those complete at its position (model/indexer.py
     `_expand`, in place of `scores.topk(k).indices`): scores [n, P] fp32, positions [n] -> [n, k] int64 pool
     indices, best first (equal scores: lower index first), P where fewer than k pools are complete
     (expand_selection turns those into -1). The work follows the context: pools past a token's position are
-    never read; the complete ones go through a register sort of C keys, C - k new ones per round. On an H200
-    (bench/topk_pools.py, k 128 of 8,192 pools): 11.0-11.6 us per call up to 1,024 complete pools (16k
-    tokens) against torch.topk's 30-54 us over the whole width, 56 us at 4,096 and 100 us at 8,192 (one
-    round per 896 pools) against 40-49 us; switch --indexer-topk-backend, default torch.
-    chunked: two kernels instead, for long contexts: chunks of C pools sorted in parallel programs (their best
-    k kept), then one merge sort of those (skipped when one chunk holds every complete pool). Checked in the
-    interpreter like the single kernel; not yet timed on a GPU (bench/topk_pools.py times both)."""
+    never read. Single kernel (chunked False): the complete pools go through a register sort of C keys, C - k
+    new ones per round. Chunked (True): chunks of C pools sorted by parallel programs (their best k kept), then
+    one merge sort of those (skipped when one chunk holds every complete pool). None (default): chunked when
+    the row holds more than one chunk (P > C). On an H200 (bench/topk_pools.py, k 128 of P = 8,192 pools; the
+    fourteenth session): single 11.3-11.9 us up to 1,024 complete pools (16k tokens), 56 / 101 us at 4,096 /
+    8,192; chunked 12.4-13.4 us up to 1,024, 24-26 us at 4,096 and 8,192; torch.topk over the row 29-54 us."""
     n, p = scores.shape
     if scores.dtype != torch.float32 or not 0 < k <= p:
         raise ValueError(f"top_pools: scores must be float32 [n, P >= k], got {scores.dtype} {tuple(scores.shape)}, k={k}")
@@ -243,10 +243,12 @@ def top_pools(scores: torch.Tensor, positions: torch.Tensor, k: int, kpool: int,
         return out
     c = max(2 * triton.next_power_of_2(k), min(1024, triton.next_power_of_2(p)))
     scores, positions = scores.contiguous(), positions.contiguous()
+    nch = triton.cdiv(p, c)
+    if chunked is None:
+        chunked = nch > 1
     if not chunked:
         _top_pools_kernel[(n,)](scores, positions, out, p, K=k, KPOOL=kpool, C=c, num_warps=4)
         return out
-    nch = triton.cdiv(p, c)
     part = torch.empty(n, nch, k, dtype=torch.long, device=scores.device)
     _top_pools_chunk_kernel[(n, nch)](scores, positions, part, p, nch, K=k, KPOOL=kpool, C=c, num_warps=4)
     _top_pools_merge_kernel[(n,)](part, positions, out, p, nch, K=k, KPOOL=kpool, C=c,

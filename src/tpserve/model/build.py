@@ -75,6 +75,7 @@ def randomize_quantized_(model: nn.Module, seed: int) -> None:
 def build_model(model_dir: str | Path, cfg: ModelConfig, ctx: ShardContext, device: torch.device,
                 kernels: Kernels, *, load_format: str = "auto", progress: bool | None = None,
                 seed: int = 1234, mtp: bool = False) -> nn.Module:
+    from tpserve.model import merged
     from tpserve.model.loader import load_weights
     from tpserve.model.snapshot import SnapshotStore
 
@@ -90,12 +91,14 @@ def build_model(model_dir: str | Path, cfg: ModelConfig, ctx: ShardContext, devi
                             block_size=opts.block_size)
         log.warning("memory plan (%s weights): %s", qc.method, mplan.describe())
         mplan.check()
+    groups = merged.plan(model) if opts.merge_linears else []
     store = None
     if opts.snapshot and load_format != "dummy":
         store = SnapshotStore(opts.snapshot_dir)
-        key = store.key(model_dir, cfg, ctx, qc, plan)
+        key = store.key(model_dir, cfg, ctx, qc, plan, merged=bool(groups))
         if store.restore(model, key, ctx.rank, ctx.world, device):
             log.warning("rank %d: weights restored from snapshot %s", ctx.rank, store.entry_dir(key).name)
+            merged.merge(groups)
             return model.eval()
     model.to_empty(device=device)
     if load_format == "dummy":
@@ -107,6 +110,7 @@ def build_model(model_dir: str | Path, cfg: ModelConfig, ctx: ShardContext, devi
         load_weights(model, model_dir, rank=ctx.rank, world=ctx.world, num_layers=cfg.num_hidden_layers,
                      progress=progress, mtp=mtp)
     finish_loading(model)
+    merged.merge(groups)
     if store is not None:
         store.write(model, key, ctx.rank, ctx.world)
     return model.eval()
@@ -119,4 +123,5 @@ def weight_options(ecfg, device: torch.device):
     snapshot = ecfg.snapshot if ecfg.snapshot is not None else device.type == "cuda"
     return WeightOptions(quantization=ecfg.quantization, dense_fp8=ecfg.dense_fp8,
                          snapshot=bool(snapshot) and ecfg.load_format != "dummy", snapshot_dir=ecfg.snapshot_dir,
-                         gpu_memory_utilization=ecfg.gpu_memory_utilization, block_size=ecfg.block_size)
+                         gpu_memory_utilization=ecfg.gpu_memory_utilization, block_size=ecfg.block_size,
+                         merge_linears=ecfg.merge_linears)

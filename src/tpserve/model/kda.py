@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from tpserve.kernels import conv, kda as kda_ops
+from tpserve.model import merged
 from tpserve.model.batch import CacheTensors, ForwardBatch
 from tpserve.model.config import ModelConfig
 from tpserve.model.layers import GatedRMSNorm, ShardContext, column, replicated, row
@@ -21,6 +22,8 @@ from tpserve.model.weights import Shard, add_source, declare
 
 
 class KdaAttention(nn.Module):
+    merged_linears = {"qkv": ("q_proj", "k_proj", "v_proj"), "fgb_a": ("f_a_proj", "g_a_proj", "b_proj")}
+
     def __init__(self, ctx: ShardContext, cfg: ModelConfig, layer: int, backend: str, prep: str = "torch"):
         super().__init__()
         d, dh, qkv = cfg.hidden_size, cfg.linear_head_dim, cfg.linear_qkv_dim
@@ -50,7 +53,8 @@ class KdaAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: CacheTensors) -> torch.Tensor:
         t, h, dh = x.shape[0], self.heads, self.head_dim
-        raw = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
+        raw = merged.stacked(self, "qkv", x)  # q | k | v
+        fa, ga, b = merged.outputs(self, "fgb_a", x, contiguous=True)
         if self.prep_conv:
             q, k, v = (y.view(t, h, dh) for y in self._conv_fused(raw, batch, cache.conv_state[self.layer]))
         else:
@@ -59,11 +63,11 @@ class KdaAttention(nn.Module):
         if self.prep_gate:
             from tpserve.kernels.kda_prep_triton import gate_beta
 
-            g, beta = gate_beta(self.f_b_proj(self.f_a_proj(x)), self.dt_bias, self.A_log, self.b_proj(x), dh,
+            g, beta = gate_beta(self.f_b_proj(fa), self.dt_bias, self.A_log, b, dh,
                                 self.lower_bound)
         else:
-            g = self._forget_gate(x)
-            beta = torch.sigmoid(self.b_proj(x))
+            g = self._forget_gate(fa)
+            beta = torch.sigmoid(b)
         states = cache.kda_state[self.layer]
         if self.backend == "fla" and batch.fixed_shapes and batch.query_len > 1:
             q, k, v = q.contiguous(), k.contiguous(), v.contiguous()  # once: fla's verify and commit read them
@@ -78,13 +82,13 @@ class KdaAttention(nn.Module):
             out = self._fla(q, k, v, g, beta, batch, states)
         else:
             out = self._torch(q, k, v, g, beta, batch, states)
-        gate = self.g_b_proj(self.g_a_proj(x)).view(t, h, dh)
+        gate = self.g_b_proj(ga).view(t, h, dh)
         return self.o_proj(self.o_norm(out, gate).reshape(t, h * dh))
 
-    def _forget_gate(self, x: torch.Tensor) -> torch.Tensor:
-        """x [T, D] -> log decay g [T, H_local, K] (fp32)."""
-        g = self.f_b_proj(self.f_a_proj(x)).float() + self.dt_bias.float()
-        g = g.view(x.shape[0], -1, self.head_dim)
+    def _forget_gate(self, fa: torch.Tensor) -> torch.Tensor:
+        """f_a_proj's output [T, head_dim] -> log decay g [T, H_local, K] (fp32)."""
+        g = self.f_b_proj(fa).float() + self.dt_bias.float()
+        g = g.view(fa.shape[0], -1, self.head_dim)
         rate = self.A_log.float().exp().view(1, -1, 1)
         if self.lower_bound is not None:
             return self.lower_bound * torch.sigmoid(rate * g)

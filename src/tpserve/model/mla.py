@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tpserve.model import merged
 from tpserve.model.batch import CacheTensors, ForwardBatch
 from tpserve.model.config import ModelConfig
 from tpserve.model.indexer import Indexer, cache_rows, token_rows
@@ -23,6 +24,8 @@ SPARSE_QUERY_BLOCK = 256  # sparse prefill queries per gather of their selected 
 
 
 class MlaAttention(nn.Module):
+    merged_linears = {"qkv_a": ("q_a_proj", "kv_a_proj_with_mqa")}  # model/merged.py
+
     def __init__(self, ctx: ShardContext, cfg: ModelConfig, layer: int, prefill: str = "dense",
                  indexer: str = "torch", decode: str = "torch", indexer_topk: str = "torch"):
         super().__init__()
@@ -46,9 +49,10 @@ class MlaAttention(nn.Module):
                 prev_selection: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """-> (partial output [T, D], selection [T, W] used here)."""
         t = x.shape[0]
-        q_resid = self.q_a_layernorm(self.q_a_proj(x))
+        qa, kva = merged.outputs(self, "qkv_a", x, contiguous=True)
+        q_resid = self.q_a_layernorm(qa)
         q = self.q_b_proj(q_resid).view(t, self.heads, self.nope)
-        latent = self.kv_a_layernorm(self.kv_a_proj_with_mqa(x)[..., :self.rank])
+        latent = self.kv_a_layernorm(kva[..., :self.rank])
         latent_flat = cache.latent[self.layer].view(-1, self.rank)
         latent_flat[batch.slot_mapping] = latent.to(latent_flat.dtype)
         if self.indexer is not None:

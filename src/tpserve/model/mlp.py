@@ -6,10 +6,13 @@ import torch
 from torch import nn
 
 from tpserve.kernels.moe import clamped_swiglu
+from tpserve.model import merged
 from tpserve.model.layers import ShardContext, column, row
 
 
 class DenseMLP(nn.Module):
+    merged_linears = {"gate_up": ("gate_proj", "up_proj")}  # model/merged.py
+
     def __init__(self, ctx: ShardContext, hidden: int, intermediate: int, limit: float, act: str = "torch"):
         super().__init__()
         self.act = act  # "triton": the clamped SwiGLU in one kernel (kernels/act_triton.py)
@@ -20,7 +23,7 @@ class DenseMLP(nn.Module):
         self.limit = limit
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_proj(x), self.up_proj(x)
+        gate, up = merged.outputs(self, "gate_up", x)
         if self.act == "triton" and gate.dim() == 2:
             from tpserve.kernels.act_triton import clamped_swiglu_triton
 

@@ -78,8 +78,10 @@ class SnapshotStore:
                 shutil.rmtree(entry, ignore_errors=True)
 
     # ------------------------------------------------------------------ key
-    def key(self, model_dir, cfg, ctx, qc, plan: dict[str, str]) -> dict[str, Any]:
-        return {"format": FORMAT, "layout_version": LAYOUT_VERSION, "checkpoint": str(Path(model_dir).resolve()),
+    def key(self, model_dir, cfg, ctx, qc, plan: dict[str, str], merged: bool = False) -> dict[str, Any]:
+        """merged: model/merged.py stacked the weights of linears that share an input (`--merge-linears`)."""
+        return {"format": FORMAT, "layout_version": LAYOUT_VERSION, "merged": merged,
+                "checkpoint": str(Path(model_dir).resolve()),
                 "fingerprint": fingerprint(model_dir), "world": ctx.world, "dtype": str(ctx.dtype),
                 "num_layers": cfg.num_hidden_layers, "quant": qc.key(),
                 "config": hashlib.sha256(json.dumps(dataclasses.asdict(cfg), sort_keys=True,
