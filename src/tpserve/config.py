@@ -96,9 +96,10 @@ class EngineConfig:
                                "(triton on cuda)", switch=True, choices=("auto", "triton", "torch"))
     gemv_backend: str = _opt("auto", "dense linear layers at decode (1-16 rows, 16-bit weights with at least 2048 "
                              "outputs): triton (one GEMV launch streaming the weight, no split-K reduce; "
-                             "kernels/gemv_triton.py, cuda only), torch (cuBLAS), or auto (torch: the real-width "
-                             "KKKM decode step at batch 1 took 1.841 ms with triton, 1.784 / 1.795 ms with "
-                             "cuBLAS on an H200, BENCHMARKS.md thirteenth session)", switch=True, choices=("auto", "triton", "torch"))
+                             "kernels/gemv_triton.py, cuda only), torch (cuBLAS), or auto (triton on cuda: with merged "
+                             "linears the real-width KKKM decode step took 1.510 / 3.81 / 5.52 ms at batch 1 / 8 / "
+                             "16 against cuBLAS's 1.549 / 3.83 / 5.54 ms on an H200, BENCHMARKS.md fourteenth "
+                             "session)", switch=True, choices=("auto", "triton", "torch"))
     act_backend: str = _opt("auto", "the clamped SwiGLU of the dense MLPs and shared experts: triton (one "
                             "kernel, cuda only), torch (four ops), or auto (triton on cuda)", switch=True,
                             choices=("auto", "triton", "torch"))

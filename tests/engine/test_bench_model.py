@@ -10,7 +10,7 @@ def test_bench_model_tiny_cpu(tmp_path, capsys):
     # 3 x 128 prompt tokens over 48-token steps: the batch's prefill takes 8 steps, none of them timed as decode
     code = main(["bench", "model", "--device", "cpu", "--size", "tiny", "--dtype", "float32", "--layers", "KM",
                  "--prefill", "32", "48", "--repeats", "1", "--decode-steps", "2", "--batch", "1", "3",
-                 "--max-num-batched-tokens", "16", "--profile", "2", "--compare-eager", "--plot", str(png),
+                 "--max-num-batched-tokens", "16", "--profile", "2", "--profile-prefill", "24", "--compare-eager", "--plot", str(png),
                  "--json", str(out)])
     assert code == 0
     res = json.loads(out.read_text())
@@ -24,6 +24,7 @@ def test_bench_model_tiny_cpu(tmp_path, capsys):
         assert run["graphs"] is None  # no CUDA graphs on CPU
         prof = run["profile"]
         assert prof["batch"] == 1 and prof["steps"] == 2 and prof["top"], prof
+        assert run["profile_prefill"]["tokens"] == 24  # (no device kernels on CPU: its table is empty here)
     text = capsys.readouterr().out
     table = [line for line in text.splitlines() if line.startswith("| decode step")]
     assert len(table) == 4 and "nan" not in "".join(table)

@@ -15,7 +15,7 @@ def _stacked(model):
                                                                        "qkv_a_weight"))}
 
 
-def test_merged_weights_are_the_members_rows_and_tokens_equal(tiny):
+def test_merged_weights_are_the_members_rows_and_tokens_equal(tiny, monkeypatch):
     path = tiny("default")
     on, off = _llm(path), _llm(path, merge_linears=False)
     m_on, m_off = on.engine.executor.runner.model, off.engine.executor.runner.model
@@ -37,8 +37,12 @@ def test_merged_weights_are_the_members_rows_and_tokens_equal(tiny):
         assert row == w.shape[0]
     prompts = [{"prompt_token_ids": p} for p in random_prompts((17, 40, 5), seed=12)]
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
-    assert [o.outputs[0].token_ids for o in on.generate(prompts, params)] == \
-        [o.outputs[0].token_ids for o in off.generate(prompts, params)]
+    want = [o.outputs[0].token_ids for o in off.generate(prompts, params)]
+    assert [o.outputs[0].token_ids for o in on.generate(prompts, params)] == want
+    from tpserve.model import merged
+
+    monkeypatch.setattr(merged, "STACKED_MAX_ROWS", 4)  # prefill chunks: the members apart, on the stack's rows
+    assert [o.outputs[0].token_ids for o in on.generate(prompts, params)] == want
 
 
 def test_snapshot_stores_the_stack_and_relinks_the_members(tiny, tmp_path):

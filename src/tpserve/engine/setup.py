@@ -116,7 +116,7 @@ def resolve_runtime(ecfg: EngineConfig) -> Runtime:
                       mhc=_triton_or_torch("mhc_backend", ecfg.mhc_backend, device),
                       norm=_triton_or_torch("norm_backend", ecfg.norm_backend, device),
                       act=_triton_or_torch("act_backend", ecfg.act_backend, device),
-                      gemv=_measured_choice("gemv_backend", ecfg.gemv_backend, device),
+                      gemv=_triton_or_torch("gemv_backend", ecfg.gemv_backend, device),
                       moe=_triton_or_torch("moe_backend", ecfg.moe_backend, device),
                       moe_triton_max_tokens=ecfg.moe_triton_max_tokens,
                       moe_route=_triton_or_torch("moe_route_backend", ecfg.moe_route_backend, device),
@@ -138,12 +138,6 @@ def _triton_or_torch(name: str, choice: str, device: torch.device) -> str:
     if choice == "triton" and device.type != "cuda":
         raise ValueError(f"{name}: triton needs a CUDA device (use torch on cpu)")
     return choice
-
-
-def _measured_choice(name: str, choice: str, device: torch.device) -> str:
-    """A Triton kernel that is not (yet) faster in the engine: auto is torch (gemv_backend: BENCHMARKS.md,
-    thirteenth session)."""
-    return "torch" if choice == "auto" else _triton_or_torch(name, choice, device)
 
 
 def _has_triton() -> bool:

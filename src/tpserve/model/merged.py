@@ -10,7 +10,10 @@ the views after a restore. `outputs(module, group, x)` then runs one GEMM (one w
 decode) instead of one per member: at decode every member is a GEMV whose time is mostly latency (2048 x
 4096 bf16 streams in 3.9 us and took 9.1 us, BENCHMARKS.md thirteenth session). Groups with a quantized or
 biased member stay separate calls. Each output element is the same dot product either way; only the GEMM
-library's blocking (its summation order) may differ.
+library's blocking (its summation order) may differ. Forwards of more than STACKED_MAX_ROWS rows (prefill
+chunks) call the members one by one on their rows of the stack: there the GEMMs are compute-bound, and a
+real-width KKKM prefill of 4k tokens measured 79.4 / 82.2 ms stacked against 74.8 / 76.8 ms apart on an H200
+(16k: 278.6 / 281.7 against 277.7 / 284.6 ms; BENCHMARKS.md fourteenth session).
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from tpserve.model.quant_methods import Bf16Linear
+
+STACKED_MAX_ROWS = 256  # decode and verify steps (prefill chunks call the members apart)
 
 
 @dataclass
@@ -66,7 +71,7 @@ def outputs(module: nn.Module, group: str, x: torch.Tensor, contiguous: bool = F
     one output; `contiguous` copies them out where a consumer needs dense rows), else one call each."""
     members = [getattr(module, n) for n in module.merged_linears[group]]
     w = module._parameters.get(f"{group}_weight")
-    if w is None:
+    if w is None or x.shape[0] > STACKED_MAX_ROWS:
         return [m(x) for m in members]
     y = stacked_linear(members[0], x, w)
     parts = y.split([m.weight.shape[0] for m in members], dim=-1)
@@ -76,7 +81,7 @@ def outputs(module: nn.Module, group: str, x: torch.Tensor, contiguous: bool = F
 def stacked(module: nn.Module, group: str, x: torch.Tensor) -> torch.Tensor:
     """The members' outputs side by side [..., sum of rows] (KDA's q | k | v): the merged GEMM's own output."""
     w = module._parameters.get(f"{group}_weight")
-    if w is None:
+    if w is None or x.shape[0] > STACKED_MAX_ROWS:
         return torch.cat(outputs(module, group, x), dim=-1)
     return stacked_linear(getattr(module, module.merged_linears[group][0]), x, w)
 

@@ -39,6 +39,9 @@ def register(sub, bench, tune) -> None:
     p.add_argument("--profile", type=int, default=0, metavar="N",
                    help="after timing, profile N decode steps at the first --batch (torch.profiler, rank 0) and "
                         "print the ops that cost the most host time and the kernel launches per step")
+    p.add_argument("--profile-prefill", type=int, default=0, metavar="N",
+                   help="after timing, profile one prefill step of N tokens (rank 0) and print its kernels by "
+                        "device time")
     p.set_defaults(func=run)
 
 
@@ -209,21 +212,47 @@ def profile_decode(llm, batch: int, steps: int, top: int = 15) -> dict:
     print("| op | calls per step | self CPU ms per step |\n| --- | --- | --- |")
     for r in table:
         print(f"| {r['op']} | {r['calls_per_step']:.0f} | {r['self_cpu_ms_per_step']:.3f} |")
+    ktable, busy = kernel_table(events, steps, top)  # busy against the step time: what the GPU waits for the host
+    return {"batch": batch, "steps": steps, "launches_per_step": launches / steps, "top": table,
+            "kernels": ktable, "device_busy_us_per_step": busy}
+
+
+def kernel_table(events, steps: int, top: int) -> tuple[list[dict], float]:
+    """The profiler's kernels (and copies) by device time per step, the first `top` printed -> (all rows, busy us
+    per step). Op-level rows such as aten::argmax carry their kernels' time again: left out."""
     device_time = lambda e: getattr(e, "self_device_time_total", 0) or 0  # noqa: E731
-    # (op-level rows such as aten::argmax carry their kernels' time again: kernels and copies only)
     kernels = sorted((e for e in events if device_time(e) > 0 and not e.key.startswith("aten::")),
                      key=lambda e: -device_time(e))
     ktable = [{"kernel": e.key, "calls_per_step": e.count / steps, "device_us_per_step": device_time(e) / steps}
               for e in kernels]
     busy = sum(r["device_us_per_step"] for r in ktable)
-    if ktable:  # busy against the step time: what the GPU waits for the host (launch, sampling, next inputs)
+    if ktable:
         print(f"device busy per step: {busy:.1f} us in {sum(r['calls_per_step'] for r in ktable):.0f} kernels "
               f"(all of them in the JSON)")
         print("| kernel | calls per step | device us per step |\n| --- | --- | --- |")
         for r in ktable[:top]:
             print(f"| {r['kernel'][:80]} | {r['calls_per_step']:.0f} | {r['device_us_per_step']:.1f} |")
-    return {"batch": batch, "steps": steps, "launches_per_step": launches / steps, "top": table,
-            "kernels": ktable, "device_busy_us_per_step": busy}
+    return ktable, busy
+
+
+def profile_prefill(llm, n: int, top: int = 25) -> dict:
+    """Device time of one whole-prompt prefill step of n tokens, by kernel (torch.profiler)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from tpserve.sampling_params import SamplingParams
+
+    engine = llm.engine
+    prompt = torch.randint(0, engine.model_config.vocab_size, (n,), generator=torch.Generator().manual_seed(1))
+    engine.add_request("prof-prefill", prompt.tolist(), SamplingParams(temperature=0, max_tokens=1, ignore_eos=True))
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if engine.device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        engine.step()
+    while engine.has_unfinished():
+        engine.step()
+    print(f"\nprofile: one prefill step of {n} tokens")
+    ktable, busy = kernel_table(prof.key_averages(), 1, top)
+    return {"tokens": n, "kernels": ktable, "device_busy_us": busy}
 
 
 def bench_once(cfg_dict: dict, options: dict, args, enforce_eager: bool) -> dict:
@@ -251,6 +280,8 @@ def bench_once(cfg_dict: dict, options: dict, args, enforce_eager: bool) -> dict
                 r["mfu"] = prefill_flops(runner.model, cfg, n) / (r["ms"] / 1000) / BF16_FLOPS
             if args.profile:
                 res["profile"] = profile_decode(llm, args.batch[0], args.profile)
+            if args.profile_prefill:
+                res["profile_prefill"] = profile_prefill(llm, args.profile_prefill)
         finally:
             llm.shutdown()
     return res
@@ -313,7 +344,7 @@ def run(args) -> int:
     cfg_dict = real_width_config(args.layers, args.dense_first, args.size, mtp=ecfg.speculative is not None)
     options = {f.name: getattr(ecfg, f.name) for f in dataclasses.fields(ecfg)}
     options.update(load_format="dummy", skip_tokenizer_init=True,
-                   max_num_batched_tokens=max([ecfg.max_num_batched_tokens, *args.prefill]),
+                   max_num_batched_tokens=max([ecfg.max_num_batched_tokens, *args.prefill, args.profile_prefill]),
                    max_num_seqs=max([ecfg.max_num_seqs, *args.batch]))
     options.pop("model")
     if options["kv_cache_memory"] is None:
