@@ -91,6 +91,41 @@ def test_conv_rows_and_gates_against_torch_forms():
             assert r <= 0, (name, r)
 
 
+def test_conv_chunk_against_the_torch_prefill_conv():
+    """Prefill chunks (kernels/kda_prep_triton.conv_chunk) against kernels/conv.causal_conv_seq: outputs within
+    the conv's bound (above), the new state equal; chunks shorter than the state, odd widths, a strided x."""
+    out = run_interpreted("""
+        import json, torch
+        from tpserve.kernels import conv
+        from tpserve.kernels.kda_prep_triton import conv_chunk
+        eps32 = torch.finfo(torch.float32).eps
+        res = {}
+        for n, c, kw, dtype in [(1, 24, 4, torch.float32), (2, 24, 4, torch.float16), (3, 150, 4, torch.float32),
+                                (40, 72, 4, torch.float16), (77, 33, 3, torch.float32), (65, 9, 2, torch.float16)]:
+            g = torch.Generator().manual_seed(n * c)
+            wide = torch.randn(n, c + 5, generator=g).to(dtype)
+            x = wide[:, 2:2 + c]  # rows strided
+            state = torch.randn(c, kw - 1, generator=g).to(dtype)
+            weight = torch.randn(c, kw, generator=g) / kw**0.5
+            want, want_state = conv.causal_conv_seq(x, state, weight)
+            buf = torch.full((n, c), float("nan"), dtype=dtype)
+            got, new_state = conv_chunk(x, state, weight, out=buf)
+            full = torch.cat([state.float(), x.float().t()], -1).abs()
+            scale = torch.stack([(full[:, r:r + kw] * weight.abs()).sum(-1) for r in range(n)])
+            bound = 8 * kw * eps32 * scale + torch.finfo(dtype).eps * want.double().abs() + 2.0**-24
+            name = f"{n}x{c} k{kw} {dtype}"
+            res[name] = float(((got.double() - want.double()).abs() - bound).max())
+            res[name + " in out"] = got.data_ptr() == buf.data_ptr()
+            res[name + " state"] = bool(torch.equal(new_state, want_state.to(dtype)))
+        print(json.dumps(res))
+    """)
+    for name, r in out.items():
+        if isinstance(r, bool):
+            assert r, name
+        else:
+            assert r <= 0, (name, r)
+
+
 def test_conv_rows_refuses_what_it_cannot_do():
     out = run_interpreted("""
         import json, torch

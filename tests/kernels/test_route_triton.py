@@ -146,3 +146,29 @@ def test_combine_choices_against_torch_sum():
     """)
     for name, (same, excess) in out.items():
         assert same and excess <= 0, (name, excess)
+
+
+def test_combine_sorted_against_index_add():
+    """The grouped MoE's combine (outputs in expert order, weights per token) against experts_grouped's torch
+    form: index_add of the fp32 weighted outputs."""
+    out = run_interpreted("""
+        import json, torch
+        from tpserve.kernels.route_triton import combine_sorted
+        eps32 = torch.finfo(torch.float32).eps
+        res = {}
+        for t, k, d, dtype in [(1, 8, 300, torch.float16), (6, 3, 1030, torch.float32), (9, 2, 8, torch.float16)]:
+            g = torch.Generator().manual_seed(d)
+            y = torch.randn(t * k, d, generator=g).to(dtype)
+            order = torch.randperm(t * k, generator=g)
+            w = torch.rand(t, k, generator=g)
+            got = combine_sorted(y, order, w)
+            yw = y.float() * w.reshape(-1)[order, None]
+            want = torch.zeros(t, d).index_add_(0, order // k, yw).to(dtype)
+            scale = torch.zeros(t, d).index_add_(0, order // k, yw.abs()).double()
+            bound = k * eps32 * scale + torch.finfo(dtype).eps * want.double().abs() + 2.0**-24
+            res[f"{t}x{k}x{d}"] = [got.dtype == want.dtype and got.shape == want.shape,
+                                   float(((got.double() - want.double()).abs() - bound).max())]
+        print(json.dumps(res))
+    """)
+    for name, (same, excess) in out.items():
+        assert same and excess <= 0, (name, excess)

@@ -12,6 +12,8 @@ that make q, k and v contiguous for fla's kernel. GLM-5.3-Flash has 34 KDA layer
   rows), products and sum in fp32 in tap order, exactly one code path for decode and verify rows: a
   verify row equals the decode step it stands for, bit for bit (speculative decoding's exactness
   rests on it). q, k and v come out as three contiguous [T, C/3] blocks (no copies for fla).
+- `conv_chunk`: the same conv over one sequence's prefill chunk (rows in parallel tiles, the state read for
+  the first k - 1 rows, the new state returned).
 - `gate_beta`: the forget gate (lower_bound * sigmoid(exp(A_log) * (f + dt_bias)); the softplus form of
   configs without a lower bound keeps torch) in fp32 and beta = sigmoid(b), for every row of a forward.
 
@@ -88,6 +90,56 @@ def conv_rows(x: torch.Tensor, pool: torch.Tensor, slots: torch.Tensor, weight: 
             x, x.stride(0), pool, slots, weight.contiguous(), buf, stride_part, stride_row, c, part, N=n,
             KW=weight.shape[1], UPDATE=update, BLOCK_C=block, num_warps=4)
     return parts
+
+
+@triton.jit
+def _conv_chunk_kernel(x_ptr, stride_x, state_ptr, w_ptr, out_ptr, stride_out, T, C,
+                       KW: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    t_ok, c_ok = t < T, c < C
+    acc = tl.zeros([BLOCK_T, BLOCK_C], dtype=tl.float32)
+    for i in tl.static_range(KW):
+        r = t + (i - (KW - 1))  # the input row this tap reads; before the chunk: the state's entry KW - 1 + r
+        from_x = (r >= 0) & t_ok
+        xi = tl.load(x_ptr + tl.maximum(r, 0).to(tl.int64)[:, None] * stride_x + c[None, :],
+                     mask=from_x[:, None] & c_ok[None, :], other=0.0)
+        from_state = (r < 0) & t_ok
+        si = tl.load(state_ptr + c[None, :] * (KW - 1) + (KW - 1 + tl.minimum(r, -1))[:, None],
+                     mask=from_state[:, None] & c_ok[None, :], other=0.0)
+        p = (xi.to(tl.float32) + si.to(x_ptr.dtype.element_ty).to(tl.float32)) * tl.load(w_ptr + c * KW + i, mask=c_ok, other=0.0)[None, :]
+        if i == 0:
+            acc = p
+        else:
+            acc = acc + p
+    y = acc / (1.0 + tl.exp(-acc))
+    tl.store(out_ptr + t.to(tl.int64)[:, None] * stride_out + c[None, :], y.to(out_ptr.dtype.element_ty),
+             mask=t_ok[:, None] & c_ok[None, :])
+
+
+def conv_chunk(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """A prefill chunk of one sequence: x [n, C] after its conv state [C, k-1] -> (silu(conv) [n, C] in x.dtype,
+    written into `out` when given; the new state [C, k-1], the chunk's last k - 1 inputs), as
+    kernels/conv.causal_conv_seq (products and sum in fp32 in tap order, where torch's conv1d sums in its own
+    order). In torch the chunk is transposed, concatenated after the state, cast to fp32, convolved, passed
+    through SiLU and transposed back: a real-width 16k-token prefill spent ~30 ms of 275 there (three KDA
+    layers, BENCHMARKS.md fourteenth session); the floor is one read of x and one write of out."""
+    n, c = x.shape
+    k = weight.shape[1]
+    if x.stride(1) != 1 or state.shape != (c, k - 1):
+        raise ValueError(f"conv_chunk: x {tuple(x.shape)} needs unit-stride channels and state [C, k-1], "
+                         f"got {tuple(state.shape)}")
+    if out is None:
+        out = torch.empty(n, c, dtype=x.dtype, device=x.device)
+    state_in = state.contiguous()
+    if n:
+        block_t, block_c = 32, min(128, triton.next_power_of_2(c))
+        _conv_chunk_kernel[(triton.cdiv(n, block_t), triton.cdiv(c, block_c))](
+            x, x.stride(0), state_in, weight.contiguous(), out, out.stride(0), n, c, KW=k, BLOCK_T=block_t,
+            BLOCK_C=block_c, num_warps=4)
+    tail = torch.cat([state_in.to(x.dtype), x[max(n - (k - 1), 0):].t()], dim=-1)
+    return out, tail[:, tail.shape[1] - (k - 1):]
 
 
 @triton.jit

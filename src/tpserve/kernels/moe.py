@@ -46,9 +46,11 @@ def experts_loop(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate
 
 
 def experts_grouped(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor,
-                    down: torch.Tensor, limit: float) -> torch.Tensor:
+                    down: torch.Tensor, limit: float, combine: str = "torch") -> torch.Tensor:
     """Same contract as experts_loop, through torch.nn.functional.grouped_mm: tokens sorted by expert
-    once, two grouped GEMMs, no loop and no host sync. The k choices of a token are summed in fp32."""
+    once, two grouped GEMMs, no loop and no host sync. The k choices of a token are summed in fp32: combine
+    "triton" in one kernel reading the sorted outputs in place (kernels/route_triton.combine_sorted, cuda),
+    "torch" by index_add."""
     t, k = ids.shape
     e = gate_up.shape[0]
     flat = ids.reshape(-1)
@@ -60,6 +62,10 @@ def experts_grouped(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, g
     h = F.grouped_mm(x[tok], gate_up.transpose(1, 2), offs=offs)
     gate, up = h.chunk(2, dim=-1)
     y = F.grouped_mm(clamped_swiglu(gate, up, limit).to(x.dtype), down.transpose(1, 2), offs=offs)
+    if combine == "triton":
+        from tpserve.kernels.route_triton import combine_sorted
+
+        return combine_sorted(y, order, weights)
     y = y.float() * weights.reshape(-1)[order, None].float()
     out = torch.zeros(t, x.shape[1], dtype=torch.float32, device=x.device).index_add_(0, tok, y)
     return out.to(x.dtype)
@@ -74,5 +80,5 @@ def experts_forward(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, g
 
             return experts_triton(x, weights, ids, gate_up, down, limit, route_backend=route_backend)
         if x.dtype in (torch.bfloat16, torch.float16):  # large forwards on cuda: grouped_mm, no loop
-            return experts_grouped(x, weights, ids, gate_up, down, limit)
+            return experts_grouped(x, weights, ids, gate_up, down, limit, combine=route_backend)
     return experts_loop(x, weights, ids, gate_up, down, limit)

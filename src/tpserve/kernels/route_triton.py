@@ -154,3 +154,40 @@ def combine_choices(y: torch.Tensor, top_k: int, dtype: torch.dtype, backend: st
         _combine_kernel[(t, triton.cdiv(d, block))](y, out, d, TOP_K=top_k, K_PAD=triton.next_power_of_2(top_k),
                                                     BLOCK_D=block, num_warps=4)
     return out
+
+
+@triton.jit
+def _combine_sorted_kernel(y_ptr, inv_ptr, w_ptr, out_ptr, D, TOP_K: tl.constexpr, K_PAD: tl.constexpr,
+                           BLOCK_D: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    j = tl.arange(0, K_PAD)
+    jm = j < TOP_K
+    rows = tl.load(inv_ptr + t * TOP_K + j, mask=jm, other=0).to(tl.int64)
+    w = tl.load(w_ptr + t * TOP_K + j, mask=jm, other=0.0)
+    m = jm[:, None] & (d[None, :] < D)
+    y = tl.load(y_ptr + rows[:, None] * D + d[None, :], mask=m, other=0.0).to(tl.float32)
+    tl.store(out_ptr + t * D + d, tl.sum(y * w[:, None], axis=0).to(out_ptr.dtype.element_ty), mask=d < D)
+
+
+def combine_sorted(y: torch.Tensor, order: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """The grouped MoE's combine (kernels/moe.experts_grouped): y [T * k, D] (expert outputs, row i belonging to
+    choice order[i] of the token-major choices), weights [T, k] -> [T, D] in y.dtype: each token's k outputs
+    read where they lie (the inverse of `order`), weighted and summed in fp32, rounded once. In torch the
+    outputs go to fp32, get weighted and are index_add-ed (atomics, order not fixed): a real-width 16k-token
+    prefill spent ~15 ms of 275 in index_add (four MoE layers, BENCHMARKS.md fourteenth session); here one
+    read of y and one write of the output."""
+    tk, d = y.shape
+    t, k = weights.shape
+    if tk != t * k or order.shape != (tk,) or not y.is_contiguous():
+        raise ValueError(f"combine_sorted: y {tuple(y.shape)} (contiguous), order {tuple(order.shape)} and weights "
+                         f"{tuple(weights.shape)} must agree")
+    inv = torch.empty_like(order)
+    inv[order] = torch.arange(tk, device=order.device)
+    out = torch.empty(t, d, dtype=y.dtype, device=y.device)
+    if t:
+        block = min(512, triton.next_power_of_2(d))
+        _combine_sorted_kernel[(t, triton.cdiv(d, block))](y, inv, weights.float().contiguous(), out, d, TOP_K=k,
+                                                           K_PAD=triton.next_power_of_2(k), BLOCK_D=block,
+                                                           num_warps=4)
+    return out

@@ -123,9 +123,9 @@ class KdaAttention(nn.Module):
     def _conv_fused(self, mixed: torch.Tensor, batch: ForwardBatch,
                     conv_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """`_conv` with decode and verify rows through one Triton kernel (kernels/kda_prep_triton.py; a
-        verify row equals the decode step it stands for); prefill chunks keep the torch conv. -> q, k, v
+        verify row equals the decode step it stands for); prefill chunks through `conv_chunk`. -> q, k, v
         [T, C/3] each (contiguous when the step has no prefill)."""
-        from tpserve.kernels.kda_prep_triton import conv_rows
+        from tpserve.kernels.kda_prep_triton import conv_chunk, conv_rows
 
         weight = self.conv_weight.squeeze(1)
         if batch.fixed_shapes and batch.query_len > 1:  # a graph verify step: every sequence verifies
@@ -142,7 +142,7 @@ class KdaAttention(nn.Module):
                 conv_rows(mixed[a:b], conv_states, batch.slots[i:i + 1], weight, b - a, False, out=out[a:b])
                 continue
             slot = batch.slots[i]
-            out[a:b], new = conv.causal_conv_seq(mixed[a:b], conv_states[slot], weight)
+            _, new = conv_chunk(mixed[a:b], conv_states[slot], weight, out=out[a:b])
             conv_states[slot] = new.to(conv_states.dtype)
         return tuple(out.split(out.shape[1] // 3, dim=-1))
 
