@@ -45,13 +45,13 @@ class EngineConfig:
         "from --gpu-memory-utilization on cuda, 256MiB on cpu")
     gpu_memory_utilization: float = _opt(0.85, "fraction of GPU memory the engine may use")
     # ---- speedup switches (docs/switches.md) ----
-    mla_prefill: str = _opt("dense", "MLA attention of prefill chunks: dense (the context's latent expanded to "
-                            "keys/values, SDPA under the selection mask) or sparse (each query attends only its "
-                            "<= index_topk selected latent rows, kv_b_proj absorbed, in query blocks; measured "
-                            "1.31x / 1.21x slower than dense at 4k / 16k tokens on an H200 in run 12; on the "
-                            "sparse-MLA kernel since: 1.06x faster at 16k, 1.17x slower at 4k, BENCHMARKS.md "
-                            "eleventh / twelfth sessions)",
-                            switch=True, choices=("sparse", "dense"))
+    mla_prefill: str = _opt("auto", "MLA attention of prefill chunks: dense (the context's latent expanded to "
+                            "keys/values, SDPA under the selection mask), sparse (each query attends only its "
+                            "<= index_topk selected latent rows, kv_b_proj absorbed, in query blocks), or auto "
+                            "(sparse for a sequence whose chunk reaches 8,192 positions, else dense: on an H200 "
+                            "dense took 61.0 ms against 66.3 at 4k tokens, sparse 203.6 against 219.6 at 16k, "
+                            "BENCHMARKS.md fourteenth session)",
+                            switch=True, choices=("auto", "sparse", "dense"))
     enforce_eager: bool = _opt(False, "run every step eagerly: no CUDA graphs (by default, decode steps of up "
                                "to --max-num-seqs sequences replay graphs captured at start, and with "
                                "speculation the verify, KDA commit and MTP draft steps of up to 16; cuda only)",

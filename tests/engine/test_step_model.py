@@ -214,3 +214,28 @@ def test_fill_writes_verify_steps_whatever_was_filled_before():
             g._fill(plan(lengths, shift), b, q)
             check(plan(lengths, shift), b)
         g._fill(decode, 2, 1)
+
+
+def test_auto_prefill_mixes_the_paths_by_length(tiny, monkeypatch):
+    """--mla-prefill auto: chunks of sequences reaching model/mla.SPARSE_PREFILL_FROM positions take the sparse
+    path, shorter ones dense (here 50: the 90-token prompt sparse from its second chunk, the 33-token one dense);
+    tokens equal the dense path's."""
+    from tpserve.model import mla
+
+    path = tiny("default")
+    prompts = [{"prompt_token_ids": p} for p in random_prompts((90, 33), seed=4)]
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    want = [o.outputs[0].token_ids for o in _llm(path, mla_prefill="dense", max_num_batched_tokens=48)
+            .generate(prompts, params)]
+    monkeypatch.setattr(mla, "SPARSE_PREFILL_FROM", 50)
+    calls, sparse = [], mla.MlaAttention._sparse
+
+    def spy(self, q, *a, **kw):
+        calls.append(q.shape[0])
+        return sparse(self, q, *a, **kw)
+
+    monkeypatch.setattr(mla.MlaAttention, "_sparse", spy)
+    got = [o.outputs[0].token_ids for o in _llm(path, mla_prefill="auto", max_num_batched_tokens=48)
+           .generate(prompts, params)]
+    assert got == want
+    assert any(n > 2 for n in calls), "no prefill chunk took the sparse path"  # (decode calls: 1-2 rows)

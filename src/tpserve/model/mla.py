@@ -23,6 +23,12 @@ QUERY_BLOCK = 1024  # prefill queries attended per SDPA call
 SPARSE_QUERY_BLOCK = 256  # sparse prefill queries per gather of their selected latent rows
 
 
+# --mla-prefill auto: a prefill chunk whose sequence reaches this many positions takes the sparse path. Measured on
+# an H200 (real-width KKKM, BENCHMARKS.md fourteenth session): dense 61.0 ms against sparse 66.3 ms at 4k tokens,
+# sparse 203.6 ms against dense 219.6 ms at 16k; the crossover between them was not measured.
+SPARSE_PREFILL_FROM = 8192
+
+
 class MlaAttention(nn.Module):
     merged_linears = {"qkv_a": ("q_a_proj", "kv_a_proj_with_mqa")}  # model/merged.py
 
@@ -71,7 +77,8 @@ class MlaAttention(nn.Module):
                 out[:nd] = self._sparse(q[:nd], selection[:nd], batch.token_seq, batch.block_tables, latent_flat, bs)
             for i in range(batch.decode_seqs, batch.num_seqs):
                 a, b = batch.cu_seqlens[i], batch.cu_seqlens[i + 1]
-                if self.prefill_mode == "sparse":
+                if self.prefill_mode == "sparse" or (self.prefill_mode == "auto"
+                                                     and batch.total_len(i) >= SPARSE_PREFILL_FROM):
                     for c in range(a, b, SPARSE_QUERY_BLOCK):  # bounded memory: block x width x latent rows
                         d = min(c + SPARSE_QUERY_BLOCK, b)
                         out[c:d] = self._sparse(q[c:d], selection[c:d], batch.token_seq[c:d], batch.block_tables,
