@@ -10,7 +10,9 @@ tokens (`StepPlan.prev_rows`) and is launched first; then the host lands the in-
 checks stops, detokenizes, while the GPU runs the new step. A sequence that a landed token ends (EOS, a stop
 id or string) was scheduled once more; that step's token is dropped. Any other step first drains the one in
 flight and runs as before, so every output is the one the synchronous engine gives (tests/engine/
-test_async_scheduling.py). TP=1 only (the sampled tokens live on rank 0); with speculative decoding only on
+test_async_scheduling.py), with one exception vLLM's async scheduling shares: the dropped step of an ended
+sequence still drew its noise, so sampled requests without a seed (they share the engine's generator) draw
+differently after another request stops early; requests with a seed draw from their own. TP=1 only (the sampled tokens live on rank 0); with speculative decoding only on
 the speculator's idle steps (`Speculator.idle`: a batch above the verify graphs).
 """
 
