@@ -59,7 +59,10 @@ class PhaseTimer:
 
 
 def breakdown(llm: LLM, prompts: list[str], sp: SamplingParams, device: str) -> dict:
+    """Phases of the decode steps of one generate call. Async scheduling is off meanwhile: the timer waits for
+    the device around every phase, so nothing would overlap anyway, and its sampling is not `sampler.sample`."""
     eng = llm.engine
+    overlap, eng.overlap = eng.overlap, False
     timer = PhaseTimer(device)
     timer.wrap(eng.scheduler, "schedule", "schedule")
     timer.wrap(eng, "_plan", "plan")
@@ -96,6 +99,7 @@ def breakdown(llm: LLM, prompts: list[str], sp: SamplingParams, device: str) -> 
     finally:
         sampler.sample = original_sample
         timer.restore()
+        eng.overlap = overlap
     return {"steps": steps, "tokens": tokens, "phases": dict(decode)}
 
 

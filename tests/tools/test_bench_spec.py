@@ -7,15 +7,19 @@ def test_step_times_mark_the_prefill_steps(tiny):
     from tpserve import LLM, SamplingParams
     from tpserve.tools.bench_spec import step_times
 
-    llm = LLM(str(tiny("default")), device="cpu", kv_cache_memory="8MiB")
     sp = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
-    with step_times(llm.engine) as steps:
-        llm.generate("one two three", sp)
-    # the prefill step emits the first token, three decode steps the rest; then the engine is as before
-    assert [(prefill, tokens) for _, prefill, tokens in steps] == [(True, 1), (False, 1), (False, 1), (False, 1)]
-    assert all(seconds > 0 for seconds, _, _ in steps)
-    assert "step" not in vars(llm.engine) and "schedule" not in vars(llm.engine.scheduler)
-    llm.shutdown()
+    for async_scheduling in (False, True):
+        llm = LLM(str(tiny("default")), device="cpu", kv_cache_memory="8MiB", async_scheduling=async_scheduling)
+        with step_times(llm.engine) as steps:
+            llm.generate("one two three", sp)
+        # the prefill step emits the first token, three decode steps the rest (with async scheduling a decode
+        # step's token counts at its launch, and a last call lands the step in flight); then the engine is as
+        # before
+        want = [(True, 1), (False, 1), (False, 1), (False, 1)] + ([(False, 0)] if async_scheduling else [])
+        assert [(prefill, tokens) for _, prefill, tokens in steps] == want
+        assert all(seconds > 0 for seconds, _, _ in steps)
+        assert "step" not in vars(llm.engine) and "schedule" not in vars(llm.engine.scheduler)
+        llm.shutdown()
 
 
 def test_bench_spec_small_run(tmp_path, capsys):

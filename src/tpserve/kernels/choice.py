@@ -32,7 +32,7 @@ class Kernels:
     indexer: str = "torch"        # "triton": the indexer's pool compression, decode scores, selection: a kernel each
     indexer_topk: str = "torch"   # "triton" (with indexer "triton"): decode top-k over complete pools only
     mla_decode: str = "torch"     # "triton": sparse MLA over the paged latent cache (kernels/mla_triton.py)
-    mla_prefill: str = "dense"    # "sparse": each query attends its selected rows only; "dense": masked SDPA; "auto":
+    mla_prefill: str = "auto"     # "sparse": each query attends its selected rows only; "dense": masked SDPA; "auto":
     # sparse from model/mla.SPARSE_PREFILL_FROM positions
     argmax: str = "torch"         # "triton": the drafter's argmax and its probability in one kernel per call
     fused_collectives: bool = True  # TP > 1: all-reduce + mHC expand as one Communicator call

@@ -54,7 +54,8 @@ def _state_bytes(llm) -> int:
 @contextlib.contextmanager
 def step_times(engine):
     """Time every engine step: yields a list that fills with (seconds, whether it held a prefill
-    chunk, tokens it emitted)."""
+    chunk, tokens it emitted). With async scheduling a decode step's tokens count when it is launched (as
+    placeholders), and a call that only lands the step in flight counts its wait with no tokens."""
     steps: list[tuple[float, bool, int]] = []
     schedule, step = engine.scheduler.schedule, engine.step
     prefill = [False]
@@ -69,6 +70,7 @@ def step_times(engine):
 
     def timed_step():
         before = generated()
+        prefill[0] = False  # (a call that schedules nothing: it lands the async step in flight)
         t = time.perf_counter()
         out = step()
         seconds = time.perf_counter() - t
