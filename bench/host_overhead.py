@@ -56,7 +56,7 @@ class StandInExecutor:
     def _rows(self, positions: list[int], offset: int) -> torch.Tensor:
         return self.table.index_select(0, torch.tensor([(p + offset) % 97 for p in positions]))
 
-    def execute(self, plan) -> torch.Tensor:
+    def execute(self, plan, prev=None) -> torch.Tensor:  # prev: async scheduling's in-flight tokens (unused)
         return self._rows([plan.positions[i] for i in plan.logits_indices], 1)
 
     def commit(self, counts) -> None:

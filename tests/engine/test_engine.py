@@ -51,6 +51,7 @@ def test_preemption_recomputes_same_tokens(path):
     assert tight.engine.block_pool.num_blocks == 20
     assert _tokens(tight.generate(prompts, params)) == roomy
     assert tight.engine.scheduler.num_preemptions > 0
+    assert tight.engine.num_overlapped > 0  # async scheduling ran between the preemptions (engine/overlap.py)
     assert _pools_full(tight)
 
 

@@ -35,3 +35,16 @@ def test_stand_in_drafts_are_all_accepted_and_follow_the_script(chain, fused):
                                                                                   ignore_eos=True))
     assert step_ms > 0 and abs(step_ms / token_ms - 4) < 0.5  # k + 1 tokens per decode step
     llm.shutdown()
+
+
+def test_stand_in_plain_decoding_follows_the_script_with_async_scheduling():
+    """Plain decoding through the stand-in: async scheduling hands it the in-flight tokens (unused: its rows
+    follow the positions), the outputs follow the script."""
+    mod = load_bench("host_overhead")
+    llm = mod.stand_in_llm(None, 0, False)
+    prompt = llm._tokens("Count from 1 to 5.")[0]
+    out = llm.generate({"prompt_token_ids": prompt}, SamplingParams(temperature=0, max_tokens=12,
+                                                                     ignore_eos=True))[0].outputs[0].token_ids
+    assert out == [mod.script_token(len(prompt) + i) for i in range(12)]
+    assert llm.engine.num_overlapped > 0
+    llm.shutdown()
