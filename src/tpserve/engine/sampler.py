@@ -78,7 +78,7 @@ def _ban_stops_before_min_tokens(logits: torch.Tensor, seqs: list[Sequence]) -> 
 
 
 def _filter(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor,
-            top_p_on: bool = True) -> torch.Tensor:
+            top_p_on: bool) -> torch.Tensor:
     """Mask (to -inf) the tokens outside top-k, then min-p, then top-p, row by row in one batch.
     logits [n, V]; top_k [n] long (V = off); top_p, min_p [n] float (1 and 0 = off); top_p_on: some row's
     top_p is below 1 (known on the host: no device sync to find out)."""
