@@ -206,7 +206,7 @@ class SnapshotStore:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         seconds, nbytes = time.perf_counter() - start, sum(part["bytes"] for part in info["parts"])
-        log.info("rank %d: restored %.2f GiB from snapshot in %.2f s (%.2f GB/s, checksums included)", rank,
+        log.info("rank %d: restored %.2f GiB from snapshot in %.4f s (%.3f GB/s, checksums included)", rank,
                  nbytes / 2**30, seconds, nbytes / 1e9 / max(seconds, 1e-9))
         return True
 
