@@ -2,10 +2,17 @@
 model/mla.py `_sparse`, at GLM-5.3-Flash's widths (TP=1: 64 heads, latent 512, selection 2048 + 3).
 
     python bench/mla_sparse_bench.py [--tokens 1 8 32 64] [--heads 64] [--dtype bfloat16] [--ranges 4 8 ...] [--json F]
+    python bench/mla_sparse_bench.py --prefill 256 4096 --configs h16r32w4c1 h64r32w8c1 ... [--json F]
 
 Per token count: the largest error of each form against a float64 reference (and the kernel's against
 the torch form), and the median time of 200 CUDA-graph replays after warm-up (CUDA events); the floor is the selected
 latent rows read once (bytes / 4.3 TB/s).
+
+With --prefill: the queries of one sequence (as a sparse prefill chunk sends them), each with its own random
+selection of `--width` rows of the `--context`-long cache, timed per launch config (kernels/mla_triton.py
+`SparseConfig`: heads per program, rows per step, warps, output-column split, pipeline stages); the floor is
+the FLOPs (2 dots of H x W x C per token) / 790 TFLOP/s, and each config's output is compared with the
+decode config's (max |difference| / max |output|).
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import json
 import torch
 
 HBM = 4.3e12
+PEAK = 790e12
 
 
 def torch_form(q_lat, sel, seq, tables, latent, bs, scaling):
@@ -61,8 +69,15 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--ranges", type=int, nargs="*", default=[],
                     help="also time these fixed range counts (the selection split per token) at each token count")
+    ap.add_argument("--prefill", type=int, nargs="*", default=[], help="query counts of one sequence (prefill mode)")
+    ap.add_argument("--configs", nargs="*", default=[], help="launch configs to time in prefill mode")
+    ap.add_argument("--rows", action="store_true",
+                    help="prefill mode: also time each config on cache rows looked up first (torch) instead of positions")
     ap.add_argument("--json", dest="json_out", default=None)
     args = ap.parse_args()
+    if args.prefill:
+        prefill(args)
+        return
     dev, dtype, bs = torch.device("cuda"), getattr(torch, args.dtype), 64
     g = torch.Generator(device="cpu").manual_seed(0)
     rows_out = []
@@ -97,6 +112,61 @@ def main() -> None:
               f"{row['kernel_err']:.2e} | {row['torch_err']:.2e} |")
         if args.ranges:
             print("    ranges: " + ", ".join(f"{r}: {row[f'triton_us_ranges_{r}']:.1f} us" for r in args.ranges))
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump(dict(vars(args), rows=rows_out), f, indent=1)
+
+
+def prefill(args) -> None:
+    from tpserve.kernels.mla_triton import DECODE, SparseConfig, sparse_mla
+    from tpserve.model.indexer import token_rows
+
+    dev, dtype, bs = torch.device("cuda"), getattr(torch, args.dtype), 64
+    g = torch.Generator(device="cpu").manual_seed(0)
+    nb = args.context // bs
+    latent = torch.randn(nb * bs, args.latent, generator=g).to(dtype).to(dev)
+    tables = torch.randperm(nb, generator=g).view(1, nb).to(dev)
+    configs = [DECODE] + [SparseConfig.parse(c) for c in args.configs if SparseConfig.parse(c) != DECODE]
+    rows_out = []
+    print("| queries | config | ms | TFLOP/s | of peak | floor ms | difference |\n| --- | --- | --- | --- | --- | --- | --- |")
+    for n in args.prefill:
+        sel = torch.argsort(torch.rand(n, args.context, device=dev), dim=1)[:, :args.width].int()
+        seq = torch.zeros(n, dtype=torch.int32, device=dev)
+        q_lat = (torch.randn(n, args.heads, args.latent, device=dev) * 0.05).to(dtype)
+        scaling = 192 ** -0.5
+        flops = 4.0 * n * args.heads * args.width * args.latent
+        base = None
+        for cfg in configs:
+            try:
+                out = sparse_mla(q_lat, sel, seq, tables, latent, bs, scaling, config=cfg)
+                us = median_us(lambda: sparse_mla(q_lat, sel, seq, tables, latent, bs, scaling, config=cfg), reps=20)
+            except Exception as e:  # a config the compiler cannot fit (shared memory, registers)
+                print(f"| {n} | {cfg} | failed: {type(e).__name__}: {str(e)[:120]} | | | | |")
+                rows_out.append(dict(queries=n, config=str(cfg), error=str(e)[:400]))
+                continue
+            base = out if base is None else base
+            timed = [(str(cfg), out, us)]
+            if args.rows:
+                def with_rows():
+                    rows = torch.where(sel >= 0, token_rows(tables, seq, sel, bs), -1)
+                    return sparse_mla(q_lat, rows, seq, tables, latent, bs, scaling, config=cfg, sel_rows=True)
+                timed.append((f"{cfg}+rows", with_rows(), median_us(with_rows, reps=20)))
+            for name, got, t in timed:
+                diff = float((got.float() - base.float()).abs().max() / base.float().abs().max())
+                row = dict(queries=n, config=name, ms=t / 1e3, tflops=flops / t / 1e6, of_peak=flops / t / 1e6 / (PEAK / 1e12),
+                           floor_ms=flops / PEAK * 1e3, difference=diff)
+                rows_out.append(row)
+                print(f"| {n} | {name} | {row['ms']:.3f} | {row['tflops']:.1f} | {row['of_peak']:.1%} | "
+                      f"{row['floor_ms']:.3f} | {diff:.1e} |")
+        del q_lat, sel, base
+    try:  # registers and spills of each compiled variant (Triton's cache of the kernel; internals, so best effort)
+        from tpserve.kernels.mla_triton import _sparse_kernel
+        for cache in _sparse_kernel.device_caches.values():
+            for key, k in cache[0].items():
+                print(f"compiled: regs {k.n_regs}, spills {k.n_spills}, shared {k.metadata.shared} "
+                      f"warps {k.metadata.num_warps} stages {k.metadata.num_stages}")
+    except Exception as e:  # noqa: BLE001 - diagnostics only
+        print(f"compiled: not available ({type(e).__name__}: {e})")
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump(dict(vars(args), rows=rows_out), f, indent=1)

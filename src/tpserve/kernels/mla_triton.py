@@ -26,6 +26,9 @@ A token with nothing selected gets zeros, as the torch form (and SDPA for a full
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass, replace
+
 import torch
 import triton
 import triton.language as tl
@@ -40,31 +43,58 @@ FULL_GRID = 264   # two waves on an H200's 132 SMs: ranges fill up to it, never 
 def _sparse_kernel(q_ptr, sel_ptr, seq_ptr, tables_ptr, lat_ptr, m_ptr, l_ptr, acc_ptr, out_ptr,
                    H, W, table_stride, scaling,
                    BS: tl.constexpr, C: tl.constexpr, CP: tl.constexpr, BH: tl.constexpr, BW: tl.constexpr,
-                   ITERS: tl.constexpr, S: tl.constexpr, IEEE: tl.constexpr):
+                   ITERS: tl.constexpr, S: tl.constexpr, IEEE: tl.constexpr, CSPLIT: tl.constexpr,
+                   DIRECT: tl.constexpr, QCHUNK: tl.constexpr):
     n = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1) * BH + tl.arange(0, BH)
+    h = (tl.program_id(1) // CSPLIT) * BH + tl.arange(0, BH)
     s = tl.program_id(2)
     hm = h < H
     c = tl.arange(0, CP)
     cm = c < C
-    q = tl.load(q_ptr + (n * H + h)[:, None] * C + c[None, :], mask=hm[:, None] & cm[None, :], other=0.0)
+    CO: tl.constexpr = CP // CSPLIT  # output columns of this program (all of them unless split)
+    co = (tl.program_id(1) % CSPLIT) * CO + tl.arange(0, CO)
+    com = co < C
+    qt = q_ptr.dtype.element_ty
+    if QCHUNK == 0:  # the queries held for the whole loop
+        q = tl.load(q_ptr + (n * H + h)[:, None] * C + c[None, :], mask=hm[:, None] & cm[None, :], other=0.0)
     seq = tl.load(seq_ptr + n).to(tl.int64)
     m_i = tl.full([BH], float("-inf"), tl.float32)
     l_i = tl.zeros([BH], tl.float32)
-    acc = tl.zeros([BH, CP], tl.float32)
+    acc = tl.zeros([BH, CO], tl.float32)
     for it in range(ITERS):
         w = (s * ITERS + it) * BW + tl.arange(0, BW)
         pos = tl.load(sel_ptr + n * W + w, mask=w < W, other=-1).to(tl.int64)
         ok = pos >= 0
         safe = tl.maximum(pos, 0)
-        block = tl.load(tables_ptr + seq * table_stride + safe // BS, mask=ok, other=0).to(tl.int64)
-        row = block * BS + safe % BS
-        lat = tl.load(lat_ptr + row[:, None] * C + c[None, :], mask=ok[:, None] & cm[None, :], other=0.0).to(q.dtype)
-        if IEEE:
-            raw = tl.dot(q, tl.trans(lat), input_precision="ieee")
+        if DIRECT:  # sel holds cache rows already
+            row = safe
         else:
-            raw = tl.dot(q, tl.trans(lat))
-        score = raw.to(q.dtype).to(tl.float32) * scaling
+            block = tl.load(tables_ptr + seq * table_stride + safe // BS, mask=ok, other=0).to(tl.int64)
+            row = block * BS + safe % BS
+        lat = tl.load(lat_ptr + row[:, None] * C + c[None, :], mask=ok[:, None] & cm[None, :], other=0.0).to(qt)
+        if CSPLIT == 1:
+            lat_o = lat
+        else:  # this program's output columns of the same rows (L1/L2 hits)
+            lat_o = tl.load(lat_ptr + row[:, None] * C + co[None, :], mask=ok[:, None] & com[None, :],
+                            other=0.0).to(qt)
+        if QCHUNK == 0:
+            if IEEE:
+                raw = tl.dot(q, tl.trans(lat), input_precision="ieee")
+            else:
+                raw = tl.dot(q, tl.trans(lat))
+        else:  # the scores over column chunks, the queries' chunk re-read each step (fewer registers held)
+            raw = tl.zeros([BH, BW], tl.float32)
+            for cc in tl.static_range(CP // QCHUNK):
+                ck = cc * QCHUNK + tl.arange(0, QCHUNK)
+                ckm = ck < C
+                qc = tl.load(q_ptr + (n * H + h)[:, None] * C + ck[None, :], mask=hm[:, None] & ckm[None, :], other=0.0)
+                lc = tl.load(lat_ptr + row[:, None] * C + ck[None, :], mask=ok[:, None] & ckm[None, :],
+                             other=0.0).to(qt)
+                if IEEE:
+                    raw += tl.dot(qc, tl.trans(lc), input_precision="ieee")
+                else:
+                    raw += tl.dot(qc, tl.trans(lc))
+        score = raw.to(qt).to(tl.float32) * scaling
         score = tl.where(ok[None, :], score, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(score, axis=1))
         live = m_new > float("-inf")
@@ -72,19 +102,20 @@ def _sparse_kernel(q_ptr, sel_ptr, seq_ptr, tables_ptr, lat_ptr, m_ptr, l_ptr, a
         p = tl.where(live[:, None], tl.exp(score - m_new[:, None]), 0.0)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         if IEEE:
-            acc = acc * alpha[:, None] + tl.dot(p.to(lat.dtype), lat, input_precision="ieee")
+            acc = acc * alpha[:, None] + tl.dot(p.to(lat.dtype), lat_o, input_precision="ieee")
         else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(lat.dtype), lat)
+            acc = acc * alpha[:, None] + tl.dot(p.to(lat.dtype), lat_o)
         m_i = m_new
     if S == 1:  # one range: normalise and write the output
         o = tl.where(l_i[:, None] > 0, acc / tl.maximum(l_i, 1e-30)[:, None], 0.0)
-        tl.store(out_ptr + (n * H + h)[:, None] * C + c[None, :], o.to(out_ptr.dtype.element_ty),
-                 mask=hm[:, None] & cm[None, :])
+        tl.store(out_ptr + (n * H + h)[:, None] * C + co[None, :], o.to(out_ptr.dtype.element_ty),
+                 mask=hm[:, None] & com[None, :])
     else:
         at = (n * H + h) * S + s
-        tl.store(m_ptr + at, m_i, mask=hm)
-        tl.store(l_ptr + at, l_i, mask=hm)
-        tl.store(acc_ptr + at[:, None] * C + c[None, :], acc, mask=hm[:, None] & cm[None, :])
+        if tl.program_id(1) % CSPLIT == 0:
+            tl.store(m_ptr + at, m_i, mask=hm)
+            tl.store(l_ptr + at, l_i, mask=hm)
+        tl.store(acc_ptr + at[:, None] * C + co[None, :], acc, mask=hm[:, None] & com[None, :])
 
 
 @triton.jit
@@ -104,31 +135,72 @@ def _combine_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, S: tl.constexpr, SP: tl.cons
     tl.store(out_ptr + nh * C + c, o.to(out_ptr.dtype.element_ty), mask=c < C)
 
 
-def ranges_for(tokens: int, heads: int, width: int) -> int:
+@dataclass(frozen=True)
+class SparseConfig:
+    """A launch shape of `_sparse_kernel`."""
+    heads: int = HEAD_BLOCK  # heads per program (the rows of both dots)
+    rows: int = ROW_BLOCK    # selected rows per inner step
+    warps: int = 4
+    csplit: int = 1          # the output columns split over this many programs (each computes all scores)
+    stages: int | None = None  # Triton's software pipelining depth (its default when None)
+    qchunk: int = 0          # > 0: the scores taken over column chunks this wide, the queries re-read per chunk
+
+    def __str__(self) -> str:
+        return f"h{self.heads}r{self.rows}w{self.warps}c{self.csplit}s{self.stages or 'd'}" + \
+            (f"q{self.qchunk}" if self.qchunk else "")
+
+    @classmethod
+    def parse(cls, text: str) -> "SparseConfig":
+        """'h64r32w8c1s2' or 'h64r64w8c1s2q128' (as str() writes it; 'sd' or no s: Triton's default stages)."""
+        m = re.fullmatch(r"h(\d+)r(\d+)w(\d+)c(\d+)(?:s(\d+|d))?(?:q(\d+))?", text)
+        if not m:
+            raise ValueError(f"sparse MLA config {text!r}: expected the form h64r32w8c1s2")
+        h, r, w, c, st, qc = m.groups()
+        return cls(int(h), int(r), int(w), int(c), None if st in (None, "d") else int(st), int(qc or 0))
+
+
+DECODE = SparseConfig()
+# Prefill chunks: all 64 heads of a token in one program, so each selected row is read once (not once per 16
+# heads) and both dots are 64 rows tall. bench/mla_sparse_bench.py --prefill on an H200 (BENCHMARKS.md, fifteenth
+# session), 4,096 queries x 2,051 rows: 5.88 ms against 11.6 for DECODE (1.98x). Decode and verify steps keep
+# DECODE: their configuration must not depend on a graph bucket's padding (tokens equal with graphs on and off).
+PREFILL = SparseConfig(64, 64, 8, 1, 2)
+
+
+def ranges_for(tokens: int, heads: int, width: int, head_block: int = HEAD_BLOCK, row_block: int = ROW_BLOCK) -> int:
     """How many ranges the selection of each token is split into: enough programs for the GPU, none empty."""
-    programs = tokens * triton.cdiv(heads, HEAD_BLOCK)
+    programs = tokens * triton.cdiv(heads, head_block)
     if programs >= FULL_GRID:
         return 1
-    return max(1, min(triton.cdiv(width, ROW_BLOCK), FULL_GRID // programs))
+    return max(1, min(triton.cdiv(width, row_block), FULL_GRID // programs))
 
 
 def sparse_mla(q_lat: torch.Tensor, sel: torch.Tensor, token_seq: torch.Tensor, block_tables: torch.Tensor,
-               latent: torch.Tensor, block_size: int, scaling: float, ranges: int | None = None) -> torch.Tensor:
+               latent: torch.Tensor, block_size: int, scaling: float, ranges: int | None = None,
+               config: SparseConfig | None = None, sel_rows: bool = False) -> torch.Tensor:
     """q_lat [N, H, C] (queries with kv_b_proj's key half absorbed), sel [N, W] selected positions (-1:
     none), token_seq [>= N] the block-table row of each token, block_tables [B, nb], latent [R, C] (the
-    flat paged cache) -> attention output in latent space [N, H, C], q_lat's dtype."""
+    flat paged cache) -> attention output in latent space [N, H, C], q_lat's dtype. With sel_rows, sel
+    holds the selected cache rows themselves (-1: none) and the block tables are not read."""
     n, heads, c = q_lat.shape
     width = sel.shape[1]
     if latent.shape[1] != c or not latent.is_contiguous():
         raise ValueError(f"sparse_mla: latent must be a contiguous [rows, {c}] cache, got {tuple(latent.shape)}")
+    cfg = config or DECODE
+    if cfg.heads > max(16, triton.next_power_of_2(heads)):  # no program of masked heads only (TP > 1, small models)
+        cfg = replace(cfg, heads=max(16, triton.next_power_of_2(heads)))
     q_lat = q_lat.contiguous()
     out = torch.empty(n, heads, c, dtype=q_lat.dtype, device=q_lat.device)  # (empty_like keeps an einsum's strides)
     if n == 0:
         return out
-    s = ranges or ranges_for(n, heads, width)
-    iters = triton.cdiv(triton.cdiv(width, s), ROW_BLOCK)
-    s = triton.cdiv(width, iters * ROW_BLOCK)  # no empty range
     cp = triton.next_power_of_2(c)
+    if cp % cfg.csplit or cp // cfg.csplit < 16:
+        raise ValueError(f"sparse_mla: {cp} latent columns (padded) cannot be split {cfg.csplit} ways")
+    if cfg.qchunk and (cp % cfg.qchunk or cfg.qchunk < 16):
+        raise ValueError(f"sparse_mla: {cp} latent columns (padded) cannot be taken {cfg.qchunk} at a time")
+    s = ranges or ranges_for(n, heads, width, cfg.heads, cfg.rows)
+    iters = triton.cdiv(triton.cdiv(width, s), cfg.rows)
+    s = triton.cdiv(width, iters * cfg.rows)  # no empty range
     if s > 1:
         m = torch.empty(n * heads * s, dtype=torch.float32, device=q_lat.device)
         l_ = torch.empty_like(m)
@@ -136,10 +208,12 @@ def sparse_mla(q_lat: torch.Tensor, sel: torch.Tensor, token_seq: torch.Tensor, 
     else:
         m = l_ = acc = out  # not written
     tables = block_tables.contiguous()
-    grid = (n, triton.cdiv(heads, HEAD_BLOCK), s)
+    grid = (n, triton.cdiv(heads, cfg.heads) * cfg.csplit, s)
+    extra = {} if cfg.stages is None else {"num_stages": cfg.stages}
     _sparse_kernel[grid](q_lat, sel.contiguous(), token_seq.contiguous(), tables, latent, m, l_, acc,
-                         out, heads, width, tables.stride(0), scaling, BS=block_size, C=c, CP=cp, BH=HEAD_BLOCK,
-                         BW=ROW_BLOCK, ITERS=iters, S=s, IEEE=q_lat.dtype == torch.float32, num_warps=4)
+                         out, heads, width, tables.stride(0), scaling, BS=block_size, C=c, CP=cp, BH=cfg.heads,
+                         BW=cfg.rows, ITERS=iters, S=s, IEEE=q_lat.dtype == torch.float32, CSPLIT=cfg.csplit,
+                         DIRECT=sel_rows, QCHUNK=cfg.qchunk, num_warps=cfg.warps, **extra)
     if s > 1:
         _combine_kernel[(n * heads,)](m, l_, acc, out, S=s, SP=triton.next_power_of_2(s), C=c, CP=cp, num_warps=4)
     return out

@@ -20,7 +20,8 @@ from tpserve.model.indexer import Indexer, cache_rows, token_rows
 from tpserve.model.layers import RMSNorm, ShardContext, column, replicated, row
 
 QUERY_BLOCK = 1024  # prefill queries attended per SDPA call
-SPARSE_QUERY_BLOCK = 256  # sparse prefill queries per gather of their selected latent rows
+SPARSE_QUERY_BLOCK = 256  # sparse prefill queries per gather of their selected latent rows (torch form)
+FUSED_QUERY_BLOCK = 4096  # sparse prefill queries per kernel call (Triton: nothing gathered; bounds q / o in latent)
 
 
 # --mla-prefill auto: a prefill chunk whose sequence reaches this many positions takes the sparse path. Measured on
@@ -79,10 +80,11 @@ class MlaAttention(nn.Module):
                 a, b = batch.cu_seqlens[i], batch.cu_seqlens[i + 1]
                 if self.prefill_mode == "sparse" or (self.prefill_mode == "auto"
                                                      and batch.total_len(i) >= SPARSE_PREFILL_FROM):
-                    for c in range(a, b, SPARSE_QUERY_BLOCK):  # bounded memory: block x width x latent rows
-                        d = min(c + SPARSE_QUERY_BLOCK, b)
+                    step = FUSED_QUERY_BLOCK if self.fused_sparse else SPARSE_QUERY_BLOCK
+                    for c in range(a, b, step):  # bounded memory: block x width x latent rows
+                        d = min(c + step, b)
                         out[c:d] = self._sparse(q[c:d], selection[c:d], batch.token_seq[c:d], batch.block_tables,
-                                                latent_flat, bs)
+                                                latent_flat, bs, prefill=True)
                 else:
                     out[a:b] = self._prefill_seq(q[a:b], selection[a:b], batch.block_tables[i:i + 1],
                                                  batch.total_len(i), latent_flat, bs)
@@ -109,16 +111,17 @@ class MlaAttention(nn.Module):
         return out
 
     def _sparse(self, q: torch.Tensor, sel: torch.Tensor, token_seq: torch.Tensor, block_tables: torch.Tensor,
-                latent_flat: torch.Tensor, block_size: int) -> torch.Tensor:
+                latent_flat: torch.Tensor, block_size: int, prefill: bool = False) -> torch.Tensor:
         """Attention in latent space over each token's selected cache rows only (kv_b_proj absorbed
         into the query and the output): decode / verify tokens, and prefill queries when sparse.
         q [N, H, d], sel [N, W], token_seq [>= N] (the owning sequence of each row)."""
         w_uk, w_uv = self._kv_weights()
         q_lat = torch.einsum("bhd,hdc->bhc", q, w_uk)
         if self.fused_sparse:
-            from tpserve.kernels.mla_triton import sparse_mla
+            from tpserve.kernels.mla_triton import DECODE, PREFILL, sparse_mla
 
-            o_lat = sparse_mla(q_lat, sel, token_seq[:q.shape[0]], block_tables, latent_flat, block_size, self.scaling)
+            o_lat = sparse_mla(q_lat, sel, token_seq[:q.shape[0]], block_tables, latent_flat, block_size, self.scaling,
+                               config=PREFILL if prefill else DECODE)
         else:
             rows = token_rows(block_tables, token_seq[:q.shape[0]], sel, block_size)
             lat = latent_flat[rows].to(q.dtype)                                      # [N, W, c]
