@@ -19,13 +19,11 @@ CASES = [  # tokens, heads, C, width, block size, dtype, ranges (None: the kerne
     (3, 4, 128, 263, 16, "float16", 3, None),
     (2, 20, 96, 50, 8, "float16", None, None),
     (2, 20, 96, 50, 8, "float32", 2, None),
-    # prefill shapes: more heads per program, output columns split (C 96 pads to 128: a half is partly masked)
-    (3, 20, 96, 263, 16, "float16", None, "h32r16w4c2"),
-    (2, 20, 96, 50, 8, "float32", 2, "h16r16w4c2s2"),
-    (3, 4, 128, 263, 16, "float16", 1, "h64r64w8c1"),
-    (3, 20, 96, 263, 16, "float32", None, "h32r16w4c1+rows"),   # the selected cache rows given, not positions
-    (3, 20, 96, 263, 16, "float16", None, "h32r16w4c1q32"),     # scores over column chunks (the last one masked)
-    (2, 20, 96, 50, 8, "float32", 2, "h16r16w4c2q64"),
+    # other launch shapes (kernels/mla_triton.py PREFILL is h64r64w8s2): more heads and rows per program
+    (3, 20, 96, 263, 16, "float16", None, "h32r16w4"),
+    (2, 20, 96, 50, 8, "float32", 2, "h16r16w4s2"),
+    (3, 4, 128, 263, 16, "float16", 1, "h64r64w8s2"),
+    (3, 20, 96, 263, 16, "float32", None, "h64r64w8s2"),
 ]
 
 
@@ -35,8 +33,7 @@ def test_sparse_mla_kernel_against_reference(case):
         import json, torch
         from tpserve.kernels.mla_triton import SparseConfig, sparse_mla
         n, heads, c, width, bs, dtype, ranges, config = {case!r}
-        sel_rows = bool(config) and config.endswith("+rows")
-        config = config and SparseConfig.parse(config.removesuffix("+rows"))
+        config = config and SparseConfig.parse(config)
         dtype = getattr(torch, dtype)
         g = torch.Generator().manual_seed(n * heads + width)
         blocks, nb = 40, 24
@@ -61,9 +58,8 @@ def test_sparse_mla_kernel_against_reference(case):
         pt = st.softmax(dim=-1).masked_fill((sel < 0).all(-1)[:, None, None], 0.0).to(dtype)
         torch_form = torch.einsum("bhw,bwc->bhc", pt, lat)
         # queries as an einsum leaves them (head-major strides): the output must still come back [n, h, c]
-        given = torch.where(sel >= 0, rows, -1) if sel_rows else sel
-        got = sparse_mla(q.transpose(0, 1).contiguous().transpose(0, 1), given, seq, tables, latent, bs, scaling, ranges,
-                         config, sel_rows)
+        got = sparse_mla(q.transpose(0, 1).contiguous().transpose(0, 1), sel, seq, tables, latent, bs, scaling, ranges,
+                         config)
         u, u32 = torch.finfo(dtype).eps / 2, 2.0 ** -24
         dots = torch.einsum("nhc,nwc->nhw", q.double().abs(), lat.double().abs()) * scaling
         ds = (c * u32 * dots + u * s.abs().nan_to_num(posinf=0.0, neginf=0.0)).amax(-1)  # [n, h]

@@ -12,6 +12,14 @@ ranges (one launch when a single range covers the selection). Ranges are added u
 waves of programs on an H200 (`ranges_for`). Measured (BENCHMARKS.md, tenth session; 64 heads, C 512,
 W 2051, bf16, graph replays): 16.5 us at 1 token (torch form 57.5), 41.5 at 8, 122 at 32, 222 at 64.
 
+Prefill chunks (`--mla-prefill sparse`, or auto from 8,192 positions) take the same kernel with another launch
+shape (`PREFILL`): all 64 heads of a token per program, 64 rows a step, 8 warps, 2 pipeline stages. A token's
+selected rows are then read once rather than once per 16-head block, and both dots are 64 rows tall. Floors at
+4,096 queries x 2,051 rows: 4.4 TFLOP (5.6 ms at 790 TFLOP/s; the 16k-long cache, 16 MB, sits in L2). Measured
+(fifteenth session, `bench/mla_sparse_bench.py --prefill`): 5.88 ms (24% of the FLOP peak) against 11.6 ms with
+the decode shape; its registers spill (255 per thread, 38 spilled), and variants that held fewer (scores over
+column chunks, split output columns) needed more shared memory than an SM has or ran slower.
+
 Floors (GLM-5.3-Flash, TP=1: 64 heads, C = 512, W = 2051, bf16): per token 2.1 MB of latent read once
 per head block (4 blocks of 16 heads; L2 serves the repeats) and 2 x 64 x 2051 x 512 = 134 MFLOP; at
 batch 1 that is ~0.5 us of HBM time and nothing of the tensor cores, so the kernel is latency-bound
@@ -43,58 +51,31 @@ FULL_GRID = 264   # two waves on an H200's 132 SMs: ranges fill up to it, never 
 def _sparse_kernel(q_ptr, sel_ptr, seq_ptr, tables_ptr, lat_ptr, m_ptr, l_ptr, acc_ptr, out_ptr,
                    H, W, table_stride, scaling,
                    BS: tl.constexpr, C: tl.constexpr, CP: tl.constexpr, BH: tl.constexpr, BW: tl.constexpr,
-                   ITERS: tl.constexpr, S: tl.constexpr, IEEE: tl.constexpr, CSPLIT: tl.constexpr,
-                   DIRECT: tl.constexpr, QCHUNK: tl.constexpr):
+                   ITERS: tl.constexpr, S: tl.constexpr, IEEE: tl.constexpr):
     n = tl.program_id(0).to(tl.int64)
-    h = (tl.program_id(1) // CSPLIT) * BH + tl.arange(0, BH)
+    h = tl.program_id(1) * BH + tl.arange(0, BH)
     s = tl.program_id(2)
     hm = h < H
     c = tl.arange(0, CP)
     cm = c < C
-    CO: tl.constexpr = CP // CSPLIT  # output columns of this program (all of them unless split)
-    co = (tl.program_id(1) % CSPLIT) * CO + tl.arange(0, CO)
-    com = co < C
-    qt = q_ptr.dtype.element_ty
-    if QCHUNK == 0:  # the queries held for the whole loop
-        q = tl.load(q_ptr + (n * H + h)[:, None] * C + c[None, :], mask=hm[:, None] & cm[None, :], other=0.0)
+    q = tl.load(q_ptr + (n * H + h)[:, None] * C + c[None, :], mask=hm[:, None] & cm[None, :], other=0.0)
     seq = tl.load(seq_ptr + n).to(tl.int64)
     m_i = tl.full([BH], float("-inf"), tl.float32)
     l_i = tl.zeros([BH], tl.float32)
-    acc = tl.zeros([BH, CO], tl.float32)
+    acc = tl.zeros([BH, CP], tl.float32)
     for it in range(ITERS):
         w = (s * ITERS + it) * BW + tl.arange(0, BW)
         pos = tl.load(sel_ptr + n * W + w, mask=w < W, other=-1).to(tl.int64)
         ok = pos >= 0
         safe = tl.maximum(pos, 0)
-        if DIRECT:  # sel holds cache rows already
-            row = safe
+        block = tl.load(tables_ptr + seq * table_stride + safe // BS, mask=ok, other=0).to(tl.int64)
+        row = block * BS + safe % BS
+        lat = tl.load(lat_ptr + row[:, None] * C + c[None, :], mask=ok[:, None] & cm[None, :], other=0.0).to(q.dtype)
+        if IEEE:
+            raw = tl.dot(q, tl.trans(lat), input_precision="ieee")
         else:
-            block = tl.load(tables_ptr + seq * table_stride + safe // BS, mask=ok, other=0).to(tl.int64)
-            row = block * BS + safe % BS
-        lat = tl.load(lat_ptr + row[:, None] * C + c[None, :], mask=ok[:, None] & cm[None, :], other=0.0).to(qt)
-        if CSPLIT == 1:
-            lat_o = lat
-        else:  # this program's output columns of the same rows (L1/L2 hits)
-            lat_o = tl.load(lat_ptr + row[:, None] * C + co[None, :], mask=ok[:, None] & com[None, :],
-                            other=0.0).to(qt)
-        if QCHUNK == 0:
-            if IEEE:
-                raw = tl.dot(q, tl.trans(lat), input_precision="ieee")
-            else:
-                raw = tl.dot(q, tl.trans(lat))
-        else:  # the scores over column chunks, the queries' chunk re-read each step (fewer registers held)
-            raw = tl.zeros([BH, BW], tl.float32)
-            for cc in tl.static_range(CP // QCHUNK):
-                ck = cc * QCHUNK + tl.arange(0, QCHUNK)
-                ckm = ck < C
-                qc = tl.load(q_ptr + (n * H + h)[:, None] * C + ck[None, :], mask=hm[:, None] & ckm[None, :], other=0.0)
-                lc = tl.load(lat_ptr + row[:, None] * C + ck[None, :], mask=ok[:, None] & ckm[None, :],
-                             other=0.0).to(qt)
-                if IEEE:
-                    raw += tl.dot(qc, tl.trans(lc), input_precision="ieee")
-                else:
-                    raw += tl.dot(qc, tl.trans(lc))
-        score = raw.to(qt).to(tl.float32) * scaling
+            raw = tl.dot(q, tl.trans(lat))
+        score = raw.to(q.dtype).to(tl.float32) * scaling
         score = tl.where(ok[None, :], score, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(score, axis=1))
         live = m_new > float("-inf")
@@ -102,20 +83,19 @@ def _sparse_kernel(q_ptr, sel_ptr, seq_ptr, tables_ptr, lat_ptr, m_ptr, l_ptr, a
         p = tl.where(live[:, None], tl.exp(score - m_new[:, None]), 0.0)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         if IEEE:
-            acc = acc * alpha[:, None] + tl.dot(p.to(lat.dtype), lat_o, input_precision="ieee")
+            acc = acc * alpha[:, None] + tl.dot(p.to(lat.dtype), lat, input_precision="ieee")
         else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(lat.dtype), lat_o)
+            acc = acc * alpha[:, None] + tl.dot(p.to(lat.dtype), lat)
         m_i = m_new
     if S == 1:  # one range: normalise and write the output
         o = tl.where(l_i[:, None] > 0, acc / tl.maximum(l_i, 1e-30)[:, None], 0.0)
-        tl.store(out_ptr + (n * H + h)[:, None] * C + co[None, :], o.to(out_ptr.dtype.element_ty),
-                 mask=hm[:, None] & com[None, :])
+        tl.store(out_ptr + (n * H + h)[:, None] * C + c[None, :], o.to(out_ptr.dtype.element_ty),
+                 mask=hm[:, None] & cm[None, :])
     else:
         at = (n * H + h) * S + s
-        if tl.program_id(1) % CSPLIT == 0:
-            tl.store(m_ptr + at, m_i, mask=hm)
-            tl.store(l_ptr + at, l_i, mask=hm)
-        tl.store(acc_ptr + at[:, None] * C + co[None, :], acc, mask=hm[:, None] & com[None, :])
+        tl.store(m_ptr + at, m_i, mask=hm)
+        tl.store(l_ptr + at, l_i, mask=hm)
+        tl.store(acc_ptr + at[:, None] * C + c[None, :], acc, mask=hm[:, None] & cm[None, :])
 
 
 @triton.jit
@@ -141,22 +121,19 @@ class SparseConfig:
     heads: int = HEAD_BLOCK  # heads per program (the rows of both dots)
     rows: int = ROW_BLOCK    # selected rows per inner step
     warps: int = 4
-    csplit: int = 1          # the output columns split over this many programs (each computes all scores)
     stages: int | None = None  # Triton's software pipelining depth (its default when None)
-    qchunk: int = 0          # > 0: the scores taken over column chunks this wide, the queries re-read per chunk
 
     def __str__(self) -> str:
-        return f"h{self.heads}r{self.rows}w{self.warps}c{self.csplit}s{self.stages or 'd'}" + \
-            (f"q{self.qchunk}" if self.qchunk else "")
+        return f"h{self.heads}r{self.rows}w{self.warps}s{self.stages or 'd'}"
 
     @classmethod
     def parse(cls, text: str) -> "SparseConfig":
-        """'h64r32w8c1s2' or 'h64r64w8c1s2q128' (as str() writes it; 'sd' or no s: Triton's default stages)."""
-        m = re.fullmatch(r"h(\d+)r(\d+)w(\d+)c(\d+)(?:s(\d+|d))?(?:q(\d+))?", text)
+        """'h64r64w8s2' (as str() writes it; 'sd' or no s: Triton's default stages)."""
+        m = re.fullmatch(r"h(\d+)r(\d+)w(\d+)(?:s(\d+|d))?", text)
         if not m:
-            raise ValueError(f"sparse MLA config {text!r}: expected the form h64r32w8c1s2")
-        h, r, w, c, st, qc = m.groups()
-        return cls(int(h), int(r), int(w), int(c), None if st in (None, "d") else int(st), int(qc or 0))
+            raise ValueError(f"sparse MLA config {text!r}: expected the form h64r64w8s2")
+        h, r, w, st = m.groups()
+        return cls(int(h), int(r), int(w), None if st in (None, "d") else int(st))
 
 
 DECODE = SparseConfig()
@@ -164,7 +141,7 @@ DECODE = SparseConfig()
 # heads) and both dots are 64 rows tall. bench/mla_sparse_bench.py --prefill on an H200 (BENCHMARKS.md, fifteenth
 # session), 4,096 queries x 2,051 rows: 5.88 ms against 11.6 for DECODE (1.98x). Decode and verify steps keep
 # DECODE: their configuration must not depend on a graph bucket's padding (tokens equal with graphs on and off).
-PREFILL = SparseConfig(64, 64, 8, 1, 2)
+PREFILL = SparseConfig(64, 64, 8, 2)
 
 
 def ranges_for(tokens: int, heads: int, width: int, head_block: int = HEAD_BLOCK, row_block: int = ROW_BLOCK) -> int:
@@ -177,11 +154,11 @@ def ranges_for(tokens: int, heads: int, width: int, head_block: int = HEAD_BLOCK
 
 def sparse_mla(q_lat: torch.Tensor, sel: torch.Tensor, token_seq: torch.Tensor, block_tables: torch.Tensor,
                latent: torch.Tensor, block_size: int, scaling: float, ranges: int | None = None,
-               config: SparseConfig | None = None, sel_rows: bool = False) -> torch.Tensor:
+               config: SparseConfig | None = None) -> torch.Tensor:
     """q_lat [N, H, C] (queries with kv_b_proj's key half absorbed), sel [N, W] selected positions (-1:
     none), token_seq [>= N] the block-table row of each token, block_tables [B, nb], latent [R, C] (the
-    flat paged cache) -> attention output in latent space [N, H, C], q_lat's dtype. With sel_rows, sel
-    holds the selected cache rows themselves (-1: none) and the block tables are not read."""
+    flat paged cache) -> attention output in latent space [N, H, C], q_lat's dtype. `config`: the launch
+    shape (DECODE when None; model/mla.py passes PREFILL for prefill chunks)."""
     n, heads, c = q_lat.shape
     width = sel.shape[1]
     if latent.shape[1] != c or not latent.is_contiguous():
@@ -194,10 +171,6 @@ def sparse_mla(q_lat: torch.Tensor, sel: torch.Tensor, token_seq: torch.Tensor, 
     if n == 0:
         return out
     cp = triton.next_power_of_2(c)
-    if cp % cfg.csplit or cp // cfg.csplit < 16:
-        raise ValueError(f"sparse_mla: {cp} latent columns (padded) cannot be split {cfg.csplit} ways")
-    if cfg.qchunk and (cp % cfg.qchunk or cfg.qchunk < 16):
-        raise ValueError(f"sparse_mla: {cp} latent columns (padded) cannot be taken {cfg.qchunk} at a time")
     s = ranges or ranges_for(n, heads, width, cfg.heads, cfg.rows)
     iters = triton.cdiv(triton.cdiv(width, s), cfg.rows)
     s = triton.cdiv(width, iters * cfg.rows)  # no empty range
@@ -208,12 +181,11 @@ def sparse_mla(q_lat: torch.Tensor, sel: torch.Tensor, token_seq: torch.Tensor, 
     else:
         m = l_ = acc = out  # not written
     tables = block_tables.contiguous()
-    grid = (n, triton.cdiv(heads, cfg.heads) * cfg.csplit, s)
+    grid = (n, triton.cdiv(heads, cfg.heads), s)
     extra = {} if cfg.stages is None else {"num_stages": cfg.stages}
     _sparse_kernel[grid](q_lat, sel.contiguous(), token_seq.contiguous(), tables, latent, m, l_, acc,
                          out, heads, width, tables.stride(0), scaling, BS=block_size, C=c, CP=cp, BH=cfg.heads,
-                         BW=cfg.rows, ITERS=iters, S=s, IEEE=q_lat.dtype == torch.float32, CSPLIT=cfg.csplit,
-                         DIRECT=sel_rows, QCHUNK=cfg.qchunk, num_warps=cfg.warps, **extra)
+                         BW=cfg.rows, ITERS=iters, S=s, IEEE=q_lat.dtype == torch.float32, num_warps=cfg.warps, **extra)
     if s > 1:
         _combine_kernel[(n * heads,)](m, l_, acc, out, S=s, SP=triton.next_power_of_2(s), C=c, CP=cp, num_warps=4)
     return out
