@@ -27,7 +27,8 @@ FUSED_QUERY_BLOCK = 4096  # sparse prefill queries per kernel call (Triton: noth
 
 # --mla-prefill auto: a prefill chunk whose sequence reaches this many positions takes the sparse path. Measured on
 # an H200 (real-width KKKM, BENCHMARKS.md fourteenth session): dense 61.0 ms against sparse 66.3 ms at 4k tokens,
-# sparse 203.6 ms against dense 219.6 ms at 16k; the crossover between them was not measured.
+# sparse 203.6 ms against dense 219.6 ms at 16k. With the sparse kernel's prefill shape (fifteenth session): dense
+# 58.6-59.3 ms against sparse 59.8-60.6 at 4k, sparse 95.9-96.1 against dense 99.6 at 8k.
 SPARSE_PREFILL_FROM = 8192
 
 
