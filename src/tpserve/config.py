@@ -47,10 +47,11 @@ class EngineConfig:
     # ---- speedup switches (docs/switches.md) ----
     mla_prefill: str = _opt("auto", "MLA attention of prefill chunks: dense (the context's latent expanded to "
                             "keys/values, SDPA under the selection mask), sparse (each query attends only its "
-                            "<= index_topk selected latent rows, kv_b_proj absorbed, in query blocks), or auto "
+                            "<= index_topk selected latent rows, kv_b_proj absorbed; with --mla-decode-backend triton "
+                            "one kernel call per 4,096 queries, all 64 heads of a token per program), or auto "
                             "(sparse for a sequence whose chunk reaches 8,192 positions, else dense: on an H200 "
-                            "dense took 61.0 ms against 66.3 at 4k tokens, sparse 203.6 against 219.6 at 16k, "
-                            "BENCHMARKS.md fourteenth session)",
+                            "dense took 58.6-59.3 ms against sparse 59.8-60.6 at 4k tokens, sparse 95.9-96.1 "
+                            "against dense 99.6 at 8k, BENCHMARKS.md fifteenth session)",
                             switch=True, choices=("auto", "sparse", "dense"))
     enforce_eager: bool = _opt(False, "run every step eagerly: no CUDA graphs (by default, decode steps of up "
                                "to --max-num-seqs sequences replay graphs captured at start, and with "
@@ -63,7 +64,7 @@ class EngineConfig:
     async_scheduling: bool = _opt(True, "launch a decode step before the host has read the previous step's tokens "
                                   "(they feed the next step on the device): appending tokens, stop checks and "
                                   "detokenizing overlap the GPU's next step (vLLM's --async-scheduling). Decode "
-                                  "steps at TP=1 of requests without penalties or grammars (with speculation: its "
+                                  "steps of requests without penalties or grammars, at any TP (with speculation: its "
                                   "idle steps above the verify graphs); other steps run synchronously; outputs "
                                   "identical either way (engine/overlap.py)", switch=True)
     draft_graph: str = _opt("fused", "MTP drafting in graph steps: chain (the catch-up and every chained depth in "

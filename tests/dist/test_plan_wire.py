@@ -47,3 +47,20 @@ def test_step_draft_and_commit_messages_roundtrip():
     assert _message(*plan_wire.encode_commit([])).rows == []
     with pytest.raises(ValueError, match="source_rows"):
         plan_wire.encode_draft(plan, [0, 1], True)
+
+
+def test_async_step_carries_its_rows_of_the_inflight_tokens():
+    """A step with prev_rows (async scheduling) travels as STEP_PREV with the in-flight token count; it comes back
+    as a STEP whose plan has the same rows."""
+    import pytest
+
+    plan = StepPlan([-1, -1, -1], [9, 4, 6], [0, 1, 2, 3], [9, 4, 6], [3, 1, 0], [[2], [5], [1]], [0, 1, 2], [],
+                    False, 3, prev_rows=[2, 0, 4])
+    header, payload = plan_wire.encode_step(plan, prev_tokens=5)
+    assert int(header[0]) == plan_wire.STEP_PREV
+    msg = _message(header, payload)
+    assert msg.kind == plan_wire.STEP and msg.plan == plan and msg.prev_tokens == 5
+    plain = dataclasses.replace(plan, prev_rows=None)
+    assert plan_wire.encode_step(plain)[0][0] == plan_wire.STEP and _message(*plan_wire.encode_step(plain)).plan == plain
+    with pytest.raises(ValueError, match="prev_rows: 2 rows for 3 tokens"):
+        plan_wire.encode_step(dataclasses.replace(plan, prev_rows=[0, 1]))

@@ -64,6 +64,53 @@ def test_speculative_decoding_at_tp2_gives_tp1_plain_tokens():
     assert all(not p.is_alive() for p in llm.engine.executor.procs)
 
 
+def _staggered(engine, requests) -> list:
+    """Add (prompt ids, params) one per step, step to the end -> each request's (token ids, logprobs)."""
+    done = {}
+    for i, (p, k) in enumerate(requests):
+        engine.add_request(str(i), p, k)
+        engine.step()  # each request joins a running batch
+    while engine.has_unfinished():
+        done.update({out.request_id: out for out in engine.step() if out.finished})
+    return [(done[str(i)].outputs[0].token_ids, done[str(i)].outputs[0].logprobs) for i in range(len(requests))]
+
+
+def test_async_scheduling_at_tp2_gives_the_synchronous_outputs(tiny):
+    """Async scheduling at TP=2: the worker gets each overlapped step's in-flight tokens from rank 0 over the
+    device group (plan_wire STEP_PREV). Requests ended by length: tokens and logprobs bit-identical to the
+    synchronous TP=2 engine's (the same batches run either way) and tokens equal TP=1's; with a request that a
+    stop id ends early (async scheduling runs its dropped step, so later batches differ in shape): tokens equal."""
+    path = tiny("default")
+    prompts = random_prompts((9, 30, 17), seed=5)
+    by_length = [SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, logprobs=1),
+                 SamplingParams(temperature=0.8, seed=7, max_tokens=12, ignore_eos=True, logprobs=0)]
+    greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    ref = _tp(path, 1, async_scheduling=False)
+    try:
+        want = ref.generate([{"prompt_token_ids": p} for p in prompts], by_length + [greedy])
+    finally:
+        ref.shutdown()
+    stop_id = want[2].outputs[0].token_ids[4]  # ends the third request early, while the others run on
+    with_stop = [SamplingParams(temperature=0, max_tokens=12, ignore_eos=True),
+                 SamplingParams(temperature=0, max_tokens=14, ignore_eos=True),
+                 SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, stop_token_ids=[stop_id])]
+    runs = {}
+    for on in (False, True):
+        llm = _tp(path, 2, async_scheduling=on)
+        try:
+            engine = llm.engine
+            runs[on] = (_staggered(engine, list(zip(prompts, by_length))), _staggered(engine, list(zip(prompts, with_stop))))
+            assert (engine.num_overlapped > 0) if on else (engine.num_overlapped == 0)
+            assert engine.block_pool.num_free == engine.block_pool.num_blocks
+        finally:
+            llm.shutdown()
+        assert all(not p.is_alive() for p in llm.engine.executor.procs)
+    assert runs[True][0] == runs[False][0]  # bit for bit, logprobs included
+    assert [t for t, _ in runs[True][0]] == [o.outputs[0].token_ids for o in want[:2]]
+    assert [t for t, _ in runs[True][1]] == [t for t, _ in runs[False][1]]
+    assert runs[True][1][2][0] == want[2].outputs[0].token_ids[:5]
+
+
 def test_fused_collectives_switch_changes_no_token(tiny):
     """--fused-collectives on (all-reduce + mHC expand as one Communicator call in every non-SP
     step: here all of them) and off (the two ops): bitwise the same logits, the same tokens."""

@@ -118,7 +118,9 @@ def worker_loop(state: RankState) -> None:
             msg = state.receive()
             if msg is None:
                 break
-            if msg.kind == plan_wire.STEP:
+            if msg.kind == plan_wire.STEP and msg.plan.prev_rows is not None:  # async scheduling
+                state.runner.execute(msg.plan, plan_wire.receive_tokens(msg.prev_tokens, state.device))
+            elif msg.kind == plan_wire.STEP:
                 state.runner.execute(msg.plan)
             elif msg.kind == plan_wire.SPEC:
                 state.runner.execute_spec(msg.plan)
@@ -202,9 +204,19 @@ class TPExecutor:
         if self.dead_reason:
             raise EngineDeadError(self.dead_reason)
 
-    def execute(self, plan: StepPlan) -> torch.Tensor:
-        return self._on_every_rank(lambda: plan_wire.send(plan, self.state.control),
-                                   lambda: self.state.runner.execute(plan))
+    def execute(self, plan: StepPlan, prev: torch.Tensor | None = None) -> torch.Tensor:
+        """prev: the in-flight step's tokens on this rank's device (async scheduling), sent on to the other
+        ranks' devices behind the plan."""
+        if prev is None:
+            return self._on_every_rank(lambda: plan_wire.send(plan, self.state.control),
+                                       lambda: self.state.runner.execute(plan))
+        sent = []
+
+        def send() -> None:
+            plan_wire.send(plan, self.state.control, prev.numel())
+            sent.append(plan_wire.send_tokens(prev))
+
+        return self._on_every_rank(send, lambda: self.state.runner.execute(plan, sent[0]))
 
     def commit(self, counts: list[int]) -> None:
         self._on_every_rank(lambda: plan_wire.broadcast(*plan_wire.encode_commit(counts), self.state.control),

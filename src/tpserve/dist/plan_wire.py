@@ -10,6 +10,10 @@ the hidden rows come from the main model or the previous depth; the payload is t
 the source rows [T], then the number of chained depths [1]), a KDA commit (header [COMMIT, n, 0, ...],
 payload: the n accepted counts) and a fused speculative step (header[0] SPEC, the plan's layout:
 ModelRunner.execute_spec).
+Async scheduling adds STEP_PREV: a step whose input ids are rows of the in-flight step's tokens (StepPlan.prev_rows,
+engine/overlap.py); the payload is the plan's, then prev_rows [T], then the in-flight token count [1]. Those
+tokens exist only on rank 0's device: `send_tokens` / `receive_tokens` broadcast them over the device group
+right after the message, so no rank's host waits for them.
 `receive` returns a Message.
 """
 
@@ -24,7 +28,7 @@ import torch.distributed as dist
 from tpserve.engine.runner import StepPlan
 
 HEADER = 8
-STEP, STOP, COMMIT, DRAFT_MAIN, DRAFT_CHAIN, SPEC = 1, 2, 3, 4, 5, 6
+STEP, STOP, COMMIT, DRAFT_MAIN, DRAFT_CHAIN, SPEC, STEP_PREV = 1, 2, 3, 4, 5, 6, 7
 
 
 @dataclass(frozen=True)
@@ -35,6 +39,7 @@ class Message:
     plan: StepPlan | None = None
     rows: list[int] = field(default_factory=list)  # DRAFT_*: source rows; COMMIT: accepted counts
     depths: int = 1  # DRAFT_*: depths chained in one graph step (ModelRunner.draft)
+    prev_tokens: int = 0  # STEP with plan.prev_rows: how many in-flight tokens follow (receive_tokens)
 
 
 def encode(plan: StepPlan, kind: int = STEP) -> tuple[torch.Tensor, torch.Tensor]:
@@ -83,6 +88,16 @@ def encode_draft(plan: StepPlan, source_rows: list[int], from_main: bool,
     return header, torch.cat([payload, torch.tensor(list(source_rows) + [depths], dtype=torch.long)])
 
 
+def encode_step(plan: StepPlan, prev_tokens: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """A step; with prev_rows (async scheduling) as STEP_PREV, `prev_tokens` in-flight tokens to follow."""
+    if plan.prev_rows is None:
+        return encode(plan)
+    if len(plan.prev_rows) != len(plan.input_ids):
+        raise ValueError(f"prev_rows: {len(plan.prev_rows)} rows for {len(plan.input_ids)} tokens")
+    header, payload = encode(plan, STEP_PREV)
+    return header, torch.cat([payload, torch.tensor(list(plan.prev_rows) + [prev_tokens], dtype=torch.long)])
+
+
 def encode_commit(counts: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """A KDA commit (ModelRunner.commit's accepted counts) as (header, payload)."""
     header = torch.tensor([COMMIT, len(counts)] + [0] * (HEADER - 2), dtype=torch.long)
@@ -94,7 +109,7 @@ def message_size(header: torch.Tensor) -> int:
     kind, tokens = int(header[0]), int(header[1])
     if kind == COMMIT:
         return tokens
-    return payload_size(header) + (tokens + 1 if kind in (DRAFT_MAIN, DRAFT_CHAIN) else 0)
+    return payload_size(header) + (tokens + 1 if kind in (DRAFT_MAIN, DRAFT_CHAIN, STEP_PREV) else 0)
 
 
 def decode_message(header: torch.Tensor, payload: torch.Tensor) -> Message:
@@ -103,19 +118,38 @@ def decode_message(header: torch.Tensor, payload: torch.Tensor) -> Message:
         return Message(kind, rows=payload.tolist())
     if kind in (STEP, SPEC):
         return Message(kind, decode(header, payload))
-    if kind not in (DRAFT_MAIN, DRAFT_CHAIN):
+    if kind not in (DRAFT_MAIN, DRAFT_CHAIN, STEP_PREV):
         raise ValueError(f"plan wire: unknown message kind {kind}")
     cut = payload.numel() - tokens - 1
     tail = payload[cut:].tolist()
-    return Message(kind, decode(header, payload[:cut]), tail[:-1], tail[-1])
+    plan = decode(header, payload[:cut])
+    if kind == STEP_PREV:
+        plan.prev_rows = tail[:-1]
+        return Message(STEP, plan, prev_tokens=tail[-1])
+    return Message(kind, plan, tail[:-1], tail[-1])
 
 
-def send(plan: StepPlan | None, group) -> None:
+def send(plan: StepPlan | None, group, prev_tokens: int = 0) -> None:
     """Rank 0: broadcast a plan (None: tell the other ranks to stop)."""
     if plan is None:
         dist.broadcast(torch.tensor([STOP] + [0] * (HEADER - 1), dtype=torch.long), src=0, group=group)
         return
-    broadcast(*encode(plan), group)
+    broadcast(*encode_step(plan, prev_tokens), group)
+
+
+def send_tokens(tokens: torch.Tensor, group=None) -> torch.Tensor:
+    """Rank 0: the in-flight tokens of a STEP_PREV to the other ranks over the device group (`group`; None: the
+    default group), queued on the device behind the step that chose them -> the tensor sent (long)."""
+    tokens = tokens.to(torch.long).contiguous()
+    dist.broadcast(tokens, src=0, group=group)
+    return tokens
+
+
+def receive_tokens(count: int, device: torch.device, group=None) -> torch.Tensor:
+    """Other ranks: the in-flight tokens of the STEP_PREV just received."""
+    tokens = torch.empty(count, dtype=torch.long, device=device)
+    dist.broadcast(tokens, src=0, group=group)
+    return tokens
 
 
 def broadcast(header: torch.Tensor, payload: torch.Tensor, group) -> None:

@@ -64,7 +64,7 @@ class LLMEngine:
         self.num_added = 0  # requests added so far (Speculator.idle: none since the batch went above the graphs)
         self.speculator = speculate.Speculator(self, spec) if spec is not None else None
         # async scheduling (engine/overlap.py): a decode step launched, its tokens not yet on the host
-        self.overlap = ecfg.async_scheduling and self.executor.world_size == 1  # (with speculation: idle steps)
+        self.overlap = ecfg.async_scheduling  # (with speculation: idle steps)
         self.inflight: overlap.Inflight | None = None
         self.num_overlapped = 0  # steps launched before the previous step's tokens were read
         log.info("engine ready: %s on %s (%s), TP=%d, %d cache blocks of %d tokens, %d slots, max_model_len %d",
