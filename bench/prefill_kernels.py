@@ -1,6 +1,8 @@
 """Prefill-side kernels against their torch forms at real widths on a GPU: the KDA short conv of a prefill chunk
-(kernels/kda_prep_triton.conv_chunk vs kernels/conv.causal_conv_seq) and the grouped MoE's combine
-(kernels/route_triton.combine_sorted vs the fp32 index_add of kernels/moe.experts_grouped).
+(kernels/kda_prep_triton.conv_chunk vs kernels/conv.causal_conv_seq), the grouped MoE's combine
+(kernels/route_triton.combine_sorted vs the fp32 index_add of kernels/moe.experts_grouped) and the mHC stream
+norm + projection (kernels/hc_project_triton.hc_project vs norm_triton.rms_normalize + the fp32 F.linear, the
+path it replaces in prefill steps; both also against float64 on the first 512 rows).
 
     python bench/prefill_kernels.py [--tokens 4096 16384] [--json FILE]
 
@@ -36,6 +38,9 @@ def timed(fn, reps: int = 20) -> float:
 def main() -> None:
     from tpserve.kernels import conv
     from tpserve.kernels.kda_prep_triton import conv_chunk
+    from tpserve.kernels.hc_project_triton import hc_project
+    from tpserve.kernels.mhc import project_weight
+    from tpserve.kernels.norm_triton import rms_normalize
     from tpserve.kernels.route_triton import combine_sorted
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -78,7 +83,27 @@ def main() -> None:
         floor = (y.numel() + n * d) * 2 / HBM
         rows.append({"kernel": "combine_sorted", "tokens": n, "torch_ms": 1e3 * t_torch, "ours_ms": 1e3 * t_ours,
                      "floor_ms": 1e3 * floor, "rel_diff": diff})
-        for r in rows[-2:]:
+        hd, wd, eps = 4 * 4096, 24, 1e-5  # mHC: 4 streams of hidden 4096, (2 + 4) * 4 projections
+        streams = (torch.randn(n, hd, device=dev, generator=g) * 2).to(bf16)
+        fn = torch.randn(wd, hd, device=dev, generator=g) * 0.01
+        parts = project_weight(fn, bf16)
+
+        def before():
+            return torch.nn.functional.linear(rms_normalize(streams, eps), fn)
+
+        want, got = before(), hc_project(streams, parts, eps)
+        diff = float((got - want).abs().max() / want.abs().max())
+        x64 = streams[:512].double()
+        ref = (x64 @ fn.double().T) / torch.sqrt(x64.square().mean(-1, keepdim=True) + eps)
+        err = {name: float((v[:512].double() - ref).abs().max() / ref.abs().max()) for name, v in
+               (("before", want), ("ours", got))}
+        t_torch, t_ours = timed(before), timed(lambda: hc_project(streams, parts, eps))
+        floor = streams.numel() * 2 / HBM
+        rows.append({"kernel": "hc_project", "tokens": n, "torch_ms": 1e3 * t_torch, "ours_ms": 1e3 * t_ours,
+                     "floor_ms": 1e3 * floor, "rel_diff": diff, "rel_err_fp64": err})
+        print(f"hc_project at {n} tokens, max |error| / max |float64| on 512 rows: before {err['before']:.1e}, "
+              f"ours {err['ours']:.1e}")
+        for r in rows[-3:]:
             print(f"| {r['kernel']} | {n} | {r['torch_ms']:.3f} | {r['ours_ms']:.3f} | "
                   f"{r['ours_ms'] / r['torch_ms']:.2f} | {r['floor_ms']:.3f} | {r['rel_diff']:.1e} |")
     if args.json:

@@ -87,6 +87,12 @@ class EngineConfig:
     mhc_backend: str = _opt("auto", "mHC weights (pre / post / Sinkhorn-normalised comb): triton (one fused "
                             "kernel, cuda only), torch (about 120 small ops per block), or auto (triton on "
                             "cuda)", switch=True, choices=("auto", "triton", "torch"))
+    mhc_project_backend: str = _opt("auto", "the mHC stream norm and projection of steps with prefill tokens: triton "
+                                    "(one kernel reading the bf16 streams once, the projection's fp32 weight split "
+                                    "into three bf16 parts for exact products on tensor cores; bf16 models on cuda, "
+                                    "kernels/hc_project_triton.py), torch (the norm written in fp32, then an fp32 "
+                                    "GEMM), or auto (triton on cuda). Decode and verify steps keep the two kernels",
+                                    switch=True, choices=("auto", "triton", "torch"))
     norm_backend: str = _opt("auto", "RMSNorms, the KDA output norm and the mHC stream norm, collapse and expand: "
                              "triton (one fused kernel each, cuda only; the demo model's decode step replays 747 "
                              "kernels instead of 1,042), torch (plain ops, the reference), or auto (triton on cuda)",

@@ -114,6 +114,7 @@ def resolve_runtime(ecfg: EngineConfig) -> Runtime:
                     else _triton_or_torch("indexer_topk_backend", indexer_topk, device))
     kernels = Kernels(kda=backend, kda_prep=_triton_or_torch("kda_prep_backend", ecfg.kda_prep_backend, device),
                       mhc=_triton_or_torch("mhc_backend", ecfg.mhc_backend, device),
+                      mhc_project=_triton_or_torch("mhc_project_backend", ecfg.mhc_project_backend, device),
                       norm=_triton_or_torch("norm_backend", ecfg.norm_backend, device),
                       act=_triton_or_torch("act_backend", ecfg.act_backend, device),
                       gemv=_triton_or_torch("gemv_backend", ecfg.gemv_backend, device),

@@ -23,6 +23,7 @@ class Kernels:
     kda: str = "torch"            # "fla": fla-core's Triton kernels; "torch": our chunked / recurrent forms
     kda_prep: str = "torch"       # "triton": KDA short conv (decode / verify rows), forget gate, beta in Triton
     mhc: str = "torch"            # "triton": one fused kernel for the mHC weights; "torch": plain ops
+    mhc_project: str = "torch"    # "triton": prefill steps' mHC stream norm + projection as one kernel (bf16, cuda)
     norm: str = "torch"           # "triton": fused norms and mHC collapse / expand (kernels/norm_triton.py)
     moe: str = "torch"            # "triton": grouped expert GEMMs; "torch": a loop over the chosen experts
     moe_triton_max_tokens: int = 0  # the triton MoE runs forwards of at most this many tokens
@@ -40,6 +41,7 @@ class Kernels:
 
     def describe(self) -> str:
         moe = f"triton up to {self.moe_triton_max_tokens} tokens" if self.moe == "triton" else self.moe
-        return (f"kda={self.kda}, kda_prep={self.kda_prep}, mhc={self.mhc}, norm={self.norm}, act={self.act}, "
+        return (f"kda={self.kda}, kda_prep={self.kda_prep}, mhc={self.mhc}, mhc_project={self.mhc_project}, "
+                f"norm={self.norm}, act={self.act}, "
                 f"gemv={self.gemv}, moe={moe}, moe_route={self.moe_route}, indexer={self.indexer}, "
                 f"indexer_topk={self.indexer_topk}, mla_decode={self.mla_decode}, mla_prefill={self.mla_prefill}")

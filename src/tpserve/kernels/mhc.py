@@ -34,3 +34,24 @@ def hc_weights(mixed: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, n: 
 
         return hc_weights_triton(mixed, base, scale, n, iters, eps)
     return hc_weights_torch(mixed, base, scale, n, iters, eps)
+
+
+def split_weight(fn: torch.Tensor) -> torch.Tensor:
+    """fn [W, K] -> [3, W, K] bf16 parts hi, lo, lo2 (each the bf16 rounding of what the earlier parts leave)
+    whose sum is fn to 2^-24 relative: the mHC projection's weight for kernels/hc_project_triton.py."""
+    f = fn.float()
+    hi = f.to(torch.bfloat16)
+    rest = f - hi.float()
+    lo = rest.to(torch.bfloat16)
+    lo2 = (rest - lo.float()).to(torch.bfloat16)
+    return torch.stack([hi, lo, lo2]).contiguous()
+
+
+def project_weight(fn: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The weight layout kernels/hc_project_triton.py reads for streams of `dtype`: the bf16 split [3, W, K]
+    for bf16, fn itself [1, W, K] for float32."""
+    if dtype == torch.bfloat16:
+        return split_weight(fn)
+    if dtype == torch.float32:
+        return fn.float().unsqueeze(0).contiguous()
+    raise ValueError(f"project_weight: bf16 or float32 streams, got {dtype}")

@@ -62,6 +62,11 @@ class ForwardBatch:
         return self.num_tokens == self.num_seqs == self.decode_seqs
 
     @property
+    def has_prefill(self) -> bool:
+        """Some sequence is a prefill chunk (never in a graph step)."""
+        return not self.fixed_shapes and self.decode_seqs < self.num_seqs
+
+    @property
     def decode_tokens(self) -> int:
         """Tokens [0, decode_tokens) belong to decode/verify sequences: per-token sparse attention
         over the indexer's selection (causality comes from the selection), never the dense path."""

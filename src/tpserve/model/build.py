@@ -99,6 +99,7 @@ def build_model(model_dir: str | Path, cfg: ModelConfig, ctx: ShardContext, devi
         if store.restore(model, key, ctx.rank, ctx.world, device):
             log.warning("rank %d: weights restored from snapshot %s", ctx.rank, store.entry_dir(key).name)
             merged.merge(groups)
+            prepare_runtime(model)
             return model.eval()
     model.to_empty(device=device)
     if load_format == "dummy":
@@ -113,7 +114,15 @@ def build_model(model_dir: str | Path, cfg: ModelConfig, ctx: ShardContext, devi
     merged.merge(groups)
     if store is not None:
         store.write(model, key, ctx.rank, ctx.world)
+    prepare_runtime(model)
     return model.eval()
+
+
+def prepare_runtime(model: nn.Module) -> None:
+    """Derived tensors the kernels read, made once the weights are final (not weights: never in a snapshot)."""
+    for mod in model.modules():
+        if hasattr(mod, "prepare_runtime"):
+            mod.prepare_runtime()
 
 
 def weight_options(ecfg, device: torch.device):

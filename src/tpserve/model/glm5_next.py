@@ -41,22 +41,22 @@ class DecoderLayer(nn.Module):
             self.mlp = DenseMLP(ctx, cfg.hidden_size, cfg.intermediate_size, cfg.swiglu_limit, kernels.act)
         self.input_layernorm = RMSNorm(ctx, cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(ctx, cfg.hidden_size, cfg.rms_norm_eps)
-        self.attn_hc = HyperConnection(ctx, cfg, kernels.mhc)
-        self.ffn_hc = HyperConnection(ctx, cfg, kernels.mhc)
+        self.attn_hc = HyperConnection(ctx, cfg, kernels.mhc, kernels.mhc_project)
+        self.ffn_hc = HyperConnection(ctx, cfg, kernels.mhc, kernels.mhc_project)
         self.comm = ctx.comm
         self.fused_expand = kernels.fused_collectives and self.comm.world_size > 1
 
     def forward(self, streams: torch.Tensor, batch: ForwardBatch, cache: CacheTensors,
                 prev_selection: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
         selection = None
-        post, comb, x = self.attn_hc(streams)
+        post, comb, x = self.attn_hc(streams, batch.has_prefill)
         x = self._gather(self.input_layernorm(x), batch)
         if self.is_mla:
             out, selection = self.self_attn(x, batch, cache, prev_selection)
         else:
             out = self.self_attn(x, batch, cache)
         streams = self._reduce_expand(self.attn_hc, out, streams, post, comb, batch)
-        post, comb, x = self.ffn_hc(streams)
+        post, comb, x = self.ffn_hc(streams, batch.has_prefill)
         x = self._gather(self.post_attention_layernorm(x), batch)
         streams = self._reduce_expand(self.ffn_hc, self.mlp(x), streams, post, comb, batch)
         return streams, selection

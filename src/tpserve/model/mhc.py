@@ -3,7 +3,8 @@
 Per block a projection of the (normalised, flattened) streams gives pre / post / comb
 weights; comb is made doubly stochastic by Sinkhorn steps (kernels/mhc.py: plain torch ops, or one
 Triton kernel). `collapse` gives the block input, `expand` mixes the block output back into the
-streams. Replicated on every rank (it is tiny: fn is [(2+N)*N, N*hidden]); all of its math runs in
+streams. In steps with prefill tokens, `project` "triton" runs the stream norm and the projection as one kernel
+on bf16 streams (kernels/hc_project_triton.py; its weight split into bf16 parts once, by `prepare_runtime`). Replicated on every rank (it is tiny: fn is [(2+N)*N, N*hidden]); all of its math runs in
 fp32, as in transformers.
 """
 
@@ -23,9 +24,11 @@ from tpserve.model.weights import REPLICATED, declare
 class HyperConnection(nn.Module):
     norm_backend = "torch"  # "triton": the stream norm, collapse and expand as one kernel each (norm_triton.py)
 
-    def __init__(self, ctx: ShardContext, cfg: ModelConfig, backend: str = "torch"):
+    def __init__(self, ctx: ShardContext, cfg: ModelConfig, backend: str = "torch", project: str = "torch"):
         super().__init__()
-        self.backend = backend
+        self.backend, self.project = backend, project
+        self.project_parts: torch.Tensor | None = None  # prepare_runtime: fn split for the fused projection
+        self.stream_dtype = ctx.dtype
         n = cfg.hc_mult
         self.n, self.iters, self.hc_eps, self.norm_eps = n, cfg.hc_sinkhorn_iters, cfg.hc_eps, cfg.rms_norm_eps
         width = (2 + n) * n
@@ -34,16 +37,29 @@ class HyperConnection(nn.Module):
         declare(self, "base", (width,), REPLICATED, dtype=ctx.dtype, world=ctx.world, fp32=True)
         declare(self, "scale", (3,), REPLICATED, dtype=ctx.dtype, world=ctx.world, fp32=True)
 
-    def forward(self, streams: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """streams [T, N, D] -> (post [T, N] fp32, comb [T, N, N] fp32, block input [T, D])."""
+    def prepare_runtime(self) -> None:
+        """After the weights are in (model/build.py): the fused projection's weight, for bf16 models on cuda."""
+        fn = self.fn
+        if self.project == "triton" and fn.is_cuda and self.stream_dtype == torch.bfloat16:
+            from tpserve.kernels.mhc import project_weight
+
+            self.project_parts = project_weight(fn, torch.bfloat16)
+
+    def forward(self, streams: torch.Tensor, prefill: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """streams [T, N, D] -> (post [T, N] fp32, comb [T, N, N] fp32, block input [T, D]). prefill: the step
+        has prefill tokens (the fused projection's steps; decode and verify steps keep the two kernels)."""
         n = self.n
         fused = self.norm_backend == "triton"
-        if fused:
-            flat = norm_triton().rms_normalize(streams.reshape(streams.shape[0], -1), self.norm_eps)
+        if prefill and self.project_parts is not None:
+            from tpserve.kernels.hc_project_triton import hc_project
+
+            mixed = hc_project(streams.reshape(streams.shape[0], -1), self.project_parts, self.norm_eps)
+        elif fused:
+            mixed = F.linear(norm_triton().rms_normalize(streams.reshape(streams.shape[0], -1), self.norm_eps),
+                             self.fn)
         else:
             flat = streams.reshape(streams.shape[0], -1).float()
-            flat = flat * torch.rsqrt(flat.square().mean(-1, keepdim=True) + self.norm_eps)
-        mixed = F.linear(flat, self.fn)
+            mixed = F.linear(flat * torch.rsqrt(flat.square().mean(-1, keepdim=True) + self.norm_eps), self.fn)
         pre, post, comb = hc_weights(mixed, self.base, self.scale, n, self.iters, self.hc_eps, self.backend)
         if fused:
             return post, comb, norm_triton().hc_collapse(pre, streams)
