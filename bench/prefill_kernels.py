@@ -45,6 +45,8 @@ def main() -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, nargs="*", default=[4096, 16384])
+    ap.add_argument("--hc-block-t", type=int, nargs="*", default=[],
+                    help="also time hc_project with these rows per program")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     dev, bf16 = torch.device("cuda"), torch.bfloat16
@@ -103,6 +105,12 @@ def main() -> None:
                      "floor_ms": 1e3 * floor, "rel_diff": diff, "rel_err_fp64": err})
         print(f"hc_project at {n} tokens, max |error| / max |float64| on 512 rows: before {err['before']:.1e}, "
               f"ours {err['ours']:.1e}")
+        for bt in args.hc_block_t:
+            alt = hc_project(streams, parts, eps, bt)
+            ms = 1e3 * timed(lambda: hc_project(streams, parts, eps, bt))
+            rows[-1][f"ours_ms_block_t_{bt}"] = ms
+            print(f"hc_project at {n} tokens, {bt} rows per program: {ms:.3f} ms, "
+                  f"max |difference| to the default {float((alt - got).abs().max() / got.abs().max()):.1e}")
         for r in rows[-3:]:
             print(f"| {r['kernel']} | {n} | {r['torch_ms']:.3f} | {r['ours_ms']:.3f} | "
                   f"{r['ours_ms'] / r['torch_ms']:.2f} | {r['floor_ms']:.3f} | {r['rel_diff']:.1e} |")

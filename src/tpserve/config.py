@@ -90,8 +90,10 @@ class EngineConfig:
     mhc_project_backend: str = _opt("auto", "the mHC stream norm and projection of steps with prefill tokens: triton "
                                     "(one kernel reading the bf16 streams once, the projection's fp32 weight split "
                                     "into three bf16 parts for exact products on tensor cores; bf16 models on cuda, "
-                                    "kernels/hc_project_triton.py), torch (the norm written in fp32, then an fp32 "
-                                    "GEMM), or auto (triton on cuda). Decode and verify steps keep the two kernels",
+                                    "kernels/hc_project_triton.py; on an H200 0.86 against 1.13 ms per block at "
+                                    "16k tokens, its error 4.6e-5 of the largest output against 3.6e-6), torch (the "
+                                    "norm written in fp32, then an fp32 GEMM), or auto (triton on cuda). Decode and "
+                                    "verify steps keep the two kernels",
                                     switch=True, choices=("auto", "triton", "torch"))
     norm_backend: str = _opt("auto", "RMSNorms, the KDA output norm and the mHC stream norm, collapse and expand: "
                              "triton (one fused kernel each, cuda only; the demo model's decode step replays 747 "

@@ -7,14 +7,19 @@ stream norms' share of 7.5 ms of norm kernels, for 8 mHC blocks. Here one pass r
 summing each row's squares and its dot products with fn together, and scales the sums by the row's inverse
 RMS at the end: mixed[t, j] = r_t * sum_c x[t, c] fn[j, c], r_t = 1 / sqrt(mean_c x[t, c]^2 + eps).
 
-fp32-accurate products on bf16 tensor cores: fn is split once, after loading (kernels/mhc.py `split_weight`), into three bf16
-parts hi + lo + lo2 whose sum is fn to within 2^-24 relative (each part holds the next 8 bits), and every
-bf16 x bf16 product is exact in the fp32 accumulator, so three MMAs give what an fp32 GEMM gives (bound
-below) at tensor-core speed. Only bf16 streams take this path (their values are exact in bf16).
+Exact products on bf16 tensor cores: fn is split once, after loading (kernels/mhc.py `split_weight`), into three
+bf16 parts hi + lo + lo2 whose sum is fn to within 2^-24 relative (each part holds the next 8 bits), and every
+bf16 x bf16 product is exact in fp32. The sums are not an fp32 GEMM's: measured on an H200 (fifteenth session,
+bench/prefill_kernels.py, 16,384 columns) the error is 4.6e-5 of the largest output against 3.6e-6 for the fp32
+GEMM path (the tensor cores' accumulation does not round each addition to nearest), inside the bound below and
+~100x under bf16's resolution, where the projection's results (the mHC weights) are used. Only bf16 streams take
+this path (their values are exact in bf16).
 
 Floors at 16,384 tokens, n*D = 16,384: reading the streams, 512 MiB, 0.12 ms at 4.3 TB/s; 3 x 2 x T x n*D x 32
-(fn padded to 32 rows) = 52 GFLOP, 0.07 ms at 790 TFLOP/s: bandwidth-bound. Against (fused norm + fp32
-GEMM) ~1.3 ms per block measured in that profile.
+(fn padded to 32 rows) = 52 GFLOP, 0.07 ms at 790 TFLOP/s: bandwidth-bound. Measured (H200, 16 rows per
+program): 0.861 ms against 1.126 ms for the fused norm + fp32 GEMM (0.76x), 0.289 / 0.367 ms at 4,096 tokens;
+far from the floor because every program re-reads the split weight (2.3 MiB) from L2 for its 16 rows: more rows
+per program (`block_t`, `bench/prefill_kernels.py --hc-block-t`) is the next thing to measure.
 
 Used for steps with prefill tokens only (model/mhc.py): a program streams K for 16 rows, so at decode the
 weight read (3 x 24 x 16,384 bf16 = 2.3 MiB per program) would run through one SM; decode and verify steps
@@ -64,7 +69,7 @@ def _hc_project_kernel(x_ptr, f_ptr, out_ptr, T, K, W, x_stride, eps,
     tl.store(out_ptr + t[:, None].to(tl.int64) * W + j[None, :], acc * r[:, None], mask=tm[:, None] & jm[None, :])
 
 
-def hc_project(streams: torch.Tensor, parts: torch.Tensor, eps: float) -> torch.Tensor:
+def hc_project(streams: torch.Tensor, parts: torch.Tensor, eps: float, block_t: int = BLOCK_T) -> torch.Tensor:
     """streams [T, K] (rows may be strided, columns contiguous), parts = kernels/mhc.project_weight(fn,
     streams.dtype) -> mixed [T, W] fp32 = rms_normalize(streams) @ fn^T. bf16 streams: parts [3, W, K] bf16 (the
     split); float32 streams: parts [1, W, K] float32 (fn itself; the interpreter tests this form, having no bf16
@@ -78,7 +83,7 @@ def hc_project(streams: torch.Tensor, parts: torch.Tensor, eps: float) -> torch.
     w = parts.shape[1]
     out = torch.empty(t, w, dtype=torch.float32, device=streams.device)
     if t:
-        _hc_project_kernel[(triton.cdiv(t, BLOCK_T),)](x, parts, out, t, k, w, x.stride(0), eps, BT=BLOCK_T,
+        _hc_project_kernel[(triton.cdiv(t, block_t),)](x, parts, out, t, k, w, x.stride(0), eps, BT=block_t,
                                                        BK=BLOCK_K, WP=max(16, triton.next_power_of_2(w)),
-                                                       PARTS=parts.shape[0], num_warps=4)
+                                                       PARTS=parts.shape[0], num_warps=4 if block_t <= 32 else 8)
     return out
