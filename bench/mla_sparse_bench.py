@@ -125,7 +125,8 @@ def prefill(args) -> None:
     tables = torch.randperm(nb, generator=g).view(1, nb).to(dev)
     configs = [DECODE] + [SparseConfig.parse(c) for c in args.configs if SparseConfig.parse(c) != DECODE]
     rows_out = []
-    print("| queries | config | ms | TFLOP/s | of peak | floor ms | difference |\n| --- | --- | --- | --- | --- | --- | --- |")
+    print("| queries | config | ms | TFLOP/s | of peak | floor ms | difference |\n"
+          "| --- | --- | --- | --- | --- | --- | --- |")
     for n in args.prefill:
         sel = torch.argsort(torch.rand(n, args.context, device=dev), dim=1)[:, :args.width].int()
         seq = torch.zeros(n, dtype=torch.int32, device=dev)
@@ -142,19 +143,18 @@ def prefill(args) -> None:
                 rows_out.append(dict(queries=n, config=str(cfg), error=str(e)[:400]))
                 continue
             base = out if base is None else base
-            timed = [(str(cfg), out, us)]
-            for name, got, t in timed:
-                diff = float((got.float() - base.float()).abs().max() / base.float().abs().max())
-                row = dict(queries=n, config=name, ms=t / 1e3, tflops=flops / t / 1e6, of_peak=flops / t / 1e6 / (PEAK / 1e12),
-                           floor_ms=flops / PEAK * 1e3, difference=diff)
-                rows_out.append(row)
-                print(f"| {n} | {name} | {row['ms']:.3f} | {row['tflops']:.1f} | {row['of_peak']:.1%} | "
-                      f"{row['floor_ms']:.3f} | {diff:.1e} |")
+            diff = float((out.float() - base.float()).abs().max() / base.float().abs().max())
+            tflops = flops / us / 1e6
+            row = dict(queries=n, config=str(cfg), ms=us / 1e3, tflops=tflops, of_peak=tflops / (PEAK / 1e12),
+                       floor_ms=flops / PEAK * 1e3, difference=diff)
+            rows_out.append(row)
+            print(f"| {n} | {cfg} | {row['ms']:.3f} | {tflops:.1f} | {row['of_peak']:.1%} | {row['floor_ms']:.3f} | "
+                  f"{diff:.1e} |")
         del q_lat, sel, base
     try:  # registers and spills of each compiled variant (Triton's cache of the kernel; internals, so best effort)
         from tpserve.kernels.mla_triton import _sparse_kernel
         for cache in _sparse_kernel.device_caches.values():
-            for key, k in cache[0].items():
+            for k in cache[0].values():
                 if hasattr(k, "n_regs"):
                     print(f"compiled: regs {k.n_regs}, spills {k.n_spills}, shared {k.metadata.shared} "
                           f"warps {k.metadata.num_warps} stages {k.metadata.num_stages}")

@@ -61,6 +61,7 @@ def test_async_step_carries_its_rows_of_the_inflight_tokens():
     msg = _message(header, payload)
     assert msg.kind == plan_wire.STEP and msg.plan == plan and msg.prev_tokens == 5
     plain = dataclasses.replace(plan, prev_rows=None)
-    assert plan_wire.encode_step(plain)[0][0] == plan_wire.STEP and _message(*plan_wire.encode_step(plain)).plan == plain
+    assert plan_wire.encode_step(plain)[0][0] == plan_wire.STEP
+    assert _message(*plan_wire.encode_step(plain)).plan == plain
     with pytest.raises(ValueError, match="prev_rows: 2 rows for 3 tokens"):
         plan_wire.encode_step(dataclasses.replace(plan, prev_rows=[0, 1]))

@@ -99,7 +99,8 @@ def test_async_scheduling_at_tp2_gives_the_synchronous_outputs(tiny):
         llm = _tp(path, 2, async_scheduling=on)
         try:
             engine = llm.engine
-            runs[on] = (_staggered(engine, list(zip(prompts, by_length))), _staggered(engine, list(zip(prompts, with_stop))))
+            runs[on] = (_staggered(engine, list(zip(prompts, by_length))),
+                        _staggered(engine, list(zip(prompts, with_stop))))
             assert (engine.num_overlapped > 0) if on else (engine.num_overlapped == 0)
             assert engine.block_pool.num_free == engine.block_pool.num_blocks
         finally:

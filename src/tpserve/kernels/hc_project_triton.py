@@ -27,8 +27,8 @@ weight read (3 x 24 x 16,384 bf16 = 2.3 MiB per program) would run through one S
 
 Bound against exact arithmetic, per output (u = 2^-24; S = r sum_c |x_c fn_jc|): the split leaves <= u S;
 3K exact products summed in fp32: <= 3K u S; the mean of K squares in fp32 moves r by <= (K/2 + 3) u
-relative; the final product 1 u. The torch form's own error (an fp32 GEMM over fp32-rounded normalised
-values) is of the same size: tests/kernels/test_hc_project.py checks both against float64.
+relative; the final product 1 u. The torch form (an fp32 GEMM over fp32-rounded normalised values) lies under
+the same bound: tests/kernels/test_hc_project.py checks both against float64.
 """
 
 from __future__ import annotations

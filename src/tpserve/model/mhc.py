@@ -4,8 +4,9 @@ Per block a projection of the (normalised, flattened) streams gives pre / post /
 weights; comb is made doubly stochastic by Sinkhorn steps (kernels/mhc.py: plain torch ops, or one
 Triton kernel). `collapse` gives the block input, `expand` mixes the block output back into the
 streams. In steps with prefill tokens, `project` "triton" runs the stream norm and the projection as one kernel
-on bf16 streams (kernels/hc_project_triton.py; its weight split into bf16 parts once, by `prepare_runtime`). Replicated on every rank (it is tiny: fn is [(2+N)*N, N*hidden]); all of its math runs in
-fp32, as in transformers.
+on bf16 streams (kernels/hc_project_triton.py; its weight split into bf16 parts once, by `prepare_runtime`).
+Replicated on every rank (it is tiny: fn is [(2+N)*N, N*hidden]); all of its math runs in fp32, as in
+transformers.
 """
 
 from __future__ import annotations

@@ -3,9 +3,9 @@
 Only the normalised 512-wide latent is cached (replicated on every rank, paged in blocks).
 Prefill chunks expand the latent of the whole context into per-head keys/values and run SDPA
 under the selection mask (dense), or absorb kv_b_proj like decode tokens and attend over their selected rows
-only (sparse: `--mla-prefill`, auto from 8,192 positions); decode and verify tokens (also inside a mixed step) absorb kv_b_proj
-into the query and attend over their selected latent rows only (with `--mla-decode-backend triton`
-read from the paged cache in place by kernels/mla_triton.py, else gathered by torch).
+only (sparse: `--mla-prefill`, auto from 8,192 positions); decode and verify tokens (also inside a mixed step)
+absorb kv_b_proj into the query and attend over their selected latent rows only (with `--mla-decode-backend
+triton` read from the paged cache in place by kernels/mla_triton.py, else gathered by torch).
 """
 
 from __future__ import annotations
