@@ -3,7 +3,8 @@ than `bench spec`, which times its settings one after another).
 
     python bench/spec_ab.py [--batch 1] [--k 5] [--fixed-k K] [--baseline fixed|off] [--candidate adaptive|fixed|off]
                             [--max-tokens 64]
-                            [--rounds 6] [--pairs 1] [--device cpu] [--truncate-threshold T] [--draft-graph G] [--json F]
+                            [--rounds 6] [--pairs 1] [--one-engine] [--device cpu] [--truncate-threshold T]
+                            [--draft-graph G] [--json F]
 
 With --pairs N, N pairs of engines are built one after another, each pair in the other order than the
 one before (an A/A control, fixed k=7 against fixed k=7 on an H200, gave 0.939 with every round of 16
@@ -16,6 +17,9 @@ adaptive engine chose each k over the timed rounds (k = 0: a plain step). --base
 adaptive engine with plain decoding instead (batch 64: does it cost nothing where it drafts nothing);
 --candidate fixed with --baseline off times fixed k against plain decoding (the speedup, interleaved);
 --candidate off with --baseline off is the A/A control of plain decoding.
+--one-engine (adaptive against fixed k = --k only): one engine runs both, switched between rounds
+(`Speculator.set_adaptive`), so the two sides share graphs, memory and allocator state and differ in the policy
+alone; each pair is then one engine.
 """
 
 from __future__ import annotations
@@ -48,6 +52,8 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=1,
                     help="pairs of engines, each built in the other order (two identical engines differed by "
                          "up to 6%% on an H200: the pairs spread that over both sides)")
+    ap.add_argument("--one-engine", action="store_true",
+                    help="adaptive and fixed k on one engine, switched between rounds (not two engines)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--baseline", choices=("fixed", "off"), default="fixed",
                     help="the other engine: fixed k (default) or no speculation")
@@ -58,6 +64,9 @@ def main() -> None:
                     help="the adaptive engine's truncation threshold (default: the engine's default)")
     ap.add_argument("--json", default=None, help="also write the rounds, the median and the k histogram here")
     args = ap.parse_args()
+    if args.one_engine and (args.candidate != "adaptive" or args.baseline != "fixed"
+                            or (args.fixed_k is not None and args.fixed_k != args.k)):
+        ap.error("--one-engine: adaptive (k <= --k) against fixed k = --k only")
     groups = structured_groups(args.batch)
     sp = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
     fixed_k = args.k if args.fixed_k is None else args.fixed_k
@@ -79,22 +88,33 @@ def main() -> None:
     print("| --- | --- | --- | --- | --- |")
     for pair in range(args.pairs):  # each pair of engines built in the other order than the one before
         built = ["base", "cand"] if pair % 2 == 0 else ["cand", "base"]
-        engines = {name: LLM(speculative_config=configs[name], **kw) for name in built}
-        for llm in engines.values():
-            timed_pass(llm, groups, sp)  # untimed pass
+        if args.one_engine:
+            one = LLM(speculative_config=configs["cand"], **kw)
+            engines = {"base": one, "cand": one}
+        else:
+            engines = {name: LLM(speculative_config=configs[name], **kw) for name in built}
+
+        def run(name: str) -> float:
+            if args.one_engine:
+                engines[name].engine.speculator.set_adaptive(name == "cand")
+            return timed_pass(engines[name], groups, sp)
+
+        for name in built:
+            run(name)  # untimed pass
         cand_engine = engines["cand"].engine
         speculator = cand_engine.speculator
 
         def counted(fn, cand_engine=cand_engine, speculator=speculator):  # propose / verify_fused choose k
             def wrapped(*a, **kw):
                 fn(*a, **kw)
-                if cand_engine.scheduler.running:  # after a request's last step there is nothing to draft for
+                # after a request's last step there is nothing to draft for; one engine: its adaptive rounds only
+                if cand_engine.scheduler.running and speculator.spec.adaptive:
                     chosen[speculator.last_k] += 1
             return wrapped
-        def idle_counted(fn):  # a step that skips the speculator above the verify graphs (Speculator.idle): k = 0
+        def idle_counted(fn, speculator=speculator):  # a step that skips the speculator (Speculator.idle): k = 0
             def wrapped():
                 skip = fn()
-                chosen[0] += skip
+                chosen[0] += skip and speculator.spec.adaptive
                 return skip
             return wrapped
         if speculator is not None:
@@ -102,13 +122,13 @@ def main() -> None:
             speculator.idle = idle_counted(speculator.idle)
         for r in range(args.rounds):
             order = ["base", "cand"] if r % 2 == 0 else ["cand", "base"]
-            rate = {name: timed_pass(engines[name], groups, sp) for name in order}
+            rate = {name: run(name) for name in order}
             ratios.append(rate["cand"] / rate["base"])
             rounds.append({"pair": pair, "built": built, "order": order, "base_tok_s": rate["base"],
                            "cand_tok_s": rate["cand"], "ratio": ratios[-1]})
             print(f"| {pair + 1} | {r + 1} | {rate['base']:.1f} | {rate['cand']:.1f} | {ratios[-1]:.3f} |", flush=True)
         if pair < args.pairs - 1:
-            for llm in engines.values():
+            for llm in {id(x): x for x in engines.values()}.values():
                 llm.shutdown()
             del engines, cand_engine
             gc.collect()
@@ -128,7 +148,7 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
-    for llm in engines.values():
+    for llm in {id(x): x for x in engines.values()}.values():
         llm.shutdown()
 
 

@@ -700,3 +700,37 @@ def test_adaptive_k_is_all_or_nothing_where_steps_are_padded(fused):
     assert ks == {3} if fused else ks == {1, 3}  # (3: the exploring steps, every 4th)
     assert steps is None or steps
     llm.shutdown()
+
+
+def test_set_adaptive_switches_a_running_engine(plain):
+    """Speculator.set_adaptive (bench/spec_ab.py --one-engine): an engine built adaptive runs as fixed k and back;
+    greedy tokens equal plain decoding in both modes; the fixed mode drafts k = num_speculative_tokens on every
+    drafting step and observes nothing; what the adaptive mode learned is kept."""
+    sp = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    want = [o.outputs[0].token_ids for o in plain.generate(PROMPTS[:2], sp)]
+    llm = LLM(device="cpu", kv_cache_memory="16MiB", block_size=16, max_num_seqs=8,
+              speculative_config={"method": "mtp", "num_speculative_tokens": 3})
+    try:
+        speculator = llm.engine.speculator
+        assert speculator.spec.adaptive and speculator.policy.adaptive
+        assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS[:2], sp)] == want
+        learned = speculator.policy.snapshot()
+        speculator.set_adaptive(False)
+        assert not speculator.spec.adaptive and not speculator.policy.adaptive
+        ks = []
+        propose = speculator.propose
+
+        def counted(*a, **kw):
+            propose(*a, **kw)
+            if llm.engine.scheduler.running:
+                ks.append(speculator.last_k)
+        speculator.propose = counted
+        assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS[:2], sp)] == want
+        assert ks and set(ks) == {3}
+        after = speculator.policy.snapshot()
+        assert after["step_cost"] == learned["step_cost"] and after["draft_cost"] == learned["draft_cost"]
+        speculator.set_adaptive(True)
+        assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS[:2], sp)] == want
+        assert _pools_full(llm)
+    finally:
+        llm.shutdown()

@@ -24,6 +24,8 @@ the drafts.
 
 from __future__ import annotations
 
+import dataclasses
+
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -86,6 +88,13 @@ class Speculator:
         self.calibration = Calibration()
         self.last_k, self.last_draft_seconds, self.emitted = 0, 0.0, 0
         self.step_drafted = False  # the step just run verified drafts (what MeasuredRates files it under)
+
+    def set_adaptive(self, on: bool) -> None:
+        """Switch between adaptive k and a fixed k = num_speculative_tokens in a running engine (bench/spec_ab.py
+        --one-engine: both modes on the same engine, graphs and memory). What the adaptive mode learned is kept;
+        the fixed mode observes nothing (as an engine built fixed)."""
+        self.spec = dataclasses.replace(self.spec, adaptive=bool(on))
+        self.policy.adaptive = bool(on)
 
     # ------------------------------------------------------------------ verify
     def verify(self, sampled: list[Scheduled], logits: torch.Tensor) -> list[int]:
