@@ -72,3 +72,19 @@ def test_cut_layers_for_one_gpu_benches():
     assert plan.requests_fit >= 1
     with pytest.raises(ValueError, match="num_layers must be in"):
         cut_layers(cfg, 0)
+
+
+def test_plan_counts_the_mhc_projection_split():
+    """With --mhc-project-backend triton (bf16) every mHC block holds its projection weight split into three bf16
+    parts after loading (model/mhc.py prepare_runtime): the plan counts them with the weights (90 blocks of the real
+    model: 3 x 24 x 16,384 x 2 bytes each, 212 MB)."""
+    cfg = ModelConfig.from_file(REAL)
+    ctx = ShardContext(0, 2, torch.bfloat16, Communicator(None, torch.device("cpu")))
+    sizes = {}
+    for project in ("torch", "triton"):
+        model, _, _ = plan_model(REAL, cfg, ctx, Kernels(mhc_project=project,
+                                                          weights=WeightOptions(quantization="nvfp4")), "dummy")
+        sizes[project] = memory_plan(model, cfg, rank=0, world=2, dtype=torch.bfloat16, device_bytes=H200,
+                                     utilization=0.9, activation_bytes=4 * 2**30).weight_bytes
+    blocks = 2 * cfg.num_hidden_layers
+    assert sizes["triton"] - sizes["torch"] == blocks * 3 * (2 + cfg.hc_mult) * cfg.hc_mult * cfg.hc_mult * 4096 * 2

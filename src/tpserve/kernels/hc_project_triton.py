@@ -21,6 +21,9 @@ program): 0.861 ms against 1.126 ms for the fused norm + fp32 GEMM (0.76x), 0.28
 far from the floor because every program re-reads the split weight (2.3 MiB) from L2 for its 16 rows: more rows
 per program (`block_t`, `bench/prefill_kernels.py --hc-block-t`) is the next thing to measure.
 
+Memory: the split weight is 3 x 24 x 16,384 bf16 per block, 212 MB over the real model's 90 blocks on every rank
+(model/plan.py counts it with the weights).
+
 Used for steps with prefill tokens only (model/mhc.py): a program streams K for 16 rows, so at decode the
 weight read (3 x 24 x 16,384 bf16 = 2.3 MiB per program) would run through one SM; decode and verify steps
 (every CUDA graph) keep the two-kernel path, so graphs and eager decode steps compute alike.

@@ -46,6 +46,10 @@ class HyperConnection(nn.Module):
 
             self.project_parts = project_weight(fn, torch.bfloat16)
 
+    def runtime_bytes(self) -> int:
+        """What prepare_runtime will allocate (model/plan.py counts it with the weights)."""
+        return 3 * self.fn.numel() * 2 if self.project == "triton" and self.stream_dtype == torch.bfloat16 else 0
+
     def forward(self, streams: torch.Tensor, prefill: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """streams [T, N, D] -> (post [T, N] fp32, comb [T, N, N] fp32, block input [T, D]). prefill: the step
         has prefill tokens (the fused projection's steps; decode and verify steps keep the two kernels)."""

@@ -65,6 +65,11 @@ class MemoryPlan:
                              "quantized checkpoint (--quantization), or raise --gpu-memory-utilization")
 
 
+def derived_bytes(model: nn.Module) -> int:
+    """Tensors made from the weights after loading (model/build.py prepare_runtime), counted with them."""
+    return sum(m.runtime_bytes() for m in model.modules() if hasattr(m, "runtime_bytes"))
+
+
 def memory_plan(model: nn.Module, cfg: ModelConfig, *, rank: int, world: int, dtype: torch.dtype,
                 device_bytes: int, utilization: float, activation_bytes: int, block_size: int = 64,
                 request_tokens: int = REQUEST_TOKENS) -> MemoryPlan:
@@ -72,7 +77,8 @@ def memory_plan(model: nn.Module, cfg: ModelConfig, *, rank: int, world: int, dt
     from tpserve.engine.cache import bytes_per_block, bytes_per_slot
 
     return MemoryPlan(rank=rank, world=world, device_bytes=int(device_bytes),
-                      budget_bytes=int(device_bytes * utilization), weight_bytes=param_bytes(model),
+                      budget_bytes=int(device_bytes * utilization),
+                      weight_bytes=param_bytes(model) + derived_bytes(model),
                       activation_bytes=int(activation_bytes),
                       kv_bytes_per_token=bytes_per_block(cfg, block_size, dtype) / block_size,
                       kda_bytes_per_request=bytes_per_slot(cfg, world, dtype), request_tokens=request_tokens)
