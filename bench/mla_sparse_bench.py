@@ -150,7 +150,7 @@ def prefill(args) -> None:
             rows_out.append(row)
             print(f"| {n} | {cfg} | {row['ms']:.3f} | {tflops:.1f} | {row['of_peak']:.1%} | {row['floor_ms']:.3f} | "
                   f"{diff:.1e} |")
-        del q_lat, sel, base
+        q_lat = sel = base = out = None  # freed before the next size is made
     try:  # registers and spills of each compiled variant (Triton's cache of the kernel; internals, so best effort)
         from tpserve.kernels.mla_triton import _sparse_kernel
         for cache in _sparse_kernel.device_caches.values():

@@ -268,7 +268,7 @@ def test_k_zero_for_long_stops_the_drafter(plain):
 
 
 def test_measured_rates_turn_drafting_off_where_it_loses():
-    from tpserve.engine.speculate import MeasuredRates
+    from tpserve.engine.spec_rates import MeasuredRates
 
     r = MeasuredRates()
 
@@ -309,7 +309,7 @@ def test_measured_rates_turn_drafting_off_where_it_loses():
 def test_measured_rates_shrug_off_a_slow_first_drafting_step():
     """One drafting step 200 times slower than the rest (a compile, a GC pause) among the first measured
     does not make plain decoding look faster: each step's time is capped at 3x the window's median."""
-    from tpserve.engine.speculate import MeasuredRates
+    from tpserve.engine.spec_rates import MeasuredRates
 
     r = MeasuredRates()
     r.observe(1, True, 1, 0.2)  # the outlier first

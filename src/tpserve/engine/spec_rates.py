@@ -1,0 +1,149 @@
+"""What speculative steps measure about themselves (engine/speculate.py): decode rates with and without drafts
+per batch size (`MeasuredRates`, which overrides the policy's k where measurements disagree with its cost model)
+and the drafter's calibration (`Calibration`)."""
+
+from __future__ import annotations
+
+from collections import deque
+
+
+class _RateWindow:
+    """One mode's last WINDOW steps: rate = tokens / seconds, each step's time capped at OUTLIER x the
+    window's median. The cap (a sort) is recomputed, and every step capped again, every 8th step (and
+    whenever asked); in between the window's sums are updated in place."""
+
+    WINDOW, OUTLIER = 16, 3.0
+
+    def __init__(self):
+        self.steps: deque[list] = deque(maxlen=self.WINDOW)  # [tokens, seconds, capped seconds] per step
+        self.tokens, self.seconds, self.cap, self.added = 0.0, 0.0, 0.0, 0
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    @property
+    def rate(self) -> float:
+        return self.tokens / self.seconds
+
+    def add(self, tokens: int, seconds: float, recap: bool = False) -> bool:
+        """-> whether the cap was recomputed."""
+        steps = self.steps
+        self.added += 1
+        recap = recap or self.added % 8 == 0
+        if recap:
+            steps.append([tokens, seconds, seconds])
+            self.cap = self.OUTLIER * sorted(w[1] for w in steps)[len(steps) // 2]
+            for w in steps:
+                w[2] = min(w[1], self.cap)
+            self.tokens, self.seconds = sum(w[0] for w in steps), sum(w[2] for w in steps)
+        else:
+            if len(steps) == steps.maxlen:
+                self.tokens -= steps[0][0]
+                self.seconds -= steps[0][2]
+            capped = seconds if seconds < self.cap else self.cap
+            steps.append([tokens, seconds, capped])
+            self.tokens += tokens
+            self.seconds += capped
+        return recap
+
+
+class MeasuredRates:
+    """Emitted tokens per second actually measured, for steps with and without drafts, per batch-size
+    bucket (powers of two): the policy's cost model sees tokens and experts, not what the machine does
+    with them (graphs for some steps, host overheads, a compute-bound CPU).
+
+    A mode's rate is tokens / seconds over its last steps, each step's time capped (`_RateWindow`): one drafting step emits 1..k+1 tokens, so single steps say little,
+    and a compile or a GC pause in one step must not decide the mode (per-step averages, probes that fell
+    on steps where nothing could draft and step times that missed the GPU's work kept a batch of 1 in
+    plain steps on an H200: BENCHMARKS.md, twelfth session). The modes are compared once
+    each has MIN_OBS steps; until then the policy's k, with a plain step whenever plain decoding has not
+    run for PLAIN_PROBE steps. Then the slower mode runs again once it has not run for SPEC_PROBE steps
+    (CLEAR_PROBE when the faster leads by more than CLEAR_LEAD, WIDE_PROBE by more than WIDE_LEAD; each
+    probe costs a step or two in the slower mode): counted from its last measured step, so a
+    probe that found no sequence able to draft (their MTP stopped) stays due until one can (the next
+    request). k = 0 where drafting is measured slower, the policy's k where faster."""
+
+    PLAIN_PROBE, SPEC_PROBE, CLEAR_PROBE, CLEAR_LEAD, WIDE_PROBE, WIDE_LEAD = 8, 64, 256, 1.25, 1024, 1.5
+    MIN_OBS, WINDOW = 4, _RateWindow.WINDOW
+
+    def __init__(self):
+        self.window: dict[tuple[int, bool], _RateWindow] = {}  # (bucket, drafted) -> that mode's recent steps
+        self.last_seen: dict[tuple[int, bool], int] = {}  # the `step` count at the mode's last observation
+        self._decision: dict[int, tuple[tuple[int, bool], int]] = {}  # bucket -> (slower mode's key, probe every)
+        self.step = 0
+
+    @property
+    def rates(self) -> dict[tuple[int, bool], float]:
+        return {key: w.rate for key, w in self.window.items()}
+
+    @staticmethod
+    def bucket(batch: int) -> int:
+        return 1 << max(batch - 1, 0).bit_length()
+
+    def observe(self, batch: int, drafted: bool, emitted: int, seconds: float) -> None:
+        if emitted <= 0 or not seconds > 0:
+            return
+        b = self.bucket(batch)
+        key = (b, drafted)
+        win = self.window.get(key)
+        if win is None:
+            win = self.window[key] = _RateWindow()
+        recapped = win.add(emitted, seconds, len(win) < self.MIN_OBS)
+        self.last_seen[key] = self.step
+        decision = self._decision.get(b)
+        if recapped or decision is None or decision[0] == key:  # the faster mode's rate moves little step to step
+            self._decide(b)
+
+    def _decide(self, b: int) -> None:
+        """Bucket b's slower mode and how often it is re-measured, once both modes are measured."""
+        plain_key, spec_key = (b, False), (b, True)
+        if min(len(self.window.get(plain_key, ())), len(self.window.get(spec_key, ()))) < self.MIN_OBS:
+            return
+        plain, spec = self.window[plain_key].rate, self.window[spec_key].rate
+        lead = max(spec, plain) / min(spec, plain)
+        every = (self.SPEC_PROBE if lead <= self.CLEAR_LEAD else self.CLEAR_PROBE if lead <= self.WIDE_LEAD
+                 else self.WIDE_PROBE)
+        self._decision[b] = (spec_key if spec < plain else plain_key, every)
+
+    def measured(self, batch: int) -> bool:
+        """Both modes measured for this batch's bucket (`override` then decides from measurements alone)."""
+        return self.bucket(batch) in self._decision
+
+    def override(self, batch: int, k: int) -> int:
+        self.step += 1
+        if k == 0:
+            return 0
+        b = self.bucket(batch)
+        decision = self._decision.get(b)
+        if decision is None:  # not both measured: the policy's k, plain decoding now and then
+            plain_key = (b, False)
+            measured = len(self.window.get(plain_key, ())) >= self.MIN_OBS
+            return 0 if not measured and self.step - self.last_seen.get(plain_key, 0) >= self.PLAIN_PROBE else k
+        slower, every = decision
+        due = self.step - self.last_seen[slower] >= every  # the slower mode runs once it is due
+        return (k if due else 0) if slower[1] else (0 if due else k)
+
+    def snapshot(self) -> dict:
+        return {f"batch<={b} {'spec' if d else 'plain'}": {"tok_s": round(w.rate, 1), "steps": len(w)}
+                for (b, d), w in sorted(self.window.items())}
+
+
+class Calibration:
+    """How far the drafter's own probabilities are from the measured acceptance: factor = accepted /
+    sum of the probabilities of the drafts verified (exploration steps only, so truncation does not
+    bias it). Survival for truncation is the product of min(1, factor * p) along the chain: a drafter
+    that is right more often than its probabilities say (the demo model's) is not cut short."""
+
+    PRIOR = 20.0  # pseudo-observations at factor 1
+
+    def __init__(self):
+        self.accepted, self.prob_sum = self.PRIOR, self.PRIOR
+
+    @property
+    def factor(self) -> float:
+        return self.accepted / self.prob_sum
+
+    def observe(self, sure: list[float], accepted: int) -> None:
+        """Draft probabilities of the positions verified (the first `accepted` of them were accepted)."""
+        self.accepted += accepted
+        self.prob_sum += sum(sure)
