@@ -71,8 +71,10 @@ class LocalExecutor:
         self.runner.setup_graphs(ecfg.max_num_seqs, ecfg.max_model_len, ecfg.enforce_eager,
                                  num_speculative_tokens=0 if spec is None else spec.num_speculative_tokens,
                                  draft_graph=ecfg.draft_graph)
-        log.info("boot: model and weights %.2f s (kernel self-tests included), cache %.2f s, graphs %.2f s",
-                 t1 - t0, t2 - t1, time.perf_counter() - t2)
+        phases = self.runner.boot_seconds
+        log.info("boot: model and weights %.2f s (the model planned on the meta device %.2f s, weights %.2f s, "
+                 "kernel self-tests %.2f s), cache %.2f s, graphs %.2f s", t1 - t0, phases.get("plan", 0.0),
+                 phases.get("weights", 0.0), phases.get("self_tests", 0.0), t2 - t1, time.perf_counter() - t2)
 
     def execute(self, plan: StepPlan, prev: torch.Tensor | None = None) -> torch.Tensor:
         return self.runner.execute(plan, prev)

@@ -7,6 +7,7 @@ ranks); every rank turns the same plan into a ForwardBatch on its device and run
 from __future__ import annotations
 
 import dataclasses
+import time
 import logging
 from dataclasses import dataclass
 
@@ -66,14 +67,17 @@ class ModelRunner:
     def __init__(self, model_dir: str, cfg: ModelConfig, ctx: ShardContext, device: torch.device,
                  kernels: Kernels, progress: bool | None = None, load_format: str = "auto", mtp: bool = False):
         self.cfg, self.ctx, self.device, self.mtp = cfg, ctx, device, mtp
+        self.boot_seconds: dict[str, float] = {}  # the model's start-up phases (executor.py logs them)
         self.model = build_model(model_dir, cfg, ctx, device, kernels, load_format=load_format, progress=progress,
-                                 mtp=mtp)
+                                 mtp=mtp, timings=self.boot_seconds)
         self.last_hidden: torch.Tensor | None = None   # speculative decoding: the last step's hidden rows
         self.draft_hidden: torch.Tensor | None = None  # ... and the last MTP depth's output rows
         self.kernels = kernels
         self.kda_report = f"{kernels.kda} KDA path"
         if kernels.kda == "fla":
+            t0 = time.perf_counter()
             self._configure_fla()
+            self.boot_seconds["self_tests"] = time.perf_counter() - t0
         self.cache = None
         self.cache_shape: CacheShape | None = None
         self.graphs = None  # engine.graphs.StepGraphs once set up

@@ -8,6 +8,7 @@ unquantized one; `to_empty` then allocates each parameter once, on the target de
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 
 import torch
@@ -74,11 +75,16 @@ def randomize_quantized_(model: nn.Module, seed: int) -> None:
 
 def build_model(model_dir: str | Path, cfg: ModelConfig, ctx: ShardContext, device: torch.device,
                 kernels: Kernels, *, load_format: str = "auto", progress: bool | None = None,
-                seed: int = 1234, mtp: bool = False) -> nn.Module:
+                seed: int = 1234, mtp: bool = False, timings: dict | None = None) -> nn.Module:
+    """The model on `device` with its weights processed. `timings` (when given) gets the seconds of its phases:
+    "plan" (the model on the meta device, the memory plan, the snapshot key) and "weights" (the snapshot restored,
+    or the checkpoint loaded, or random weights made, and processed; a first boot's snapshot write included)."""
     from tpserve.model import merged
     from tpserve.model.loader import load_weights
     from tpserve.model.snapshot import SnapshotStore
 
+    timings = {} if timings is None else timings
+    t0 = time.perf_counter()
     model, qc, plan = plan_model(model_dir, cfg, ctx, kernels, load_format, mtp)
     opts = kernels.weights
     if device.type == "cuda":  # the plan per rank, checked before anything is allocated
@@ -96,11 +102,14 @@ def build_model(model_dir: str | Path, cfg: ModelConfig, ctx: ShardContext, devi
     if opts.snapshot and load_format != "dummy":
         store = SnapshotStore(opts.snapshot_dir)
         key = store.key(model_dir, cfg, ctx, qc, plan, merged=bool(groups))
+        t1 = timings["plan"] = time.perf_counter() - t0
         if store.restore(model, key, ctx.rank, ctx.world, device):
             log.warning("rank %d: weights restored from snapshot %s", ctx.rank, store.entry_dir(key).name)
             merged.merge(groups)
             prepare_runtime(model)
+            timings["weights"] = time.perf_counter() - t0 - t1
             return model.eval()
+    timings.setdefault("plan", time.perf_counter() - t0)
     model.to_empty(device=device)
     if load_format == "dummy":
         from tpserve.model.tiny import randomize_
@@ -115,6 +124,7 @@ def build_model(model_dir: str | Path, cfg: ModelConfig, ctx: ShardContext, devi
     if store is not None:
         store.write(model, key, ctx.rank, ctx.world)
     prepare_runtime(model)
+    timings["weights"] = time.perf_counter() - t0 - timings["plan"]
     return model.eval()
 
 
