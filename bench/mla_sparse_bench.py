@@ -2,7 +2,8 @@
 model/mla.py `_sparse`, at GLM-5.3-Flash's widths (TP=1: 64 heads, latent 512, selection 2048 + 3).
 
     python bench/mla_sparse_bench.py [--tokens 1 8 32 64] [--heads 64] [--dtype bfloat16] [--ranges 4 8 ...] [--json F]
-    python bench/mla_sparse_bench.py --prefill 256 4096 --configs h64r64w8s2 h32r32w4 ... [--json F]
+    python bench/mla_sparse_bench.py --prefill 256 4096 --configs h64r64w8s2 h32r32w4 ... [--json F] [--plot PNG]
+    python bench/mla_sparse_bench.py --plot PNG --from-json F [F ...]   # the PNG of earlier prefill runs (no GPU)
 
 Per token count: the largest error of each form against a float64 reference (and the kernel's against
 the torch form), and the median time of 200 CUDA-graph replays after warm-up (CUDA events); the floor is the selected
@@ -58,8 +59,6 @@ def median_us(fn, reps: int = 200) -> float:
 
 
 def main() -> None:
-    from tpserve.kernels.mla_triton import sparse_mla
-
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, nargs="*", default=[1, 8, 32, 64])
     ap.add_argument("--heads", type=int, default=64)
@@ -72,10 +71,22 @@ def main() -> None:
     ap.add_argument("--prefill", type=int, nargs="*", default=[], help="query counts of one sequence (prefill mode)")
     ap.add_argument("--configs", nargs="*", default=[], help="launch configs to time in prefill mode")
     ap.add_argument("--json", dest="json_out", default=None)
+    ap.add_argument("--plot", default=None, help="prefill mode: a PNG of each shape's time per query count, floor drawn")
+    ap.add_argument("--from-json", nargs="*", default=[], help="with --plot: draw these earlier --prefill JSONs")
     args = ap.parse_args()
-    if args.prefill:
-        prefill(args)
+    if args.from_json:
+        if not args.plot:
+            ap.error("--from-json: give --plot too")
+        rows = [r for f in args.from_json for r in json.load(open(f))["rows"]]
+        plot_prefill(rows, args.plot)
         return
+    if args.prefill:
+        rows = prefill(args)
+        if args.plot:
+            plot_prefill(rows, args.plot)
+        return
+    from tpserve.kernels.mla_triton import sparse_mla
+
     dev, dtype, bs = torch.device("cuda"), getattr(torch, args.dtype), 64
     g = torch.Generator(device="cpu").manual_seed(0)
     rows_out = []
@@ -115,7 +126,7 @@ def main() -> None:
             json.dump(dict(vars(args), rows=rows_out), f, indent=1)
 
 
-def prefill(args) -> None:
+def prefill(args) -> list[dict]:
     from tpserve.kernels.mla_triton import DECODE, SparseConfig, sparse_mla
 
     dev, dtype, bs = torch.device("cuda"), getattr(torch, args.dtype), 64
@@ -163,6 +174,33 @@ def prefill(args) -> None:
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump(dict(vars(args), rows=rows_out), f, indent=1)
+    return rows_out
+
+
+def plot_prefill(rows: list[dict], path: str) -> None:
+    """One bar per launch shape at the largest query count measured (its fastest time where runs repeat), the
+    FLOP floor as a line; shapes that failed to compile are left out."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n = max(r["queries"] for r in rows if "ms" in r)
+    best: dict[str, dict] = {}
+    for r in rows:
+        if r["queries"] == n and "ms" in r and (r["config"] not in best or r["ms"] < best[r["config"]]["ms"]):
+            best[r["config"]] = r
+    shown = sorted(best.values(), key=lambda r: r["ms"])
+    fig, ax = plt.subplots(figsize=(7, 0.32 * len(shown) + 1.4))
+    ax.barh([r["config"] for r in shown], [r["ms"] for r in shown], color="tab:blue")
+    floor = shown[0]["floor_ms"]
+    ax.axvline(floor, color="black", linestyle="--", label=f"FLOP floor {floor:.2f} ms (790 TFLOP/s)")
+    ax.invert_yaxis()
+    ax.set_xlabel(f"ms per call, {n:,} queries x their selected rows (H200)")
+    ax.set_title("sparse MLA prefill launch shapes\n(h heads, r rows, w warps, s stages; c / q / +rows: removed variants)", fontsize=10)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print(f"plot: {path}")
 
 
 if __name__ == "__main__":
