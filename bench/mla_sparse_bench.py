@@ -134,7 +134,7 @@ def prefill(args) -> list[dict]:
     nb = args.context // bs
     latent = torch.randn(nb * bs, args.latent, generator=g).to(dtype).to(dev)
     tables = torch.randperm(nb, generator=g).view(1, nb).to(dev)
-    configs = [DECODE] + [SparseConfig.parse(c) for c in args.configs if SparseConfig.parse(c) != DECODE]
+    configs = [DECODE] + [c for c in map(SparseConfig.parse, args.configs) if c != DECODE]
     rows_out = []
     print("| queries | config | ms | TFLOP/s | of peak | floor ms | difference |\n"
           "| --- | --- | --- | --- | --- | --- | --- |")

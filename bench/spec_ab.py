@@ -108,13 +108,13 @@ def main() -> None:
             def wrapped(*a, **kw):
                 fn(*a, **kw)
                 # after a request's last step there is nothing to draft for; one engine: its adaptive rounds only
-                if cand_engine.scheduler.running and speculator.spec.adaptive:
+                if cand_engine.scheduler.running and (speculator.spec.adaptive or not args.one_engine):
                     chosen[speculator.last_k] += 1
             return wrapped
         def idle_counted(fn, speculator=speculator):  # a step that skips the speculator (Speculator.idle): k = 0
             def wrapped():
                 skip = fn()
-                chosen[0] += skip and speculator.spec.adaptive
+                chosen[0] += skip and (speculator.spec.adaptive or not args.one_engine)
                 return skip
             return wrapped
         if speculator is not None:

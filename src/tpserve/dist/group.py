@@ -210,13 +210,8 @@ class TPExecutor:
         if prev is None:
             return self._on_every_rank(lambda: plan_wire.send(plan, self.state.control),
                                        lambda: self.state.runner.execute(plan))
-        sent = []
-
-        def send() -> None:
-            plan_wire.send(plan, self.state.control, prev.numel())
-            sent.append(plan_wire.send_tokens(prev))
-
-        return self._on_every_rank(send, lambda: self.state.runner.execute(plan, sent[0]))
+        return self._on_every_rank(lambda: plan_wire.send(plan, self.state.control, prev.numel()),
+                                   lambda: self.state.runner.execute(plan, plan_wire.send_tokens(prev)))
 
     def commit(self, counts: list[int]) -> None:
         self._on_every_rank(lambda: plan_wire.broadcast(*plan_wire.encode_commit(counts), self.state.control),

@@ -12,7 +12,7 @@ bf16 parts hi + lo + lo2 whose sum is fn to within 2^-24 relative (each part hol
 bf16 x bf16 product is exact in fp32. The sums are not an fp32 GEMM's: measured on an H200 (fifteenth session,
 bench/prefill_kernels.py, 16,384 columns) the error is 4.6e-5 of the largest output against 3.6e-6 for the fp32
 GEMM path (the tensor cores' accumulation does not round each addition to nearest), inside the bound below and
-~100x under bf16's resolution, where the projection's results (the mHC weights) are used. Only bf16 streams take
+~85x under bf16's resolution (2^-8), where the projection's results (the mHC weights) are used. Only bf16 streams take
 this path (their values are exact in bf16).
 
 Floors at 16,384 tokens, n*D = 16,384: reading the streams, 512 MiB, 0.12 ms at 4.3 TB/s; 3 x 2 x T x n*D x 32

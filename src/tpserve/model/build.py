@@ -98,18 +98,17 @@ def build_model(model_dir: str | Path, cfg: ModelConfig, ctx: ShardContext, devi
         log.warning("memory plan (%s weights): %s", qc.method, mplan.describe())
         mplan.check()
     groups = merged.plan(model) if opts.merge_linears else []
-    store = None
+    store = key = None
     if opts.snapshot and load_format != "dummy":
         store = SnapshotStore(opts.snapshot_dir)
         key = store.key(model_dir, cfg, ctx, qc, plan, merged=bool(groups))
-        t1 = timings["plan"] = time.perf_counter() - t0
-        if store.restore(model, key, ctx.rank, ctx.world, device):
-            log.warning("rank %d: weights restored from snapshot %s", ctx.rank, store.entry_dir(key).name)
-            merged.merge(groups)
-            prepare_runtime(model)
-            timings["weights"] = time.perf_counter() - t0 - t1
-            return model.eval()
-    timings.setdefault("plan", time.perf_counter() - t0)
+    timings["plan"] = time.perf_counter() - t0
+    if store is not None and store.restore(model, key, ctx.rank, ctx.world, device):
+        log.warning("rank %d: weights restored from snapshot %s", ctx.rank, store.entry_dir(key).name)
+        merged.merge(groups)
+        prepare_runtime(model)
+        timings["weights"] = time.perf_counter() - t0 - timings["plan"]
+        return model.eval()
     model.to_empty(device=device)
     if load_format == "dummy":
         from tpserve.model.tiny import randomize_

@@ -38,17 +38,21 @@ class HyperConnection(nn.Module):
         declare(self, "base", (width,), REPLICATED, dtype=ctx.dtype, world=ctx.world, fp32=True)
         declare(self, "scale", (3,), REPLICATED, dtype=ctx.dtype, world=ctx.world, fp32=True)
 
+    @property
+    def projects_fused(self) -> bool:
+        """Prefill steps take the fused projection (kernels/hc_project_triton.py: bf16 streams only)."""
+        return self.project == "triton" and self.stream_dtype == torch.bfloat16
+
     def prepare_runtime(self) -> None:
-        """After the weights are in (model/build.py): the fused projection's weight, for bf16 models on cuda."""
-        fn = self.fn
-        if self.project == "triton" and fn.is_cuda and self.stream_dtype == torch.bfloat16:
+        """After the weights are in (model/build.py): the fused projection's weight, on cuda."""
+        if self.projects_fused and self.fn.is_cuda:
             from tpserve.kernels.mhc import project_weight
 
-            self.project_parts = project_weight(fn, torch.bfloat16)
+            self.project_parts = project_weight(self.fn, torch.bfloat16)
 
     def runtime_bytes(self) -> int:
         """What prepare_runtime will allocate (model/plan.py counts it with the weights)."""
-        return 3 * self.fn.numel() * 2 if self.project == "triton" and self.stream_dtype == torch.bfloat16 else 0
+        return 3 * self.fn.numel() * 2 if self.projects_fused else 0
 
     def forward(self, streams: torch.Tensor, prefill: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """streams [T, N, D] -> (post [T, N] fp32, comb [T, N, N] fp32, block input [T, D]). prefill: the step
