@@ -83,7 +83,8 @@ class Speculator:
         self.counters = SpecCounters(accepted_per_pos=[0] * spec.num_speculative_tokens)
         self.choice = self.policy.begin_step()
         self.idle_steps = 0  # consecutive steps the policy chose k = 0
-        self.idle_since: int | None = None  # engine.num_added when the batch was last found above the graphs
+        self.idle_since: int | None = None  # engine.num_added when the running requests last stopped drafting
+        self.idle_above_graphs = False  # ... because the batch was above the verify graphs (else: k = 0 for long)
         self.rates = MeasuredRates()
         self.calibration = Calibration()
         self.last_k, self.last_draft_seconds, self.emitted = 0, 0.0, 0
@@ -183,19 +184,26 @@ class Speculator:
         self.policy.forget(seq)
 
     def idle(self) -> bool:
-        """Whether the coming step may run as plain decoding with no speculator call: the adaptive mode found the
-        batch above the verify graphs' (`_next_k`: no drafts, the MTP stopped, nothing observed) and since then
-        no request was added and the batch is still above them, so no sequence has drafts or a fixed k and
-        every running one is marked already. Saves verify's and propose's passes over the sequences on each
-        such step (about five per step at batch 64; the CPU stand-in's times are in BENCHMARKS.md, not
-        conclusive)."""
+        """Whether the coming step may run as plain decoding with no speculator call, so with async scheduling
+        (engine/overlap.py) as an engine without speculation runs it: `_next_k` stopped drafting for every
+        running request (no drafts, the MTP stopped, nothing observed), because the batch was above the
+        verify graphs (while it still is) or because the policy chose k = 0 for IDLE_STEPS steps, and no
+        request was added since; so no sequence has drafts or a fixed k and every running one is marked
+        already. Saves verify's and propose's passes over the sequences and keeps async scheduling on such
+        steps (batch 64 on an H200: the adaptive engine at k = 0 ran 0.914x of no speculation while these
+        steps went through the speculator, BENCHMARKS.md sixteenth session)."""
         eng = self.engine
-        if self.idle_since != eng.num_added:  # (None: not found above the graphs)
+        if self.idle_since is None:  # (drafting not stopped)
             return False
-        limit = eng.executor.verify_graph_batch()
-        if limit is None or len(eng.scheduler.running) <= limit:
+        if self.idle_since != eng.num_added:  # a request added: the policy decides afresh
+            self.idle_since, self.idle_steps = None, 0
             return False
+        if self.idle_above_graphs:
+            limit = eng.executor.verify_graph_batch()
+            if limit is None or len(eng.scheduler.running) <= limit:
+                return False
         self.idle_steps += 1
+        self.rates.step += 1  # (the probes' clock counts every step: a probe due comes with the next request)
         return True
 
     def finished(self, seqs: list[Sequence]) -> None:
@@ -281,8 +289,7 @@ class Speculator:
             self.idle_steps += 1
             for s in scheduled:
                 s.seq.mtp_computed = -1
-            if not any(_fixed(seq) for seq in eng.scheduler.running):  # the next steps may skip all this: `idle`
-                self.idle_since = eng.num_added
+            self._stop_drafting(above_graphs=True)
             return None
         self.idle_since = None
         running = [s.seq for s in scheduled if s.seq.status is Status.RUNNING]
@@ -316,8 +323,16 @@ class Speculator:
             # graphs; the running requests no longer draft, requests that arrive later do when k > 0 again
             for seq in running:
                 seq.mtp_computed = -1
+            self._stop_drafting(above_graphs=False)
             return None
         return k
+
+    def _stop_drafting(self, above_graphs: bool) -> None:
+        """The running requests draft no more: unless one has a fixed k, the next steps may skip the speculator
+        until a request is added (`idle`)."""
+        eng = self.engine
+        if not any(_fixed(seq) for seq in eng.scheduler.running):
+            self.idle_since, self.idle_above_graphs = eng.num_added, above_graphs
 
     def _padded(self, running: list[Sequence], batch: int) -> bool:
         """Whether the next step can be fused (`fusable`): its verify and chain graphs run num_speculative_tokens

@@ -18,13 +18,15 @@ this path (their values are exact in bf16).
 Floors at 16,384 tokens, n*D = 16,384: reading the streams, 512 MiB, 0.12 ms at 4.3 TB/s; 3 x 2 x T x n*D x 32
 (fn padded to 32 rows) = 52 GFLOP, 0.07 ms at 790 TFLOP/s: bandwidth-bound. Measured (H200, 16 rows per
 program): 0.861 ms against 1.126 ms for the fused norm + fp32 GEMM (0.76x), 0.289 / 0.367 ms at 4,096 tokens;
-far from the floor because every program re-reads the split weight (2.3 MiB) from L2 for its 16 rows: more rows
-per program (`block_t`, `bench/prefill_kernels.py --hc-block-t`) is the next thing to measure.
+far from the floor because every program re-read the split weight (2.3 MiB) from L2 for its 16 rows. Rows per
+program (`block_t`; sixteenth session, `bench/prefill_kernels.py --hc-block-t 16 32 64 128`), ms at 16,384 / 4,096
+tokens: 16 rows 0.860 / 0.271, 32 rows 0.840 / 0.215, 64 rows 0.418 / 0.281, **128 rows 0.245 / 0.226** (the
+default now; 2.0x the floor at 16k).
 
 Memory: the split weight is 3 x 24 x 16,384 bf16 per block, 212 MB over the real model's 90 blocks on every rank
 (model/plan.py counts it with the weights).
 
-Used for steps with prefill tokens only (model/mhc.py): a program streams K for 16 rows, so at decode the
+Used for steps with prefill tokens only (model/mhc.py): a program streams K for its rows, so at decode the
 weight read (3 x 24 x 16,384 bf16 = 2.3 MiB per program) would run through one SM; decode and verify steps
 (every CUDA graph) keep the two-kernel path, so graphs and eager decode steps compute alike.
 
@@ -41,7 +43,7 @@ import triton
 import triton.language as tl
 
 
-BLOCK_T = 16   # rows per program (the dot's M)
+BLOCK_T = 128  # rows per program (the dot's M)
 BLOCK_K = 128  # columns per step
 
 
