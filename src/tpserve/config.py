@@ -164,7 +164,12 @@ class EngineConfig:
     fused_collectives: bool = _opt(True, "fuse each block's all-reduce with the mHC expand that follows it (TP>1, "
                                    "steps without sequence parallelism: decode steps, prefills shorter than "
                                    "--sp-min-tokens): one kernel on cuda where the workspace serves the all-reduce "
-                                   "in one round, the same two ops (bit for bit) elsewhere", switch=True)
+                                   "in one round, the same two ops (bit for bit) elsewhere; and, with sequence "
+                                   "parallelism, fold the MoE combine of the grouped experts (16-bit, unquantized) "
+                                   "into the reduce-scatter that follows it: the combined rows computed straight "
+                                   "into the workspace (the cpu workspace at any size, the cuda one where the call "
+                                   "fits one slot), the combine then the reduce-scatter (bit for bit) elsewhere",
+                                   switch=True)
     speculative_config: str | None = _opt(
         None, "speculative decoding, as JSON (vLLM's keys): {\"method\": \"mtp\", \"num_speculative_tokens\": 3} "
         "drafts with the checkpoint's MTP layer and verifies the drafts in one step; keys adaptive (true: k per "

@@ -155,6 +155,7 @@ def _peer_battery(rank: int, world: int, quick: bool = False) -> dict:
                                                                            comb)).all()):
                 fused_bad[f"hc expand {dtype} {(t, n, d)}"] = f"max err {float(err.max()):.3g}"
     bad.update(fused_bad)
+    _moe_combine_cases(ws, rank, world, quick, check, cap)
     if not quick:  # ipc.py's start-up self-test (every kernel, exact sums) passes here too
         from tpserve.dist.ipc import _self_test
         problem = _self_test(ws, ops, torch.device("cpu"))
@@ -166,6 +167,67 @@ def _peer_battery(rank: int, world: int, quick: bool = False) -> dict:
     seg.close()
     return {"bad": bad, "checks": n_checks, "calls": calls, "error": error, "rounds": rounds,
             "pipe": [int(c) for c in ws.pipe_counters]}
+
+
+def _moe_combine_cases(ws, rank: int, world: int, quick: bool, check, cap: int) -> None:
+    """The fused MoE combine + reduce-scatter kernel: bitwise kernels/route_triton.combine_sorted
+    (+ shared) padded and reduce-scattered, and the torch definition fused.moe_combine (Triton's
+    interpreter sums the k choices in order, as the definition does); odd token counts (padding
+    rows), k 1 / 3 / 8, two column tiles per row, shared or not. Then through a Communicator (CPU
+    device, this workspace in place of its own): the fused kernel where the call fits a slot, the
+    unfused combine_sorted + pipelined reduce-scatter where it does not, the same bits."""
+    import torch.nn.functional as F
+
+    from tpserve.dist import fused
+    from tpserve.dist.comm import Communicator
+    from tpserve.kernels.route_triton import combine_sorted
+
+    def inputs(seed, t, k, d, dtype, with_shared):
+        g = torch.Generator().manual_seed(seed)
+        ids = torch.stack([torch.randperm(8, generator=g)[:k] for _ in range(t)])
+        return (torch.randn(t * k, d, generator=g).to(dtype), torch.argsort(ids.view(-1), stable=True),
+                torch.rand(t, k, generator=g),
+                torch.randn(t, d, generator=g).to(dtype) if with_shared else None)
+
+    def reference(per_rank, t, kernel_sum):
+        pad = (-t) % world
+        combined = []
+        for y, order, w, sh in per_rank:
+            if kernel_sum:
+                c = combine_sorted(y, order, w)
+                c = c if sh is None else c + sh
+            else:
+                c = fused.moe_combine(y, order, w, sh)
+            combined.append(F.pad(c, (0, 0, 0, pad)))
+        return plain_sum(combined).chunk(world)[rank]
+
+    shapes = [(2 * world + 1, 8, 40, True)] if quick else [
+        (2 * world + 1, 8, 40, True), (world + 1, 1, 16, False), (1, 3, 9, True), (world, 2, 520, True)]
+    for dtype in (torch.float16,) if quick else (torch.float32, torch.float16):
+        for n, (t, k, d, with_shared) in enumerate(shapes):
+            per_rank = [inputs(1000 * n + r, t, k, d, dtype, with_shared) for r in range(world)]
+            probe = torch.empty(-(-t // world) * world, d, dtype=dtype)
+            if not ws.fits_moe_combine(probe):
+                check(f"moe combine {dtype} {(t, k, d)} fits a slot", torch.zeros(1), torch.ones(1))
+                continue
+            got = ws.reduce_scatter_moe_combine(*per_rank[rank])
+            check(f"moe combine {dtype} {(t, k, d)} vs combine_sorted", got, reference(per_rank, t, True))
+            check(f"moe combine {dtype} {(t, k, d)} vs moe_combine", got, reference(per_rank, t, False))
+    if quick:
+        return
+    from tpserve.config import EngineConfig
+    comm = Communicator(dist.group.WORLD, torch.device("cpu"), config=EngineConfig(custom_allreduce=False))
+    comm._ws, served = ws, []
+    real = ws.reduce_scatter_moe_combine
+    ws.reduce_scatter_moe_combine = lambda *a: served.append(1) or real(*a)
+    for t, d in [(2 * world + 1, 24), (world * 8, cap // 4)]:  # one slot; several times a slot
+        per_rank = [inputs(77 + r, t, 4, d, torch.float32, True) for r in range(world)]
+        got = comm.reduce_scatter_moe_combine(*per_rank[rank], combine="triton")
+        check(f"communicator moe combine {(t, d)}", got, reference(per_rank, t, True))
+    ws.reduce_scatter_moe_combine = real
+    if len(served) != 1:
+        check("communicator moe combine: the fused kernel served exactly the call that fits",
+              torch.tensor([len(served)]), torch.tensor([1]))
 
 
 def test_peer_kernels_in_the_interpreter():
@@ -229,8 +291,10 @@ def test_kernels_compile_for_sm90_without_a_gpu():
         for i, name in enumerate(fn.arg_names):
             if name in const:
                 sig[name] = "constexpr"
-            elif name in ("state_ptr", "cnt_ptr", "pcnt_ptr"):
+            elif name in ("state_ptr", "cnt_ptr", "pcnt_ptr", "inv_ptr"):
                 sig[name] = "*i64"
+            elif name == "w_ptr":
+                sig[name] = "*fp32"
             elif name.endswith("_ptr"):
                 sig[name] = "*bf16"
             elif name == "eps":
@@ -267,3 +331,9 @@ def test_kernels_compile_for_sm90_without_a_gpu():
     ptx = build(p.allreduce_hc_expand_kernel, RANK=1, WORLD=2, HC=4, HC_P2=4, BLOCK_D=512,
                 INTERP=False).asm["ptx"]
     assert "ld.acquire.sys.global.b64" in ptx and "trap;" in ptx
+    for world, shared in ((2, True), (8, False)):
+        ptx = build(k.reducescatter_moe_combine_kernel, RANK=1, WORLD=world, TOP_K=8, K_PAD=8,
+                    BLOCK_D=512, HAS_SHARED=shared, INTERP=False).asm["ptx"]
+        assert "ld.acquire.sys.global.b64" in ptx and "st.release.sys.global.b64" in ptx
+        assert "trap;" in ptx and "multimem" not in ptx
+        assert ("add.rn.f32" in ptx) is shared  # the shared experts' add, never fused into an FMA

@@ -1,8 +1,9 @@
 """Communicator: the one door every tensor-parallel collective goes through.
 
 The model calls `all_reduce`, `all_gather`, `reduce_scatter` (and the fused ones:
-`all_reduce_hc_expand`, the all-reduce with the mHC expand that follows it, and
-`all_reduce_add_rmsnorm`, with a residual add and RMSNorm) on a Communicator and never
+`all_reduce_hc_expand`, the all-reduce with the mHC expand that follows it,
+`all_reduce_add_rmsnorm`, with a residual add and RMSNorm, and `reduce_scatter_moe_combine`, the
+reduce-scatter whose input is an MoE's combine) on a Communicator and never
 torch.distributed directly, so faster backends plug in here: the workspace collectives (CPU:
 shared memory, workspace.py; CUDA: peer memory, ipc.py / workspace_peer.py) and torch's
 symmetric-memory ops. The backend is chosen per call by `backend_for` from the op, dtype, size,
@@ -22,6 +23,7 @@ from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 from tpserve.dist import fused, tuning
 from tpserve.dist.tuning import OPS, SYMM_BACKENDS, TORCH, WORKSPACE_BACKENDS
@@ -250,6 +252,36 @@ class Communicator:
             return ws.all_reduce_hc_expand(partial, streams, post, comb)
         total = self.run("all_reduce", partial, backend)
         return fused.hc_expand(total, streams, post, comb)
+
+    def reduce_scatter_moe_combine(self, y: torch.Tensor, order: torch.Tensor,
+                                   weights: torch.Tensor, shared: torch.Tensor | None = None, *,
+                                   combine: str = "torch") -> torch.Tensor:
+        """Rank r's slice [ceil(T / world), D] of the sum over ranks of the MoE combine
+        (dist/fused.moe_combine: y [T*k, D] in expert order, order [T*k], weights [T, k], shared
+        [T, D] or None), its rows padded with zeros to a multiple of the world: exactly
+        reduce_scatter(pad_rows(fused.moe_combine(y, order, weights, shared, combine))).
+        `combine`: the unfused combine's sum ("torch" or "triton": route_triton.combine_sorted).
+        Where the workspace serves the reduce-scatter, the combine is its copy-in (no [T, D]
+        tensor): on the CPU workspace for the "torch" combine (any size), on the CUDA workspace
+        for the "triton" one where the call fits one slot; else the two steps. Collective."""
+        fused.check_moe_args(y, order, weights, shared)
+        if combine not in fused.MOE_COMBINES:
+            raise ValueError(f"reduce_scatter_moe_combine: combine must be one of "
+                             f"{fused.MOE_COMBINES}, got {combine!r}")
+        if self.world_size == 1:
+            return fused.moe_combine(y, order, weights, shared, combine)
+        t, d = weights.shape[0], y.shape[1]
+        rows = -(-t // self.world_size) * self.world_size
+        probe = y.new_empty(()).expand(rows, d)  # the padded input's size, dtype and device
+        backend = self.backend_for("reduce_scatter", probe)
+        ws = self._ws
+        if (backend in ("oneshot", "chunked") and getattr(ws, "MOE_COMBINE", None) == combine
+                and ws.fits_moe_combine(probe)):
+            return ws.reduce_scatter_moe_combine(y, order, weights, shared)
+        combined = fused.moe_combine(y, order, weights, shared, combine)
+        if rows > t:  # model/glm5_next.pad_rows
+            combined = F.pad(combined, (0, 0, 0, rows - t))
+        return self.run("reduce_scatter", combined, backend)
 
     # -- the process group's own collectives --------------------------------------------------
     def _torch_all_reduce(self, x: torch.Tensor, dim: int) -> torch.Tensor:

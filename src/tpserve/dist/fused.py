@@ -21,6 +21,25 @@ follows a block's all-reduce; the hyper-connection expand does (model/mhc.py):
 `hc_expand` is that expand in torch (HyperConnection.expand is this function, so the unfused path
 and the CPU path are the model's own arithmetic); the CUDA kernel (workspace_triton_pipe.py) sums
 `total` bitwise as the all-reduce does and gives new_streams within `hc_expand_bound`.
+
+MoE combine + reduce-scatter (Communicator.reduce_scatter_moe_combine): with sequence parallelism
+an MoE layer's partial output is reduce-scattered, and on the grouped experts path
+(kernels/moe.experts_grouped) that output is first combined from the experts' expert-sorted rows:
+
+    combined[t] = sum_j fp32(weights[t, j]) * fp32(y[inv[t*k + j]])   j = 0 .. k-1, in fp32,
+                  rounded once to y.dtype                               (inv: order's inverse)
+    combined    = combined + shared                  (in the dtype, where there are shared experts)
+    result      = reduce_scatter(pad_rows(combined)) (zero rows up to a multiple of the world)
+
+y [T*k, D] holds the experts' outputs in expert order (row i is choice order[i] of the
+token-major choices), weights [T, k] the router's. `moe_combine` is the combine in torch (the k
+terms added in order j = 0, 1, ...; kernels/moe.experts_grouped's torch form is this function);
+`moe_combine(..., backend="triton")` is kernels/route_triton.combine_sorted's sum instead (CUDA).
+The fused paths write each rank's combined rows straight into the reduce-scatter's workspace slot
+(no [T, D] tensor written and read back): the CPU workspace (workspace.py) with this file's torch
+arithmetic row block by row block, the CUDA workspace (workspace_triton.py, one round) with
+combine_sorted's own tile code; each is taken only where the unfused path would use the same
+combine and the same workspace sum, so the result is bitwise the unfused path's.
 """
 
 from __future__ import annotations
@@ -146,3 +165,82 @@ def hc_expand_bound(total: torch.Tensor, streams: torch.Tensor, post: torch.Tens
     s = p.unsqueeze(-1) * total.double().abs().unsqueeze(-2) + torch.matmul(
         c.transpose(-1, -2), streams.double().abs())
     return 2 * gamma * s + 2 * k * u * info.tiny
+
+
+MOE_COMBINES = ("torch", "triton")
+
+
+def check_moe_args(y: torch.Tensor, order: torch.Tensor, weights: torch.Tensor,
+                   shared: torch.Tensor | None) -> None:
+    name = "reduce_scatter_moe_combine"
+    if weights.dim() != 2 or weights.shape[1] < 1:
+        raise ValueError(f"{name}: weights must be [tokens, top_k] with top_k >= 1, got shape "
+                         f"{tuple(weights.shape)}")
+    t, k = weights.shape
+    if y.dim() != 2 or y.shape[0] != t * k:
+        raise ValueError(f"{name}: y shape {tuple(y.shape)} != ({t * k}, hidden): one row per "
+                         f"choice of the weights' {t} tokens x {k}")
+    if order.shape != (t * k,):
+        raise ValueError(f"{name}: order shape {tuple(order.shape)} != ({t * k},)")
+    if shared is not None and shared.shape != (t, y.shape[1]):
+        raise ValueError(f"{name}: shared shape {tuple(shared.shape)} != ({t}, {y.shape[1]})")
+    for arg, x in (("y", y), ("weights", weights)):
+        if not x.is_floating_point():
+            raise ValueError(f"{name}: {arg} must be a floating-point tensor, got {x.dtype}")
+    if order.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"{name}: order must be int64 or int32, got {order.dtype}")
+    if shared is not None and shared.dtype != y.dtype:
+        raise ValueError(f"{name}: shared dtype {shared.dtype} != y dtype {y.dtype}")
+    for arg, x in (("order", order), ("weights", weights), ("shared", shared)):
+        if x is not None and x.device != y.device:
+            raise ValueError(f"{name}: {arg} is on {x.device}, y on {y.device}; all must be on "
+                             "one device")
+
+
+def inverse_order(order: torch.Tensor) -> torch.Tensor:
+    """inv with inv[order[i]] = i: where each token-major choice's output lies in y."""
+    inv = torch.empty_like(order)
+    inv[order] = torch.arange(order.numel(), dtype=order.dtype, device=order.device)
+    return inv
+
+
+def moe_combine_block(out: torch.Tensor, y: torch.Tensor, inv: torch.Tensor,
+                      weights: torch.Tensor, shared: torch.Tensor | None, rows: tuple[int, int],
+                      cols: tuple[int, int]) -> None:
+    """out [r1 - r0, c1 - c0] (any view, y.dtype) = combined[r0:r1, c0:c1] of `moe_combine`, rows
+    at or past T zero (the reduce-scatter's padding); inv [T, k] from `inverse_order`. Every
+    element is the same chain of fp32 operations whichever block it is computed in, so blocks
+    of a tensor are bitwise slices of the whole."""
+    (r0, r1), (c0, c1) = rows, cols
+    t, k = weights.shape
+    valid = max(0, min(r1, t) - r0)
+    if valid < r1 - r0:
+        out[valid:].zero_()
+    if valid == 0:
+        return
+    yc, idx, w = y[:, c0:c1], inv[r0:r0 + valid], weights[r0:r0 + valid].float()
+    acc = yc.index_select(0, idx[:, 0]).float().mul_(w[:, 0:1])
+    for j in range(1, k):
+        acc.add_(yc.index_select(0, idx[:, j]).float().mul_(w[:, j:j + 1]))
+    if shared is None:
+        out[:valid].copy_(acc)
+    else:
+        torch.add(acc.to(y.dtype), shared[r0:r0 + valid, c0:c1], out=out[:valid])
+
+
+def moe_combine(y: torch.Tensor, order: torch.Tensor, weights: torch.Tensor,
+                shared: torch.Tensor | None = None, backend: str = "torch") -> torch.Tensor:
+    """combined [T, D] in y.dtype (this module's definition): the k choices summed in fp32,
+    rounded once, then `+ shared` in the dtype. `backend` "triton": the sum as
+    kernels/route_triton.combine_sorted computes it (CUDA; the k terms in its reduction order)."""
+    if backend not in MOE_COMBINES:
+        raise ValueError(f"moe_combine: backend must be one of {MOE_COMBINES}, got {backend!r}")
+    if backend == "triton":
+        from tpserve.kernels.route_triton import combine_sorted
+
+        out = combine_sorted(y.contiguous(), order, weights)
+        return out if shared is None else out + shared
+    t, d = weights.shape[0], y.shape[1]
+    out = torch.empty((t, d), dtype=y.dtype, device=y.device)
+    moe_combine_block(out, y, inverse_order(order).view(weights.shape), weights, shared, (0, t), (0, d))
+    return out

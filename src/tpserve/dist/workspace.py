@@ -28,6 +28,10 @@ copied out (the shared-memory equivalent of a persistent kernel with several slo
               the mesh paths' (rank 0, 1, 2, ... in the accumulation dtype, rounded once), so
               ring and mesh give bitwise the same result.
 
+The reduce-scatter's copy-in is a callback (`_reduce_scatter`): a plain reduce-scatter copies
+the input's pieces in; `reduce_scatter_moe_combine` computes an MoE's combine of each piece's rows
+straight into the slot (dist/fused.py), so the combined [T, D] tensor is never written whole.
+
 A tensor larger than a slot is sent in rounds of whole rows: `row_blocks` splits the leading
 dimension into runs of rows that fit, and a row that alone does not fit is split along its own
 leading dimension, recursively. The split depends on the shape alone, so every rank cuts the same
@@ -45,6 +49,7 @@ from typing import Callable, Iterator
 
 import torch
 
+from tpserve.dist import fused
 from tpserve.dist.shm import FLAG_WORDS, HEADER_BYTES, ShmSegments, WorkspaceUnavailable
 from tpserve.dist.workspace_group import GroupOps
 
@@ -348,24 +353,64 @@ class CpuWorkspace:
         """Slice `rank` (of world_size equal slices along `dim`) of the sum over ranks."""
         self._check(x)
         self._need_mesh("the workspace reduce-scatter")
-        seg, world, me, peers = self.seg, self.world_size, self.rank, self._peers()
+        world = self.world_size
         xp = x.movedim(dim, 0)
         if xp.shape[0] % world:
             raise ValueError(f"reduce_scatter: dim {dim} of size {xp.shape[0]} is not divisible "
                              f"by world size {world}")
         xs = xp.unflatten(0, (world, xp.shape[0] // world))
-        shape = tuple(xs.shape[1:])
-        out = torch.empty(shape, dtype=x.dtype)
-        pieces = list(row_blocks(shape, self.capacity(x.dtype) // world))
+
+        def fill(s: int, idx: tuple[int, ...], lo: int, hi: int, dst: torch.Tensor) -> None:
+            dst.copy_(xs[s][idx][lo:hi])
+
+        return self._reduce_scatter(tuple(xs.shape[1:]), x.dtype, fill).movedim(0, dim)
+
+    # the combine arithmetic the fused reduce-scatter below reproduces (dist/fused.moe_combine)
+    MOE_COMBINE = "torch"
+
+    def fits_moe_combine(self, x: torch.Tensor) -> bool:
+        """Whether `reduce_scatter_moe_combine` serves a reduce-scatter of x (any size here)."""
+        return self.supports(x) and x.dim() == 2 and self.topology == "mesh"
+
+    def reduce_scatter_moe_combine(self, y: torch.Tensor, order: torch.Tensor,
+                                   weights: torch.Tensor,
+                                   shared: torch.Tensor | None) -> torch.Tensor:
+        """reduce_scatter(pad_rows(fused.moe_combine(y, order, weights, shared))) with the combine
+        as the copy-in: each round's rows are combined straight into my slot, bitwise as the
+        whole combine would give them (fused.moe_combine_block)."""
+        fused.check_moe_args(y, order, weights, shared)
+        self._check(y)
+        self._need_mesh("the workspace reduce-scatter")
+        t, d = weights.shape[0], y.shape[1]
+        per = -(-t // self.world_size)  # rows of each rank's slice, the last ones padding
+        inv = fused.inverse_order(order).view(weights.shape)
+
+        def fill(s: int, idx: tuple[int, ...], lo: int, hi: int, dst: torch.Tensor) -> None:
+            if idx:  # one row, columns lo:hi
+                rows, cols, dst = (s * per + idx[0], s * per + idx[0] + 1), (lo, hi), dst.view(1, -1)
+            else:
+                rows, cols = (s * per + lo, s * per + hi), (0, d)
+            fused.moe_combine_block(dst, y, inv, weights, shared, rows, cols)
+
+        return self._reduce_scatter((per, d), y.dtype, fill)
+
+    def _reduce_scatter(self, shape: tuple[int, ...], dtype: torch.dtype,
+                        fill: Callable[[int, tuple[int, ...], int, int, torch.Tensor], None]
+                        ) -> torch.Tensor:
+        """The reduce-scatter of a [world, *shape] input that `fill(s, idx, lo, hi, dst)` writes
+        piece by piece: slice s's `[idx][lo:hi]` into dst (a view of my slot, that piece's shape)."""
+        seg, world, me, peers = self.seg, self.world_size, self.rank, self._peers()
+        out = torch.empty(shape, dtype=dtype)
+        pieces = list(row_blocks(shape, self.capacity(dtype) // world))
 
         def copy_in(i: int, g: int, k: int) -> None:
             idx, lo, hi = pieces[i]
             piece = out[idx][lo:hi]
             n = piece.numel()
             self._claim(g, k, peers)
-            mine = self._view(me, k, x.dtype, world * n)
+            mine = self._view(me, k, dtype, world * n)
             for s in range(world):
-                mine[s * n:(s + 1) * n].view(piece.shape).copy_(xs[s][idx][lo:hi])
+                fill(s, idx, lo, hi, mine[s * n:(s + 1) * n].view(piece.shape))
             seg.publish(_word(READY, k), g)
 
         def reduce(i: int, g: int, k: int) -> None:
@@ -374,13 +419,13 @@ class CpuWorkspace:
             n = piece.numel()
             for p in peers:
                 seg.wait(p, _word(READY, k), g)
-            parts = [self._view(p, k, x.dtype, world * n)[me * n:(me + 1) * n]
+            parts = [self._view(p, k, dtype, world * n)[me * n:(me + 1) * n]
                      for p in range(world)]
             sum_in_rank_order(parts, piece.view(-1))
             seg.publish(_word(DONE, k), g)
 
         self._pipeline(len(pieces), [copy_in, reduce])
-        return out.movedim(0, dim)
+        return out
 
     def abort(self, reason: str) -> None:
         self.seg.abort(reason)

@@ -11,6 +11,9 @@ workspace and the output. Buffer layout (`buffer_bytes_for`): the one-round area
 synchronisation, no allocation other than the output, so calls can be captured in CUDA graphs
 (compile each variant once, eagerly, before capturing).
 
+`reduce_scatter_moe_combine`: the reduce-scatter of an MoE's combine (dist/fused.py) where it fits
+one slot, the combine computed into the slot by combine_sorted's own tile code (one launch).
+
 The buffers are supplied by the caller: torch symmetric memory on CUDA (ipc.py), or any memory
 the current process can address (the tests use POSIX shared memory with Triton's interpreter).
 """
@@ -20,9 +23,12 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import triton
 
+from tpserve.dist import fused
 from tpserve.dist import workspace_triton as kernels
 from tpserve.dist import workspace_triton_pipe as pipe
+from tpserve.kernels.route_triton import COMBINE_NUM_WARPS, combine_block_d
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 BLOCK = 1024
@@ -202,6 +208,41 @@ class PeerWorkspace:
             self.max_spin, int(self.trap_on_timeout), RANK=self.rank, WORLD=self.world_size,
             HC=hc, HC_P2=max(2, 1 << (hc - 1).bit_length()), BLOCK_D=block_d,
             INTERP=self.interpret, num_warps=NUM_WARPS)
+        return out
+
+    # -- fused MoE combine + reduce-scatter ---------------------------------------------------
+    # the combine arithmetic the fused kernel reproduces: kernels/route_triton.combine_sorted's
+    MOE_COMBINE = "triton"
+
+    def fits_moe_combine(self, x: torch.Tensor) -> bool:
+        """Whether the one-round fused kernel serves a reduce-scatter of x [rows, D] (a slot holds
+        it); larger calls take the unfused path (Communicator.reduce_scatter_moe_combine)."""
+        return (self.supports(x) and x.dim() == 2 and x.numel() > 0
+                and self.fits("reduce_scatter", x))
+
+    def reduce_scatter_moe_combine(self, y: torch.Tensor, order: torch.Tensor,
+                                   weights: torch.Tensor,
+                                   shared: torch.Tensor | None) -> torch.Tensor:
+        """One launch: reduce_scatter(pad_rows(combine_sorted(y, order, weights) + shared)), the
+        combine computed into the slot (dist/fused.py, workspace_triton.py)."""
+        t, k = weights.shape
+        d = y.shape[1]
+        per = -(-t // self.world_size)
+        out = torch.empty((per, d), dtype=y.dtype, device=self.device)
+        if not self.fits_moe_combine(y.new_empty(()).expand(per * self.world_size, d)):
+            raise ValueError(f"fused MoE combine + reduce-scatter needs a non-empty [rows, D] that "
+                             f"fits one slot; got {per * self.world_size} x {d} {y.dtype}")
+        inv = fused.inverse_order(order).contiguous()
+        y, w = y.contiguous(), weights.float().contiguous()
+        sh = y if shared is None else shared.contiguous()  # unused pointer without shared
+        block_d = combine_block_d(d)
+        units = per * -(-d // block_d)
+        kernels.reducescatter_moe_combine_kernel[(min(kernels.MAX_PROGRAMS, units),)](
+            y, inv, w, sh, out, self.state, self.counters, *self.addrs, t, d, per,
+            self.slot_bytes, self.max_spin, int(self.trap_on_timeout), RANK=self.rank,
+            WORLD=self.world_size, TOP_K=k, K_PAD=triton.next_power_of_2(k),
+            BLOCK_D=block_d, HAS_SHARED=shared is not None, INTERP=self.interpret,
+            num_warps=COMBINE_NUM_WARPS)
         return out
 
     def _launch_pipelined(self, mode: Any, src: torch.Tensor, out: torch.Tensor, n: int,

@@ -30,12 +30,19 @@ INTERP (Triton's CPU interpreter, used by the tests) the flag accesses are plain
 loads/stores.
 
 Numerics: per element, sum over ranks in rank order in float32, rounded once to the output dtype.
+
+`reducescatter_moe_combine_kernel` is the reduce-scatter whose copy-in is an MoE's combine
+(dist/fused.py): each rank computes its combined rows with kernels/route_triton.combine_sorted's
+own tile code straight into its slot (plus the shared experts' output, rounded as torch adds),
+then sums its slice as `reducescatter_kernel` does: bitwise combine_sorted + add + reduce-scatter.
 """
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+from tpserve.kernels.route_triton import combine_sorted_tile
 
 MAX_WORLD = 8
 MAX_PROGRAMS = 128
@@ -176,6 +183,18 @@ def _round(acc, DT: tl.constexpr, INTERP: tl.constexpr):
 
 
 @triton.jit
+def _add_rn(a, b, INTERP: tl.constexpr):
+    """a + b in float32, rounded on its own: never contracted with a product that feeds it into one
+    fused multiply-add (which rounds once where torch, adding a stored product, rounds twice)."""
+    if INTERP:
+        out = a + b
+    else:
+        out = tl.inline_asm_elementwise("add.rn.f32 $0, $1, $2;", "=f,f,f", [a, b],
+                                        dtype=tl.float32, is_pure=True, pack=1)
+    return out
+
+
+@triton.jit
 def _sum_peers(B0, B1, B2, B3, B4, B5, B6, B7, slot_off, idx, mask,
                WORLD: tl.constexpr, DT: tl.constexpr, INTERP: tl.constexpr):
     """Sum over ranks 0, 1, ... of slot[idx], in float32, rounded once to DT."""
@@ -301,4 +320,48 @@ def reducescatter_kernel(x_ptr, out_ptr, state_ptr, cnt_ptr, B0, B1, B2, B3, B4,
         r = _sum_peers(B0, B1, B2, B3, B4, B5, B6, B7, slot_off, RANK * stride + i, m, WORLD, DT,
                        INTERP)
         tl.store(out_ptr + base + i, r, mask=m)
+    _finish(state_ptr, cnt_ptr, pid, nprog, epoch + 1)
+
+
+@triton.jit(do_not_specialize=["max_spin", "trap"])
+def reducescatter_moe_combine_kernel(y_ptr, inv_ptr, w_ptr, shared_ptr, out_ptr, state_ptr, cnt_ptr,
+                                     B0, B1, B2, B3, B4, B5, B6, B7, T, D, per, slot_bytes,
+                                     max_spin, trap, RANK: tl.constexpr, WORLD: tl.constexpr,
+                                     TOP_K: tl.constexpr, K_PAD: tl.constexpr,
+                                     BLOCK_D: tl.constexpr, HAS_SHARED: tl.constexpr,
+                                     INTERP: tl.constexpr):
+    """out[r, :] = sum over ranks of combined[RANK*per + r, :], r < per, combined [T, D] (rows
+    past T zero) = combine_sorted(y, inv, w) (+ shared) of each rank's own inputs. Work unit: one
+    row of a slice and BLOCK_D columns; a program copies in and sums the same units."""
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    DT: tl.constexpr = out_ptr.dtype.element_ty
+    slot_off, epoch, mine = _round_start(state_ptr, cnt_ptr, B0, B1, B2, B3, B4, B5, B6, B7, pid, slot_bytes,
+                                         RANK, DT)
+    stride = tl.cdiv(per * D, 64) * 64  # slice s sits at [s*stride, s*stride + per*D)
+    tiles = tl.cdiv(D, BLOCK_D)
+    lanes = tl.arange(0, BLOCK_D)
+    for u in range(pid, per * tiles, nprog):
+        r = u // tiles
+        d = (u % tiles) * BLOCK_D + lanes
+        dm = d < D
+        for s in tl.static_range(WORLD):
+            t = (s * per + r).to(tl.int64)
+            tc = tl.minimum(t, T - 1)  # a padding row computes the last token's, then stores 0
+            v = _round(combine_sorted_tile(y_ptr, inv_ptr, w_ptr, tc, d, D, TOP_K, K_PAD), DT, INTERP)
+            if HAS_SHARED:
+                sh = tl.load(shared_ptr + tc * D + d, mask=dm, other=0.0)
+                v = _round(_add_rn(v.to(tl.float32), sh.to(tl.float32), INTERP), DT, INTERP)
+            v = tl.where(t < T, v, tl.zeros_like(v))
+            tl.store(mine + s * stride + r * D + d, v, mask=dm)
+    _barrier(B0, B1, B2, B3, B4, B5, B6, B7, pid, epoch + 1, state_ptr, max_spin, trap,
+             RANK, WORLD, INTERP)
+    for u in range(pid, per * tiles, nprog):
+        r = u // tiles
+        d = (u % tiles) * BLOCK_D + lanes
+        dm = d < D
+        i = r * D + d
+        res = _sum_peers(B0, B1, B2, B3, B4, B5, B6, B7, slot_off, RANK * stride + i, dm, WORLD, DT,
+                         INTERP)
+        tl.store(out_ptr + i, res, mask=dm)
     _finish(state_ptr, cnt_ptr, pid, nprog, epoch + 1)

@@ -36,7 +36,8 @@ class Kernels:
     mla_prefill: str = "auto"     # "sparse": each query attends its selected rows only; "dense": masked SDPA; "auto":
     # sparse from model/mla.SPARSE_PREFILL_FROM positions
     argmax: str = "torch"         # "triton": the drafter's argmax and its probability in one kernel per call
-    fused_collectives: bool = True  # TP > 1: all-reduce + mHC expand as one Communicator call
+    fused_collectives: bool = True  # TP > 1: all-reduce + mHC expand as one Communicator call; with SP, the
+    # MoE combine inside the reduce-scatter (Communicator.reduce_scatter_moe_combine)
     weights: WeightOptions = WeightOptions()
 
     def describe(self) -> str:

@@ -9,6 +9,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from tpserve.dist.fused import moe_combine
 
 
 def clamped_swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.Tensor:
@@ -48,10 +49,19 @@ def experts_loop(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate
 def experts_grouped(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor,
                     down: torch.Tensor, limit: float, combine: str = "torch") -> torch.Tensor:
     """Same contract as experts_loop, through torch.nn.functional.grouped_mm: tokens sorted by expert
-    once, two grouped GEMMs, no loop and no host sync. The k choices of a token are summed in fp32: combine
-    "triton" in one kernel reading the sorted outputs in place (kernels/route_triton.combine_sorted, cuda),
-    "torch" by index_add."""
-    t, k = ids.shape
+    once, two grouped GEMMs, no loop and no host sync (`experts_sorted`). The k choices of a token are
+    summed in fp32 and rounded once (dist/fused.moe_combine): combine "triton" in one kernel reading the
+    sorted outputs in place (kernels/route_triton.combine_sorted, cuda), "torch" by gathers in choice
+    order (deterministic, unlike an index_add)."""
+    y, order = experts_sorted(x, weights, ids, gate_up, down, limit)
+    return moe_combine(y, order, weights, backend="triton" if combine == "triton" else "torch")
+
+
+def experts_sorted(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor,
+                   down: torch.Tensor, limit: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The grouped experts before their combine: (y [T * k, D] in x.dtype, order [T * k]), row i of y the
+    output of expert ids.flatten()[order[i]] for token order[i] // k (unweighted)."""
+    k = ids.shape[1]
     e = gate_up.shape[0]
     flat = ids.reshape(-1)
     order = torch.argsort(flat, stable=True)
@@ -62,13 +72,13 @@ def experts_grouped(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, g
     h = F.grouped_mm(x[tok], gate_up.transpose(1, 2), offs=offs)
     gate, up = h.chunk(2, dim=-1)
     y = F.grouped_mm(clamped_swiglu(gate, up, limit).to(x.dtype), down.transpose(1, 2), offs=offs)
-    if combine == "triton":
-        from tpserve.kernels.route_triton import combine_sorted
+    return y, order
 
-        return combine_sorted(y, order, weights)
-    y = y.float() * weights.reshape(-1)[order, None].float()
-    out = torch.zeros(t, x.shape[1], dtype=torch.float32, device=x.device).index_add_(0, tok, y)
-    return out.to(x.dtype)
+
+def takes_grouped(x: torch.Tensor, backend: str, max_tokens: int) -> bool:
+    """Whether `experts_forward` takes `experts_grouped` for x."""
+    return (backend == "triton" and not 0 < x.shape[0] <= max_tokens
+            and x.dtype in (torch.bfloat16, torch.float16))
 
 
 def experts_forward(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor,
@@ -79,6 +89,6 @@ def experts_forward(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, g
             from tpserve.kernels.moe_triton import experts_triton
 
             return experts_triton(x, weights, ids, gate_up, down, limit, route_backend=route_backend)
-        if x.dtype in (torch.bfloat16, torch.float16):  # large forwards on cuda: grouped_mm, no loop
+        if takes_grouped(x, backend, max_tokens):  # large forwards on cuda: grouped_mm, no loop
             return experts_grouped(x, weights, ids, gate_up, down, limit, combine=route_backend)
     return experts_loop(x, weights, ids, gate_up, down, limit)

@@ -157,17 +157,36 @@ def combine_choices(y: torch.Tensor, top_k: int, dtype: torch.dtype, backend: st
 
 
 @triton.jit
-def _combine_sorted_kernel(y_ptr, inv_ptr, w_ptr, out_ptr, D, TOP_K: tl.constexpr, K_PAD: tl.constexpr,
-                           BLOCK_D: tl.constexpr):
-    t = tl.program_id(0).to(tl.int64)
-    d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+def combine_sorted_tile(y_ptr, inv_ptr, w_ptr, t, d, D, TOP_K: tl.constexpr, K_PAD: tl.constexpr):
+    """Token t's combine at columns d (a BLOCK_D range), fp32: its k outputs read where they lie in the
+    expert-sorted y (rows inv[t*k + j]), weighted and summed over j in one reduction. The one copy of this
+    arithmetic: combine_sorted and the fused reduce-scatter (dist/workspace_triton.py) both call it, so they
+    agree bit for bit."""
     j = tl.arange(0, K_PAD)
     jm = j < TOP_K
     rows = tl.load(inv_ptr + t * TOP_K + j, mask=jm, other=0).to(tl.int64)
     w = tl.load(w_ptr + t * TOP_K + j, mask=jm, other=0.0)
     m = jm[:, None] & (d[None, :] < D)
     y = tl.load(y_ptr + rows[:, None] * D + d[None, :], mask=m, other=0.0).to(tl.float32)
-    tl.store(out_ptr + t * D + d, tl.sum(y * w[:, None], axis=0).to(out_ptr.dtype.element_ty), mask=d < D)
+    return tl.sum(y * w[:, None], axis=0)
+
+
+@triton.jit
+def _combine_sorted_kernel(y_ptr, inv_ptr, w_ptr, out_ptr, D, TOP_K: tl.constexpr, K_PAD: tl.constexpr,
+                           BLOCK_D: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    acc = combine_sorted_tile(y_ptr, inv_ptr, w_ptr, t, d, D, TOP_K, K_PAD)
+    tl.store(out_ptr + t * D + d, acc.to(out_ptr.dtype.element_ty), mask=d < D)
+
+
+COMBINE_NUM_WARPS = 4
+
+
+def combine_block_d(d: int) -> int:
+    """Columns per program of the combine (combine_sorted and the fused reduce-scatter alike: with
+    COMBINE_NUM_WARPS, the same tile, so the same reduction order)."""
+    return min(512, triton.next_power_of_2(d))
 
 
 def combine_sorted(y: torch.Tensor, order: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -186,8 +205,8 @@ def combine_sorted(y: torch.Tensor, order: torch.Tensor, weights: torch.Tensor) 
     inv[order] = torch.arange(tk, device=order.device)
     out = torch.empty(t, d, dtype=y.dtype, device=y.device)
     if t:
-        block = min(512, triton.next_power_of_2(d))
+        block = combine_block_d(d)
         _combine_sorted_kernel[(t, triton.cdiv(d, block))](y, inv, weights.float().contiguous(), out, d, TOP_K=k,
                                                            K_PAD=triton.next_power_of_2(k), BLOCK_D=block,
-                                                           num_warps=4)
+                                                           num_warps=COMBINE_NUM_WARPS)
     return out

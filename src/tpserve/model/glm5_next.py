@@ -3,7 +3,9 @@
 Tensor parallel: vocab-parallel embedding and LM head, head-split attention, split MLP/experts;
 each block's partial output is summed with one all-reduce, fused with the mHC expand that follows
 it (Communicator.all_reduce_hc_expand; --fused-collectives). With sequence parallelism the mHC
-streams stay split by token across ranks: all-gather before a block, reduce-scatter after.
+streams stay split by token across ranks: all-gather before a block, reduce-scatter after; an MoE
+block on the grouped experts path then has its combine done inside the reduce-scatter
+(Communicator.reduce_scatter_moe_combine; --fused-collectives).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from tpserve.model.layers import RMSNorm, ShardContext
 from tpserve.model.mhc import HyperConnection
 from tpserve.model.mla import MlaAttention
 from tpserve.model.mlp import DenseMLP
-from tpserve.model.moe import MoE
+from tpserve.model.moe import MoE, SortedMoeOutput
 from tpserve.model.weights import Shard, declare
 
 VOCAB_SHARD = Shard(dim=0, pad=True)
@@ -45,6 +47,8 @@ class DecoderLayer(nn.Module):
         self.ffn_hc = HyperConnection(ctx, cfg, kernels.mhc, kernels.mhc_project)
         self.comm = ctx.comm
         self.fused_expand = kernels.fused_collectives and self.comm.world_size > 1
+        # with sequence parallelism: the MoE's combine inside the reduce-scatter (grouped experts)
+        self.fold_moe = self.fused_expand and isinstance(self.mlp, MoE)
 
     def forward(self, streams: torch.Tensor, batch: ForwardBatch, cache: CacheTensors,
                 prev_selection: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -58,7 +62,9 @@ class DecoderLayer(nn.Module):
         streams = self._reduce_expand(self.attn_hc, out, streams, post, comb, batch)
         post, comb, x = self.ffn_hc(streams, batch.has_prefill)
         x = self._gather(self.post_attention_layernorm(x), batch)
-        streams = self._reduce_expand(self.ffn_hc, self.mlp(x), streams, post, comb, batch)
+        fold = self.fold_moe and batch.sequence_parallel
+        out = self.mlp.forward_unreduced(x) if fold else self.mlp(x)
+        streams = self._reduce_expand(self.ffn_hc, out, streams, post, comb, batch)
         return streams, selection
 
     def _gather(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
@@ -66,16 +72,21 @@ class DecoderLayer(nn.Module):
             return x
         return self.comm.all_gather(x, dim=0)[:batch.num_tokens]
 
-    def _reduce_expand(self, hc: HyperConnection, partial: torch.Tensor, streams: torch.Tensor,
-                       post: torch.Tensor, comb: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+    def _reduce_expand(self, hc: HyperConnection, partial: torch.Tensor | SortedMoeOutput,
+                       streams: torch.Tensor, post: torch.Tensor, comb: torch.Tensor,
+                       batch: ForwardBatch) -> torch.Tensor:
         """The streams after a block: its rank-partial output summed and mixed in by the mHC
         expand; one fused collective with --fused-collectives at TP > 1 without sequence
-        parallelism (the same arithmetic: dist/fused.py)."""
+        parallelism (the same arithmetic: dist/fused.py). With it, an MoE's uncombined output
+        (SortedMoeOutput, only under sequence parallelism) is combined by the reduce-scatter."""
         if self.fused_expand and not batch.sequence_parallel:
             return self.comm.all_reduce_hc_expand(partial, streams, post, comb)
         return hc.mix(self._reduce(partial, batch), streams, post, comb)
 
-    def _reduce(self, partial: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+    def _reduce(self, partial: torch.Tensor | SortedMoeOutput, batch: ForwardBatch) -> torch.Tensor:
+        if isinstance(partial, SortedMoeOutput):  # (sequence parallel only)
+            return self.comm.reduce_scatter_moe_combine(partial.y, partial.order, partial.weights,
+                                                        partial.shared, combine=partial.combine)
         if not batch.sequence_parallel:
             return self.comm.all_reduce(partial)
         return self.comm.reduce_scatter(pad_rows(partial, self.comm.world_size), dim=0)

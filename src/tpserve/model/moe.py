@@ -1,14 +1,20 @@
 """MoE: sigmoid router with correction bias and group-limited top-k, clamped SwiGLU experts,
 plus shared experts. Each expert's intermediate dim is split across ranks; the router is
-replicated (fp32). Returns this rank's partial sum (the decoder layer reduces it).
+replicated (fp32). Returns this rank's partial sum (the decoder layer reduces it). Where that sum
+is reduce-scattered (sequence parallelism) and the experts take the grouped path,
+`forward_unreduced` hands back the pieces instead (`SortedMoeOutput`), for the decoder layer to
+combine inside the reduce-scatter (Communicator.reduce_scatter_moe_combine, --fused-collectives).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tpserve.kernels import moe as moe_ops
 from tpserve.kernels.choice import Kernels
 from tpserve.model.config import ModelConfig
 from tpserve.model.layers import ShardContext
@@ -89,8 +95,30 @@ class Experts(nn.Module):
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         return self.quant.forward(self, x, weights, ids)
 
+    def forward_sorted(self, x: torch.Tensor, weights: torch.Tensor,
+                       ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(y, order) of kernels/moe.experts_sorted where `forward` would take the grouped path
+        (16-bit unquantized experts, kernels/moe.takes_grouped), else None."""
+        k = self.kernels
+        if self.quant.name != "bf16" or not moe_ops.takes_grouped(x, k.moe, k.moe_triton_max_tokens):
+            return None
+        return moe_ops.experts_sorted(x, weights, ids, self.gate_up_proj, self.down_proj, self.limit)
+
     def extra_repr(self) -> str:
         return f"experts={self.dims[0]}, quant={self.quant.describe()}"
+
+
+@dataclass(frozen=True)
+class SortedMoeOutput:
+    """An MoE layer's partial output before the combine of its k choices (dist/fused.moe_combine):
+    the grouped experts' rows in expert order, the router's weights, the shared experts' output
+    (None without them) and the combine backend the unfused path would use."""
+
+    y: torch.Tensor                  # [T * k, D]
+    order: torch.Tensor              # [T * k]
+    weights: torch.Tensor            # [T, k] fp32
+    shared: torch.Tensor | None      # [T, D]
+    combine: str                     # "torch" or "triton" (kernels/route_triton.combine_sorted)
 
 
 class MoE(nn.Module):
@@ -100,6 +128,8 @@ class MoE(nn.Module):
         self.experts = Experts(ctx, cfg, kernels)
         width = cfg.moe_intermediate_size * cfg.n_shared_experts
         self.shared_experts = DenseMLP(ctx, cfg.hidden_size, width, cfg.swiglu_limit, kernels.act) if width else None
+        # the grouped experts' combine (kernels/moe.experts_grouped): its sum where the reduce-scatter does it
+        self.combine_backend = "triton" if kernels.moe_route == "triton" else "torch"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = self.gate(x)
@@ -107,3 +137,14 @@ class MoE(nn.Module):
         if self.shared_experts is not None:
             out = out + self.shared_experts(x)
         return out
+
+    def forward_unreduced(self, x: torch.Tensor) -> torch.Tensor | SortedMoeOutput:
+        """`forward`, or where the experts take the grouped path its pieces before the combine
+        (dist/fused.moe_combine of them is `forward`'s result, bit for bit)."""
+        weights, ids = self.gate(x)
+        pieces = self.experts.forward_sorted(x, weights, ids)
+        if pieces is None:
+            out = self.experts(x, weights, ids)
+            return out if self.shared_experts is None else out + self.shared_experts(x)
+        shared = None if self.shared_experts is None else self.shared_experts(x)
+        return SortedMoeOutput(*pieces, weights, shared, self.combine_backend)
