@@ -29,12 +29,16 @@ def test_bench_check_passes_and_prints_a_table(capsys, tmp_path):
     assert "chunked" in out and "oneshot" in out and "pick/torch" in out
     assert "all_reduce_add_rmsnorm bfloat16, world 2" in out and "unfused" in out
     assert "all_reduce_hc_expand bfloat16, world 2" in out
+    assert "reduce_scatter_moe_combine bfloat16, world 2" in out
     assert plot.stat().st_size > 1000
     rows = json.loads((tmp_path / "r.json").read_text())["rows"]
     assert {r["op"] for r in rows} == {"all_reduce", "all_gather", "reduce_scatter",
-                                       "all_reduce_add_rmsnorm", "all_reduce_hc_expand"}
+                                       "all_reduce_add_rmsnorm", "all_reduce_hc_expand",
+                                       "reduce_scatter_moe_combine"}
     hc = [r for r in rows if r["op"] == "all_reduce_hc_expand"]
     assert all(isinstance(r["us"].get("unfused"), float) for r in hc)
+    moe = [r for r in rows if r["op"] == "reduce_scatter_moe_combine"]  # the CPU workspace serves any size
+    assert moe and all(isinstance(r["us"].get(p), float) for r in moe for p in ("unfused", "fused"))
     ar = [r for r in rows if r["op"] == "all_reduce"]
     assert all(isinstance(r["us"].get("ring"), float) for r in ar)  # the ring is timed too
 

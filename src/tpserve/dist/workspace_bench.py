@@ -27,7 +27,8 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 # bench-only "ops": the fused Communicator.all_reduce_add_rmsnorm and .all_reduce_hc_expand
 FUSED = "all_reduce_add_rmsnorm"
 HC_EXPAND = "all_reduce_hc_expand"
-FUSED_OPS = (FUSED, HC_EXPAND)
+MOE_COMBINE = "reduce_scatter_moe_combine"  # (and Communicator.reduce_scatter_moe_combine's)
+FUSED_OPS = (FUSED, HC_EXPAND, MOE_COMBINE)
 
 
 def _setup(rank: int, world: int, spec: dict) -> tuple[Communicator, torch.device]:

@@ -1,8 +1,12 @@
 """The fused all-reduce collectives in `tpserve bench collectives` (rows of the bench-only ops
 "all_reduce_add_rmsnorm" and "all_reduce_hc_expand": "unfused" = the table's all-reduce then the
-same torch ops, "fused" = the one-kernel CUDA path) and in its `--check`: add + RMSNorm: new
-residual bitwise, normed within fused.rmsnorm_bound; mHC expand: `total` bitwise (post 1, comb
-0), new streams within fused.hc_expand_bound; bitwise on the exact unfused paths."""
+same torch ops, "fused" = the one-kernel CUDA path; "reduce_scatter_moe_combine": "unfused" = the
+MoE combine, padding and the table's reduce-scatter, "fused" = the workspace's reduce-scatter whose
+copy-in is the combine, CPU or CUDA; its size is the combined [T, D] tensor's, the experts' rows
+TOP_K times that) and in its `--check`: add + RMSNorm: new residual bitwise, normed within
+fused.rmsnorm_bound; mHC expand: `total` bitwise (post 1, comb 0), new streams within
+fused.hc_expand_bound; bitwise on the exact unfused paths. (The MoE combine's bitwise proof:
+tests/dist/test_moe_combine_rs.py.)"""
 
 from __future__ import annotations
 
@@ -13,11 +17,12 @@ import torch.distributed as dist
 
 from tpserve.dist.comm import Communicator
 from tpserve.dist.tuning import TORCH
-from tpserve.dist.workspace_bench import (DTYPES, FUSED, HC_EXPAND, _iters, _reference, _sync,
-                                          median_us)
+from tpserve.dist.workspace_bench import (DTYPES, FUSED, HC_EXPAND, MOE_COMBINE, _iters, _reference,
+                                          _sync, median_us)
 
 FUSED_HIDDEN = 4096
 HC_MULT = 4  # GLM-5.3-Flash's mHC streams per token
+TOP_K = 8  # GLM-5.3-Flash's experts per token
 
 
 def _fused_inputs(nbytes: int, dtype: torch.dtype, device: torch.device, seed: int
@@ -50,6 +55,13 @@ def _inputs(op: str, nbytes: int, dtype: torch.dtype, device: torch.device, seed
     partial, residual, weight = _fused_inputs(nbytes, dtype, device, seed)
     if op == FUSED:
         return partial, residual, weight
+    if op == MOE_COMBINE:  # y [T * k, D] in expert order, order [T * k], weights [T, k], shared [T, D]
+        t, d = partial.shape
+        g = torch.Generator().manual_seed(seed + 2000)
+        y = torch.randn((t * TOP_K, d), generator=g).to(dtype).to(device)
+        order = torch.argsort(torch.randint(0, 288, (t * TOP_K,), generator=g), stable=True).to(device)
+        weights = torch.rand((t, TOP_K), generator=g).to(device)
+        return y, order, weights, residual
     return (partial, *_hc_inputs(tuple(partial.shape), dtype, device,
                                  torch.Generator().manual_seed(seed + 1000)))
 
@@ -60,6 +72,8 @@ def _fused_paths(comm: Communicator, op: str, args: tuple[torch.Tensor, ...]) ->
     partial = args[0]
     pick = comm.backend_for("all_reduce", partial)
     ws = comm._ws
+    if op == MOE_COMBINE:
+        return _moe_combine_paths(comm, args)
     if op == FUSED:
         paths: dict[str, Any] = {"unfused": lambda p, r, w: fused.add_rmsnorm(
             comm.run("all_reduce", p, pick), r, w, 1e-6)}
@@ -71,6 +85,28 @@ def _fused_paths(comm: Communicator, op: str, args: tuple[torch.Tensor, ...]) ->
     if (ws is not None and hasattr(ws, "all_reduce_hc_expand")
             and ws.fits_hc_expand(partial, args[1], args[2])):
         paths["fused"] = ws.all_reduce_hc_expand
+    return paths
+
+
+def _moe_combine_paths(comm: Communicator, args: tuple[torch.Tensor, ...]) -> dict[str, Any]:
+    """{"unfused": combine, pad, the table's reduce-scatter; "fused": the workspace's one where it
+    serves this size}, both with the combine arithmetic of the workspace here (fused.py)."""
+    from tpserve.dist import fused
+    y, _, weights, _ = args
+    t, d = weights.shape[0], y.shape[1]
+    rows = -(-t // comm.world_size) * comm.world_size
+    padded = y.new_empty(()).expand(rows, d)
+    pick = comm.backend_for("reduce_scatter", padded)
+    ws = comm._ws
+    combine = getattr(ws, "MOE_COMBINE", "triton" if y.is_cuda else "torch")
+
+    def unfused(y, order, weights, shared):
+        combined = fused.moe_combine(y, order, weights, shared, combine)
+        return comm.run("reduce_scatter", torch.nn.functional.pad(combined, (0, 0, 0, rows - t)), pick)
+
+    paths: dict[str, Any] = {"unfused": unfused}
+    if ws is not None and hasattr(ws, "reduce_scatter_moe_combine") and ws.fits_moe_combine(padded):
+        paths["fused"] = ws.reduce_scatter_moe_combine
     return paths
 
 
@@ -94,8 +130,8 @@ def fused_row(comm: Communicator, op: str, dt_name: str, size: int, device: torc
             us[name] = f"error: {type(exc).__name__}: {exc}"[:200]
             _sync(device)
             dist.barrier()
-    return {"op": op, "dtype": dt_name, "world": world,
-            "bytes": args[0].numel() * args[0].element_size(),
+    nbytes = args[0].numel() * args[0].element_size() // (TOP_K if op == MOE_COMBINE else 1)
+    return {"op": op, "dtype": dt_name, "world": world, "bytes": nbytes,
             "pick": "fused" if "fused" in paths else "unfused", "us": us}
 
 

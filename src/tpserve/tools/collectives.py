@@ -18,7 +18,8 @@ from typing import Any
 
 _BACKEND_ORDER = ("torch", "oneshot", "twoshot", "chunked", "ring", "symm_oneshot", "symm_twoshot",
                   "unfused", "fused")
-_ALL_OPS = "all_reduce,all_gather,reduce_scatter,all_reduce_add_rmsnorm,all_reduce_hc_expand"
+_ALL_OPS = ("all_reduce,all_gather,reduce_scatter,all_reduce_add_rmsnorm,all_reduce_hc_expand,"
+            "reduce_scatter_moe_combine")
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20,
           "mb": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30}
 
@@ -69,7 +70,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ops", default=_ALL_OPS,
                    help="comma list of collectives; all_reduce_add_rmsnorm and "
                         "all_reduce_hc_expand time the fused all-reduce + residual add + RMSNorm "
-                        "and all-reduce + mHC expand against the unfused ops "
+                        "and all-reduce + mHC expand against the unfused ops, "
+                        "reduce_scatter_moe_combine the reduce-scatter whose copy-in is an MoE's "
+                        "combine against combine + reduce-scatter "
                         f"(default {_ALL_OPS})")
     p.add_argument("--workspace-mb", type=int, default=8, help="per-rank workspace (MiB)")
     p.add_argument("--table", default=None, help="size table JSON to show picks from")
