@@ -23,7 +23,6 @@ from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from tpserve.dist import fused, tuning
 from tpserve.dist.tuning import OPS, SYMM_BACKENDS, TORCH, WORKSPACE_BACKENDS
@@ -278,9 +277,7 @@ class Communicator:
         if (backend in ("oneshot", "chunked") and getattr(ws, "MOE_COMBINE", None) == combine
                 and ws.fits_moe_combine(probe)):
             return ws.reduce_scatter_moe_combine(y, order, weights, shared)
-        combined = fused.moe_combine(y, order, weights, shared, combine)
-        if rows > t:  # model/glm5_next.pad_rows
-            combined = F.pad(combined, (0, 0, 0, rows - t))
+        combined = fused.pad_rows(fused.moe_combine(y, order, weights, shared, combine), self.world_size)
         return self.run("reduce_scatter", combined, backend)
 
     # -- the process group's own collectives --------------------------------------------------

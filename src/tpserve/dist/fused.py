@@ -170,6 +170,12 @@ def hc_expand_bound(total: torch.Tensor, streams: torch.Tensor, post: torch.Tens
 MOE_COMBINES = ("torch", "triton")
 
 
+def pad_rows(x: torch.Tensor, world: int) -> torch.Tensor:
+    """x with zero rows appended up to a multiple of `world` (a reduce-scatter's input)."""
+    extra = (-x.shape[0]) % world
+    return torch.nn.functional.pad(x, (0, 0) * (x.dim() - 1) + (0, extra)) if extra else x
+
+
 def check_moe_args(y: torch.Tensor, order: torch.Tensor, weights: torch.Tensor,
                    shared: torch.Tensor | None) -> None:
     name = "reduce_scatter_moe_combine"

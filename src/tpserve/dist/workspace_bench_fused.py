@@ -102,7 +102,7 @@ def _moe_combine_paths(comm: Communicator, args: tuple[torch.Tensor, ...]) -> di
 
     def unfused(y, order, weights, shared):
         combined = fused.moe_combine(y, order, weights, shared, combine)
-        return comm.run("reduce_scatter", torch.nn.functional.pad(combined, (0, 0, 0, rows - t)), pick)
+        return comm.run("reduce_scatter", fused.pad_rows(combined, comm.world_size), pick)
 
     paths: dict[str, Any] = {"unfused": unfused}
     if ws is not None and hasattr(ws, "reduce_scatter_moe_combine") and ws.fits_moe_combine(padded):

@@ -109,8 +109,12 @@ class MeasuredRates:
         """Both modes measured for this batch's bucket (`override` then decides from measurements alone)."""
         return self.bucket(batch) in self._decision
 
-    def override(self, batch: int, k: int) -> int:
+    def tick(self) -> None:
+        """A step the speculator was not asked about (Speculator.idle): the probes' clock counts it too."""
         self.step += 1
+
+    def override(self, batch: int, k: int) -> int:
+        self.tick()
         if k == 0:
             return 0
         b = self.bucket(batch)

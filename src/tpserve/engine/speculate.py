@@ -203,7 +203,7 @@ class Speculator:
             if limit is None or len(eng.scheduler.running) <= limit:
                 return False
         self.idle_steps += 1
-        self.rates.step += 1  # (the probes' clock counts every step: a probe due comes with the next request)
+        self.rates.tick()  # (a probe due then comes with the next request)
         return True
 
     def finished(self, seqs: list[Sequence]) -> None:

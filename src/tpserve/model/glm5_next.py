@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tpserve.dist.fused import pad_rows
 from tpserve.kernels.choice import Kernels
 from tpserve.model.batch import CacheTensors, ForwardBatch
 from tpserve.model.config import ModelConfig
@@ -90,11 +91,6 @@ class DecoderLayer(nn.Module):
         if not batch.sequence_parallel:
             return self.comm.all_reduce(partial)
         return self.comm.reduce_scatter(pad_rows(partial, self.comm.world_size), dim=0)
-
-
-def pad_rows(x: torch.Tensor, world: int) -> torch.Tensor:
-    extra = (-x.shape[0]) % world
-    return F.pad(x, (0, 0) * (x.dim() - 1) + (0, extra)) if extra else x
 
 
 class VocabTable(nn.Module):

@@ -133,10 +133,10 @@ class MoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = self.gate(x)
-        out = self.experts(x, weights, ids)
-        if self.shared_experts is not None:
-            out = out + self.shared_experts(x)
-        return out
+        return self._plus_shared(self.experts(x, weights, ids), x)
+
+    def _plus_shared(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return out if self.shared_experts is None else out + self.shared_experts(x)
 
     def forward_unreduced(self, x: torch.Tensor) -> torch.Tensor | SortedMoeOutput:
         """`forward`, or where the experts take the grouped path its pieces before the combine
@@ -144,7 +144,6 @@ class MoE(nn.Module):
         weights, ids = self.gate(x)
         pieces = self.experts.forward_sorted(x, weights, ids)
         if pieces is None:
-            out = self.experts(x, weights, ids)
-            return out if self.shared_experts is None else out + self.shared_experts(x)
+            return self._plus_shared(self.experts(x, weights, ids), x)
         shared = None if self.shared_experts is None else self.shared_experts(x)
         return SortedMoeOutput(*pieces, weights, shared, self.combine_backend)
