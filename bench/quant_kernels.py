@@ -2,13 +2,16 @@
 
 Needs only torch + Triton (no other tpserve dependency). Sections (each prints its own table):
   w8a16   fp8 block-128 W8A16 at M 1/8/16: the tiled split-K kernel and the decode GEMV
-          (kernels/quant_gemv.py, best of a config sweep), vs the FP8 weight-streaming floor and
-          vs cuBLAS bf16 on the same shape (whose floor is twice as many bytes)
-  w4a16   nvfp4 W4A16 at M 1/8/16, tiled vs GEMV, vs its 4-bit floor
+          (kernels/quant_gemv.py, best of a config sweep: tiles, warps, K split or not), vs the FP8
+          weight-streaming floor and vs cuBLAS bf16 on the same shape (whose floor is twice as many bytes)
+  w4a16   nvfp4 W4A16 at M 1/8/16, tiled vs GEMV (the float32-bits decode or nvfp4_tile's packed
+          decode on the tensor cores), vs its 4-bit floor; nvfp4_tile's PTX against plain Triton
   w8a8    torch._scaled_mm blockwise (sm90) at M 4096, vs bf16 matmul; relative error
-  moe     decode: grouped nvfp4 / fp8 / bf16 experts at 1/8 tokens (288 experts, top-8, D 4096, I 2048)
-          vs the floor of the experts touched; prefill: bf16 grouped_mm at 16k tokens (TFLOP/s, MFU)
-Times: CUDA-graph replays of 20 calls after warm-up, median of 5 (eager if capture fails).
+  moe     decode: grouped nvfp4 / fp8 / bf16 experts at 1/8 tokens (288 experts, top-8, D 4096, I 2048;
+          best of a tile sweep; 8 routings in turn) vs the floor of the experts touched;
+          prefill: bf16 grouped_mm at 16k tokens (TFLOP/s, MFU)
+Times: CUDA-graph replays of 20 calls after warm-up, median of 5 (eager if capture fails); the calls
+rotate over weight copies (4 x L2 in all) or routings, so no call reads weights cached by the last.
 Usage: PYTHONPATH=src python bench/quant_kernels.py [--out DIR] [--sections w8a16,w4a16,w8a8,moe]
 """
 
@@ -25,12 +28,21 @@ import torch
 
 HBM = 4.3e12
 BF16_PEAK = 790e12
+ROUTE = "triton"  # the MoE's expert-sorted layout and combine as the engine builds them on CUDA
 
 
 def timed(fn, reps: int = 20) -> float:
-    """Seconds per call."""
-    for _ in range(3):
-        fn()
+    """Seconds per call; fn: one zero-argument call, or a list of them taken in turn (calls on
+    different weight copies, so that no call finds its weights in the 50 MB L2 from the one before)."""
+    fns = fn if isinstance(fn, list) else [fn]
+    reps = max(reps, len(fns))
+
+    def each():
+        for r in range(reps):
+            fns[r % len(fns)]()
+
+    for f in fns:
+        f()
     torch.cuda.synchronize()
     runner = None
     try:
@@ -38,13 +50,10 @@ def timed(fn, reps: int = 20) -> float:
         s = torch.cuda.Stream()
         with torch.cuda.stream(s):
             with torch.cuda.graph(g):
-                for _ in range(reps):
-                    fn()
+                each()
         runner = g.replay
     except Exception:  # noqa: BLE001  (some paths cannot be captured: time them eagerly)
-        def runner():
-            for _ in range(reps):
-                fn()
+        runner = each
     out = []
     for _ in range(5):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -56,13 +65,27 @@ def timed(fn, reps: int = 20) -> float:
     return statistics.median(out)
 
 
+L2_BYTES = 50 * 2**20  # H100 / H200
+
+
+def copies_for(nbytes: int) -> int:
+    """Weight copies to rotate through so that their total is at least 4 x L2."""
+    return max(1, -(-4 * L2_BYTES // nbytes))
+
+
 def rel(y, ref) -> float:
     return ((y.double() - ref.double()).abs().max() / ref.double().abs().max()).item()
 
 
-GEMV_FP8 = [(bn, bk, nw) for bn in (16, 32, 64) for bk in (64, 128) for nw in (4, 8)]
-GEMV_FP4 = [(bn, bk, nw, d32) for bn in (16, 32, 64) for bk in (128, 256, 512) for nw in (4, 8)
-            for d32 in (False, True)]  # d32: the float32-bits e2m1 decode (M = 1 only; quant_gemv.py)
+# (block_n, block_k, warps, waves, mma_a): FMAs at M = 1 / X @ W^T, or qtile.fp8_tile as the MMA's A operand
+GEMV_FP8 = ([(bn, 128, nw, wv, False) for bn in (32, 64) for nw in (4, 8) for wv in (4, 0)]
+            + [(bn, 128, nw, wv, True) for bn, nw in ((64, 4), (128, 8), (32, 2), (16, 1)) for wv in (4, 0)])
+# (block_n, block_k, warps, fp32 decode, tile4, waves): the float32-bits decode (M = 1 only) and the
+# per-element form against nvfp4_tile's packed decode on the tensor cores; waves 0 = no K split
+GEMV_FP4 = ([(16, 512, 4, True, False, 4), (32, 512, 4, True, False, 4), (32, 256, 4, False, False, 4)]
+            + [(bn, bk, nw, False, True, wv) for bn, bk, nw in ((64, 256, 4), (64, 512, 4), (128, 256, 8),
+                                                                 (128, 128, 8), (32, 512, 2), (16, 512, 1), (32, 256, 2))
+               for wv in (4, 0)])  # nvfp4_tile: 16 rows of W per warp (fewer decode each tile twice)
 # A config counts only if its output is right: bf16 output rounding is at most 2^-8 of the largest
 # output and fp32 summation adds little, so a correct kernel stays below 1e-2 (measured 1.6e-3 to
 # 3.8e-3); a group-dot NVFP4 variant that was fastest at M = 16 gave 1.9 on the H200 (right in
@@ -88,30 +111,33 @@ def _best(configs, make, check=None):
 
 def _gemv_rows(res, key, title, shapes, quantize, floor_bytes, old, gemv, configs, extra=None):
     """One table: per shape and M the tiled split-K kernel (best of 3 tiles), the decode GEMV (best of
-    `configs`: block_n, block_k, num_warps) and its error against fp32 math on the
-    dequantized weight."""
+    `configs`) and its error against fp32 math on the dequantized weight. Every timed call reads its
+    own copy of the weight (copies_for: 4 x L2 in all), as a model's layers do."""
     print(f"\n| {title} | M | tiled us | GEMV us | floor us | GEMV % floor | GEMV / tiled | best GEMV config | "
           f"{'cuBLAS bf16 us | ' if extra else ''}rel err |")
     print("| --- " * (9 + bool(extra)) + "|")
     for n, k in shapes:
         w = torch.randn(n, k, device="cuda") / k**0.5
         packed, wd = quantize(w)
+        nc = copies_for(floor_bytes(n, k))
+        packs = [packed] + [tuple(t.clone() for t in packed) for _ in range(nc - 1)]
         floor = floor_bytes(n, k) / HBM
         for m in (1, 8, 16):
             x = torch.randn(m, k, device="cuda").bfloat16()
             ref = x.float() @ wd.T
             t_old, _ = _best([(32, 128), (64, 128), (64, 256)],
-                             lambda c: (lambda: old(x, packed, block_n=c[0], block_k=c[1])),
+                             lambda c: [(lambda p=p: old(x, p, block_n=c[0], block_k=c[1])) for p in packs],
                              check=lambda c: rel(old(x, packed, block_n=c[0], block_k=c[1]), ref))
-            t_new, cfg = _best(configs, lambda c: (lambda: gemv(x, packed, *c)),
+            t_new, cfg = _best([c for c in configs if m == 1 or not (len(c) == 6 and c[3])],
+                               lambda c: [(lambda p=p: gemv(x, p, *c)) for p in packs],
                                check=lambda c: rel(gemv(x, packed, *c), ref))
             err = rel(gemv(x, packed, *cfg), ref)
             row = dict(n=n, k=k, m=m, tiled_us=t_old * 1e6, us=t_new * 1e6, floor_us=floor * 1e6,
-                       pct=100 * floor / t_new, config=cfg, rel_err=err)
+                       pct=100 * floor / t_new, config=cfg, rel_err=err, weight_copies=nc)
             cols = ""
             if extra:
-                wb = extra(wd)  # converted once, outside the timed call
-                row["cublas_bf16_us"] = timed(lambda: torch.nn.functional.linear(x, wb)) * 1e6
+                wbs = [extra(wd)] + [extra(wd).clone() for _ in range(max(1, nc // 2) - 1)]  # bf16: twice the bytes
+                row["cublas_bf16_us"] = timed([(lambda wb=wb: torch.nn.functional.linear(x, wb)) for wb in wbs]) * 1e6
                 cols = f"{row['cublas_bf16_us']:.1f} | "
             res.setdefault(key, []).append(row)
             print(f"| {n}x{k} | {m} | {row['tiled_us']:.1f} | {row['us']:.1f} | {row['floor_us']:.1f} | "
@@ -132,8 +158,15 @@ def sec_w8a16(res):
 
     _gemv_rows(res, "w8a16", "W8A16 fp8 block 128", SHAPES, quantize, lambda n, k: n * k + (n // 128) * (k // 128) * 4,
                lambda x, p, **t: w8a16_gemm(x, *p, (128, 128), kernel="tiled", **t),
-               lambda x, p, bn, bk, nw: w8a16_gemv(x, *p, (128, 128), block_n=bn, block_k=bk, num_warps=nw),
+               lambda x, p, bn, bk, nw, wv, ma: w8a16_gemv(x, *p, (128, 128), block_n=bn, block_k=bk, num_warps=nw,
+                                                           waves=wv, mma_a=ma),
                GEMV_FP8, extra=lambda wd: wd.bfloat16())
+    p = quantize(torch.randn(4096, 4096, device="cuda") / 64)[0]
+    for m in (1, 8):  # qtile.fp8_tile's PTX decode against the same bits in plain Triton
+        x = torch.randn(m, 4096, device="cuda").bfloat16()
+        same = torch.equal(w8a16_gemv(x, *p, (128, 128), mma_a=True), w8a16_gemv(x, *p, (128, 128), mma_a=True, asm=False))
+        res.setdefault("w8a16_asm_equals_portable", []).append(dict(m=m, equal=bool(same)))
+        print(f"  M = {m}: fp8 PTX decode == plain Triton decode: {same}", flush=True)
 
 
 def sec_w4a16(res):
@@ -147,9 +180,15 @@ def sec_w4a16(res):
 
     _gemv_rows(res, "w4a16", "W4A16 nvfp4", SHAPES, quantize, lambda n, k: n * k // 2 + n * k // 16,
                lambda x, p, **t: w4a16_gemm(x, *p, kernel="tiled", **t),
-               lambda x, p, bn, bk, nw, d32: w4a16_gemv(x, *p, block_n=bn, block_k=bk, num_warps=nw,
-                                                        fp32_decode=d32),
+               lambda x, p, bn, bk, nw, d32, t4, wv: w4a16_gemv(x, *p, block_n=bn, block_k=bk, num_warps=nw,
+                                                                fp32_decode=d32, tile4=t4, waves=wv),
                GEMV_FP4)
+    p = quantize(torch.randn(4096, 4096, device="cuda") / 64)[0]
+    for m in (1, 8):  # nvfp4_tile's PTX decode against the same bits in plain Triton
+        x = torch.randn(m, 4096, device="cuda").bfloat16()
+        same = torch.equal(w4a16_gemv(x, *p, tile4=True), w4a16_gemv(x, *p, tile4=True, asm=False))
+        res.setdefault("w4a16_asm_equals_portable", []).append(dict(m=m, equal=bool(same)))
+        print(f"  M = {m}: nvfp4 PTX decode == plain Triton decode: {same}", flush=True)
 
 
 def sec_w8a8(res):
@@ -195,36 +234,64 @@ def sec_moe(res):
     P = {n: torch.stack(v) for n, v in P.items()}
     g2rows = P["g2"].repeat_interleave(i, dim=1).contiguous()
     d2rows = P["d2"][:, None].expand(-1, d).contiguous()
-    print("\n| MoE decode (288 experts, top-8) | tokens | experts touched | us | floor us | % floor | rel err vs fp32 |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print("\n| MoE decode (288 experts, top-8) | tokens | experts touched (mean) | us | floor us | % floor | "
+          "best config | rel err vs fp32 |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for t in (1, 8):
-        ids = torch.stack([torch.randperm(e, device="cuda")[:k] for _ in range(t)])
-        w = torch.rand(t, k, device="cuda")
-        x = torch.randn(t, d, device="cuda").bfloat16()
-        touched = ids.unique().numel()
+        # 8 routings taken in turn: the touched experts (113 MB at 1 token in nvfp4) change every call
+        routes = [(torch.stack([torch.randperm(e, device="cuda")[:k] for _ in range(t)]),
+                   torch.rand(t, k, device="cuda"), torch.randn(t, d, device="cuda").bfloat16()) for _ in range(8)]
+        touched = sum(r[0].unique().numel() for r in routes) / len(routes)
+        ids0, w0, x0 = routes[0]
         per = 3 * i * d
+
+        def nvfp4(ids, w, x, cfg, asm=None):
+            bn, bk, nw, qt = cfg
+            return experts_nvfp4_triton(x, w, ids, P["gp"], P["gb"], g2rows, P["dp"], P["db"], d2rows, 10.0,
+                                        ROUTE, qtile=qt, asm=asm, block_n=bn, block_k=bk, num_warps=nw)
+
+        def fp8(ids, w, x, cfg, asm=None):
+            bn, bk, nw, qt = cfg
+            return experts_fp8_triton(x, w, ids, P["gq"], P["gs"], P["dq"], P["ds"], (128, 128), 10.0, ROUTE,
+                                      qtile=qt, asm=asm, block_n=bn, block_k=bk, num_warps=nw)
+
+        def bf16(ids, w, x, cfg):
+            return experts_triton(x, w, ids, gu, dn, 10.0, block_n=cfg[0], block_k=cfg[1], route_backend=ROUTE)
+
         cases = {
-            "nvfp4": (lambda: experts_nvfp4_triton(x, w, ids, P["gp"], P["gb"], g2rows, P["dp"], P["db"], d2rows, 10.0),
-                      per * (0.5 + 1 / 16),
+            "nvfp4": (nvfp4, per * (0.5 + 1 / 16),
+                      # (block_n, block_k, warps, qtile): the per-element decode first, then qtile.py's
+                      # with 16 rows of W per warp (fewer decode each tile twice)
+                      [(64, 64, 4, False)] + [(bn, bk, nw, True) for bn, bk, nw in
+                                              ((64, 256, 4), (64, 128, 4), (64, 512, 4), (128, 128, 8),
+                                               (128, 256, 8), (32, 256, 2))],
                       lambda ex: (qr.nvfp4_dequantize(P["gp"][ex], P["gb"][ex], g2rows[ex]),
                                   qr.nvfp4_dequantize(P["dp"][ex], P["db"][ex], d2rows[ex]))),
-            "fp8": (lambda: experts_fp8_triton(x, w, ids, P["gq"], P["gs"], P["dq"], P["ds"], (128, 128), 10.0),
-                    per * (1 + 4 / 128**2),
+            "fp8": (fp8, per * (1 + 4 / 128**2), [(64, 64, 4, False), (64, 128, 4, False)]
+                    + [(bn, bk, nw, True) for bn, bk, nw in ((64, 128, 4), (64, 64, 4), (128, 128, 8), (32, 128, 2))],
                     lambda ex: (torch.cat([qr.fp8_block_dequantize(P["gq"][ex, :i], P["gs"][ex, :16]),
                                            qr.fp8_block_dequantize(P["gq"][ex, i:], P["gs"][ex, 16:])]),
                                 qr.fp8_block_dequantize(P["dq"][ex], P["ds"][ex]))),
-            "bf16": (lambda: experts_triton(x, w, ids, gu, dn, 10.0), per * 2,
-                     lambda ex: (gu[ex].float(), dn[ex].float())),
+            "bf16": (bf16, per * 2, [(64, 64), (64, 128)], lambda ex: (gu[ex].float(), dn[ex].float())),
         }
-        for name, (fn, bytes_per_expert, deq) in cases.items():
-            tt = timed(fn)
-            ref = moe.experts_loop_fn(x.float(), w, ids, e, lambda ex: deq(ex)[0], lambda ex: deq(ex)[1], 10.0)
-            err = rel(fn(), ref)
+        for name, (fn, bytes_per_expert, configs, deq) in cases.items():
+            ref = moe.experts_loop_fn(x0.float(), w0, ids0, e, lambda ex: deq(ex)[0], lambda ex: deq(ex)[1], 10.0)
+            tt, cfg = _best(configs, lambda c: [(lambda r=r: fn(*r, c)) for r in routes],
+                            check=lambda c: rel(fn(ids0, w0, x0, c), ref))
+            err = rel(fn(ids0, w0, x0, cfg), ref)
             floor = touched * bytes_per_expert / HBM
             row = dict(kind=name, tokens=t, touched=touched, us=tt * 1e6, floor_us=floor * 1e6, pct=100 * floor / tt,
-                       rel_err=err)
+                       rel_err=err, config=cfg)
+            if name != "bf16" and cfg[3]:  # qtile's PTX decode against the same bits in plain Triton
+                row["asm_equals_portable"] = bool(torch.equal(fn(ids0, w0, x0, cfg), fn(ids0, w0, x0, cfg, False)))
+                t_old, _ = _best(configs[:1], lambda c: [(lambda r=r: fn(*r, c)) for r in routes])
+                row["per_element_us"] = t_old * 1e6
             res.setdefault("moe_decode", []).append(row)
-            print(f"| {name} | {t} | {touched} | {tt * 1e6:.0f} | {floor * 1e6:.0f} | {row['pct']:.0f}% | {err:.1e} |")
+            print(f"| {name} | {t} | {touched:.1f} | {tt * 1e6:.0f} | {floor * 1e6:.0f} | {row['pct']:.0f}% | {cfg} | "
+                  f"{err:.1e} |", flush=True)
+            if "asm_equals_portable" in row:
+                print(f"  {name} PTX decode == plain Triton decode: {row['asm_equals_portable']}; per-element decode "
+                      f"(the old path) {row['per_element_us']:.0f} us", flush=True)
     print("\n| MoE prefill bf16 grouped_mm | tokens | ms | TFLOP/s | MFU (790) |")
     print("| --- | --- | --- | --- | --- |")
     for t in (4096, 16384):

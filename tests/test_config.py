@@ -79,3 +79,19 @@ def test_cli_reports_bad_settings_in_one_line(capsys):
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert "tpserve: error: moe_backend: triton needs a CUDA device" in err and "Traceback" not in err
+
+
+def test_quant_decode_backend_resolves_and_refuses_float16():
+    import torch
+
+    from tpserve.engine.setup import quant_decode
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert quant_decode("auto", cuda, torch.bfloat16) == "qtile"
+    assert quant_decode("auto", cuda, torch.float16) == "element"
+    assert quant_decode("auto", cpu, torch.float32) == "element"
+    assert quant_decode("element", cuda, torch.bfloat16) == "element"
+    with pytest.raises(ValueError, match="quant_decode_backend"):
+        quant_decode("qtile", cuda, torch.float16)
+    with pytest.raises(ValueError, match="quant_decode_backend"):
+        EngineConfig.from_env({"TPSERVE_QUANT_DECODE_BACKEND": "lut"})

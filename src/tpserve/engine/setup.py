@@ -121,6 +121,7 @@ def resolve_runtime(ecfg: EngineConfig) -> Runtime:
                       moe=_triton_or_torch("moe_backend", ecfg.moe_backend, device),
                       moe_triton_max_tokens=ecfg.moe_triton_max_tokens,
                       moe_route=_triton_or_torch("moe_route_backend", ecfg.moe_route_backend, device),
+                      quant_decode=quant_decode(ecfg.quant_decode_backend, device, dtype),
                       indexer=indexer,
                       indexer_topk=indexer_topk,
                       mla_decode=_triton_or_torch("mla_decode_backend", ecfg.mla_decode_backend, device),
@@ -131,6 +132,15 @@ def resolve_runtime(ecfg: EngineConfig) -> Runtime:
         raise ValueError("indexer_topk_backend: triton works on the Triton decode scores; it needs "
                          "--indexer-backend triton (or auto on cuda)")
     return Runtime(model_dir, device, dtype, kernels)
+
+
+def quant_decode(value: str, device: torch.device, dtype: torch.dtype) -> str:
+    """--quant-decode-backend resolved: auto -> qtile on cuda (bf16 / float32 activations), else element."""
+    if value == "qtile" and dtype == torch.float16:
+        raise ValueError("quant_decode_backend: qtile decodes to bf16 tiles; float16 activations need element")
+    if value == "auto":
+        return "qtile" if device.type == "cuda" and dtype != torch.float16 else "element"
+    return value
 
 
 def _triton_or_torch(name: str, choice: str, device: torch.device) -> str:

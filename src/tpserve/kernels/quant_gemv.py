@@ -29,6 +29,8 @@ import torch
 import triton
 import triton.language as tl
 
+from tpserve.kernels.qtile import OUT_BIAS, fp8_pair_order, fp8_tile, nvfp4_tile, pair_order
+
 SMS = 132  # H200 streaming multiprocessors: the split-K target is a few waves of programs
 
 
@@ -51,7 +53,8 @@ def _e2m1_fp32_bits(b):
 def _gemv_kernel(x_ptr, w_ptr, s_ptr, s2_ptr, y_ptr, M, N, K: tl.constexpr, SK: tl.constexpr, BNS: tl.constexpr,
                  BKS: tl.constexpr, FORMAT: tl.constexpr, K_PER_SPLIT: tl.constexpr, ATOMIC: tl.constexpr,
                  PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr, DECODE32: tl.constexpr = False):
+                 BLOCK_K: tl.constexpr, DECODE32: tl.constexpr = False, WA: tl.constexpr = False,
+                 ASM: tl.constexpr = False):
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
     n64 = n.to(tl.int64)
@@ -59,14 +62,21 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, s2_ptr, y_ptr, M, N, K: tl.constexpr, SK: 
     m_ok = m < M
     k_start = tl.program_id(1) * K_PER_SPLIT
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)  # WA: W @ X^T, the weight tile as the MMA's A
     for kk in range(0, K_PER_SPLIT, BLOCK_K):
         k0 = k_start + kk
         if FORMAT == 0:
             k = k0 + tl.arange(0, BLOCK_K)
             k_ok = k < K
-            w = tl.load(w_ptr + n64[:, None] * K + k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+            if not WA:
+                w = tl.load(w_ptr + n64[:, None] * K + k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
             sc = tl.load(s_ptr + (n64 // BNS) * SK + k0 // BKS, mask=n_ok, other=0.0)
-            if BLOCK_M == 1:
+            if WA:  # fp8_tile (e4m3 exact in bf16) as the MMA's A operand, the block scale on the partial
+                wt = fp8_tile(w_ptr, n64, n_ok, k0, K, BLOCK_N, BLOCK_K, ASM)
+                xa = tl.load(x_ptr + m[:, None] * K + k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+                xa = fp8_pair_order(xa, BLOCK_M, BLOCK_K)
+                acc_t += tl.dot(wt.to(xa.dtype), tl.trans(xa), input_precision=PRECISION) * sc[:, None]
+            elif BLOCK_M == 1:
                 xk = tl.load(x_ptr + k, mask=k_ok, other=0.0).to(tl.float32)
                 part = tl.sum(w.to(tl.float32) * xk[None, :], axis=1)
                 acc += (part * sc)[None, :]
@@ -74,6 +84,11 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, s2_ptr, y_ptr, M, N, K: tl.constexpr, SK: 
                 xa = tl.load(x_ptr + m[:, None] * K + k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
                 part = tl.dot(xa, tl.trans(w.to(xa.dtype)), input_precision=PRECISION)
                 acc += part * sc[None, :]
+        elif WA:  # nvfp4_tile: two codes per 32-bit operation, the tile as the MMA's A operand
+            wt = nvfp4_tile(w_ptr, s_ptr, n64, n_ok, k0, K, BLOCK_N, BLOCK_K, ASM)
+            k = k0 + tl.arange(0, BLOCK_K)
+            xa = tl.load(x_ptr + m[:, None] * K + k[None, :], mask=m_ok[:, None] & (k < K)[None, :], other=0.0)
+            acc_t += tl.dot(wt.to(xa.dtype), tl.trans(pair_order(xa, BLOCK_M, BLOCK_K)), input_precision=PRECISION)
         else:
             j = tl.arange(0, BLOCK_K // 2)
             kb = k0 // 2 + j
@@ -105,41 +120,55 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, s2_ptr, y_ptr, M, N, K: tl.constexpr, SK: 
                 his = tl.reshape(tl.reshape(hi, (BLOCK_N, BLOCK_K // 16, 8)) * sc[:, :, None], (BLOCK_N, BLOCK_K // 2))
                 acc += tl.dot(xe, tl.trans(los.to(xe.dtype)), input_precision=PRECISION)
                 acc += tl.dot(xo, tl.trans(his.to(xo.dtype)), input_precision=PRECISION)
+    if WA:
+        acc = tl.trans(acc_t)
     if FORMAT == 1:
-        if DECODE32:
+        if WA:
+            acc *= tl.load(s2_ptr + n64, mask=n_ok, other=0.0)[None, :] * OUT_BIAS
+        elif DECODE32:
             acc *= tl.load(s2_ptr + n64, mask=n_ok, other=0.0)[None, :] * 4611686018427387904.0  # 2^62
         else:
             acc *= tl.load(s2_ptr + n64, mask=n_ok, other=0.0)[None, :] * 16384.0
     offs = y_ptr + m[:, None].to(tl.int64) * N + n[None, :]
     if ATOMIC:
         tl.atomic_add(offs, acc, mask=m_ok[:, None] & n_ok[None, :])
-    else:
-        tl.store(offs, acc, mask=m_ok[:, None] & n_ok[None, :])
+    else:  # one K split: the output in its own dtype, no zero fill and no cast kernel around it
+        tl.store(offs, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
 
 def split_k(n: int, k: int, block_n: int, block_k: int, waves: int = 4) -> tuple[int, int]:
     """-> (K splits, K per split, a whole number of K tiles) so that the (N tile, K split) programs
-    fill the SMs `waves` times (here and in quant_triton's tiled kernel at small M)."""
+    fill the SMs `waves` times (here and in quant_triton's tiled kernel at small M); waves = 0: one
+    split (each program runs the whole K and stores its output: no zero fill, atomics or cast)."""
     tiles = triton.cdiv(n, block_n)
-    split = max(1, min(triton.cdiv(k, block_k), triton.cdiv(waves * SMS, tiles)))
+    split = 1 if waves == 0 else max(1, min(triton.cdiv(k, block_k), triton.cdiv(waves * SMS, tiles)))
     k_per = triton.cdiv(triton.cdiv(k, split), block_k) * block_k
     return triton.cdiv(k, k_per), k_per
 
 
+def use_asm(x: torch.Tensor) -> bool:
+    """Whether nvfp4_tile may use its inline PTX: a CUDA tensor and Triton compiling (not interpreting)."""
+    import os
+
+    return x.is_cuda and os.environ.get("TRITON_INTERPRET", "0") != "1"
+
+
 def _launch(x, w, s, s2, fmt: int, k: int, sk: int, bns: int, bks: int, block_n: int, block_k: int,
-            num_warps: int, num_stages: int, waves: int, decode32: bool = False) -> torch.Tensor:
+            num_warps: int, num_stages: int, waves: int, decode32: bool = False, wa: bool = False,
+            asm: bool | None = None) -> torch.Tensor:
     m, n = x.shape[0], w.shape[0]
     if m > 16:
         raise ValueError(f"x: quantized GEMV takes at most 16 rows, got {m}")
     x = x.contiguous()
-    block_m = 1 if m == 1 else 16
+    block_m = 1 if m == 1 and not wa else 16
     split, k_per = split_k(n, k, block_n, block_k, waves)
-    y = (torch.zeros if split > 1 else torch.empty)(m, n, dtype=torch.float32, device=x.device)
+    y = torch.zeros(m, n, dtype=torch.float32, device=x.device) if split > 1 else x.new_empty(m, n)
     _gemv_kernel[(triton.cdiv(n, block_n), split)](
-        x, w, s, s2, y, m, n, K=k, SK=sk, BNS=bns, BKS=bks, FORMAT=fmt, K_PER_SPLIT=k_per, ATOMIC=split > 1,
+        x, w.view(torch.int16) if wa else w, s, s2, y, m, n, K=k, SK=sk, BNS=bns, BKS=bks, FORMAT=fmt, K_PER_SPLIT=k_per, ATOMIC=split > 1,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32", BLOCK_M=block_m,
-        BLOCK_N=block_n, BLOCK_K=block_k, DECODE32=decode32 and block_m == 1, num_warps=num_warps,
-        num_stages=num_stages)
+        BLOCK_N=block_n, BLOCK_K=block_k, DECODE32=decode32 and block_m == 1, WA=wa,
+        ASM=wa and (use_asm(x) if asm is None else asm and use_asm(x)),
+        num_warps=num_warps, num_stages=num_stages)
     return y.to(x.dtype)
 
 
@@ -149,18 +178,27 @@ def fp8_gemv_fits(k: int, block: tuple[int, int], block_k: int = 128) -> bool:
 
 
 def w8a16_gemv(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, block: tuple[int, int], block_n: int = 32,
-               block_k: int = 128, num_warps: int = 4, num_stages: int = 3, waves: int = 4) -> torch.Tensor:
-    """x [M <= 16, K] @ dequant(w fp8 [N, K], s [ceil(N/bn), K/bk])^T -> [M, N] in x.dtype."""
+               block_k: int = 128, num_warps: int = 4, num_stages: int = 3, waves: int = 4,
+               mma_a: bool = False, asm: bool | None = None) -> torch.Tensor:
+    """x [M <= 16, K] @ dequant(w fp8 [N, K], s [ceil(N/bn), K/bk])^T -> [M, N] in x.dtype. `mma_a`: the
+    weight tile decoded by qtile.fp8_tile as the tensor cores' A operand (W @ X^T, any M; x bf16 or
+    float32) instead of FMAs (M = 1) or X @ W^T; `asm` as in w4a16_gemv."""
+    if mma_a and x.dtype == torch.float16:
+        raise ValueError("mma_a: takes a bf16 or float32 x, got float16")
     if not fp8_gemv_fits(w.shape[1], block, block_k):
         raise ValueError(f"block_k: {block_k} must divide the scale block {block[1]} and K {w.shape[1]}")
     return _launch(x, w, s.contiguous(), s, 0, w.shape[1], s.shape[1], block[0], block[1], block_n, block_k,
-                   num_warps, num_stages, waves)
+                   num_warps, num_stages, waves, wa=mma_a, asm=asm)
 
 
 def w4a16_gemv(x: torch.Tensor, w: torch.Tensor, bscale: torch.Tensor, scale2_rows: torch.Tensor,
                block_n: int = 32, block_k: int | None = None, num_warps: int = 4, num_stages: int = 3,
-               waves: int = 4, fp32_decode: bool | None = None) -> torch.Tensor:
+               waves: int = 4, fp32_decode: bool | None = None, tile4: bool = False,
+               asm: bool | None = None) -> torch.Tensor:
     """x [M <= 16, K] @ dequant(nvfp4 w [N, K/2], bscale [N, K/16], scale2_rows [N])^T -> [M, N].
+    `tile4`: decode with nvfp4_tile (two codes per 32-bit operation) and multiply on the tensor cores,
+    any M; x bf16 or float32 (an fp16 x would round the decoded tile's small values); `asm`: its PTX
+    decode (default: on CUDA when compiled; False gives the same bits in plain Triton, for checks).
     `fp32_decode`: the float32-bits decode at M = 1 (module docstring). Defaults: at M = 1 the float32-bits
     decode with 512-wide K tiles (where K allows), the fastest correct config of the H200 sweep (18.9 us
     for 12288 x 4096, 35% of its floor: bench/results/quant_gemv_h200_run4.json); else 256-wide tiles."""
@@ -172,5 +210,7 @@ def w4a16_gemv(x: torch.Tensor, w: torch.Tensor, bscale: torch.Tensor, scale2_ro
         fp32_decode = one
     if k % block_k or block_k % 32:
         raise ValueError(f"block_k: {block_k} must be a multiple of 32 dividing K {k}")
+    if tile4 and x.dtype == torch.float16:
+        raise ValueError("tile4: takes a bf16 or float32 x, got float16")
     return _launch(x, w, bscale.contiguous(), scale2_rows.float().contiguous(), 1, k, k // 16, 1, 16, block_n,
-                   block_k, num_warps, num_stages, waves, fp32_decode)
+                   block_k, num_warps, num_stages, waves, fp32_decode and not tile4, tile4, asm)

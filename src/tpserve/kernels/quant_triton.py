@@ -22,7 +22,8 @@ import triton
 import triton.language as tl
 
 from tpserve.kernels.route_triton import align, combine_choices
-from tpserve.kernels.quant_gemv import fp8_gemv_fits, split_k, w4a16_gemv, w8a16_gemv
+from tpserve.kernels.qtile import OUT_BIAS, fp8_pair_order, fp8_tile, nvfp4_tile, pair_order
+from tpserve.kernels.quant_gemv import fp8_gemv_fits, split_k, use_asm, w4a16_gemv, w8a16_gemv
 
 BLOCK_M = 16
 GEMV_MAX_M = 16  # rows up to which the decode GEMV (quant_gemv.py) replaces the tiled kernel
@@ -50,12 +51,27 @@ def _e2m1(c):
 @triton.jit
 def _dot_w(acc, xrow, m_ok, w_ptr, s_ptr, s2_ptr, n64, srow, k0, n_ok, K: tl.constexpr, SK: tl.constexpr,
            BKS: tl.constexpr, FORMAT: tl.constexpr, HOIST: tl.constexpr, PRECISION: tl.constexpr,
-           BLOCK_K: tl.constexpr):
+           BLOCK_K: tl.constexpr, QTILE: tl.constexpr = 0):
     """acc + X[:, k0:k0+BLOCK_K] @ W[n, k0:k0+BLOCK_K]^T; xrow: [BM, 1] pointers to the rows of X.
+    QTILE 1 / 2 (2: its PTX): the tile decoded by qtile.py (w_ptr viewed as int16; FP8 needs HOIST)
+    as the tensor cores' A operand, X in the tile's pair order, the scale on the partial product.
     FP8 with HOIST (the scale block spans the K tile): the raw e4m3 values (exact in 16 bits) go to
     the dot and the block scale multiplies the fp32 partial product, one scale per output column.
     FP8 otherwise: the tile is dequantized element by element. NVFP4: each byte is loaded once; its
     low nibbles (even k) and high nibbles (odd k) meet the even and odd columns of X in two dots."""
+    if QTILE:
+        k = k0 + tl.arange(0, BLOCK_K)
+        xa = tl.load(xrow + k[None, :], mask=m_ok[:, None] & (k < K)[None, :], other=0.0)
+        if FORMAT == 0:
+            wt = fp8_tile(w_ptr, n64, n_ok, k0, K, n64.shape[0], BLOCK_K, QTILE == 2)
+            xa = fp8_pair_order(xa, xa.shape[0], BLOCK_K)
+            scale = tl.load(s_ptr + srow * SK + k0 // BKS, mask=n_ok, other=0.0)
+        else:
+            wt = nvfp4_tile(w_ptr, s_ptr, n64, n_ok, k0, K, n64.shape[0], BLOCK_K, QTILE == 2)
+            xa = pair_order(xa, xa.shape[0], BLOCK_K)
+            scale = tl.load(s2_ptr + n64, mask=n_ok, other=0.0) * OUT_BIAS
+        part = tl.trans(tl.dot(wt.to(xa.dtype), tl.trans(xa), input_precision=PRECISION))
+        return acc + part * scale[None, :]
     if FORMAT == 0:
         k = k0 + tl.arange(0, BLOCK_K)
         k_ok = k < K
@@ -150,7 +166,7 @@ def _qgate_up_kernel(x_ptr, w_ptr, s_ptr, s2_ptr, h_ptr, rows_ptr, block_expert_
                      stride_we, stride_se, stride_s2e, top_k: tl.constexpr, D: tl.constexpr, INTER: tl.constexpr,
                      SK: tl.constexpr, BNS: tl.constexpr, BKS: tl.constexpr, UP_SROW: tl.constexpr,
                      FORMAT: tl.constexpr, HOIST: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, QTILE: tl.constexpr = 0):
     b = tl.program_id(0)
     e = tl.load(block_expert_ptr + b)
     if e < num_experts:
@@ -168,9 +184,9 @@ def _qgate_up_kernel(x_ptr, w_ptr, s_ptr, s2_ptr, h_ptr, rows_ptr, block_expert_
         xrow = x_ptr + tok[:, None] * D
         for k0 in range(0, D, BLOCK_K):
             acc_g = _dot_w(acc_g, xrow, m_ok, w, s, s2, n64, n64 // BNS, k0, n_ok, D, SK, BKS, FORMAT, HOIST,
-                           PRECISION, BLOCK_K)
+                           PRECISION, BLOCK_K, QTILE)
             acc_u = _dot_w(acc_u, xrow, m_ok, w, s, s2, INTER + n64, UP_SROW + n64 // BNS, k0, n_ok, D, SK, BKS,
-                           FORMAT, HOIST, PRECISION, BLOCK_K)
+                           FORMAT, HOIST, PRECISION, BLOCK_K, QTILE)
         g = tl.minimum(acc_g, limit)
         u = tl.minimum(tl.maximum(acc_u, -limit), limit)
         h = g * tl.sigmoid(g) * u
@@ -182,7 +198,8 @@ def _qgate_up_kernel(x_ptr, w_ptr, s_ptr, s2_ptr, h_ptr, rows_ptr, block_expert_
 def _qdown_kernel(h_ptr, w_ptr, s_ptr, s2_ptr, y_ptr, rows_ptr, block_expert_ptr, route_ptr, num_experts,
                   stride_we, stride_se, stride_s2e, D: tl.constexpr, INTER: tl.constexpr, SK: tl.constexpr,
                   BNS: tl.constexpr, BKS: tl.constexpr, FORMAT: tl.constexpr, HOIST: tl.constexpr,
-                  PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                  PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                  QTILE: tl.constexpr = 0):
     b = tl.program_id(0)
     e = tl.load(block_expert_ptr + b)
     if e < num_experts:
@@ -198,14 +215,24 @@ def _qdown_kernel(h_ptr, w_ptr, s_ptr, s2_ptr, y_ptr, rows_ptr, block_expert_ptr
         hrow = h_ptr + m[:, None].to(tl.int64) * INTER
         for k0 in range(0, INTER, BLOCK_K):
             acc = _dot_w(acc, hrow, m_ok, w, s, s2, n64, n64 // BNS, k0, n_ok, INTER, SK, BKS, FORMAT, HOIST,
-                         PRECISION, BLOCK_K)
+                         PRECISION, BLOCK_K, QTILE)
         route = tl.load(route_ptr + tl.where(m_ok, a, 0), mask=m_ok, other=0.0)
         a64 = tl.where(m_ok, a, 0).to(tl.int64)
         tl.store(y_ptr + a64[:, None] * D + n[None, :], acc * route[:, None], mask=m_ok[:, None] & n_ok[None, :])
 
 
+def _qtile_mode(x: torch.Tensor, qtile: bool | None, asm: bool | None) -> int:
+    """QTILE for the kernels: 0 (the per-element decode), 1 (qtile.py in plain Triton) or 2 (its PTX).
+    Default on, except for an fp16 x (the decoded tiles are bf16)."""
+    if qtile and x.dtype == torch.float16:
+        raise ValueError("qtile: takes a bf16 or float32 x, got float16")
+    if qtile is False or (qtile is None and x.dtype == torch.float16):
+        return 0
+    return 2 if use_asm(x) and asm is not False else 1
+
+
 def _experts(x, weights, ids, fmt, gu, gu_s, gu_s2, dn, dn_s, dn_s2, limit, sk_gu, sk_dn, bns, bks, up_srow,
-             route_backend: str = "torch", block_n: int = 64, block_k: int = 64):
+             route_backend: str = "torch", qtile: int = 0, block_n: int = 64, block_k: int = 64, num_warps: int = 4):
     t, top_k = ids.shape
     num_experts, two_i = gu.shape[:2]
     inter, d = two_i // 2, x.shape[1]
@@ -213,30 +240,42 @@ def _experts(x, weights, ids, fmt, gu, gu_s, gu_s2, dn, dn_s, dn_s2, limit, sk_g
     rows, block_expert = align(ids, num_experts, BLOCK_M, route_backend)
     nb = block_expert.numel()
     precision = "ieee" if x.dtype == torch.float32 else "tf32"
+    hoist = fmt == 0 and bks % block_k == 0
+    if qtile and fmt == 0 and not hoist:
+        qtile = 0  # fp8_tile leaves the scale to the partial product: the K tile must sit in one scale block
+    if qtile:  # qtile.py reads the weights as int16 words
+        gu, dn = gu.view(torch.int16), dn.view(torch.int16)
     h = torch.empty(nb * BLOCK_M, inter, dtype=x.dtype, device=x.device)
     _qgate_up_kernel[(nb, triton.cdiv(inter, block_n))](
         x, gu, gu_s, gu_s2, h, rows, block_expert, num_experts, float(limit), gu.stride(0), gu_s.stride(0),
         gu_s2.stride(0), top_k=top_k, D=d, INTER=inter, SK=sk_gu, BNS=bns, BKS=bks, UP_SROW=up_srow, FORMAT=fmt,
-        HOIST=fmt == 0 and bks % block_k == 0, PRECISION=precision, BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=block_k)
+        HOIST=hoist, PRECISION=precision, BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=block_k, QTILE=qtile,
+        num_warps=num_warps)
     y = torch.empty(t * top_k, d, dtype=torch.float32, device=x.device)
     route = weights.reshape(-1).float().contiguous()
     _qdown_kernel[(nb, triton.cdiv(d, block_n))](
         h, dn, dn_s, dn_s2, y, rows, block_expert, route, num_experts, dn.stride(0), dn_s.stride(0), dn_s2.stride(0),
-        D=d, INTER=inter, SK=sk_dn, BNS=bns, BKS=bks, FORMAT=fmt, HOIST=fmt == 0 and bks % block_k == 0,
-        PRECISION=precision, BLOCK_M=BLOCK_M,
-        BLOCK_N=block_n, BLOCK_K=block_k)
+        D=d, INTER=inter, SK=sk_dn, BNS=bns, BKS=bks, FORMAT=fmt, HOIST=hoist, PRECISION=precision, BLOCK_M=BLOCK_M,
+        BLOCK_N=block_n, BLOCK_K=block_k, QTILE=qtile, num_warps=num_warps)
     return combine_choices(y, top_k, x.dtype, route_backend)
 
 
-def experts_fp8_triton(x, weights, ids, gate_up, gu_scale, down, dn_scale, block, limit, route_backend="torch"):
-    """Same contract as kernels.moe.experts_loop on fp8 block experts (quant_methods.Fp8Experts)."""
+def experts_fp8_triton(x, weights, ids, gate_up, gu_scale, down, dn_scale, block, limit, route_backend="torch",
+                       qtile: bool | None = None, asm: bool | None = None, **tiles):
+    """Same contract as kernels.moe.experts_loop on fp8 block experts (quant_methods.Fp8Experts).
+    `qtile` (default: unless x is fp16): tiles decoded by qtile.fp8_tile, two values per 32-bit
+    operation, as the tensor cores' A operand (`asm`: its PTX, default on CUDA); tiles: block_n /
+    block_k / num_warps overrides (benchmarks)."""
     gu_scale, dn_scale = gu_scale.contiguous(), dn_scale.contiguous()
     return _experts(x, weights, ids, 0, gate_up, gu_scale, gu_scale, down, dn_scale, dn_scale, limit,
-                    gu_scale.shape[2], dn_scale.shape[2], block[0], block[1], gu_scale.shape[1] // 2, route_backend)
+                    gu_scale.shape[2], dn_scale.shape[2], block[0], block[1], gu_scale.shape[1] // 2, route_backend,
+                    _qtile_mode(x, qtile, asm), **tiles)
 
 
 def experts_nvfp4_triton(x, weights, ids, gate_up, gu_bscale, gu_scale2_rows, down, dn_bscale, dn_scale2_rows, limit,
-                         route_backend="torch"):
-    """Same contract on nvfp4 experts; scale2_rows: the global scale of each row [E, rows] float32."""
+                         route_backend="torch", qtile: bool | None = None, asm: bool | None = None, **tiles):
+    """Same contract on nvfp4 experts; scale2_rows: the global scale of each row [E, rows] float32.
+    `qtile`, `asm` and tiles as in experts_fp8_triton (qtile.nvfp4_tile: two codes per operation)."""
     return _experts(x, weights, ids, 1, gate_up, gu_bscale.contiguous(), gu_scale2_rows.float().contiguous(), down,
-                    dn_bscale.contiguous(), dn_scale2_rows.float().contiguous(), limit, 0, 0, 1, 16, 0, route_backend)
+                    dn_bscale.contiguous(), dn_scale2_rows.float().contiguous(), limit, 0, 0, 1, 16, 0, route_backend,
+                    _qtile_mode(x, qtile, asm), **tiles)

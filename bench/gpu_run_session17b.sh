@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Seventeenth session, second call (~8 min): after the first call (MoE decode nvfp4 at 1 token 367 -> 125 us with
+# nvfp4_tile). Its SASS on this workstation showed the decoded tile as the MMA's B operand costs register moves and
+# byte permutes, and 32-row tiles on 4 warps decode every tile twice; now the tile is the A operand (W @ X^T) in
+# pair order (kernels/qtile.py), FP8 gets the same (fp8_tile: no F2F per value). (1) MoE decode, nvfp4 / fp8 / bf16,
+# with the routing and combine kernels the engine uses on CUDA (--moe-route-backend triton), PTX against plain
+# Triton bit for bit; (2) the W4A16 and W8A16 GEMVs the same way; (3) end to end: the real config's widths,
+# 8 layers, NVFP4 experts, decode batch 1 / 8 / 32 (the seventh session: 6.145 / 14.702 / 29.399 ms).
+set -uo pipefail
+source bench/gpu_env.sh
+step "MoE decode (nvfp4 / fp8 / bf16)"
+timeout 150 python3 bench/quant_kernels.py --sections moe --out "$OUT/moe" 2>&1 | tee "$OUT/moe.log" \
+  | grep -E "^\| (nvfp4|fp8|bf16|grouped)|PTX|WRONG|Error|error|Traceback" | head -30
+step "W4A16 GEMV"
+timeout 110 python3 bench/quant_kernels.py --sections w4a16 --out "$OUT/w4" 2>&1 | tee "$OUT/w4.log" \
+  | grep -E "^\| [0-9]|PTX|WRONG|Error|error|Traceback" | head -20
+step "W8A16 GEMV"
+timeout 120 python3 bench/quant_kernels.py --sections w8a16 --out "$OUT/w8" 2>&1 | tee "$OUT/w8.log" \
+  | grep -E "^\| [0-9]|PTX|WRONG|Error|error|Traceback" | head -20
+step "real widths, 8 layers, NVFP4 experts: decode 1 / 8 / 32"
+timeout 200 python3 -m tpserve.cli bench model --device cuda --layers KKKMKKKM --dense-first --quantization nvfp4 \
+  --prefill 1024 --repeats 1 --decode-steps 16 --batch 1 8 32 --json "$OUT/model_nvfp4_8l.json" 2>&1 \
+  | tee "$OUT/model.log" | grep -E "^\| (prefill|decode)|boot|weights|Error|error|Traceback" | head -12
+save_triton_cache
+step "done"
