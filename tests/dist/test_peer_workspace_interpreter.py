@@ -170,12 +170,14 @@ def _peer_battery(rank: int, world: int, quick: bool = False) -> dict:
 
 
 def _moe_combine_cases(ws, rank: int, world: int, quick: bool, check, cap: int) -> None:
-    """The fused MoE combine + reduce-scatter kernel: bitwise kernels/route_triton.combine_sorted
-    (+ shared) padded and reduce-scattered, and the torch definition fused.moe_combine (Triton's
-    interpreter sums the k choices in order, as the definition does); odd token counts (padding
-    rows), k 1 / 3 / 8, two column tiles per row, shared or not. Then through a Communicator (CPU
-    device, this workspace in place of its own): the fused kernel where the call fits a slot, the
-    unfused combine_sorted + pipelined reduce-scatter where it does not, the same bits."""
+    """The one-round fused MoE combine + reduce-scatter kernel: bitwise
+    kernels/route_triton.combine_sorted (+ shared) padded and reduce-scattered, and the torch
+    definition fused.moe_combine (Triton's interpreter sums the k choices in order, as the
+    definition does); odd token counts (padding rows), k 1 / 3 / 8, two column tiles per row,
+    shared or not. Then through a Communicator (CPU device, this workspace in place of its own):
+    the fused path serves a call that fits a slot (one-round kernel) and one larger than a slot
+    (pipelined kernel), bitwise the unfused combine_sorted + reduce-scatter. (The pipelined kernel
+    in detail: test_moe_combine_rs_interpreter.py.)"""
     import torch.nn.functional as F
 
     from tpserve.dist import fused
@@ -207,7 +209,7 @@ def _moe_combine_cases(ws, rank: int, world: int, quick: bool, check, cap: int) 
         for n, (t, k, d, with_shared) in enumerate(shapes):
             per_rank = [inputs(1000 * n + r, t, k, d, dtype, with_shared) for r in range(world)]
             probe = torch.empty(-(-t // world) * world, d, dtype=dtype)
-            if not ws.fits_moe_combine(probe):
+            if not (ws.fits_moe_combine(probe) and ws.fits("reduce_scatter", probe)):  # one round
                 check(f"moe combine {dtype} {(t, k, d)} fits a slot", torch.zeros(1), torch.ones(1))
                 continue
             got = ws.reduce_scatter_moe_combine(*per_rank[rank])
@@ -219,15 +221,15 @@ def _moe_combine_cases(ws, rank: int, world: int, quick: bool, check, cap: int) 
     comm = Communicator(dist.group.WORLD, torch.device("cpu"), config=EngineConfig(custom_allreduce=False))
     comm._ws, served = ws, []
     real = ws.reduce_scatter_moe_combine
-    ws.reduce_scatter_moe_combine = lambda *a: served.append(1) or real(*a)
-    for t, d in [(2 * world + 1, 24), (world * 8, cap // 4)]:  # one slot; several times a slot
+    ws.reduce_scatter_moe_combine = lambda *a, **kw: served.append(1) or real(*a, **kw)
+    for t, d in [(2 * world + 1, 24), (world * 16, 96)]:  # one slot; larger than a slot
         per_rank = [inputs(77 + r, t, 4, d, torch.float32, True) for r in range(world)]
         got = comm.reduce_scatter_moe_combine(*per_rank[rank], combine="triton")
         check(f"communicator moe combine {(t, d)}", got, reference(per_rank, t, True))
     ws.reduce_scatter_moe_combine = real
-    if len(served) != 1:
-        check("communicator moe combine: the fused kernel served exactly the call that fits",
-              torch.tensor([len(served)]), torch.tensor([1]))
+    if len(served) != 2:
+        check("communicator moe combine: the fused path served both calls",
+              torch.tensor([len(served)]), torch.tensor([2]))
 
 
 def test_peer_kernels_in_the_interpreter():
@@ -337,3 +339,9 @@ def test_kernels_compile_for_sm90_without_a_gpu():
         assert "ld.acquire.sys.global.b64" in ptx and "st.release.sys.global.b64" in ptx
         assert "trap;" in ptx and "multimem" not in ptx
         assert ("add.rn.f32" in ptx) is shared  # the shared experts' add, never fused into an FMA
+        ptx = build(p.pipelined_moe_combine_kernel, RANK=1, WORLD=world, NSLOTS=p.PIPE_SLOTS,
+                    TOP_K=8, K_PAD=8, BLOCK_D=512, HAS_SHARED=shared, BLOCK=1024,
+                    INTERP=False).asm["ptx"]
+        assert "ld.acquire.sys.global.b64" in ptx and "st.release.sys.global.b64" in ptx
+        assert "trap;" in ptx and "multimem" not in ptx
+        assert ("add.rn.f32" in ptx) is shared

@@ -260,9 +260,11 @@ class Communicator:
         [T, D] or None), its rows padded with zeros to a multiple of the world: exactly
         reduce_scatter(pad_rows(fused.moe_combine(y, order, weights, shared, combine))).
         `combine`: the unfused combine's sum ("torch" or "triton": route_triton.combine_sorted).
-        Where the workspace serves the reduce-scatter, the combine is its copy-in (no [T, D]
-        tensor): on the CPU workspace for the "torch" combine (any size), on the CUDA workspace
-        for the "triton" one where the call fits one slot; else the two steps. Collective."""
+        Wherever the table sends the padded [rows, D] reduce-scatter to the workspace ("oneshot"
+        or "chunked"), the combine is its copy-in (no [T, D] tensor), at any size: on the CPU
+        workspace for the "torch" combine, on the CUDA workspace for the "triton" one (one round
+        where it fits a slot, else, or where the table says "chunked", pipelined, as `run` does);
+        else (NCCL, the ring, the other combine) the two steps. Collective."""
         fused.check_moe_args(y, order, weights, shared)
         if combine not in fused.MOE_COMBINES:
             raise ValueError(f"reduce_scatter_moe_combine: combine must be one of "
@@ -276,7 +278,9 @@ class Communicator:
         ws = self._ws
         if (backend in ("oneshot", "chunked") and getattr(ws, "MOE_COMBINE", None) == combine
                 and ws.fits_moe_combine(probe)):
-            return ws.reduce_scatter_moe_combine(y, order, weights, shared)
+            kw = ({"pipelined": True} if backend == "chunked"
+                  and hasattr(ws, "all_reduce_chunked") else {})  # CUDA: as `run` does
+            return ws.reduce_scatter_moe_combine(y, order, weights, shared, **kw)
         combined = fused.pad_rows(fused.moe_combine(y, order, weights, shared, combine), self.world_size)
         return self.run("reduce_scatter", combined, backend)
 

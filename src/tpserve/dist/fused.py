@@ -37,9 +37,10 @@ terms added in order j = 0, 1, ...; kernels/moe.experts_grouped's torch form is 
 `moe_combine(..., backend="triton")` is kernels/route_triton.combine_sorted's sum instead (CUDA).
 The fused paths write each rank's combined rows straight into the reduce-scatter's workspace slot
 (no [T, D] tensor written and read back): the CPU workspace (workspace.py) with this file's torch
-arithmetic row block by row block, the CUDA workspace (workspace_triton.py, one round) with
-combine_sorted's own tile code; each is taken only where the unfused path would use the same
-combine and the same workspace sum, so the result is bitwise the unfused path's.
+arithmetic row block by row block, the CUDA workspace with combine_sorted's own tile code (one
+round where it fits a slot, workspace_triton.py; else pipelined, workspace_triton_pipe.py); each
+is taken only where the unfused path would use the same combine and the same workspace sum, so the
+result is bitwise the unfused path's.
 """
 
 from __future__ import annotations

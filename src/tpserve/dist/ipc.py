@@ -5,8 +5,9 @@
 addresses), zeroes the flags and wraps it in a PeerWorkspace (workspace_peer.py) whose Triton
 kernels do the collectives. It then runs a small self-test on every path (one-shot, two-shot,
 all-gather, reduce-scatter, against the exact expected sums) so a kernel that does not compile or
-misbehaves on this machine is found at start-up (the pipelined and fused kernels too): every failure is agreed across ranks and raised
-as WorkspaceUnavailable, and the Communicator falls back to NCCL with a warning.
+misbehaves on this machine is found at start-up (the pipelined and fused kernels too, the fused
+MoE combine + reduce-scatter in one round and pipelined): every failure is agreed across ranks and
+raised as WorkspaceUnavailable, and the Communicator falls back to NCCL with a warning.
 
 NVLink multicast is never used: TORCH_SYMM_MEM_DISABLE_MULTICAST=1 is set before the first
 allocation, and neither our kernels nor the torch ops we call (one_shot_all_reduce,
@@ -103,6 +104,21 @@ def _self_test(ws: Any, ops: GroupOps, device: torch.device) -> str:
         ones = torch.ones((1, 2), dtype=torch.float32, device=device)
         results["fused all_reduce + mHC expand"] = ws.all_reduce_hc_expand(
             x.view(1, -1), streams, ones, torch.zeros((1, 2, 2), device=device))
+        # MoE combine + reduce-scatter: every choice's output rank + 1, weights 1/2 + 1/2 and
+        # shared experts' output 0: combined rows are rank + 1 exactly; T = 2*world - 1 tokens, so
+        # the last rank's last row is padding (0)
+        tokens, d = 2 * world - 1, 40
+        moe = (x[: 2 * tokens * d].view(2 * tokens, d), torch.arange(2 * tokens, device=device),
+               torch.full((tokens, 2), 0.5, device=device),
+               torch.zeros((tokens, d), dtype=x.dtype, device=device))
+        padding = torch.arange(2 * rank, 2 * rank + 2, device=device) >= tokens
+        variants = [("one-round", False)]
+        if ws.rs_region(x.dtype) >= 64:  # else the workspace is too small to pipeline it
+            variants.append(("pipelined", True))
+        for name, pipelined in variants:
+            got = ws.reduce_scatter_moe_combine(*moe, pipelined=pipelined)
+            results[f"{name} fused MoE combine + reduce_scatter"] = torch.where(
+                padding[:, None], got + want, got)  # a padding row's 0 reads as `want`
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         gathered = torch.arange(1, world + 1, device=device).repeat_interleave(2 * world)

@@ -11,8 +11,11 @@ workspace and the output. Buffer layout (`buffer_bytes_for`): the one-round area
 synchronisation, no allocation other than the output, so calls can be captured in CUDA graphs
 (compile each variant once, eagerly, before capturing).
 
-`reduce_scatter_moe_combine`: the reduce-scatter of an MoE's combine (dist/fused.py) where it fits
-one slot, the combine computed into the slot by combine_sorted's own tile code (one launch).
+`reduce_scatter_moe_combine`: the reduce-scatter of an MoE's combine (dist/fused.py) at any size
+the reduce-scatter serves, one launch: the combine computed straight into the workspace by
+combine_sorted's own tile code, by the one-round kernel where the padded rows fit a slot, else by
+the pipelined one (workspace_triton_pipe.py: the pipelined reduce-scatter with the combine as its
+copy-in), bitwise the same result.
 
 The buffers are supplied by the caller: torch symmetric memory on CUDA (ipc.py), or any memory
 the current process can address (the tests use POSIX shared memory with Triton's interpreter).
@@ -211,39 +214,66 @@ class PeerWorkspace:
         return out
 
     # -- fused MoE combine + reduce-scatter ---------------------------------------------------
-    # the combine arithmetic the fused kernel reproduces: kernels/route_triton.combine_sorted's
+    # the combine arithmetic the fused kernels reproduce: kernels/route_triton.combine_sorted's
     MOE_COMBINE = "triton"
 
     def fits_moe_combine(self, x: torch.Tensor) -> bool:
-        """Whether the one-round fused kernel serves a reduce-scatter of x [rows, D] (a slot holds
-        it); larger calls take the unfused path (Communicator.reduce_scatter_moe_combine)."""
+        """Whether `reduce_scatter_moe_combine` serves a reduce-scatter of x [rows, D] (the padded
+        combine): any non-empty size the reduce-scatter serves, in one round where a slot holds
+        it, else pipelined."""
         return (self.supports(x) and x.dim() == 2 and x.numel() > 0
-                and self.fits("reduce_scatter", x))
+                and (self.fits("reduce_scatter", x) or self.rs_region(x.dtype) >= 64))
 
     def reduce_scatter_moe_combine(self, y: torch.Tensor, order: torch.Tensor,
-                                   weights: torch.Tensor,
-                                   shared: torch.Tensor | None) -> torch.Tensor:
+                                   weights: torch.Tensor, shared: torch.Tensor | None, *,
+                                   pipelined: bool | None = None) -> torch.Tensor:
         """One launch: reduce_scatter(pad_rows(combine_sorted(y, order, weights) + shared)), the
-        combine computed into the slot (dist/fused.py, workspace_triton.py)."""
+        combine computed into the workspace by combine_sorted's tile code (dist/fused.py): the
+        one-round kernel (workspace_triton.py) where the padded rows fit a slot, else (or if
+        `pipelined`) the pipelined one (workspace_triton_pipe.py), bitwise the same result."""
+        fused.check_moe_args(y, order, weights, shared)
         t, k = weights.shape
         d = y.shape[1]
-        per = -(-t // self.world_size)
+        world = self.world_size
+        per = -(-t // world)
+        probe = y.new_empty(()).expand(per * world, d)  # the padded combine's size and dtype
+        if not self.fits_moe_combine(probe):
+            raise ValueError(f"reduce_scatter_moe_combine: y must be a non-empty [T*k, D] "
+                             f"{SUPPORTED_DTYPES} tensor on {self.device}; got {tuple(y.shape)} "
+                             f"{y.dtype} on {y.device}")
+        one_slot = self.fits("reduce_scatter", probe)
+        pipelined = not one_slot if pipelined is None else pipelined
+        region = self.rs_region(y.dtype)
+        if pipelined and region < 64:
+            raise ValueError("reduce_scatter_moe_combine: pipelined=True, but the workspace is too "
+                             "small for the pipelined reduce-scatter")
+        if not pipelined and not one_slot:
+            raise ValueError(f"reduce_scatter_moe_combine: pipelined=False, but {per * world} x "
+                             f"{d} rows do not fit one slot")
         out = torch.empty((per, d), dtype=y.dtype, device=self.device)
-        if not self.fits_moe_combine(y.new_empty(()).expand(per * self.world_size, d)):
-            raise ValueError(f"fused MoE combine + reduce-scatter needs a non-empty [rows, D] that "
-                             f"fits one slot; got {per * self.world_size} x {d} {y.dtype}")
         inv = fused.inverse_order(order).contiguous()
         y, w = y.contiguous(), weights.float().contiguous()
         sh = y if shared is None else shared.contiguous()  # unused pointer without shared
-        block_d = combine_block_d(d)
-        units = per * -(-d // block_d)
-        kernels.reducescatter_moe_combine_kernel[(min(kernels.MAX_PROGRAMS, units),)](
-            y, inv, w, sh, out, self.state, self.counters, *self.addrs, t, d, per,
-            self.slot_bytes, self.max_spin, int(self.trap_on_timeout), RANK=self.rank,
-            WORLD=self.world_size, TOP_K=k, K_PAD=triton.next_power_of_2(k),
-            BLOCK_D=block_d, HAS_SHARED=shared is not None, INTERP=self.interpret,
-            num_warps=COMBINE_NUM_WARPS)
+        block_d = combine_block_d(d)  # combine_sorted's tile: the same reduction order
+        tile = dict(RANK=self.rank, WORLD=world, TOP_K=k, K_PAD=triton.next_power_of_2(k),
+                    BLOCK_D=block_d, HAS_SHARED=shared is not None, INTERP=self.interpret,
+                    num_warps=COMBINE_NUM_WARPS)
+        if pipelined:
+            pipe.pipelined_moe_combine_kernel[(self.pipe_programs,)](
+                y, inv, w, sh, out, self.state, self.pipe_counters, *self.addrs, t, d, per,
+                region, self.region_bytes, self.pipe_flags, self.pipe_data, self.max_spin,
+                int(self.trap_on_timeout), NSLOTS=pipe.PIPE_SLOTS, BLOCK=BLOCK, **tile)
+        else:
+            units = per * -(-d // block_d)
+            kernels.reducescatter_moe_combine_kernel[(min(kernels.MAX_PROGRAMS, units),)](
+                y, inv, w, sh, out, self.state, self.counters, *self.addrs, t, d, per,
+                self.slot_bytes, self.max_spin, int(self.trap_on_timeout), **tile)
         return out
+
+    def rs_region(self, dtype: torch.dtype) -> int:
+        """Elements of each slice in a program region of the pipelined reduce-scatter (a multiple
+        of 64 for aligned loads; below 64 the workspace is too small to pipeline it)."""
+        return self.region_bytes // dtype.itemsize // self.world_size // 64 * 64
 
     def _launch_pipelined(self, mode: Any, src: torch.Tensor, out: torch.Tensor, n: int,
                           region: int, layout: tuple[int, ...], contig: bool) -> None:
@@ -287,7 +317,7 @@ class PeerWorkspace:
         if per:
             src, layout, contig = strided_layout(xp)
             if pipelined or (pipelined is None and not self.fits("reduce_scatter", x)):
-                region = self.region_bytes // x.element_size() // world // 64 * 64
+                region = self.rs_region(x.dtype)
                 if region < 64:
                     raise ValueError("workspace too small for the pipelined reduce-scatter")
                 self._launch_pipelined(pipe.RS, src, out, per,

@@ -32,9 +32,11 @@ loads/stores.
 Numerics: per element, sum over ranks in rank order in float32, rounded once to the output dtype.
 
 `reducescatter_moe_combine_kernel` is the reduce-scatter whose copy-in is an MoE's combine
-(dist/fused.py): each rank computes its combined rows with kernels/route_triton.combine_sorted's
-own tile code straight into its slot (plus the shared experts' output, rounded as torch adds),
-then sums its slice as `reducescatter_kernel` does: bitwise combine_sorted + add + reduce-scatter.
+(dist/fused.py), for a padded combine that fits one slot: each rank computes its combined rows
+with kernels/route_triton.combine_sorted's own tile code straight into its slot (plus the shared
+experts' output, rounded as torch adds; `moe_combined_tile`), then sums its slice as
+`reducescatter_kernel` does: bitwise combine_sorted + add + reduce-scatter. Larger ones:
+workspace_triton_pipe.pipelined_moe_combine_kernel, the same tile code in the pipelined rounds.
 """
 
 from __future__ import annotations
@@ -323,6 +325,23 @@ def reducescatter_kernel(x_ptr, out_ptr, state_ptr, cnt_ptr, B0, B1, B2, B3, B4,
     _finish(state_ptr, cnt_ptr, pid, nprog, epoch + 1)
 
 
+@triton.jit
+def moe_combined_tile(y_ptr, inv_ptr, w_ptr, shared_ptr, t, T, d, dm, D, TOP_K: tl.constexpr,
+                      K_PAD: tl.constexpr, HAS_SHARED: tl.constexpr, DT: tl.constexpr,
+                      INTERP: tl.constexpr):
+    """Row t of the padded combine at columns d (dm: d < D), in DT: combine_sorted_tile rounded
+    once (+ shared, added in float32 and rounded as torch adds two DT tensors); zero for a padding
+    row (t >= T). The one copy of this arithmetic for both fused MoE combine + reduce-scatter
+    kernels (this one-round kernel and workspace_triton_pipe's pipelined one)."""
+    t = t.to(tl.int64)
+    tc = tl.minimum(t, T - 1)  # a padding row computes the last token's, then gives 0
+    v = _round(combine_sorted_tile(y_ptr, inv_ptr, w_ptr, tc, d, D, TOP_K, K_PAD), DT, INTERP)
+    if HAS_SHARED:
+        sh = tl.load(shared_ptr + tc * D + d, mask=dm, other=0.0)
+        v = _round(_add_rn(v.to(tl.float32), sh.to(tl.float32), INTERP), DT, INTERP)
+    return tl.where(t < T, v, tl.zeros_like(v))
+
+
 @triton.jit(do_not_specialize=["max_spin", "trap"])
 def reducescatter_moe_combine_kernel(y_ptr, inv_ptr, w_ptr, shared_ptr, out_ptr, state_ptr, cnt_ptr,
                                      B0, B1, B2, B3, B4, B5, B6, B7, T, D, per, slot_bytes,
@@ -346,13 +365,8 @@ def reducescatter_moe_combine_kernel(y_ptr, inv_ptr, w_ptr, shared_ptr, out_ptr,
         d = (u % tiles) * BLOCK_D + lanes
         dm = d < D
         for s in tl.static_range(WORLD):
-            t = (s * per + r).to(tl.int64)
-            tc = tl.minimum(t, T - 1)  # a padding row computes the last token's, then stores 0
-            v = _round(combine_sorted_tile(y_ptr, inv_ptr, w_ptr, tc, d, D, TOP_K, K_PAD), DT, INTERP)
-            if HAS_SHARED:
-                sh = tl.load(shared_ptr + tc * D + d, mask=dm, other=0.0)
-                v = _round(_add_rn(v.to(tl.float32), sh.to(tl.float32), INTERP), DT, INTERP)
-            v = tl.where(t < T, v, tl.zeros_like(v))
+            v = moe_combined_tile(y_ptr, inv_ptr, w_ptr, shared_ptr, s * per + r, T, d, dm, D,
+                                  TOP_K, K_PAD, HAS_SHARED, DT, INTERP)
             tl.store(mine + s * stride + r * D + d, v, mask=dm)
     _barrier(B0, B1, B2, B3, B4, B5, B6, B7, pid, epoch + 1, state_ptr, max_spin, trap,
              RANK, WORLD, INTERP)

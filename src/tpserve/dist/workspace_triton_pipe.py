@@ -1,6 +1,7 @@
-"""Triton kernels of the pipelined all-reduce and the fused all-reduce + add + RMSNorm and
-all-reduce + mHC expand (CUDA workspace; launched by workspace_peer.py; helpers and the one-round
-kernels: workspace_triton.py).
+"""Triton kernels of the pipelined all-reduce / all-gather / reduce-scatter, the pipelined fused
+MoE combine + reduce-scatter and the fused all-reduce + add + RMSNorm and all-reduce + mHC expand
+(CUDA workspace; launched by workspace_peer.py; helpers and the one-round kernels:
+workspace_triton.py).
 
 Pipelined all-reduce: ONE launch for a tensor of any size, a fixed grid of `P` programs (the same
 for every call of a workspace, fixed at construction). The pipeline area of every rank's buffer
@@ -35,6 +36,18 @@ READY, sum slice RANK, DONE), all sharing the per-program round counters and fla
 everywhere: rank order, float32 accumulation, rounded once (bitwise the same as the one-round
 kernels).
 
+Pipelined fused MoE combine + reduce-scatter (`pipelined_moe_combine_kernel`, any size; the
+one-round kernel, workspace_triton.reducescatter_moe_combine_kernel, serves what fits a slot): the
+RS mode above with the combine as its copy-in. The input is the padded combine [world*per, D]
+(dist/fused.py), never materialised: in round t program p computes elements [start, start + cnt)
+of every slice s (flat in slice s's [per, D] rows) straight into its slot region, with
+combine_sorted's column tiles (BLOCK_D) that overlap the piece, each stored masked to it (a tile
+on a round's edge is computed in both rounds, the same bits), by workspace_triton's
+`moe_combined_tile`, the one-round kernel's own arithmetic; claim, READY, the sum of slice RANK
+and DONE are the RS mode's (`_claim`, `_combine`), and the rounds count on the same per-program
+counters. So the result is bitwise the one-round kernel's, and combine_sorted (+ shared), padded
+and reduce-scattered.
+
 Fused all-reduce + residual add + RMSNorm (one round, the one-round area and its epoch
 protocol): program p copies rows p, p+P, ... of `partial` into its slot, meets the same program
 of every peer (_barrier), then per row: total = rank-order sum (rounded), new_residual =
@@ -54,10 +67,11 @@ import triton
 import triton.language as tl
 
 from tpserve.dist.workspace_triton import (MAX_WORLD, _barrier, _base, _finish, _poll, _round, _round_start,
-                                           _signal, _src, _sum_peers, _trap_if)
+                                           _signal, _src, _sum_peers, _trap_if, moe_combined_tile)
 
 __all__ = ["AG", "AR1", "AR2", "PIPE_FLAG_BYTES", "PIPE_MAX_PROGRAMS", "PIPE_SLOTS", "RS",
-           "allreduce_add_rmsnorm_kernel", "allreduce_hc_expand_kernel", "pipelined_kernel"]
+           "allreduce_add_rmsnorm_kernel", "allreduce_hc_expand_kernel", "pipelined_kernel",
+           "pipelined_moe_combine_kernel"]
 
 PIPE_SLOTS = 4
 PIPE_MAX_PROGRAMS = 32
@@ -147,6 +161,19 @@ def _round_geometry(t, first, n, region_elems, region_bytes, pipe_data, pid, npr
 
 
 @triton.jit
+def _claim(B0, B1, B2, B3, B4, B5, B6, B7, t, first, n, region_elems, region_bytes, pipe_flags,
+           pipe_data, pid, nprog, state_ptr, max_spin, trap, RANK: tl.constexpr,
+           WORLD: tl.constexpr, NSLOTS: tl.constexpr, INTERP: tl.constexpr):
+    """Start of round t's copy-in: its _round_geometry, once every peer is DONE reading the
+    slot's previous round (g - NSLOTS) from my region."""
+    g, k, start, cnt, off = _round_geometry(t, first, n, region_elems, region_bytes, pipe_data,
+                                            pid, nprog, NSLOTS)
+    _hear_all(B0, B1, B2, B3, B4, B5, B6, B7, pipe_flags, _DONE, pid, k, g - NSLOTS,
+              state_ptr, max_spin, trap, RANK, WORLD, NSLOTS, INTERP)
+    return g, k, start, cnt, off
+
+
+@triton.jit
 def _copy_in(x_ptr, out_ptr, B0, B1, B2, B3, B4, B5, B6, B7, t, first, n, region_elems,
              region_bytes, pipe_flags, pipe_data, pid, nprog, state_ptr, max_spin, trap,
              d1, d2, d3, t0, t1, t2, t3, MODE: tl.constexpr, RANK: tl.constexpr,
@@ -154,10 +181,9 @@ def _copy_in(x_ptr, out_ptr, B0, B1, B2, B3, B4, B5, B6, B7, t, first, n, region
              BLOCK: tl.constexpr, INTERP: tl.constexpr):
     """Stage 1 of round t: claim my slot region, copy my input piece in, announce READY."""
     DT: tl.constexpr = out_ptr.dtype.element_ty
-    g, k, start, cnt, off = _round_geometry(t, first, n, region_elems, region_bytes, pipe_data,
-                                            pid, nprog, NSLOTS)
-    _hear_all(B0, B1, B2, B3, B4, B5, B6, B7, pipe_flags, _DONE, pid, k, g - NSLOTS,
-              state_ptr, max_spin, trap, RANK, WORLD, NSLOTS, INTERP)
+    g, k, start, cnt, off = _claim(B0, B1, B2, B3, B4, B5, B6, B7, t, first, n, region_elems,
+                                   region_bytes, pipe_flags, pipe_data, pid, nprog, state_ptr,
+                                   max_spin, trap, RANK, WORLD, NSLOTS, INTERP)
     mine = _region(B0, B1, B2, B3, B4, B5, B6, B7, RANK, off, DT)
     lanes = tl.arange(0, BLOCK)
     for i0 in range(0, cnt, BLOCK):
@@ -272,6 +298,73 @@ def pipelined_kernel(x_ptr, out_ptr, state_ptr, pcnt_ptr, B0, B1, B2, B3, B4, B5
                 _copy_out(out_ptr, B0, B1, B2, B3, B4, B5, B6, B7, step - 2, first, n,
                           region_elems, region_bytes, pipe_flags, pipe_data, pid, nprog,
                           state_ptr, max_spin, trap, RANK, WORLD, NSLOTS, BLOCK, INTERP)
+    tl.store(pcnt_ptr + pid, first + rounds)
+
+
+@triton.jit
+def _moe_combine_in(y_ptr, inv_ptr, w_ptr, shared_ptr, out_ptr, B0, B1, B2, B3, B4, B5, B6, B7,
+                    t, first, T, D, per, region_elems, region_bytes, pipe_flags, pipe_data, pid,
+                    nprog, state_ptr, max_spin, trap, RANK: tl.constexpr, WORLD: tl.constexpr,
+                    NSLOTS: tl.constexpr, TOP_K: tl.constexpr, K_PAD: tl.constexpr,
+                    BLOCK_D: tl.constexpr, HAS_SHARED: tl.constexpr, INTERP: tl.constexpr):
+    """Stage 1 of round t of the fused MoE combine + reduce-scatter: _copy_in's RS mode with the
+    combine as the copy: claim my slot region, compute elements [start, start + cnt) of every
+    slice s (flat in its [per, D] rows: padded tokens s*per ...) into it, region_elems apart,
+    announce READY. Work: combine_sorted's column tiles (BLOCK_D) that overlap the piece, each
+    stored masked to it (a tile on a round's edge is computed in both rounds, the same bits)."""
+    DT: tl.constexpr = out_ptr.dtype.element_ty
+    n = per * D
+    g, k, start, cnt, off = _claim(B0, B1, B2, B3, B4, B5, B6, B7, t, first, n, region_elems,
+                                   region_bytes, pipe_flags, pipe_data, pid, nprog, state_ptr,
+                                   max_spin, trap, RANK, WORLD, NSLOTS, INTERP)
+    mine = _region(B0, B1, B2, B3, B4, B5, B6, B7, RANK, off, DT)
+    tiles = tl.cdiv(D, BLOCK_D)
+    end = start + cnt
+    last = tl.maximum(end, start + 1) - 1  # the piece's last element (cnt <= 0: no tiles)
+    lo = (start // D) * tiles + (start % D) // BLOCK_D
+    hi = tl.where(cnt > 0, (last // D) * tiles + (last % D) // BLOCK_D + 1, lo)
+    lanes = tl.arange(0, BLOCK_D)
+    for u in range(lo, hi):
+        r = u // tiles
+        d = (u % tiles) * BLOCK_D + lanes
+        dm = d < D
+        e = r * D + d
+        m = dm & (e >= start) & (e < end)
+        for s in tl.static_range(WORLD):
+            v = moe_combined_tile(y_ptr, inv_ptr, w_ptr, shared_ptr, s * per + r, T, d, dm, D,
+                                  TOP_K, K_PAD, HAS_SHARED, DT, INTERP)
+            tl.store(mine + s * region_elems + (e - start), v, mask=m)
+    _tell_all(B0, B1, B2, B3, B4, B5, B6, B7, pipe_flags, _READY, pid, k, g, RANK, WORLD,
+              NSLOTS, INTERP)
+
+
+@triton.jit(do_not_specialize=["max_spin", "trap"])
+def pipelined_moe_combine_kernel(y_ptr, inv_ptr, w_ptr, shared_ptr, out_ptr, state_ptr, pcnt_ptr,
+                                 B0, B1, B2, B3, B4, B5, B6, B7, T, D, per, region_elems,
+                                 region_bytes, pipe_flags, pipe_data, max_spin, trap,
+                                 RANK: tl.constexpr, WORLD: tl.constexpr, NSLOTS: tl.constexpr,
+                                 TOP_K: tl.constexpr, K_PAD: tl.constexpr,
+                                 BLOCK_D: tl.constexpr, HAS_SHARED: tl.constexpr,
+                                 BLOCK: tl.constexpr, INTERP: tl.constexpr):
+    """out [per, D] = sum over ranks of rows [RANK*per, (RANK+1)*per) of the padded combine (as
+    workspace_triton.reducescatter_moe_combine_kernel, any size): pipelined_kernel's RS mode, its
+    copy-in the combine. At step t this program combines round t into its slot and sums round
+    t-1; rounds, slots and flags are pipelined_kernel's (the same per-program counters)."""
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    n = per * D
+    rounds = tl.cdiv(n, region_elems * nprog)
+    first = tl.load(pcnt_ptr + pid)
+    for step in range(rounds + 1):  # the last step only sums the last round
+        if step < rounds:
+            _moe_combine_in(y_ptr, inv_ptr, w_ptr, shared_ptr, out_ptr, B0, B1, B2, B3, B4, B5,
+                            B6, B7, step, first, T, D, per, region_elems, region_bytes,
+                            pipe_flags, pipe_data, pid, nprog, state_ptr, max_spin, trap, RANK,
+                            WORLD, NSLOTS, TOP_K, K_PAD, BLOCK_D, HAS_SHARED, INTERP)
+        if step >= 1:
+            _combine(out_ptr, B0, B1, B2, B3, B4, B5, B6, B7, step - 1, first, n, region_elems,
+                     region_bytes, pipe_flags, pipe_data, pid, nprog, state_ptr, max_spin, trap,
+                     _RS, RANK, WORLD, NSLOTS, BLOCK, INTERP)
     tl.store(pcnt_ptr + pid, first + rounds)
 
 
