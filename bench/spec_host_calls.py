@@ -1,11 +1,14 @@
 """Host time of the speculator's own calls per decode step, fixed k against adaptive, with fused steps.
 
-    python bench/spec_host_calls.py [--k 3] [--passes 20]
+    python bench/spec_host_calls.py [--k 3] [--passes 20] [--only engine._fused_step,speculator._next_k]
 
 Runs `bench/host_overhead.py`'s stand-in executor (no forward: every draft accepted, fused steps as on a
 GPU) for a batch of 1 and wraps the engine's and the speculator's calls with timers; prints us per call
 and calls per pass for each. What the adaptive mode adds per step is `_next_k`'s difference (measured
-rates, the policy's choice, its probes); wrappers add ~0.3 us a call, nested ones count in both.
+rates, the policy's choice, its probes); wrappers add ~0.3-1 us a call, nested ones count in both: inside a
+fused step the adaptive mode runs one wrapped call more than fixed k (rates.observe and rates.override against
+policy.choose_k), so its row for the step carries one wrapper more. --only wraps just the calls named (one
+outer call alone: the two modes' difference without that bias).
 """
 
 from __future__ import annotations
@@ -27,12 +30,14 @@ CALLS = {"speculator": ("_next_k", "fusable", "verify_fused", "_extend_drafts", 
          "engine": ("_plan", "_fused_step")}
 
 
-def wrap(llm: LLM, spent: Counter, calls: Counter) -> None:
+def wrap(llm: LLM, spent: Counter, calls: Counter, only: set[str] | None = None) -> None:
     eng = llm.engine
     owners = {"speculator": eng.speculator, "rates": eng.speculator.rates, "policy": eng.speculator.policy,
               "engine": eng}
     for owner, names in CALLS.items():
         for name in names:
+            if only is not None and f"{owner}.{name}" not in only:
+                continue
             fn = getattr(owners[owner], name)
 
             def wrapped(*a, _fn=fn, _name=f"{owner}.{name}", **kw):
@@ -49,7 +54,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--k", type=int, default=3)
     ap.add_argument("--passes", type=int, default=20)
+    ap.add_argument("--only", default=None, help="comma-separated calls to wrap (owner.name as printed); "
+                    "default: all")
     args = ap.parse_args()
+    only = None if args.only is None else set(args.only.split(","))
+    known = {f"{o}.{n}" for o, ns in CALLS.items() for n in ns}
+    if only is not None and not only <= known:
+        raise SystemExit(f"--only: unknown calls {sorted(only - known)}; known: {sorted(known)}")
     prompts = [mtp_prompts()[0]]
     sp = SamplingParams(temperature=0, max_tokens=96, ignore_eos=True)
     settings = {"fixed": {"method": "mtp", "num_speculative_tokens": args.k, "adaptive": False,
@@ -61,7 +72,7 @@ def main() -> None:
         for _ in range(3):  # warm-up: the adaptive mode's first measurements and probes
             host_overhead.decode_ms(llm, prompts, sp)
         results[name] = [0.0, Counter(), Counter()]
-        wrap(llm, results[name][1], results[name][2])
+        wrap(llm, results[name][1], results[name][2], only)
         engines[name] = llm
     for i in range(args.passes):  # the engines alternate pass by pass (this machine's speed drifts)
         for name in (list(settings) if i % 2 == 0 else list(settings)[::-1]):
@@ -72,7 +83,7 @@ def main() -> None:
         llm.shutdown()
     print(f"| call | fixed k={args.k}: us per call | calls | adaptive: us per call | calls |")
     print("| --- | --- | --- | --- | --- |")
-    names = [f"{o}.{n}" for o, ns in CALLS.items() for n in ns]
+    names = [f"{o}.{n}" for o, ns in CALLS.items() for n in ns if only is None or f"{o}.{n}" in only]
     for n in names:
         row = []
         for name in settings:

@@ -244,10 +244,32 @@ def test_choose_k_refits_the_cost_models_every_few_observations():
     assert stale is not fit.coef()
 
 
+def test_choose_k_sees_a_refit_made_outside_it():
+    """A refit outside choose_k (snapshot() reads fresh fits) changes the answer at once, as recomputing would:
+    dear drafting at batch 64 seen in fewer than REFIT_EVERY observations moves choose_k only when refitted."""
+    policy = SpecPolicy(3)
+    for i in range(40):
+        policy.observe_step(64 * (1 + i % 4), 3e-3 + 1e-6 * i)
+        policy.observe_draft(1 + i % 3, 3e-4 + 1e-6 * i, 1)
+    _non_explore(policy)
+    assert policy.choose_k(64, []) == 3
+    for _ in range(7):  # (7 < REFIT_EVERY: choose_k's fits stay as they were)
+        policy.observe_draft(3, 1e-2, 64)
+    _non_explore(policy)
+    assert policy.choose_k(64, []) == 3
+    policy.snapshot()
+    _non_explore(policy)
+    assert policy.choose_k(64, []) == 0
+    policy._last_choice = None
+    assert policy.choose_k(64, []) == 0
+
+
 def test_choose_k_remembers_only_what_nothing_observed_since_would_change():
-    """choose_k keeps its last answer while the batch and the estimates are unchanged (most steps: acceptance
-    trains on exploring steps only): a policy answering from that memory and one recomputing every time give
-    the same k through a run of observations, forgets and batch changes."""
+    """choose_k keeps its last answer while the batch, the acceptance estimates and the cost fits' coefficients
+    are unchanged (most steps: acceptance trains on exploring steps only, the fits change every REFIT_EVERY
+    observations): a policy answering from that memory and one recomputing every time give the same k through
+    a run of observations, forgets, batch changes and refits outside choose_k (snapshot() refits: a memory keyed
+    on observations alone answered from before it)."""
     rng = random.Random(5)
     remembering, fresh = (SpecPolicy(5, **MOE) for _ in range(2))
     asked, computed, batch = 0, [], 1
@@ -274,5 +296,7 @@ def test_choose_k_remembers_only_what_nothing_observed_since_would_change():
                 p.observe_draft(rng_p.randint(1, 5), 2e-4 * (1 + rng_p.random()), rng_p.randint(1, 4))
             elif kind < 0.37:
                 p.forget(rng_p.choice(keys))
+            elif kind < 0.39:
+                p.snapshot()
     assert asked == 600 and remembering._version == fresh._version > 50
     assert len(computed) < asked / 3  # (exploring steps answer max_k without computing)

@@ -320,6 +320,49 @@ def test_measured_rates_shrug_off_a_slow_first_drafting_step():
     assert all(r.override(1, 3) == 3 for _ in range(63))
 
 
+def test_rate_window_sums_as_when_every_step_kept_its_capped_time():
+    """_RateWindow keeps no capped time per step (all steps in the window are capped at the current cap): its
+    sums, cap and rate equal, bit for bit, those of a window that stores each step's capped time and updates it
+    at every recompute (what it did before), through outliers, recomputes asked for and the window's turnover."""
+    import random
+    from collections import deque
+
+    from tpserve.engine.spec_rates import _RateWindow
+
+    class Stored:  # each step's [tokens, seconds, capped seconds]
+        def __init__(self):
+            self.steps, self.tokens, self.seconds, self.cap, self.added = deque(maxlen=16), 0.0, 0.0, 0.0, 0
+
+        def add(self, tokens, seconds, recap):
+            self.added += 1
+            if recap or self.added % 8 == 0:
+                self.steps.append([tokens, seconds, seconds])
+                self.cap = 3.0 * sorted(w[1] for w in self.steps)[len(self.steps) // 2]
+                for w in self.steps:
+                    w[2] = min(w[1], self.cap)
+                self.tokens, self.seconds = sum(w[0] for w in self.steps), sum(w[2] for w in self.steps)
+                return True
+            if len(self.steps) == 16:
+                self.tokens -= self.steps[0][0]
+                self.seconds -= self.steps[0][2]
+            capped = min(seconds, self.cap)
+            self.steps.append([tokens, seconds, capped])
+            self.tokens += tokens
+            self.seconds += capped
+            return False
+
+    assert _RateWindow.WINDOW == 16 and _RateWindow.OUTLIER == 3.0
+    rng = random.Random(3)
+    for _ in range(20):
+        got, want = _RateWindow(), Stored()
+        for i in range(500):
+            tokens, seconds = rng.randint(1, 8), rng.expovariate(1e3) * (100 if rng.random() < 0.05 else 1)
+            recap = i < 4 or rng.random() < 0.02
+            assert got.add(tokens, seconds, recap) == want.add(tokens, seconds, recap)
+            assert (got.tokens, got.seconds, got.cap, len(got)) == (want.tokens, want.seconds, want.cap,
+                                                                   len(want.steps))
+
+
 def test_speculation_measured_slower_still_probes_a_later_request():
     """Plain decoding measured faster: the MTP layer stops for the running request after IDLE_STEPS
     plain steps, and the drafting probe, once due, waits for a request that can draft (the next one)
@@ -728,6 +771,41 @@ def test_adaptive_k_is_all_or_nothing_where_steps_are_padded(fused):
     ks = {k for k in chosen if k is not None}
     assert ks == {3} if fused else ks == {1, 3}  # (3: the exploring steps, every 4th)
     assert steps is None or steps
+    llm.shutdown()
+
+
+def test_fused_steps_skip_checks_that_fusable_made():
+    """After a fused step `_next_k` skips checks `fusable` made before it: that every sequence decodes, and for
+    whether the next step can be fused too, each one's argmax-only tokens (min_tokens can only become met, the
+    rest is fixed per request) and the executor's limit (read by `fusable` this step). On every fused step of
+    requests with min_tokens, logprobs and mixed batches, the full checks agree."""
+    from tpserve.engine.request import Status
+
+    llm, fused = _fused_llm({"method": "mtp", "num_speculative_tokens": 3})
+    sp_ = llm.engine.speculator
+    sp_.policy.choose_k = lambda num_seqs, keys: 3  # (drafts on every step: fused steps throughout)
+    sp_.rates.override = lambda batch, k: k
+    checked = []
+    next_k = sp_._next_k
+
+    def checking_next_k(scheduled, *a, fused=False):
+        if fused:
+            batch = len(llm.engine.scheduler.running)
+            running = [s.seq for s in scheduled if s.seq.status is Status.RUNNING]
+            assert all(s.decode for s in scheduled)
+            assert (batch <= sp_.fused_limit) == sp_._padded(running, batch)
+            checked.append(batch)
+        return next_k(scheduled, *a, fused=fused)
+    sp_._next_k = checking_next_k
+    cases = [[SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, min_tokens=m) for m in (0, 6, 13)],
+             [SamplingParams(temperature=0, max_tokens=24, ignore_eos=True),
+              SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=1)],
+             [SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)]]
+    for params in cases:
+        llm.generate(PROMPTS[:len(params)], params)
+    assert len(checked) > 10 and max(checked) > 1 and fused
+    del sp_.policy.choose_k, sp_.rates.override
+    assert _pools_full(llm)
     llm.shutdown()
 
 

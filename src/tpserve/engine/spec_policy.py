@@ -69,9 +69,10 @@ def _solve(m: list[list[float]], v: list[float]) -> list[float]:
 def _accumulate(m: list[list[float]], v: list[float], x: list[float], y: float, w: float) -> None:
     """m += w x x^T, v += w x y (the normal equations of weighted least squares)."""
     for i, xi in enumerate(x):
-        v[i] += w * xi * y
+        wx, row = w * xi, m[i]
+        v[i] += wx * y
         for j, xj in enumerate(x):
-            m[i][j] += w * xi * xj
+            row[j] += wx * xj
 
 
 class _RidgeFit:
@@ -87,7 +88,7 @@ class _RidgeFit:
 
     def __init__(self, prior: tuple[float, ...], window: int = COST_WINDOW):
         self.prior = list(prior)
-        self.rows: deque[tuple[list[float], float]] = deque(maxlen=window)
+        self.rows: deque[tuple[list[float], float, float, float]] = deque(maxlen=window)  # x, y, weight, log ratio
         d = len(prior)
         self._xtx, self._xty, self._log_scale = [[0.0] * d for _ in range(d)], [0.0] * d, 0.0
         self._adds = 0
@@ -98,20 +99,22 @@ class _RidgeFit:
         return math.log(max(y, 1e-9) / max(sum(p * xi for p, xi in zip(self.prior, x)), 1e-12))
 
     def add(self, x: list[float], y: float) -> None:
+        # (each row keeps its weight and log ratio: taking it out or summing again reuses them, the same floats)
+        w, log_ratio = 1.0 / max(y, 1e-9) ** 2, self._log_ratio(x, y)
         if len(self.rows) == self.rows.maxlen:
-            old_x, old_y = self.rows[0]
-            _accumulate(self._xtx, self._xty, old_x, old_y, -1.0 / max(old_y, 1e-9) ** 2)
-            self._log_scale -= self._log_ratio(old_x, old_y)
-        self.rows.append((x, y))
-        _accumulate(self._xtx, self._xty, x, y, 1.0 / max(y, 1e-9) ** 2)
-        self._log_scale += self._log_ratio(x, y)
+            old_x, old_y, old_w, old_log_ratio = self.rows[0]
+            _accumulate(self._xtx, self._xty, old_x, old_y, -old_w)
+            self._log_scale -= old_log_ratio
+        self.rows.append((x, y, w, log_ratio))
+        _accumulate(self._xtx, self._xty, x, y, w)
+        self._log_scale += log_ratio
         self._adds += 1
         if self._adds % self.rows.maxlen == 0:
             d = len(self.prior)
             self._xtx, self._xty = [[0.0] * d for _ in range(d)], [0.0] * d
-            self._log_scale = sum(self._log_ratio(rx, ry) for rx, ry in self.rows)
-            for rx, ry in self.rows:
-                _accumulate(self._xtx, self._xty, rx, ry, 1.0 / max(ry, 1e-9) ** 2)
+            self._log_scale = sum(row[3] for row in self.rows)
+            for rx, ry, rw, _ in self.rows:
+                _accumulate(self._xtx, self._xty, rx, ry, rw)
 
     def coef(self, fresh: bool = True) -> list[float]:
         """The fitted coefficients; fresh=False may return a fit up to REFIT_EVERY observations old."""
@@ -169,8 +172,9 @@ class SpecPolicy:
         per_expert = FULL_EXPERT_READ_PRIOR / (num_experts * num_moe_layers) if num_experts and num_moe_layers else 0.0
         self._step_fit = _RidgeFit((STEP_FIXED_PRIOR, per_expert, PER_TOKEN_PRIOR))
         self._draft_fit = _RidgeFit(DRAFT_PRIOR)
-        # choose_k's last answer and what it depended on: the estimates change only when something is
-        # observed (acceptance on exploring steps, costs), so most steps ask the same question again
+        # choose_k's last answer and what it depended on: the acceptance estimates (_version counts their
+        # changes: exploring steps' observations, forgets), the cost fits' coefficients (new lists when refitted)
+        # and the batch, so most steps ask the same question again
         self._version, self._last_choice = 0, None
 
     # ------------------------------------------------------------------ steps
@@ -189,14 +193,16 @@ class SpecPolicy:
             return self.max_k
         if num_seqs == 0:
             return 0
-        key = (self._version, num_seqs, tuple(seq_keys))
+        # the fits _choose reads (a refit where one is due: as often as if every step computed its choice)
+        step, draft = self._step_fit.coef(fresh=False), self._draft_fit.coef(fresh=False)
+        key = (self._version, step, draft, num_seqs, tuple(seq_keys))
         if self._last_choice is not None and self._last_choice[0] == key:
             return self._last_choice[1]
-        best = self._choose(num_seqs, seq_keys)
+        best = self._choose(num_seqs, seq_keys, step, draft)
         self._last_choice = (key, best)
         return best
 
-    def _choose(self, num_seqs: int, seq_keys: list) -> int:
+    def _choose(self, num_seqs: int, seq_keys: list, step: list[float], draft: list[float]) -> int:
         # Request s has rates glob_i * r_s (see _ratio), so its expected emitted tokens for k are
         # 1 + sum_{j<=k} G_j r_s^j with G_j = prod_{i<=j} glob_i: sum the powers of r over the batch.
         glob = self.acceptance()
@@ -210,10 +216,9 @@ class SpecPolicy:
         for j in range(1, self.max_k + 1):
             g_prod *= glob[j - 1]
             gains.append(gains[-1] + g_prod * power_sums[j])
-        best, best_rate = 0, gains[0] / self.step_cost(num_seqs, fresh=False)
+        best, best_rate = 0, gains[0] / self._step_cost(step, num_seqs)
         for k in range(1, self.max_k + 1):
-            rate = gains[k] / (self.step_cost(num_seqs * (1 + k), fresh=False)
-                               + self.draft_cost(k, num_seqs, fresh=False))
+            rate = gains[k] / (self._step_cost(step, num_seqs * (1 + k)) + self._draft_cost(draft, k, num_seqs))
             if rate > best_rate * (1 + 1e-9):
                 best, best_rate = k, rate
         return best
@@ -274,11 +279,18 @@ class SpecPolicy:
         return self.num_moe_layers * e * (1 - (1 - self.experts_per_token / e) ** num_tokens)
 
     def step_cost(self, num_tokens: int, fresh: bool = True) -> float:
-        a, b, c = self._step_fit.coef(fresh)
-        return a + b * self.experts_touched(num_tokens) + c * num_tokens
+        return self._step_cost(self._step_fit.coef(fresh), num_tokens)
 
     def draft_cost(self, k: int, num_seqs: int = 1, fresh: bool = True) -> float:
-        d0, d1, d2 = self._draft_fit.coef(fresh)
+        return self._draft_cost(self._draft_fit.coef(fresh), k, num_seqs)
+
+    def _step_cost(self, coef: list[float], num_tokens: int) -> float:
+        a, b, c = coef
+        return a + b * self.experts_touched(num_tokens) + c * num_tokens
+
+    @staticmethod
+    def _draft_cost(coef: list[float], k: int, num_seqs: int) -> float:
+        d0, d1, d2 = coef
         return d0 + d1 * k + d2 * num_seqs * k if k > 0 else 0.0
 
     def observe_step(self, num_tokens: int, seconds: float) -> None:
@@ -288,7 +300,6 @@ class SpecPolicy:
         if not seconds > 0:  # also NaN; the fit weighs observations by 1 / seconds^2
             raise ValueError(f"seconds: must be > 0, got {seconds}")
         self._step_fit.add([1.0, self.experts_touched(num_tokens), float(num_tokens)], seconds)
-        self._version += 1
 
     def observe_draft(self, k: int, seconds: float, num_seqs: int = 1) -> None:
         """Drafting k positions for each of num_seqs sequences took `seconds`."""
@@ -299,7 +310,6 @@ class SpecPolicy:
         if not seconds > 0:  # also NaN; the fit weighs observations by 1 / seconds^2
             raise ValueError(f"seconds: must be > 0, got {seconds}")
         self._draft_fit.add([1.0, float(k), float(num_seqs * k)], seconds)
-        self._version += 1
 
     def snapshot(self) -> dict:
         """Global acceptance rates by position and the fitted cost coefficients (for logs, benchmarks)."""

@@ -7,19 +7,27 @@ from __future__ import annotations
 from collections import deque
 
 
+def _bucket(batch: int) -> int:
+    """The power-of-two bucket of a batch size: 1, 2, 3-4, 5-8, ... by their upper ends (0 goes with 1)."""
+    return 1 << (batch - 1).bit_length() if batch > 1 else 1
+
+
 class _RateWindow:
     """One mode's last WINDOW steps: rate = tokens / seconds, each step's time capped at OUTLIER x the
     window's median. The cap (a sort) is recomputed, and every step capped again, every 8th step (and
-    whenever asked); in between the window's sums are updated in place."""
+    whenever asked); in between the window's sums are updated in place. Every step in the window is capped
+    at the current cap (the steps before its recompute were capped again then), so capped times are not
+    kept: min(seconds, cap) where needed."""
 
     WINDOW, OUTLIER = 16, 3.0
 
     def __init__(self):
-        self.steps: deque[list] = deque(maxlen=self.WINDOW)  # [tokens, seconds, capped seconds] per step
+        self.step_tokens: deque[int] = deque(maxlen=self.WINDOW)
+        self.step_seconds: deque[float] = deque(maxlen=self.WINDOW)
         self.tokens, self.seconds, self.cap, self.added = 0.0, 0.0, 0.0, 0
 
     def __len__(self) -> int:
-        return len(self.steps)
+        return len(self.step_seconds)
 
     @property
     def rate(self) -> float:
@@ -27,24 +35,29 @@ class _RateWindow:
 
     def add(self, tokens: int, seconds: float, recap: bool = False) -> bool:
         """-> whether the cap was recomputed."""
-        steps = self.steps
+        step_seconds = self.step_seconds
         self.added += 1
-        recap = recap or self.added % 8 == 0
-        if recap:
-            steps.append([tokens, seconds, seconds])
-            self.cap = self.OUTLIER * sorted(w[1] for w in steps)[len(steps) // 2]
-            for w in steps:
-                w[2] = min(w[1], self.cap)
-            self.tokens, self.seconds = sum(w[0] for w in steps), sum(w[2] for w in steps)
-        else:
-            if len(steps) == steps.maxlen:
-                self.tokens -= steps[0][0]
-                self.seconds -= steps[0][2]
-            capped = seconds if seconds < self.cap else self.cap
-            steps.append([tokens, seconds, capped])
-            self.tokens += tokens
-            self.seconds += capped
-        return recap
+        if recap or self.added % 8 == 0:
+            self.step_tokens.append(tokens)
+            step_seconds.append(seconds)
+            ordered = sorted(step_seconds)
+            cap = self.cap = self.OUTLIER * ordered[len(ordered) // 2]
+            self.tokens = sum(self.step_tokens)
+            if ordered[-1] <= cap:  # no step above the cap (most often): the plain sum, the same float
+                self.seconds = sum(step_seconds)
+            else:
+                self.seconds = sum([s if s < cap else cap for s in step_seconds])
+            return True
+        cap = self.cap
+        if len(step_seconds) == self.WINDOW:
+            old = step_seconds[0]
+            self.tokens -= self.step_tokens[0]
+            self.seconds -= old if old < cap else cap
+        self.step_tokens.append(tokens)
+        step_seconds.append(seconds)
+        self.tokens += tokens
+        self.seconds += seconds if seconds < cap else cap
+        return False
 
 
 class MeasuredRates:
@@ -78,17 +91,17 @@ class MeasuredRates:
 
     @staticmethod
     def bucket(batch: int) -> int:
-        return 1 << max(batch - 1, 0).bit_length()
+        return _bucket(batch)
 
     def observe(self, batch: int, drafted: bool, emitted: int, seconds: float) -> None:
         if emitted <= 0 or not seconds > 0:
             return
-        b = self.bucket(batch)
+        b = _bucket(batch)
         key = (b, drafted)
         win = self.window.get(key)
         if win is None:
             win = self.window[key] = _RateWindow()
-        recapped = win.add(emitted, seconds, len(win) < self.MIN_OBS)
+        recapped = win.add(emitted, seconds, len(win.step_seconds) < self.MIN_OBS)
         self.last_seen[key] = self.step
         decision = self._decision.get(b)
         if recapped or decision is None or decision[0] == key:  # the faster mode's rate moves little step to step
@@ -97,27 +110,28 @@ class MeasuredRates:
     def _decide(self, b: int) -> None:
         """Bucket b's slower mode and how often it is re-measured, once both modes are measured."""
         plain_key, spec_key = (b, False), (b, True)
-        if min(len(self.window.get(plain_key, ())), len(self.window.get(spec_key, ()))) < self.MIN_OBS:
+        plain_win, spec_win = self.window.get(plain_key), self.window.get(spec_key)
+        if plain_win is None or spec_win is None or min(len(plain_win), len(spec_win)) < self.MIN_OBS:
             return
-        plain, spec = self.window[plain_key].rate, self.window[spec_key].rate
-        lead = max(spec, plain) / min(spec, plain)
+        plain, spec = plain_win.rate, spec_win.rate
+        lead = spec / plain if spec > plain else plain / spec  # (max / min)
         every = (self.SPEC_PROBE if lead <= self.CLEAR_LEAD else self.CLEAR_PROBE if lead <= self.WIDE_LEAD
                  else self.WIDE_PROBE)
         self._decision[b] = (spec_key if spec < plain else plain_key, every)
 
     def measured(self, batch: int) -> bool:
         """Both modes measured for this batch's bucket (`override` then decides from measurements alone)."""
-        return self.bucket(batch) in self._decision
+        return _bucket(batch) in self._decision
 
     def tick(self) -> None:
         """A step the speculator was not asked about (Speculator.idle): the probes' clock counts it too."""
         self.step += 1
 
     def override(self, batch: int, k: int) -> int:
-        self.tick()
+        self.step += 1  # (tick)
         if k == 0:
             return 0
-        b = self.bucket(batch)
+        b = _bucket(batch)
         decision = self._decision.get(b)
         if decision is None:  # not both measured: the policy's k, plain decoding now and then
             plain_key = (b, False)

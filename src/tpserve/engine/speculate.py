@@ -89,6 +89,7 @@ class Speculator:
         self.calibration = Calibration()
         self.last_k, self.last_draft_seconds, self.emitted = 0, 0.0, 0
         self.step_drafted = False  # the step just run verified drafts (what MeasuredRates files it under)
+        self.fused_limit = 0  # the largest batch of a fused step, as `fusable` last read it
 
     def set_adaptive(self, on: bool) -> None:
         """Switch between adaptive k and a fixed k = num_speculative_tokens in a running engine (bench/spec_ab.py
@@ -220,7 +221,7 @@ class Speculator:
         next drafts' chain writes, up to position num_computed + 2k - 1 (else they would land in the shared
         dummy block, where other sequences' rows overwrite them)."""
         limit, positions = self.engine.executor.spec_step_limits()  # (0, 0): none
-        k = self.spec.num_speculative_tokens
+        self.fused_limit, k = limit, self.spec.num_speculative_tokens
         if not limit or len(scheduled) > limit:
             return False
         for s in scheduled:
@@ -274,9 +275,9 @@ class Speculator:
                 fused: bool = False) -> int | None:
         """Observe the step just run (its time and tokens), then choose the next step's k; None: the MTP layer
         stops for the running sequences (they draft no more)."""
-        eng = self.engine
+        eng, adaptive = self.engine, self.spec.adaptive
         batch = len(eng.scheduler.running)
-        limit = eng.executor.verify_graph_batch() if self.spec.adaptive else None
+        limit = eng.executor.verify_graph_batch() if adaptive else None
         above_graphs = limit is not None and batch > limit
         if above_graphs and not any(_fixed(s.seq) for s in scheduled):
             # plain steps replay a graph here and drafting steps could not (eager steps cost several times a
@@ -293,8 +294,9 @@ class Speculator:
             return None
         self.idle_since = None
         running = [s.seq for s in scheduled if s.seq.status is Status.RUNNING]
-        # steps with prefill chunks say nothing of decode costs or rates; a fixed k uses neither
-        if self.spec.adaptive and all(s.decode for s in scheduled):
+        # steps with prefill chunks say nothing of decode costs or rates; a fixed k uses neither (a fused step
+        # decodes only: `fusable`)
+        if adaptive and (fused or all(s.decode for s in scheduled)):
             if not fused:  # (a fused step's time holds its drafting too: the cost model fits them apart)
                 self.policy.observe_step(step_tokens, max(step_seconds, 1e-9))
             if self.last_draft_seconds is not None:  # None: the drafts came with a prompt's MTP catch-up
@@ -304,15 +306,18 @@ class Speculator:
         if above_graphs:  # (requests with a fixed k draft it: `_budget`)
             k = 0
         else:
-            # (a fixed k is max_k on every step: whether the next step is padded does not matter to it)
-            max_k, padded = self.spec.num_speculative_tokens, self.spec.adaptive and self._padded(running, batch)
+            # (a fixed k is max_k on every step: whether the next step is padded does not matter to it; after a
+            # fused step `fusable` has read the limit this step and passed every sequence, and they still pass:
+            # `_padded`)
+            max_k = self.spec.num_speculative_tokens
+            padded = adaptive and (batch <= self.fused_limit if fused else self._padded(running, batch))
             if padded and self.rates.measured(batch):
                 # the next step is fused, so k is 0 or max_k, and both were measured here: the measurements
                 # decide (the policy's cost model would only guess at the same thing)
                 k = self.rates.override(batch, max_k)
             else:
                 k = self.policy.choose_k(batch, running)
-                if self.spec.adaptive:
+                if adaptive:
                     k = self.rates.override(batch, k)
                 if padded and 0 < k < max_k:
                     k = max_k
@@ -337,7 +342,9 @@ class Speculator:
     def _padded(self, running: list[Sequence], batch: int) -> bool:
         """Whether the next step can be fused (`fusable`): its verify and chain graphs run num_speculative_tokens
         rows and depths whatever k is, so fewer drafts would save nothing and emit fewer tokens (an H200 at
-        batch 1: adaptive chose k = 3 or 4 of 5 on 5% of steps)."""
+        batch 1: adaptive chose k = 3 or 4 of 5 on 5% of steps). After a fused step `_next_k` checks the batch
+        alone: every running sequence passed `_argmax_only` in `fusable` and still does (its parameters are
+        fixed; its output only grows past min_tokens)."""
         return batch <= self.engine.executor.spec_step_limits()[0] and all(map(_argmax_only, running))
 
     def _draft_all(self, scheduled: list[Scheduled], starts: list[int], k: int, decode_only: bool,
