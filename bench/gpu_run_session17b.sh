@@ -4,8 +4,9 @@
 # byte permutes, and 32-row tiles on 4 warps decode every tile twice; now the tile is the A operand (W @ X^T) in
 # pair order (kernels/qtile.py), FP8 gets the same (fp8_tile: no F2F per value). (1) MoE decode, nvfp4 / fp8 / bf16,
 # with the routing and combine kernels the engine uses on CUDA (--moe-route-backend triton), PTX against plain
-# Triton bit for bit; (2) the W4A16 and W8A16 GEMVs the same way; (3) end to end: the real config's widths,
-# 8 layers, NVFP4 experts, decode batch 1 / 8 / 32 (the seventh session: 6.145 / 14.702 / 29.399 ms).
+# Triton bit for bit, the tile as A against B; (2) the W4A16 and W8A16 GEMVs the same way; (3) issue 12: batch 1
+# adaptive (k <= 7) against fixed k = 7 on one engine, after the adaptive host time per fused step was cut about
+# in half on the CPU (bench/spec_host_calls.py: 9.8 -> 5.2 us over fixed k).
 set -uo pipefail
 source bench/gpu_env.sh
 step "MoE decode (nvfp4 / fp8 / bf16)"
@@ -17,9 +18,8 @@ timeout 110 python3 bench/quant_kernels.py --sections w4a16 --out "$OUT/w4" 2>&1
 step "W8A16 GEMV"
 timeout 120 python3 bench/quant_kernels.py --sections w8a16 --out "$OUT/w8" 2>&1 | tee "$OUT/w8.log" \
   | grep -E "^\| [0-9]|PTX|WRONG|Error|error|Traceback" | head -20
-step "real widths, 8 layers, NVFP4 experts: decode 1 / 8 / 32"
-timeout 200 python3 -m tpserve.cli bench model --device cuda --layers KKKMKKKM --dense-first --quantization nvfp4 \
-  --prefill 1024 --repeats 1 --decode-steps 16 --batch 1 8 32 --json "$OUT/model_nvfp4_8l.json" 2>&1 \
-  | tee "$OUT/model.log" | grep -E "^\| (prefill|decode)|boot|weights|Error|error|Traceback" | head -12
+step "batch 1: adaptive (k<=7) vs fixed k=7, one engine (after the host-time cut)"
+timeout 120 python3 bench/spec_ab.py --device cuda --batch 1 --k 7 --max-tokens 96 --rounds 24 --one-engine \
+  --json "$OUT/spec_ab_b1_k7_one.json" 2>&1 | grep -E "^median|k per step|measured rates|Error|error|Traceback"
 save_triton_cache
 step "done"

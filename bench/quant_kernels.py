@@ -77,15 +77,18 @@ def rel(y, ref) -> float:
     return ((y.double() - ref.double()).abs().max() / ref.double().abs().max()).item()
 
 
-# (block_n, block_k, warps, waves, mma_a): FMAs at M = 1 / X @ W^T, or qtile.fp8_tile as the MMA's A operand
+# (block_n, block_k, warps, waves, qtile): FMAs at M = 1 / X @ W^T, or qtile.fp8_tile on the tensor cores,
+# "a": the tile as their A operand (16 rows of W per warp), "b": as B
 GEMV_FP8 = ([(bn, 128, nw, wv, False) for bn in (32, 64) for nw in (4, 8) for wv in (4, 0)]
-            + [(bn, 128, nw, wv, True) for bn, nw in ((64, 4), (128, 8), (32, 2), (16, 1)) for wv in (4, 0)])
-# (block_n, block_k, warps, fp32 decode, tile4, waves): the float32-bits decode (M = 1 only) and the
+            + [(bn, 128, nw, wv, "a") for bn, nw in ((64, 4), (128, 8), (32, 2), (16, 1)) for wv in (4, 0)]
+            + [(bn, 128, 4, wv, "b") for bn in (32, 64) for wv in (4, 0)])
+# (block_n, block_k, warps, fp32 decode, qtile, waves): the float32-bits decode (M = 1 only) and the
 # per-element form against nvfp4_tile's packed decode on the tensor cores; waves 0 = no K split
 GEMV_FP4 = ([(16, 512, 4, True, False, 4), (32, 512, 4, True, False, 4), (32, 256, 4, False, False, 4)]
-            + [(bn, bk, nw, False, True, wv) for bn, bk, nw in ((64, 256, 4), (64, 512, 4), (128, 256, 8),
-                                                                 (128, 128, 8), (32, 512, 2), (16, 512, 1), (32, 256, 2))
-               for wv in (4, 0)])  # nvfp4_tile: 16 rows of W per warp (fewer decode each tile twice)
+            + [(bn, bk, nw, False, "a", wv) for bn, bk, nw in ((64, 256, 4), (64, 512, 4), (128, 256, 8),
+                                                                (128, 128, 8), (32, 512, 2), (16, 512, 1), (32, 256, 2))
+               for wv in (4, 0)]  # nvfp4_tile as the MMA's A: 16 rows of W per warp (fewer decode tiles twice)
+            + [(bn, bk, 4, False, "b", wv) for bn, bk in ((32, 512), (64, 256)) for wv in (4, 0)])  # as B
 # A config counts only if its output is right: bf16 output rounding is at most 2^-8 of the largest
 # output and fp32 summation adds little, so a correct kernel stays below 1e-2 (measured 1.6e-3 to
 # 3.8e-3); a group-dot NVFP4 variant that was fastest at M = 16 gave 1.9 on the H200 (right in
@@ -158,13 +161,13 @@ def sec_w8a16(res):
 
     _gemv_rows(res, "w8a16", "W8A16 fp8 block 128", SHAPES, quantize, lambda n, k: n * k + (n // 128) * (k // 128) * 4,
                lambda x, p, **t: w8a16_gemm(x, *p, (128, 128), kernel="tiled", **t),
-               lambda x, p, bn, bk, nw, wv, ma: w8a16_gemv(x, *p, (128, 128), block_n=bn, block_k=bk, num_warps=nw,
-                                                           waves=wv, mma_a=ma),
+               lambda x, p, bn, bk, nw, wv, qt: w8a16_gemv(x, *p, (128, 128), block_n=bn, block_k=bk, num_warps=nw,
+                                                           waves=wv, qtile=bool(qt), qtile_a=qt != "b"),
                GEMV_FP8, extra=lambda wd: wd.bfloat16())
     p = quantize(torch.randn(4096, 4096, device="cuda") / 64)[0]
     for m in (1, 8):  # qtile.fp8_tile's PTX decode against the same bits in plain Triton
         x = torch.randn(m, 4096, device="cuda").bfloat16()
-        same = torch.equal(w8a16_gemv(x, *p, (128, 128), mma_a=True), w8a16_gemv(x, *p, (128, 128), mma_a=True, asm=False))
+        same = torch.equal(w8a16_gemv(x, *p, (128, 128), qtile=True), w8a16_gemv(x, *p, (128, 128), qtile=True, asm=False))
         res.setdefault("w8a16_asm_equals_portable", []).append(dict(m=m, equal=bool(same)))
         print(f"  M = {m}: fp8 PTX decode == plain Triton decode: {same}", flush=True)
 
@@ -180,13 +183,14 @@ def sec_w4a16(res):
 
     _gemv_rows(res, "w4a16", "W4A16 nvfp4", SHAPES, quantize, lambda n, k: n * k // 2 + n * k // 16,
                lambda x, p, **t: w4a16_gemm(x, *p, kernel="tiled", **t),
-               lambda x, p, bn, bk, nw, d32, t4, wv: w4a16_gemv(x, *p, block_n=bn, block_k=bk, num_warps=nw,
-                                                                fp32_decode=d32, tile4=t4, waves=wv),
+               lambda x, p, bn, bk, nw, d32, qt, wv: w4a16_gemv(x, *p, block_n=bn, block_k=bk, num_warps=nw,
+                                                                fp32_decode=d32, qtile=bool(qt), qtile_a=qt != "b",
+                                                                waves=wv),
                GEMV_FP4)
     p = quantize(torch.randn(4096, 4096, device="cuda") / 64)[0]
     for m in (1, 8):  # nvfp4_tile's PTX decode against the same bits in plain Triton
         x = torch.randn(m, 4096, device="cuda").bfloat16()
-        same = torch.equal(w4a16_gemv(x, *p, tile4=True), w4a16_gemv(x, *p, tile4=True, asm=False))
+        same = torch.equal(w4a16_gemv(x, *p, qtile=True), w4a16_gemv(x, *p, qtile=True, asm=False))
         res.setdefault("w4a16_asm_equals_portable", []).append(dict(m=m, equal=bool(same)))
         print(f"  M = {m}: nvfp4 PTX decode == plain Triton decode: {same}", flush=True)
 
@@ -248,27 +252,31 @@ def sec_moe(res):
         def nvfp4(ids, w, x, cfg, asm=None):
             bn, bk, nw, qt = cfg
             return experts_nvfp4_triton(x, w, ids, P["gp"], P["gb"], g2rows, P["dp"], P["db"], d2rows, 10.0,
-                                        ROUTE, qtile=qt, asm=asm, block_n=bn, block_k=bk, num_warps=nw)
+                                        ROUTE, qtile=bool(qt), asm=asm, qtile_a=qt != "b", block_n=bn, block_k=bk,
+                                        num_warps=nw)
 
         def fp8(ids, w, x, cfg, asm=None):
             bn, bk, nw, qt = cfg
             return experts_fp8_triton(x, w, ids, P["gq"], P["gs"], P["dq"], P["ds"], (128, 128), 10.0, ROUTE,
-                                      qtile=qt, asm=asm, block_n=bn, block_k=bk, num_warps=nw)
+                                      qtile=bool(qt), asm=asm, qtile_a=qt != "b", block_n=bn, block_k=bk,
+                                      num_warps=nw)
 
         def bf16(ids, w, x, cfg):
             return experts_triton(x, w, ids, gu, dn, 10.0, block_n=cfg[0], block_k=cfg[1], route_backend=ROUTE)
 
         cases = {
             "nvfp4": (nvfp4, per * (0.5 + 1 / 16),
-                      # (block_n, block_k, warps, qtile): the per-element decode first, then qtile.py's
-                      # with 16 rows of W per warp (fewer decode each tile twice)
-                      [(64, 64, 4, False)] + [(bn, bk, nw, True) for bn, bk, nw in
+                      # (block_n, block_k, warps, qtile): the per-element decode first, then qtile.py's as
+                      # the MMA's A operand ("a": 16 rows of W per warp, fewer decode each tile twice) or B
+                      [(64, 64, 4, False)] + [(bn, bk, nw, "a") for bn, bk, nw in
                                               ((64, 256, 4), (64, 128, 4), (64, 512, 4), (128, 128, 8),
-                                               (128, 256, 8), (32, 256, 2))],
+                                               (128, 256, 8), (32, 256, 2))]
+                      + [(32, 256, 4, "b"), (64, 256, 4, "b")],
                       lambda ex: (qr.nvfp4_dequantize(P["gp"][ex], P["gb"][ex], g2rows[ex]),
                                   qr.nvfp4_dequantize(P["dp"][ex], P["db"][ex], d2rows[ex]))),
             "fp8": (fp8, per * (1 + 4 / 128**2), [(64, 64, 4, False), (64, 128, 4, False)]
-                    + [(bn, bk, nw, True) for bn, bk, nw in ((64, 128, 4), (64, 64, 4), (128, 128, 8), (32, 128, 2))],
+                    + [(bn, bk, nw, "a") for bn, bk, nw in ((64, 128, 4), (64, 64, 4), (128, 128, 8), (32, 128, 2))]
+                    + [(64, 128, 4, "b")],
                     lambda ex: (torch.cat([qr.fp8_block_dequantize(P["gq"][ex, :i], P["gs"][ex, :16]),
                                            qr.fp8_block_dequantize(P["gq"][ex, i:], P["gs"][ex, 16:])]),
                                 qr.fp8_block_dequantize(P["dq"][ex], P["ds"][ex]))),
@@ -283,6 +291,10 @@ def sec_moe(res):
             row = dict(kind=name, tokens=t, touched=touched, us=tt * 1e6, floor_us=floor * 1e6, pct=100 * floor / tt,
                        rel_err=err, config=cfg)
             if name != "bf16" and cfg[3]:  # qtile's PTX decode against the same bits in plain Triton
+                b_cfgs = [c for c in configs if c[3] == "b"]  # and the tile as B (the first call's form)
+                t_b, c_b = _best(b_cfgs, lambda c: [(lambda r=r: fn(*r, c)) for r in routes],
+                                 check=lambda c: rel(fn(ids0, w0, x0, c), ref))
+                row["b_operand_us"], row["b_operand_config"] = t_b * 1e6, c_b
                 row["asm_equals_portable"] = bool(torch.equal(fn(ids0, w0, x0, cfg), fn(ids0, w0, x0, cfg, False)))
                 t_old, _ = _best(configs[:1], lambda c: [(lambda r=r: fn(*r, c)) for r in routes])
                 row["per_element_us"] = t_old * 1e6
@@ -291,7 +303,8 @@ def sec_moe(res):
                   f"{err:.1e} |", flush=True)
             if "asm_equals_portable" in row:
                 print(f"  {name} PTX decode == plain Triton decode: {row['asm_equals_portable']}; per-element decode "
-                      f"(the old path) {row['per_element_us']:.0f} us", flush=True)
+                      f"(the old path) {row['per_element_us']:.0f} us; tile as B {row['b_operand_us']:.0f} us "
+                      f"{row['b_operand_config']}", flush=True)
     print("\n| MoE prefill bf16 grouped_mm | tokens | ms | TFLOP/s | MFU (790) |")
     print("| --- | --- | --- | --- | --- |")
     for t in (4096, 16384):

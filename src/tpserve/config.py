@@ -118,11 +118,11 @@ class EngineConfig:
                             choices=("auto", "triton", "torch"))
     quant_decode_backend: str = _opt("auto", "how the grouped Triton experts turn FP8 / NVFP4 weights into bf16 "
                                      "tiles: qtile (kernels/qtile.py: two values per 32-bit operation in inline "
-                                     "PTX, the tile as the tensor cores' A operand; bf16 activations), element "
-                                     "(each weight decoded on its own in float32), or auto (qtile on cuda unless "
-                                     "the dtype is float16). Same values bit for bit where both apply "
-                                     "(BENCHMARKS.md, seventeenth session)", switch=True,
-                                     choices=("auto", "qtile", "element"))
+                                     "PTX, the tile as the tensor cores' A operand), qtile-b (the same decode, the "
+                                     "tile as their B operand), element (each weight decoded on its own in float32), "
+                                     "or auto (qtile-b on cuda unless the dtype is float16: 367 -> 125 us for an "
+                                     "NVFP4 MoE layer at 1 token on an H200, BENCHMARKS.md seventeenth session)",
+                                     switch=True, choices=("auto", "qtile", "qtile-b", "element"))
     moe_route_backend: str = _opt("auto", "MoE routing (sigmoid, bias, top-k, normalise), the experts' "
                                   "token-sorted layout and the sum of each token's k expert outputs: triton (one "
                                   "kernel each, cuda only; group-limited routing, n_group > 1, keeps torch), torch "

@@ -42,10 +42,11 @@ def test_gemms_match_dequantized_math():
                 for bn, bk in ((16, 128), (32, 64)):
                     res[f"fp8 gemv {bn}x{bk} {m}x{n}x{k} {dtype}"] = err(
                         w8a16_gemv(x, q, s, block, block_n=bn, block_k=bk), ref)
-                    if dtype == torch.float32:  # fp8_tile as the MMA's A operand, K split or not
-                        for waves in (4, 0):
-                            res[f"fp8 gemv mma_a {bn}x{bk} waves={waves} {m}x{n}x{k} {dtype}"] = err(
-                                w8a16_gemv(x, q, s, block, block_n=bn, block_k=bk, waves=waves, mma_a=True), ref)
+                    if dtype == torch.float32:  # fp8_tile as the MMA's A / B operand, K split or not
+                        for waves, qa in ((4, True), (0, True), (0, False)):
+                            res[f"fp8 gemv qtile a={qa} {bn}x{bk} waves={waves} {m}x{n}x{k} {dtype}"] = err(
+                                w8a16_gemv(x, q, s, block, block_n=bn, block_k=bk, waves=waves, qtile=True,
+                                           qtile_a=qa), ref)
             qc, sc = qr.fp8_channel_quantize(w)
             ref = x.double() @ qr.fp8_channel_dequantize(qc, sc).double().T
             res[f"fp8-channel {m}x{n}x{k} {dtype}"] = err(w8a16_gemm(x, qc, sc[:, None], (1, k)), ref)
@@ -59,14 +60,15 @@ def test_gemms_match_dequantized_math():
                     for d32 in (False, True):
                         res[f"nvfp4 gemv {bn}x{bk} d32={d32} {m}x{n}x{k} {dtype}"] = err(
                             w4a16_gemv(x, p, bs, s2r, block_n=bn, block_k=bk, fp32_decode=d32), ref)
-                    if dtype == torch.float32:  # nvfp4_tile as the MMA's A operand, K split or not
-                        for waves in (4, 0):
-                            res[f"nvfp4 gemv tile4 {bn}x{bk} waves={waves} {m}x{n}x{k} {dtype}"] = err(
-                                w4a16_gemv(x, p, bs, s2r, block_n=bn, block_k=bk, waves=waves, tile4=True), ref)
+                    if dtype == torch.float32:  # nvfp4_tile as the MMA's A / B operand, K split or not
+                        for waves, qa in ((4, True), (0, True), (0, False)):
+                            res[f"nvfp4 gemv qtile a={qa} {bn}x{bk} waves={waves} {m}x{n}x{k} {dtype}"] = err(
+                                w4a16_gemv(x, p, bs, s2r, block_n=bn, block_k=bk, waves=waves, qtile=True,
+                                           qtile_a=qa), ref)
         print(json.dumps(res))
     """)
     assert sum("gemv" in name for name in out) >= 12
-    assert sum("tile4" in name for name in out) >= 8 and sum("mma_a" in name for name in out) >= 8
+    assert sum("nvfp4 gemv qtile" in name for name in out) >= 12 and sum("fp8 gemv qtile" in name for name in out) >= 12
     for name, err in out.items():
         assert err < (5e-3 if "float16" in name else 1e-5), (name, err)
 
@@ -96,9 +98,9 @@ def test_grouped_quantized_experts_match_the_reference_loop():
             gs = torch.stack([torch.cat([a[1], b[1]]) for a, b in zip(qg, qu)])
             dq, ds = torch.stack([a[0] for a in qd]), torch.stack([a[1] for a in qd])
             want = quant_ops.experts_fp8(x, weights, ids, gq, gs, dq, ds, block, limit, torch_k)
-            for qtile in (False, True):  # the per-element decode, qtile.fp8_tile (where the K tile fits a block)
-                got = experts_fp8_triton(x, weights, ids, gq, gs, dq, ds, block, limit, qtile=qtile)
-                res[f"fp8 t{t} qtile={qtile}"] = ((got - want).abs().max() / want.abs().max()).item()
+            for qtile, qa in ((False, True), (True, True), (True, False)):  # per element; qtile.fp8_tile as A / B
+                got = experts_fp8_triton(x, weights, ids, gq, gs, dq, ds, block, limit, qtile=qtile, qtile_a=qa)
+                res[f"fp8 t{t} qtile={qtile} a={qa}"] = ((got - want).abs().max() / want.abs().max()).item()
             # nvfp4: per-(expert, projection) global scales
             pg = [qr.nvfp4_quantize(gu[x_, :i]) for x_ in range(e)]
             pu = [qr.nvfp4_quantize(gu[x_, i:]) for x_ in range(e)]
@@ -111,14 +113,15 @@ def test_grouped_quantized_experts_match_the_reference_loop():
                 down_scale2=torch.stack([a[2].reshape(1) for a in pd]))
             want = quant_ops.experts_nvfp4(x, weights, ids, layer, limit, torch_k)
             row2 = layer.gate_up_scale2.repeat_interleave(i, dim=1)
-            for qtile in (False, True):
+            for qtile, qa in ((False, True), (True, True), (True, False)):
                 got = experts_nvfp4_triton(x, weights, ids, layer.gate_up_proj, layer.gate_up_bscale, row2,
                                            layer.down_proj, layer.down_bscale,
-                                           layer.down_scale2.expand(-1, d).contiguous(), limit, qtile=qtile)
-                res[f"nvfp4 t{t} qtile={qtile}"] = ((got - want).abs().max() / want.abs().max()).item()
+                                           layer.down_scale2.expand(-1, d).contiguous(), limit, qtile=qtile,
+                                           qtile_a=qa)
+                res[f"nvfp4 t{t} qtile={qtile} a={qa}"] = ((got - want).abs().max() / want.abs().max()).item()
         print(json.dumps(res))
     """)
-    assert len(out) == 12
+    assert len(out) == 18
     for name, err in out.items():
         assert err < 1e-5, (name, err)
 

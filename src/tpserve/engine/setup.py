@@ -135,11 +135,11 @@ def resolve_runtime(ecfg: EngineConfig) -> Runtime:
 
 
 def quant_decode(value: str, device: torch.device, dtype: torch.dtype) -> str:
-    """--quant-decode-backend resolved: auto -> qtile on cuda (bf16 / float32 activations), else element."""
-    if value == "qtile" and dtype == torch.float16:
-        raise ValueError("quant_decode_backend: qtile decodes to bf16 tiles; float16 activations need element")
+    """--quant-decode-backend resolved: auto -> qtile-b on cuda (bf16 / float32 activations), else element."""
+    if value.startswith("qtile") and dtype == torch.float16:
+        raise ValueError(f"quant_decode_backend: {value} decodes to bf16 tiles; float16 activations need element")
     if value == "auto":
-        return "qtile" if device.type == "cuda" and dtype != torch.float16 else "element"
+        return "qtile-b" if device.type == "cuda" and dtype != torch.float16 else "element"
     return value
 
 

@@ -30,7 +30,8 @@ class Kernels:
     act: str = "torch"            # "triton": the dense MLPs' clamped SwiGLU in one kernel
     gemv: str = "torch"           # "triton": dense linears of 1-16 rows as one GEMV launch (kernels/gemv_triton.py)
     moe_route: str = "torch"      # "triton": router top-k and the experts' sorted layout one kernel each
-    quant_decode: str = "element"  # "qtile": the Triton experts decode FP8 / NVFP4 tiles with kernels/qtile.py
+    quant_decode: str = "element"  # "qtile" / "qtile-b": the Triton experts decode FP8 / NVFP4 tiles with
+    # kernels/qtile.py, the tile as the tensor cores' A / B operand
     indexer: str = "torch"        # "triton": the indexer's pool compression, decode scores, selection: a kernel each
     indexer_topk: str = "torch"   # "triton" (with indexer "triton"): decode top-k over complete pools only
     mla_decode: str = "torch"     # "triton": sparse MLA over the paged latent cache (kernels/mla_triton.py)

@@ -24,7 +24,8 @@ Pair order: a 32-bit result holds the same code of two adjacent words, i.e. colu
 register, so the tiles come out with their columns permuted to put those two side by side
 (`pair_order` / `fp8_pair_order` put the activations in the same order; a dot does not care about
 the order of K, and both permutations only relabel each thread's registers). The callers use the
-tile as A: W @ X^T.
+tile as A (W @ X^T), or, with PAIR=False (k order), as B (X @ W^T: the form first measured on the
+H200; the decoded pairs then pass through byte permutes and register moves).
 
 `ASM=True`: the decode in inline PTX (CUDA only); ASM=False computes the same bf16 bits with ordinary
 Triton arithmetic (float32 bit tricks, then exact products rounded to bf16), for the CPU interpreter
@@ -81,10 +82,10 @@ def _nibble_bf16(w, scale, J: tl.constexpr):
 
 @triton.jit
 def nvfp4_tile(w_ptr, s_ptr, n64, n_ok, k0, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-               ASM: tl.constexpr):
+               ASM: tl.constexpr, PAIR: tl.constexpr = True):
     """bf16 [BLOCK_N, BLOCK_K]: W[n, k0:k0 + BLOCK_K] with its block scales, times 2^-8 (no global
     scale), its columns in *pair order* (pair_order below: the activations' tile must be put in the
-    same order before the dot). w_ptr: the packed weight viewed as int16 [N, K/4] (a host-side
+    same order before the dot), or in k order with PAIR=False (for the tile as the MMA's B operand). w_ptr: the packed weight viewed as int16 [N, K/4] (a host-side
     .view(torch.int16) of the uint8 [N, K/2], low nibble = even k: a pointer cast in the kernel
     would hide its alignment and turn 16-byte loads into 2-byte ones); s_ptr: float8_e4m3fn
     [N, K/16]; n64: the tile's rows (int64, masked by n_ok); K and BLOCK_K multiples of 16;
@@ -112,7 +113,9 @@ def nvfp4_tile(w_ptr, s_ptr, n64, n_ok, k0, K: tl.constexpr, BLOCK_N: tl.constex
     # [N, G, p, q, a, b] holds code j = 2 a + b of word 2 p + q (k = 16 g + 8 p + 4 q + j); put q last,
     # so the two words of one 32-bit register (one PTX output) stay adjacent: the MMA's k pairs
     t = tl.join(tl.join(o0, o2), tl.join(o1, o3))
-    return tl.reshape(tl.permute(t, (0, 1, 2, 4, 5, 3)), (BLOCK_N, BLOCK_K))
+    if PAIR:
+        t = tl.permute(t, (0, 1, 2, 4, 5, 3))
+    return tl.reshape(t, (BLOCK_N, BLOCK_K))
 
 
 @triton.jit
@@ -153,9 +156,10 @@ def _byte_bf16(w, J: tl.constexpr):
 
 
 @triton.jit
-def fp8_tile(w_ptr, n64, n_ok, k0, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ASM: tl.constexpr):
+def fp8_tile(w_ptr, n64, n_ok, k0, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ASM: tl.constexpr,
+             PAIR: tl.constexpr = True):
     """bf16 [BLOCK_N, BLOCK_K]: the e4m3 values W[n, k0:k0 + BLOCK_K] (no scale; e4m3's NaN codes
-    come out finite), columns in fp8_pair_order. w_ptr: the float8_e4m3fn [N, K] weight viewed as
+    come out finite), columns in fp8_pair_order (k order with PAIR=False). w_ptr: the float8_e4m3fn [N, K] weight viewed as
     int16 [N, K/2]; K and BLOCK_K even; columns past K read as 0."""
     i = tl.arange(0, BLOCK_K // 2)
     wi = k0 // 2 + i
@@ -169,8 +173,10 @@ def fp8_tile(w_ptr, n64, n_ok, k0, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK
         w32 = words.to(tl.int32)
         lo = _byte_bf16(w32, 0)
         hi = _byte_bf16(w32, 1)
-    # [N, p, q, j] -> [N, p, j, q]: the two words of one register side by side
-    return tl.reshape(tl.permute(tl.join(lo, hi), (0, 1, 3, 2)), (BLOCK_N, BLOCK_K))
+    t = tl.join(lo, hi)  # [N, p, q, j]
+    if PAIR:  # -> [N, p, j, q]: the two words of one register side by side
+        t = tl.permute(t, (0, 1, 3, 2))
+    return tl.reshape(t, (BLOCK_N, BLOCK_K))
 
 
 @triton.jit

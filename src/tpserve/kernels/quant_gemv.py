@@ -53,7 +53,8 @@ def _e2m1_fp32_bits(b):
 def _gemv_kernel(x_ptr, w_ptr, s_ptr, s2_ptr, y_ptr, M, N, K: tl.constexpr, SK: tl.constexpr, BNS: tl.constexpr,
                  BKS: tl.constexpr, FORMAT: tl.constexpr, K_PER_SPLIT: tl.constexpr, ATOMIC: tl.constexpr,
                  PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr, DECODE32: tl.constexpr = False, WA: tl.constexpr = False,
+                 BLOCK_K: tl.constexpr, DECODE32: tl.constexpr = False, QTILE: tl.constexpr = False,
+                 QA: tl.constexpr = True,
                  ASM: tl.constexpr = False):
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
@@ -62,20 +63,23 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, s2_ptr, y_ptr, M, N, K: tl.constexpr, SK: 
     m_ok = m < M
     k_start = tl.program_id(1) * K_PER_SPLIT
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)  # WA: W @ X^T, the weight tile as the MMA's A
+    acc_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)  # QTILE and QA: W @ X^T, the tile as the MMA's A
     for kk in range(0, K_PER_SPLIT, BLOCK_K):
         k0 = k_start + kk
         if FORMAT == 0:
             k = k0 + tl.arange(0, BLOCK_K)
             k_ok = k < K
-            if not WA:
+            if not QTILE:
                 w = tl.load(w_ptr + n64[:, None] * K + k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
             sc = tl.load(s_ptr + (n64 // BNS) * SK + k0 // BKS, mask=n_ok, other=0.0)
-            if WA:  # fp8_tile (e4m3 exact in bf16) as the MMA's A operand, the block scale on the partial
-                wt = fp8_tile(w_ptr, n64, n_ok, k0, K, BLOCK_N, BLOCK_K, ASM)
+            if QTILE:  # fp8_tile (e4m3 exact in bf16) on the tensor cores, the block scale on the partial
+                wt = fp8_tile(w_ptr, n64, n_ok, k0, K, BLOCK_N, BLOCK_K, ASM, QA)
                 xa = tl.load(x_ptr + m[:, None] * K + k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-                xa = fp8_pair_order(xa, BLOCK_M, BLOCK_K)
-                acc_t += tl.dot(wt.to(xa.dtype), tl.trans(xa), input_precision=PRECISION) * sc[:, None]
+                if QA:
+                    xa = fp8_pair_order(xa, BLOCK_M, BLOCK_K)
+                    acc_t += tl.dot(wt.to(xa.dtype), tl.trans(xa), input_precision=PRECISION) * sc[:, None]
+                else:
+                    acc += tl.dot(xa, tl.trans(wt.to(xa.dtype)), input_precision=PRECISION) * sc[None, :]
             elif BLOCK_M == 1:
                 xk = tl.load(x_ptr + k, mask=k_ok, other=0.0).to(tl.float32)
                 part = tl.sum(w.to(tl.float32) * xk[None, :], axis=1)
@@ -84,11 +88,14 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, s2_ptr, y_ptr, M, N, K: tl.constexpr, SK: 
                 xa = tl.load(x_ptr + m[:, None] * K + k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
                 part = tl.dot(xa, tl.trans(w.to(xa.dtype)), input_precision=PRECISION)
                 acc += part * sc[None, :]
-        elif WA:  # nvfp4_tile: two codes per 32-bit operation, the tile as the MMA's A operand
-            wt = nvfp4_tile(w_ptr, s_ptr, n64, n_ok, k0, K, BLOCK_N, BLOCK_K, ASM)
+        elif QTILE:  # nvfp4_tile: two codes per 32-bit operation, then the tensor cores
+            wt = nvfp4_tile(w_ptr, s_ptr, n64, n_ok, k0, K, BLOCK_N, BLOCK_K, ASM, QA)
             k = k0 + tl.arange(0, BLOCK_K)
             xa = tl.load(x_ptr + m[:, None] * K + k[None, :], mask=m_ok[:, None] & (k < K)[None, :], other=0.0)
-            acc_t += tl.dot(wt.to(xa.dtype), tl.trans(pair_order(xa, BLOCK_M, BLOCK_K)), input_precision=PRECISION)
+            if QA:
+                acc_t += tl.dot(wt.to(xa.dtype), tl.trans(pair_order(xa, BLOCK_M, BLOCK_K)), input_precision=PRECISION)
+            else:
+                acc += tl.dot(xa, tl.trans(wt.to(xa.dtype)), input_precision=PRECISION)
         else:
             j = tl.arange(0, BLOCK_K // 2)
             kb = k0 // 2 + j
@@ -120,10 +127,10 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, s2_ptr, y_ptr, M, N, K: tl.constexpr, SK: 
                 his = tl.reshape(tl.reshape(hi, (BLOCK_N, BLOCK_K // 16, 8)) * sc[:, :, None], (BLOCK_N, BLOCK_K // 2))
                 acc += tl.dot(xe, tl.trans(los.to(xe.dtype)), input_precision=PRECISION)
                 acc += tl.dot(xo, tl.trans(his.to(xo.dtype)), input_precision=PRECISION)
-    if WA:
+    if QTILE and QA:
         acc = tl.trans(acc_t)
     if FORMAT == 1:
-        if WA:
+        if QTILE:
             acc *= tl.load(s2_ptr + n64, mask=n_ok, other=0.0)[None, :] * OUT_BIAS
         elif DECODE32:
             acc *= tl.load(s2_ptr + n64, mask=n_ok, other=0.0)[None, :] * 4611686018427387904.0  # 2^62
@@ -154,20 +161,20 @@ def use_asm(x: torch.Tensor) -> bool:
 
 
 def _launch(x, w, s, s2, fmt: int, k: int, sk: int, bns: int, bks: int, block_n: int, block_k: int,
-            num_warps: int, num_stages: int, waves: int, decode32: bool = False, wa: bool = False,
-            asm: bool | None = None) -> torch.Tensor:
+            num_warps: int, num_stages: int, waves: int, decode32: bool = False, qtile: bool = False,
+            asm: bool | None = None, qa: bool = True) -> torch.Tensor:
     m, n = x.shape[0], w.shape[0]
     if m > 16:
         raise ValueError(f"x: quantized GEMV takes at most 16 rows, got {m}")
     x = x.contiguous()
-    block_m = 1 if m == 1 and not wa else 16
+    block_m = 1 if m == 1 and not qtile else 16
     split, k_per = split_k(n, k, block_n, block_k, waves)
     y = torch.zeros(m, n, dtype=torch.float32, device=x.device) if split > 1 else x.new_empty(m, n)
     _gemv_kernel[(triton.cdiv(n, block_n), split)](
-        x, w.view(torch.int16) if wa else w, s, s2, y, m, n, K=k, SK=sk, BNS=bns, BKS=bks, FORMAT=fmt, K_PER_SPLIT=k_per, ATOMIC=split > 1,
+        x, w.view(torch.int16) if qtile else w, s, s2, y, m, n, K=k, SK=sk, BNS=bns, BKS=bks, FORMAT=fmt, K_PER_SPLIT=k_per, ATOMIC=split > 1,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32", BLOCK_M=block_m,
-        BLOCK_N=block_n, BLOCK_K=block_k, DECODE32=decode32 and block_m == 1, WA=wa,
-        ASM=wa and (use_asm(x) if asm is None else asm and use_asm(x)),
+        BLOCK_N=block_n, BLOCK_K=block_k, DECODE32=decode32 and block_m == 1, QTILE=qtile, QA=qa,
+        ASM=qtile and (use_asm(x) if asm is None else asm and use_asm(x)),
         num_warps=num_warps, num_stages=num_stages)
     return y.to(x.dtype)
 
@@ -179,26 +186,28 @@ def fp8_gemv_fits(k: int, block: tuple[int, int], block_k: int = 128) -> bool:
 
 def w8a16_gemv(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, block: tuple[int, int], block_n: int = 32,
                block_k: int = 128, num_warps: int = 4, num_stages: int = 3, waves: int = 4,
-               mma_a: bool = False, asm: bool | None = None) -> torch.Tensor:
-    """x [M <= 16, K] @ dequant(w fp8 [N, K], s [ceil(N/bn), K/bk])^T -> [M, N] in x.dtype. `mma_a`: the
-    weight tile decoded by qtile.fp8_tile as the tensor cores' A operand (W @ X^T, any M; x bf16 or
-    float32) instead of FMAs (M = 1) or X @ W^T; `asm` as in w4a16_gemv."""
-    if mma_a and x.dtype == torch.float16:
-        raise ValueError("mma_a: takes a bf16 or float32 x, got float16")
+               qtile: bool = False, asm: bool | None = None, qtile_a: bool = True) -> torch.Tensor:
+    """x [M <= 16, K] @ dequant(w fp8 [N, K], s [ceil(N/bn), K/bk])^T -> [M, N] in x.dtype. `qtile`: the
+    weight tile decoded by qtile.fp8_tile on the tensor cores (any M; x bf16 or float32), as their A
+    operand (W @ X^T, `qtile_a`) or B, instead of FMAs (M = 1) or a per-value conversion; `asm` as in
+    w4a16_gemv."""
+    if qtile and x.dtype == torch.float16:
+        raise ValueError("qtile: takes a bf16 or float32 x, got float16")
     if not fp8_gemv_fits(w.shape[1], block, block_k):
         raise ValueError(f"block_k: {block_k} must divide the scale block {block[1]} and K {w.shape[1]}")
     return _launch(x, w, s.contiguous(), s, 0, w.shape[1], s.shape[1], block[0], block[1], block_n, block_k,
-                   num_warps, num_stages, waves, wa=mma_a, asm=asm)
+                   num_warps, num_stages, waves, qtile=qtile, asm=asm, qa=qtile_a)
 
 
 def w4a16_gemv(x: torch.Tensor, w: torch.Tensor, bscale: torch.Tensor, scale2_rows: torch.Tensor,
                block_n: int = 32, block_k: int | None = None, num_warps: int = 4, num_stages: int = 3,
-               waves: int = 4, fp32_decode: bool | None = None, tile4: bool = False,
-               asm: bool | None = None) -> torch.Tensor:
+               waves: int = 4, fp32_decode: bool | None = None, qtile: bool = False,
+               asm: bool | None = None, qtile_a: bool = True) -> torch.Tensor:
     """x [M <= 16, K] @ dequant(nvfp4 w [N, K/2], bscale [N, K/16], scale2_rows [N])^T -> [M, N].
-    `tile4`: decode with nvfp4_tile (two codes per 32-bit operation) and multiply on the tensor cores,
-    any M; x bf16 or float32 (an fp16 x would round the decoded tile's small values); `asm`: its PTX
-    decode (default: on CUDA when compiled; False gives the same bits in plain Triton, for checks).
+    `qtile`: decode with qtile.nvfp4_tile (two codes per 32-bit operation) and multiply on the tensor
+    cores, any M, the tile as their A operand (`qtile_a`) or B; x bf16 or float32 (an fp16 x would
+    round the decoded tile's small values); `asm`: its PTX decode (default: on CUDA when compiled;
+    False gives the same bits in plain Triton, for checks).
     `fp32_decode`: the float32-bits decode at M = 1 (module docstring). Defaults: at M = 1 the float32-bits
     decode with 512-wide K tiles (where K allows), the fastest correct config of the H200 sweep (18.9 us
     for 12288 x 4096, 35% of its floor: bench/results/quant_gemv_h200_run4.json); else 256-wide tiles."""
@@ -210,7 +219,7 @@ def w4a16_gemv(x: torch.Tensor, w: torch.Tensor, bscale: torch.Tensor, scale2_ro
         fp32_decode = one
     if k % block_k or block_k % 32:
         raise ValueError(f"block_k: {block_k} must be a multiple of 32 dividing K {k}")
-    if tile4 and x.dtype == torch.float16:
-        raise ValueError("tile4: takes a bf16 or float32 x, got float16")
+    if qtile and x.dtype == torch.float16:
+        raise ValueError("qtile: takes a bf16 or float32 x, got float16")
     return _launch(x, w, bscale.contiguous(), scale2_rows.float().contiguous(), 1, k, k // 16, 1, 16, block_n,
-                   block_k, num_warps, num_stages, waves, fp32_decode and not tile4, tile4, asm)
+                   block_k, num_warps, num_stages, waves, fp32_decode and not qtile, qtile, asm, qtile_a)

@@ -111,7 +111,7 @@ def experts_fp8(x, weights, ids, gate_up, gu_scale, down, dn_scale, block, limit
         from tpserve.kernels.quant_triton import experts_fp8_triton
 
         return experts_fp8_triton(x, weights, ids, gate_up, gu_scale, down, dn_scale, block, limit, kernels.moe_route,
-                                  qtile=kernels.quant_decode == "qtile")
+                                  qtile=kernels.quant_decode != "element", qtile_a=kernels.quant_decode == "qtile")
     il = gate_up.shape[1] // 2
     nbi = gu_scale.shape[1] // 2
 
@@ -133,7 +133,8 @@ def experts_nvfp4(x, weights, ids, layer, limit, kernels):
         return experts_nvfp4_triton(x, weights, ids, layer.gate_up_proj, layer.gate_up_bscale, row_scale2.contiguous(),
                                     layer.down_proj, layer.down_bscale,
                                     layer.down_scale2.expand(-1, layer.down_proj.shape[1]).contiguous(), limit,
-                                    kernels.moe_route, qtile=kernels.quant_decode == "qtile")
+                                    kernels.moe_route, qtile=kernels.quant_decode != "element",
+                                    qtile_a=kernels.quant_decode == "qtile")
     return moe_ops.experts_loop_fn(
         x, weights, ids, layer.gate_up_proj.shape[0],
         lambda e: qr.nvfp4_dequantize(layer.gate_up_proj[e], layer.gate_up_bscale[e], row_scale2[e], x.dtype),

@@ -51,10 +51,11 @@ def _e2m1(c):
 @triton.jit
 def _dot_w(acc, xrow, m_ok, w_ptr, s_ptr, s2_ptr, n64, srow, k0, n_ok, K: tl.constexpr, SK: tl.constexpr,
            BKS: tl.constexpr, FORMAT: tl.constexpr, HOIST: tl.constexpr, PRECISION: tl.constexpr,
-           BLOCK_K: tl.constexpr, QTILE: tl.constexpr = 0):
+           BLOCK_K: tl.constexpr, QTILE: tl.constexpr = 0, QA: tl.constexpr = True):
     """acc + X[:, k0:k0+BLOCK_K] @ W[n, k0:k0+BLOCK_K]^T; xrow: [BM, 1] pointers to the rows of X.
-    QTILE 1 / 2 (2: its PTX): the tile decoded by qtile.py (w_ptr viewed as int16; FP8 needs HOIST)
-    as the tensor cores' A operand, X in the tile's pair order, the scale on the partial product.
+    QTILE 1 / 2 (2: its PTX): the tile decoded by qtile.py (w_ptr viewed as int16; FP8 needs HOIST),
+    with QA as the tensor cores' A operand (X in the tile's pair order), else as B (k order); the
+    scale on the partial product.
     FP8 with HOIST (the scale block spans the K tile): the raw e4m3 values (exact in 16 bits) go to
     the dot and the block scale multiplies the fp32 partial product, one scale per output column.
     FP8 otherwise: the tile is dequantized element by element. NVFP4: each byte is loaded once; its
@@ -63,14 +64,19 @@ def _dot_w(acc, xrow, m_ok, w_ptr, s_ptr, s2_ptr, n64, srow, k0, n_ok, K: tl.con
         k = k0 + tl.arange(0, BLOCK_K)
         xa = tl.load(xrow + k[None, :], mask=m_ok[:, None] & (k < K)[None, :], other=0.0)
         if FORMAT == 0:
-            wt = fp8_tile(w_ptr, n64, n_ok, k0, K, n64.shape[0], BLOCK_K, QTILE == 2)
-            xa = fp8_pair_order(xa, xa.shape[0], BLOCK_K)
+            wt = fp8_tile(w_ptr, n64, n_ok, k0, K, n64.shape[0], BLOCK_K, QTILE == 2, QA)
+            if QA:
+                xa = fp8_pair_order(xa, xa.shape[0], BLOCK_K)
             scale = tl.load(s_ptr + srow * SK + k0 // BKS, mask=n_ok, other=0.0)
         else:
-            wt = nvfp4_tile(w_ptr, s_ptr, n64, n_ok, k0, K, n64.shape[0], BLOCK_K, QTILE == 2)
-            xa = pair_order(xa, xa.shape[0], BLOCK_K)
+            wt = nvfp4_tile(w_ptr, s_ptr, n64, n_ok, k0, K, n64.shape[0], BLOCK_K, QTILE == 2, QA)
+            if QA:
+                xa = pair_order(xa, xa.shape[0], BLOCK_K)
             scale = tl.load(s2_ptr + n64, mask=n_ok, other=0.0) * OUT_BIAS
-        part = tl.trans(tl.dot(wt.to(xa.dtype), tl.trans(xa), input_precision=PRECISION))
+        if QA:
+            part = tl.trans(tl.dot(wt.to(xa.dtype), tl.trans(xa), input_precision=PRECISION))
+        else:
+            part = tl.dot(xa, tl.trans(wt.to(xa.dtype)), input_precision=PRECISION)
         return acc + part * scale[None, :]
     if FORMAT == 0:
         k = k0 + tl.arange(0, BLOCK_K)
@@ -166,7 +172,8 @@ def _qgate_up_kernel(x_ptr, w_ptr, s_ptr, s2_ptr, h_ptr, rows_ptr, block_expert_
                      stride_we, stride_se, stride_s2e, top_k: tl.constexpr, D: tl.constexpr, INTER: tl.constexpr,
                      SK: tl.constexpr, BNS: tl.constexpr, BKS: tl.constexpr, UP_SROW: tl.constexpr,
                      FORMAT: tl.constexpr, HOIST: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, QTILE: tl.constexpr = 0):
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, QTILE: tl.constexpr = 0,
+                     QA: tl.constexpr = True):
     b = tl.program_id(0)
     e = tl.load(block_expert_ptr + b)
     if e < num_experts:
@@ -184,9 +191,9 @@ def _qgate_up_kernel(x_ptr, w_ptr, s_ptr, s2_ptr, h_ptr, rows_ptr, block_expert_
         xrow = x_ptr + tok[:, None] * D
         for k0 in range(0, D, BLOCK_K):
             acc_g = _dot_w(acc_g, xrow, m_ok, w, s, s2, n64, n64 // BNS, k0, n_ok, D, SK, BKS, FORMAT, HOIST,
-                           PRECISION, BLOCK_K, QTILE)
+                           PRECISION, BLOCK_K, QTILE, QA)
             acc_u = _dot_w(acc_u, xrow, m_ok, w, s, s2, INTER + n64, UP_SROW + n64 // BNS, k0, n_ok, D, SK, BKS,
-                           FORMAT, HOIST, PRECISION, BLOCK_K, QTILE)
+                           FORMAT, HOIST, PRECISION, BLOCK_K, QTILE, QA)
         g = tl.minimum(acc_g, limit)
         u = tl.minimum(tl.maximum(acc_u, -limit), limit)
         h = g * tl.sigmoid(g) * u
@@ -199,7 +206,7 @@ def _qdown_kernel(h_ptr, w_ptr, s_ptr, s2_ptr, y_ptr, rows_ptr, block_expert_ptr
                   stride_we, stride_se, stride_s2e, D: tl.constexpr, INTER: tl.constexpr, SK: tl.constexpr,
                   BNS: tl.constexpr, BKS: tl.constexpr, FORMAT: tl.constexpr, HOIST: tl.constexpr,
                   PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                  QTILE: tl.constexpr = 0):
+                  QTILE: tl.constexpr = 0, QA: tl.constexpr = True):
     b = tl.program_id(0)
     e = tl.load(block_expert_ptr + b)
     if e < num_experts:
@@ -215,7 +222,7 @@ def _qdown_kernel(h_ptr, w_ptr, s_ptr, s2_ptr, y_ptr, rows_ptr, block_expert_ptr
         hrow = h_ptr + m[:, None].to(tl.int64) * INTER
         for k0 in range(0, INTER, BLOCK_K):
             acc = _dot_w(acc, hrow, m_ok, w, s, s2, n64, n64 // BNS, k0, n_ok, INTER, SK, BKS, FORMAT, HOIST,
-                         PRECISION, BLOCK_K, QTILE)
+                         PRECISION, BLOCK_K, QTILE, QA)
         route = tl.load(route_ptr + tl.where(m_ok, a, 0), mask=m_ok, other=0.0)
         a64 = tl.where(m_ok, a, 0).to(tl.int64)
         tl.store(y_ptr + a64[:, None] * D + n[None, :], acc * route[:, None], mask=m_ok[:, None] & n_ok[None, :])
@@ -232,7 +239,8 @@ def _qtile_mode(x: torch.Tensor, qtile: bool | None, asm: bool | None) -> int:
 
 
 def _experts(x, weights, ids, fmt, gu, gu_s, gu_s2, dn, dn_s, dn_s2, limit, sk_gu, sk_dn, bns, bks, up_srow,
-             route_backend: str = "torch", qtile: int = 0, block_n: int = 64, block_k: int = 64, num_warps: int = 4):
+             route_backend: str = "torch", qtile: int = 0, qtile_a: bool = True, block_n: int = 64, block_k: int = 64,
+             num_warps: int = 4):
     t, top_k = ids.shape
     num_experts, two_i = gu.shape[:2]
     inter, d = two_i // 2, x.shape[1]
@@ -250,32 +258,34 @@ def _experts(x, weights, ids, fmt, gu, gu_s, gu_s2, dn, dn_s, dn_s2, limit, sk_g
         x, gu, gu_s, gu_s2, h, rows, block_expert, num_experts, float(limit), gu.stride(0), gu_s.stride(0),
         gu_s2.stride(0), top_k=top_k, D=d, INTER=inter, SK=sk_gu, BNS=bns, BKS=bks, UP_SROW=up_srow, FORMAT=fmt,
         HOIST=hoist, PRECISION=precision, BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=block_k, QTILE=qtile,
-        num_warps=num_warps)
+        QA=qtile_a, num_warps=num_warps)
     y = torch.empty(t * top_k, d, dtype=torch.float32, device=x.device)
     route = weights.reshape(-1).float().contiguous()
     _qdown_kernel[(nb, triton.cdiv(d, block_n))](
         h, dn, dn_s, dn_s2, y, rows, block_expert, route, num_experts, dn.stride(0), dn_s.stride(0), dn_s2.stride(0),
         D=d, INTER=inter, SK=sk_dn, BNS=bns, BKS=bks, FORMAT=fmt, HOIST=hoist, PRECISION=precision, BLOCK_M=BLOCK_M,
-        BLOCK_N=block_n, BLOCK_K=block_k, QTILE=qtile, num_warps=num_warps)
+        BLOCK_N=block_n, BLOCK_K=block_k, QTILE=qtile, QA=qtile_a, num_warps=num_warps)
     return combine_choices(y, top_k, x.dtype, route_backend)
 
 
 def experts_fp8_triton(x, weights, ids, gate_up, gu_scale, down, dn_scale, block, limit, route_backend="torch",
-                       qtile: bool | None = None, asm: bool | None = None, **tiles):
+                       qtile: bool | None = None, asm: bool | None = None, qtile_a: bool = True, **tiles):
     """Same contract as kernels.moe.experts_loop on fp8 block experts (quant_methods.Fp8Experts).
     `qtile` (default: unless x is fp16): tiles decoded by qtile.fp8_tile, two values per 32-bit
-    operation, as the tensor cores' A operand (`asm`: its PTX, default on CUDA); tiles: block_n /
-    block_k / num_warps overrides (benchmarks)."""
+    operation (`asm`: its PTX, default on CUDA), as the tensor cores' A operand (`qtile_a`) or B;
+    tiles: block_n / block_k / num_warps overrides (benchmarks)."""
     gu_scale, dn_scale = gu_scale.contiguous(), dn_scale.contiguous()
     return _experts(x, weights, ids, 0, gate_up, gu_scale, gu_scale, down, dn_scale, dn_scale, limit,
                     gu_scale.shape[2], dn_scale.shape[2], block[0], block[1], gu_scale.shape[1] // 2, route_backend,
-                    _qtile_mode(x, qtile, asm), **tiles)
+                    _qtile_mode(x, qtile, asm), qtile_a, **tiles)
 
 
 def experts_nvfp4_triton(x, weights, ids, gate_up, gu_bscale, gu_scale2_rows, down, dn_bscale, dn_scale2_rows, limit,
-                         route_backend="torch", qtile: bool | None = None, asm: bool | None = None, **tiles):
+                         route_backend="torch", qtile: bool | None = None, asm: bool | None = None,
+                         qtile_a: bool = True, **tiles):
     """Same contract on nvfp4 experts; scale2_rows: the global scale of each row [E, rows] float32.
-    `qtile`, `asm` and tiles as in experts_fp8_triton (qtile.nvfp4_tile: two codes per operation)."""
+    `qtile`, `asm`, `qtile_a` and tiles as in experts_fp8_triton (qtile.nvfp4_tile: two codes per
+    operation)."""
     return _experts(x, weights, ids, 1, gate_up, gu_bscale.contiguous(), gu_scale2_rows.float().contiguous(), down,
                     dn_bscale.contiguous(), dn_scale2_rows.float().contiguous(), limit, 0, 0, 1, 16, 0, route_backend,
-                    _qtile_mode(x, qtile, asm), **tiles)
+                    _qtile_mode(x, qtile, asm), qtile_a, **tiles)
