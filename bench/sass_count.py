@@ -1,0 +1,102 @@
+"""Instructions per decoded weight in a quantized kernel's main loop, from the sm_90 SASS Triton writes (no GPU).
+
+    TRITON_BACKENDS_IN_TREE=1 python bench/sass_count.py --kernel gemv --format nvfp4 --decode qtile-a \
+        --block-n 64 --block-k 256 --warps 4
+
+Compiles kernels/quant_gemv.py's GEMV or kernels/quant_triton.py's grouped gate / up kernel for an H100 / H200 with
+the divisibility hints a real launch gives (16-byte aligned pointers and strides: without them every load is
+narrow and the count misleading), finds its longest loop (the main loop), and prints its
+instruction count divided by the weights each thread decodes per iteration, with the commonest opcodes. The
+decode is bound by instruction issue (128 lane-operations per SM per clock), so this count, times the weights per
+SM, over 128 and the clock, is the kernel's arithmetic time. Needs Triton with its CUDA backend and ptxas /
+nvdisasm (the pip wheel has them; TRITON_BACKENDS_IN_TREE=1 finds the backend in a Triton put on PYTHONPATH).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import re
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+
+def compile_kernel(args):
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    qtile = args.decode.startswith("qtile")
+    qa = args.decode != "qtile-b"
+    fp8 = args.format == "fp8"
+    w = "*i16" if qtile else ("*fp8e4nv" if fp8 else "*u8")
+    s = "*fp32" if fp8 else "*fp8e4nv"
+    if args.kernel == "gemv":
+        from tpserve.kernels import quant_gemv as qg
+
+        fn = qg._gemv_kernel
+        sig = dict(x_ptr="*bf16", w_ptr=w, s_ptr=s, s2_ptr="*fp32", y_ptr="*bf16", M="i32", N="i32")
+        block_m = 1 if args.decode in ("fp32", "element") else 16
+        ce = dict(K=args.k, SK=args.k // 128 if fp8 else args.k // 16, BNS=128 if fp8 else 1, BKS=128 if fp8 else 16,
+                  FORMAT=0 if fp8 else 1, K_PER_SPLIT=args.k, ATOMIC=False, PRECISION="tf32", BLOCK_M=block_m,
+                  BLOCK_N=args.block_n, BLOCK_K=args.block_k, DECODE32=args.decode == "fp32", QTILE=qtile, QA=qa,
+                  ASM=qtile)
+        aligned = range(5)
+    else:
+        from tpserve.kernels import quant_triton as qt
+
+        fn = qt._qgate_up_kernel
+        sig = dict(x_ptr="*bf16", w_ptr=w, s_ptr=s, s2_ptr="*fp32", h_ptr="*bf16", rows_ptr="*i32",
+                   block_expert_ptr="*i32", num_experts="i32", limit="fp32", stride_we="i64", stride_se="i64",
+                   stride_s2e="i64")
+        ce = dict(top_k=8, D=args.k, INTER=2048, SK=args.k // 128 if fp8 else 0, BNS=128 if fp8 else 1,
+                  BKS=128 if fp8 else 16, UP_SROW=16 if fp8 else 0, FORMAT=0 if fp8 else 1,
+                  HOIST=fp8 and 128 % args.block_k == 0, PRECISION="tf32", BLOCK_M=16, BLOCK_N=args.block_n,
+                  BLOCK_K=args.block_k, QTILE=2 if qtile else 0, QA=qa)
+        aligned = (0, 1, 2, 3, 4, 5, 6, 9, 10, 11)
+    attrs = {(i,): [["tt.divisibility", 16]] for i in aligned}
+    src = ASTSource(fn=fn, signature={**sig, **{c: "constexpr" for c in ce}}, constexprs=ce, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=args.warps, num_stages=3))
+
+
+def loop_opcodes(sass: str) -> list[str]:
+    """Opcodes of the longest loop (a backward branch to a label; the kernel's main loop)."""
+    lines = sass.splitlines()
+    labels = {ln[:-1]: i for i, ln in enumerate(lines) if re.match(r"^\.?L\w+:$", ln)}
+    start = end = None
+    for i, ln in enumerate(lines):
+        m = re.search(r"BRA\s+`?\(?(\.?L\w+)", ln)
+        if (m and m.group(1) in labels and labels[m.group(1)] < i - 1
+                and (start is None or i - labels[m.group(1)] > end - start)):
+            start, end = labels[m.group(1)], i
+    if start is None:
+        raise SystemExit("no loop found in the SASS")
+    return [re.sub(r"^@!?U?P\w+\s+", "", ln.split("\t", 1)[1].strip()).split()[0]
+            for ln in lines[start:end + 1] if "\t" in ln]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kernel", choices=("gemv", "experts"), default="gemv")
+    ap.add_argument("--format", choices=("nvfp4", "fp8"), default="nvfp4")
+    ap.add_argument("--decode", choices=("qtile-a", "qtile-b", "fp32", "element"), default="qtile-a",
+                    help="qtile as the MMA's A / B operand; the GEMV's float32-bits decode (nvfp4, one row) or "
+                         "per-element path")
+    ap.add_argument("--block-n", type=int, default=64)
+    ap.add_argument("--block-k", type=int, default=256)
+    ap.add_argument("--warps", type=int, default=4)
+    ap.add_argument("--k", type=int, default=4096)
+    args = ap.parse_args()
+    ops = loop_opcodes(compile_kernel(args).asm["sass"])
+    # weights decoded per thread per iteration (gate and up: two tiles)
+    per_thread = (2 if args.kernel == "experts" else 1) * args.block_n * args.block_k / (32 * args.warps)
+    common = collections.Counter(o.split(".")[0] for o in ops).most_common(10)
+    print(f"{args.kernel} {args.format} {args.decode} {args.block_n}x{args.block_k} {args.warps} warps: "
+          f"{len(ops)} instructions per iteration, {len(ops) / per_thread:.2f} per weight; {common}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
