@@ -12,14 +12,14 @@ source bench/gpu_env.sh
 step "MoE decode (nvfp4 / fp8 / bf16)"
 timeout 140 python3 bench/quant_kernels.py --sections moe --out "$OUT/moe" 2>&1 | tee "$OUT/moe.log" \
   | grep -E "^\| (nvfp4|fp8|bf16|grouped)|PTX|WRONG|Error|error|Traceback" | head -30
+step "batch 1: adaptive (k<=7) vs fixed k=7, one engine (after the host-time cut)"
+timeout 110 python3 bench/spec_ab.py --device cuda --batch 1 --k 7 --max-tokens 96 --rounds 24 --one-engine \
+  --json "$OUT/spec_ab_b1_k7_one.json" 2>&1 | grep -E "^median|k per step|measured rates|Error|error|Traceback"
 step "W4A16 GEMV"
 timeout 100 python3 bench/quant_kernels.py --sections w4a16 --out "$OUT/w4" 2>&1 | tee "$OUT/w4.log" \
   | grep -E "^\| [0-9]|PTX|WRONG|Error|error|Traceback" | head -20
 step "W8A16 GEMV"
 timeout 90 python3 bench/quant_kernels.py --sections w8a16 --out "$OUT/w8" 2>&1 | tee "$OUT/w8.log" \
   | grep -E "^\| [0-9]|PTX|WRONG|Error|error|Traceback" | head -20
-step "batch 1: adaptive (k<=7) vs fixed k=7, one engine (after the host-time cut)"
-timeout 110 python3 bench/spec_ab.py --device cuda --batch 1 --k 7 --max-tokens 96 --rounds 24 --one-engine \
-  --json "$OUT/spec_ab_b1_k7_one.json" 2>&1 | grep -E "^median|k per step|measured rates|Error|error|Traceback"
 save_triton_cache
 step "done"
