@@ -167,7 +167,8 @@ def sec_w8a16(res):
     p = quantize(torch.randn(4096, 4096, device="cuda") / 64)[0]
     for m in (1, 8):  # qtile.fp8_tile's PTX decode against the same bits in plain Triton
         x = torch.randn(m, 4096, device="cuda").bfloat16()
-        same = torch.equal(w8a16_gemv(x, *p, (128, 128), qtile=True), w8a16_gemv(x, *p, (128, 128), qtile=True, asm=False))
+        same = torch.equal(w8a16_gemv(x, *p, (128, 128), qtile=True),
+                           w8a16_gemv(x, *p, (128, 128), qtile=True, asm=False))
         res.setdefault("w8a16_asm_equals_portable", []).append(dict(m=m, equal=bool(same)))
         print(f"  M = {m}: fp8 PTX decode == plain Triton decode: {same}", flush=True)
 

@@ -85,11 +85,10 @@ def nvfp4_tile(w_ptr, s_ptr, n64, n_ok, k0, K: tl.constexpr, BLOCK_N: tl.constex
                ASM: tl.constexpr, PAIR: tl.constexpr = True):
     """bf16 [BLOCK_N, BLOCK_K]: W[n, k0:k0 + BLOCK_K] with its block scales, times 2^-8 (no global
     scale), its columns in *pair order* (pair_order below: the activations' tile must be put in the
-    same order before the dot), or in k order with PAIR=False (for the tile as the MMA's B operand). w_ptr: the packed weight viewed as int16 [N, K/4] (a host-side
-    .view(torch.int16) of the uint8 [N, K/2], low nibble = even k: a pointer cast in the kernel
-    would hide its alignment and turn 16-byte loads into 2-byte ones); s_ptr: float8_e4m3fn
-    [N, K/16]; n64: the tile's rows (int64, masked by n_ok); K and BLOCK_K multiples of 16;
-    columns past K read as 0."""
+    same order before the dot), or in k order with PAIR=False (for the tile as the MMA's B operand).
+    w_ptr: the packed weight viewed as int16 [N, K/4] (the host passes .view(torch.int16) of the
+    uint8 [N, K/2], low nibble = even k); s_ptr: float8_e4m3fn [N, K/16]; n64: the tile's rows
+    (int64, masked by n_ok); K and BLOCK_K multiples of 16; columns past K read as 0."""
     G: tl.constexpr = BLOCK_K // 16
     i = tl.arange(0, BLOCK_K // 4)
     wi = k0 // 4 + i
@@ -159,8 +158,8 @@ def _byte_bf16(w, J: tl.constexpr):
 def fp8_tile(w_ptr, n64, n_ok, k0, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ASM: tl.constexpr,
              PAIR: tl.constexpr = True):
     """bf16 [BLOCK_N, BLOCK_K]: the e4m3 values W[n, k0:k0 + BLOCK_K] (no scale; e4m3's NaN codes
-    come out finite), columns in fp8_pair_order (k order with PAIR=False). w_ptr: the float8_e4m3fn [N, K] weight viewed as
-    int16 [N, K/2]; K and BLOCK_K even; columns past K read as 0."""
+    come out finite), columns in fp8_pair_order (k order with PAIR=False). w_ptr: the float8_e4m3fn
+    [N, K] weight viewed as int16 [N, K/2]; K and BLOCK_K even; columns past K read as 0."""
     i = tl.arange(0, BLOCK_K // 2)
     wi = k0 // 2 + i
     words = tl.load(w_ptr + n64[:, None] * (K // 2) + wi[None, :], mask=n_ok[:, None] & (wi < K // 2)[None, :],

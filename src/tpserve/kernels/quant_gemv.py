@@ -21,9 +21,16 @@ products land near 2^-62 times their value, far inside the normal range), the 2^
 row's global scale: no 16-bit conversion per weight. Right only where the GPU keeps float32
 subnormals (Triton does not flush them by default); bench/quant_kernels.py checks every config's
 answer before timing it, so a flushing GPU shows the variant as WRONG, never as the fastest.
+`qtile` (either format, any M): the tile decoded by kernels/qtile.py, two values per 32-bit operation,
+and multiplied on the tensor cores, as their A operand (W @ X^T, the activations in the tile's pair
+order) or B; the FP8 block scale or the NVFP4 global scale on the fp32 partial sums.
+With one K split (waves = 0) a program runs the whole K and stores y in x's dtype: no zero fill,
+atomics or cast kernel around the launch.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import triton
@@ -54,8 +61,7 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, s2_ptr, y_ptr, M, N, K: tl.constexpr, SK: 
                  BKS: tl.constexpr, FORMAT: tl.constexpr, K_PER_SPLIT: tl.constexpr, ATOMIC: tl.constexpr,
                  PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_K: tl.constexpr, DECODE32: tl.constexpr = False, QTILE: tl.constexpr = False,
-                 QA: tl.constexpr = True,
-                 ASM: tl.constexpr = False):
+                 QA: tl.constexpr = True, ASM: tl.constexpr = False):
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
     n64 = n.to(tl.int64)
@@ -154,9 +160,7 @@ def split_k(n: int, k: int, block_n: int, block_k: int, waves: int = 4) -> tuple
 
 
 def use_asm(x: torch.Tensor) -> bool:
-    """Whether nvfp4_tile may use its inline PTX: a CUDA tensor and Triton compiling (not interpreting)."""
-    import os
-
+    """Whether qtile.py may use its inline PTX: a CUDA tensor and Triton compiling (not interpreting)."""
     return x.is_cuda and os.environ.get("TRITON_INTERPRET", "0") != "1"
 
 
@@ -171,7 +175,8 @@ def _launch(x, w, s, s2, fmt: int, k: int, sk: int, bns: int, bks: int, block_n:
     split, k_per = split_k(n, k, block_n, block_k, waves)
     y = torch.zeros(m, n, dtype=torch.float32, device=x.device) if split > 1 else x.new_empty(m, n)
     _gemv_kernel[(triton.cdiv(n, block_n), split)](
-        x, w.view(torch.int16) if qtile else w, s, s2, y, m, n, K=k, SK=sk, BNS=bns, BKS=bks, FORMAT=fmt, K_PER_SPLIT=k_per, ATOMIC=split > 1,
+        x, w.view(torch.int16) if qtile else w, s, s2, y, m, n, K=k, SK=sk, BNS=bns, BKS=bks, FORMAT=fmt,
+        K_PER_SPLIT=k_per, ATOMIC=split > 1,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32", BLOCK_M=block_m,
         BLOCK_N=block_n, BLOCK_K=block_k, DECODE32=decode32 and block_m == 1, QTILE=qtile, QA=qa,
         ASM=qtile and (use_asm(x) if asm is None else asm and use_asm(x)),
