@@ -87,11 +87,11 @@ def test_quant_decode_backend_resolves_and_refuses_float16():
     from tpserve.engine.setup import quant_decode
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert quant_decode("auto", cuda, torch.bfloat16) == "qtile-b"
-    assert quant_decode("qtile", cuda, torch.bfloat16) == "qtile"
-    assert quant_decode("auto", cuda, torch.float16) == "element"
-    assert quant_decode("auto", cpu, torch.float32) == "element"
-    assert quant_decode("element", cuda, torch.bfloat16) == "element"
+    assert quant_decode("auto", cuda, torch.bfloat16) == ("qtile-b", "element")
+    assert quant_decode("qtile", cuda, torch.bfloat16) == ("qtile", "qtile")
+    assert quant_decode("auto", cuda, torch.float16) == ("element", "element")
+    assert quant_decode("auto", cpu, torch.float32) == ("element", "element")
+    assert quant_decode("element", cuda, torch.bfloat16) == ("element", "element")
     with pytest.raises(ValueError, match="quant_decode_backend"):
         quant_decode("qtile", cuda, torch.float16)
     with pytest.raises(ValueError, match="quant_decode_backend"):

@@ -120,8 +120,10 @@ class EngineConfig:
                                      "tiles: qtile (kernels/qtile.py: two values per 32-bit operation in inline "
                                      "PTX, the tile as the tensor cores' A operand), qtile-b (the same decode, the "
                                      "tile as their B operand), element (each weight decoded on its own in float32), "
-                                     "or auto (qtile-b on cuda unless the dtype is float16: 367 -> 125 us for an "
-                                     "NVFP4 MoE layer at 1 token on an H200, BENCHMARKS.md seventeenth session)",
+                                     "or auto (on cuda, unless the dtype is float16, qtile-b for NVFP4 experts: "
+                                     "367 -> 125 us for an MoE layer at 1 token on an H200, BENCHMARKS.md "
+                                     "seventeenth session; element for FP8, whose qtile decode has not run on a "
+                                     "GPU yet)",
                                      switch=True, choices=("auto", "qtile", "qtile-b", "element"))
     moe_route_backend: str = _opt("auto", "MoE routing (sigmoid, bias, top-k, normalise), the experts' "
                                   "token-sorted layout and the sum of each token's k expert outputs: triton (one "

@@ -121,7 +121,8 @@ def resolve_runtime(ecfg: EngineConfig) -> Runtime:
                       moe=_triton_or_torch("moe_backend", ecfg.moe_backend, device),
                       moe_triton_max_tokens=ecfg.moe_triton_max_tokens,
                       moe_route=_triton_or_torch("moe_route_backend", ecfg.moe_route_backend, device),
-                      quant_decode=quant_decode(ecfg.quant_decode_backend, device, dtype),
+                      quant_decode=quant_decode(ecfg.quant_decode_backend, device, dtype)[0],
+                      quant_decode_fp8=quant_decode(ecfg.quant_decode_backend, device, dtype)[1],
                       indexer=indexer,
                       indexer_topk=indexer_topk,
                       mla_decode=_triton_or_torch("mla_decode_backend", ecfg.mla_decode_backend, device),
@@ -134,13 +135,14 @@ def resolve_runtime(ecfg: EngineConfig) -> Runtime:
     return Runtime(model_dir, device, dtype, kernels)
 
 
-def quant_decode(value: str, device: torch.device, dtype: torch.dtype) -> str:
-    """--quant-decode-backend resolved: auto -> qtile-b on cuda (bf16 / float32 activations), else element."""
+def quant_decode(value: str, device: torch.device, dtype: torch.dtype) -> tuple[str, str]:
+    """--quant-decode-backend resolved for (NVFP4, FP8) experts. auto: qtile-b for NVFP4 on cuda (bf16 /
+    float32 activations; the form measured on an H200), element for FP8 (fp8_tile not yet run on a GPU)."""
     if value.startswith("qtile") and dtype == torch.float16:
         raise ValueError(f"quant_decode_backend: {value} decodes to bf16 tiles; float16 activations need element")
     if value == "auto":
-        return "qtile-b" if device.type == "cuda" and dtype != torch.float16 else "element"
-    return value
+        return ("qtile-b" if device.type == "cuda" and dtype != torch.float16 else "element"), "element"
+    return value, value
 
 
 def _triton_or_torch(name: str, choice: str, device: torch.device) -> str:

@@ -30,8 +30,9 @@ class Kernels:
     act: str = "torch"            # "triton": the dense MLPs' clamped SwiGLU in one kernel
     gemv: str = "torch"           # "triton": dense linears of 1-16 rows as one GEMV launch (kernels/gemv_triton.py)
     moe_route: str = "torch"      # "triton": router top-k and the experts' sorted layout one kernel each
-    quant_decode: str = "element"  # "qtile" / "qtile-b": the Triton experts decode FP8 / NVFP4 tiles with
+    quant_decode: str = "element"  # "qtile" / "qtile-b": the Triton NVFP4 experts decode tiles with
     # kernels/qtile.py, the tile as the tensor cores' A / B operand
+    quant_decode_fp8: str = "element"  # the same for FP8 experts
     indexer: str = "torch"        # "triton": the indexer's pool compression, decode scores, selection: a kernel each
     indexer_topk: str = "torch"   # "triton" (with indexer "triton"): decode top-k over complete pools only
     mla_decode: str = "torch"     # "triton": sparse MLA over the paged latent cache (kernels/mla_triton.py)
@@ -46,6 +47,7 @@ class Kernels:
         moe = f"triton up to {self.moe_triton_max_tokens} tokens" if self.moe == "triton" else self.moe
         return (f"kda={self.kda}, kda_prep={self.kda_prep}, mhc={self.mhc}, mhc_project={self.mhc_project}, "
                 f"norm={self.norm}, act={self.act}, "
-                f"gemv={self.gemv}, moe={moe}, moe_route={self.moe_route}, quant_decode={self.quant_decode}, "
+                f"gemv={self.gemv}, moe={moe}, moe_route={self.moe_route}, quant_decode={self.quant_decode} "
+                f"(fp8 {self.quant_decode_fp8}), "
                 f"indexer={self.indexer}, "
                 f"indexer_topk={self.indexer_topk}, mla_decode={self.mla_decode}, mla_prefill={self.mla_prefill}")

@@ -111,7 +111,8 @@ def experts_fp8(x, weights, ids, gate_up, gu_scale, down, dn_scale, block, limit
         from tpserve.kernels.quant_triton import experts_fp8_triton
 
         return experts_fp8_triton(x, weights, ids, gate_up, gu_scale, down, dn_scale, block, limit, kernels.moe_route,
-                                  qtile=kernels.quant_decode != "element", qtile_a=kernels.quant_decode == "qtile")
+                                  qtile=kernels.quant_decode_fp8 != "element",
+                                  qtile_a=kernels.quant_decode_fp8 == "qtile")
     il = gate_up.shape[1] // 2
     nbi = gu_scale.shape[1] // 2
 

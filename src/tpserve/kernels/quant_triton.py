@@ -239,8 +239,11 @@ def _qtile_mode(x: torch.Tensor, qtile: bool | None, asm: bool | None) -> int:
 
 
 def _experts(x, weights, ids, fmt, gu, gu_s, gu_s2, dn, dn_s, dn_s2, limit, sk_gu, sk_dn, bns, bks, up_srow,
-             route_backend: str = "torch", qtile: int = 0, qtile_a: bool = True, block_n: int = 64, block_k: int = 64,
-             num_warps: int = 4):
+             route_backend: str = "torch", qtile: int = 0, qtile_a: bool = True, block_n: int = 64,
+             block_k: int | None = None, num_warps: int = 4):
+    if block_k is None:  # qtile: 64 x 256 nvfp4 tiles, the best at 8 tokens on the H200 (BENCHMARKS.md,
+        # seventeenth session); fp8 tiles must sit in one 128-wide scale block
+        block_k = (128 if fmt == 0 else 256) if qtile else 64
     t, top_k = ids.shape
     num_experts, two_i = gu.shape[:2]
     inter, d = two_i // 2, x.shape[1]
