@@ -87,7 +87,7 @@ def test_quant_decode_backend_resolves_and_refuses_float16():
     from tpserve.engine.setup import quant_decode
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert quant_decode("auto", cuda, torch.bfloat16) == ("qtile-b", "element")
+    assert quant_decode("auto", cuda, torch.bfloat16) == ("qtile-b", "qtile-b")
     assert quant_decode("qtile", cuda, torch.bfloat16) == ("qtile", "qtile")
     assert quant_decode("auto", cuda, torch.float16) == ("element", "element")
     assert quant_decode("auto", cpu, torch.float32) == ("element", "element")

@@ -120,10 +120,9 @@ class EngineConfig:
                                      "tiles: qtile (kernels/qtile.py: two values per 32-bit operation in inline "
                                      "PTX, the tile as the tensor cores' A operand), qtile-b (the same decode, the "
                                      "tile as their B operand), element (each weight decoded on its own in float32), "
-                                     "or auto (on cuda, unless the dtype is float16, qtile-b for NVFP4 experts: "
-                                     "367 -> 125 us for an MoE layer at 1 token on an H200, BENCHMARKS.md "
-                                     "seventeenth session; element for FP8, whose qtile decode has not run on a "
-                                     "GPU yet)",
+                                     "or auto (qtile-b on cuda unless the dtype is float16: an MoE layer at 1 "
+                                     "token on an H200 took 78 instead of 303 us in NVFP4, 82 instead of 121 us "
+                                     "in FP8, BENCHMARKS.md seventeenth session)",
                                      switch=True, choices=("auto", "qtile", "qtile-b", "element"))
     moe_route_backend: str = _opt("auto", "MoE routing (sigmoid, bias, top-k, normalise), the experts' "
                                   "token-sorted layout and the sum of each token's k expert outputs: triton (one "

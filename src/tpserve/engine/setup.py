@@ -136,12 +136,13 @@ def resolve_runtime(ecfg: EngineConfig) -> Runtime:
 
 
 def quant_decode(value: str, device: torch.device, dtype: torch.dtype) -> tuple[str, str]:
-    """--quant-decode-backend resolved for (NVFP4, FP8) experts. auto: qtile-b for NVFP4 on cuda (bf16 /
-    float32 activations; the form measured on an H200), element for FP8 (fp8_tile not yet run on a GPU)."""
+    """--quant-decode-backend resolved for (NVFP4, FP8) experts. auto: qtile-b for both on cuda (bf16 /
+    float32 activations; the form measured fastest on an H200 at 1 token), else element."""
     if value.startswith("qtile") and dtype == torch.float16:
         raise ValueError(f"quant_decode_backend: {value} decodes to bf16 tiles; float16 activations need element")
     if value == "auto":
-        return ("qtile-b" if device.type == "cuda" and dtype != torch.float16 else "element"), "element"
+        mode = "qtile-b" if device.type == "cuda" and dtype != torch.float16 else "element"
+        return mode, mode
     return value, value
 
 
