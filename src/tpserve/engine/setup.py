@@ -112,6 +112,7 @@ def resolve_runtime(ecfg: EngineConfig) -> Runtime:
     indexer_topk = ecfg.indexer_topk_backend  # auto: triton where the decode scores are Triton's
     indexer_topk = (indexer if indexer_topk == "auto"
                     else _triton_or_torch("indexer_topk_backend", indexer_topk, device))
+    decode_nvfp4, decode_fp8 = quant_decode(ecfg.quant_decode_backend, device, dtype)
     kernels = Kernels(kda=backend, kda_prep=_triton_or_torch("kda_prep_backend", ecfg.kda_prep_backend, device),
                       mhc=_triton_or_torch("mhc_backend", ecfg.mhc_backend, device),
                       mhc_project=_triton_or_torch("mhc_project_backend", ecfg.mhc_project_backend, device),
@@ -121,8 +122,7 @@ def resolve_runtime(ecfg: EngineConfig) -> Runtime:
                       moe=_triton_or_torch("moe_backend", ecfg.moe_backend, device),
                       moe_triton_max_tokens=ecfg.moe_triton_max_tokens,
                       moe_route=_triton_or_torch("moe_route_backend", ecfg.moe_route_backend, device),
-                      quant_decode=quant_decode(ecfg.quant_decode_backend, device, dtype)[0],
-                      quant_decode_fp8=quant_decode(ecfg.quant_decode_backend, device, dtype)[1],
+                      quant_decode=decode_nvfp4, quant_decode_fp8=decode_fp8,
                       indexer=indexer,
                       indexer_topk=indexer_topk,
                       mla_decode=_triton_or_torch("mla_decode_backend", ecfg.mla_decode_backend, device),

@@ -159,9 +159,12 @@ def split_k(n: int, k: int, block_n: int, block_k: int, waves: int = 4) -> tuple
     return triton.cdiv(k, k_per), k_per
 
 
+_INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"  # Triton decides this at import, once per process
+
+
 def use_asm(x: torch.Tensor) -> bool:
     """Whether qtile.py may use its inline PTX: a CUDA tensor and Triton compiling (not interpreting)."""
-    return x.is_cuda and os.environ.get("TRITON_INTERPRET", "0") != "1"
+    return x.is_cuda and not _INTERPRETED
 
 
 def _launch(x, w, s, s2, fmt: int, k: int, sk: int, bns: int, bks: int, block_n: int, block_k: int,
