@@ -47,6 +47,12 @@ def test_gemms_match_dequantized_math():
                             res[f"fp8 gemv qtile a={qa} {bn}x{bk} waves={waves} {m}x{n}x{k} {dtype}"] = err(
                                 w8a16_gemv(x, q, s, block, block_n=bn, block_k=bk, waves=waves, qtile=True,
                                            qtile_a=qa), ref)
+            if block == (128, 128) and m == 1:  # one row: K tiles over several scale blocks, the prefetch
+                for bk in (128, 256, 512):
+                    for pf, waves in ((False, 0), (True, 0), (True, 4)):
+                        if k % bk == 0:
+                            res[f"fp8 gemv row {bk} prefetch={pf} waves={waves} {n}x{k} {dtype}"] = err(
+                                w8a16_gemv(x, q, s, block, block_n=16, block_k=bk, prefetch=pf, waves=waves), ref)
             qc, sc = qr.fp8_channel_quantize(w)
             ref = x.double() @ qr.fp8_channel_dequantize(qc, sc).double().T
             res[f"fp8-channel {m}x{n}x{k} {dtype}"] = err(w8a16_gemm(x, qc, sc[:, None], (1, k)), ref)
@@ -67,10 +73,20 @@ def test_gemms_match_dequantized_math():
                                            qtile_a=qa), ref)
         print(json.dumps(res))
     """)
-    assert sum("gemv" in name for name in out) >= 12
+    assert sum("gemv" in name for name in out) >= 12 and sum("gemv row 512" in name for name in out) >= 3
     assert sum("nvfp4 gemv qtile" in name for name in out) >= 12 and sum("fp8 gemv qtile" in name for name in out) >= 12
     for name, err in out.items():
         assert err < (5e-3 if "float16" in name else 1e-5), (name, err)
+
+
+def test_fp8_gemv_rejects_a_k_tile_across_scale_blocks_except_one_row():
+    from tpserve.kernels.quant_gemv import w8a16_gemv
+
+    q = torch.zeros(32, 512, dtype=torch.float8_e4m3fn)
+    s = torch.ones(1, 4)
+    for m, bk in ((2, 256), (1, 96)):
+        with pytest.raises(ValueError, match="block_k"):
+            w8a16_gemv(torch.zeros(m, 512), q, s, (128, 128), block_k=bk)
 
 
 def test_grouped_quantized_experts_match_the_reference_loop():

@@ -86,11 +86,7 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, s2_ptr, y_ptr, M, N, K: tl.constexpr, SK: 
                     acc_t += tl.dot(wt.to(xa.dtype), tl.trans(xa), input_precision=PRECISION) * sc[:, None]
                 else:
                     acc += tl.dot(xa, tl.trans(wt.to(xa.dtype)), input_precision=PRECISION) * sc[None, :]
-            elif BLOCK_M == 1:
-                xk = tl.load(x_ptr + k, mask=k_ok, other=0.0).to(tl.float32)
-                part = tl.sum(w.to(tl.float32) * xk[None, :], axis=1)
-                acc += (part * sc)[None, :]
-            else:
+            else:  # M > 1 (one row goes to _fp8_row_kernel)
                 xa = tl.load(x_ptr + m[:, None] * K + k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
                 part = tl.dot(xa, tl.trans(w.to(xa.dtype)), input_precision=PRECISION)
                 acc += part * sc[None, :]
@@ -149,6 +145,49 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, s2_ptr, y_ptr, M, N, K: tl.constexpr, SK: 
         tl.store(offs, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
 
+@triton.jit
+def _fp8_row_kernel(x_ptr, w_ptr, s_ptr, y_ptr, N, K: tl.constexpr, SK: tl.constexpr, BNS: tl.constexpr,
+                    BKS: tl.constexpr, K_PER_SPLIT: tl.constexpr, ATOMIC: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr):
+    """FP8 at M = 1: y[n] = sum over K of x[k] w[n, k] s[n // BNS, k // BKS], FMAs on the e4m3 values, each
+    scale block's partial sum scaled once. A K tile sits inside one scale block or spans SUBS whole ones
+    (BLOCK_K = SUBS * BKS: wider tiles put more bytes in flight per program). Triton software-pipelines
+    only loads that feed a dot, so this loop's loads are not; PREFETCH issues the next tile's load before
+    this tile's arithmetic (two tiles in flight per program, twice the registers for W)."""
+    SUBS: tl.constexpr = BLOCK_K // BKS if BLOCK_K > BKS else 1
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = n < N
+    n64 = n.to(tl.int64)
+    k_start = tl.program_id(1) * K_PER_SPLIT
+    k_end = k_start + K_PER_SPLIT
+    kr = tl.arange(0, BLOCK_K)
+    wrow = w_ptr + n64[:, None] * K
+    srow = s_ptr + (n64 // BNS) * SK
+    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    if PREFETCH:
+        w = tl.load(wrow + (k_start + kr)[None, :], mask=n_ok[:, None] & (k_start + kr < K)[None, :], other=0.0)
+    for kk in range(0, K_PER_SPLIT, BLOCK_K):
+        k0 = k_start + kk
+        k = k0 + kr
+        if PREFETCH:
+            cur = w
+            kn = k + BLOCK_K
+            w = tl.load(wrow + kn[None, :], mask=n_ok[:, None] & ((kn < K) & (kn < k_end))[None, :], other=0.0)
+        else:
+            cur = tl.load(wrow + k[None, :], mask=n_ok[:, None] & (k < K)[None, :], other=0.0)
+        prod = cur.to(tl.float32) * tl.load(x_ptr + k, mask=k < K, other=0.0).to(tl.float32)[None, :]
+        if SUBS == 1:
+            acc += tl.sum(prod, axis=1) * tl.load(srow + k0 // BKS, mask=n_ok, other=0.0)
+        else:
+            j = k0 // BKS + tl.arange(0, SUBS)
+            sc = tl.load(srow[:, None] + j[None, :], mask=n_ok[:, None] & (j < SK)[None, :], other=0.0)
+            acc += tl.sum(tl.sum(tl.reshape(prod, (BLOCK_N, SUBS, BLOCK_K // SUBS)), axis=2) * sc, axis=1)
+    if ATOMIC:
+        tl.atomic_add(y_ptr + n, acc, mask=n_ok)
+    else:
+        tl.store(y_ptr + n, acc.to(y_ptr.dtype.element_ty), mask=n_ok)
+
+
 def split_k(n: int, k: int, block_n: int, block_k: int, waves: int = 4) -> tuple[int, int]:
     """-> (K splits, K per split, a whole number of K tiles) so that the (N tile, K split) programs
     fill the SMs `waves` times (here and in quant_triton's tiled kernel at small M); waves = 0: one
@@ -187,24 +226,38 @@ def _launch(x, w, s, s2, fmt: int, k: int, sk: int, bns: int, bks: int, block_n:
     return y.to(x.dtype)
 
 
-def fp8_gemv_fits(k: int, block: tuple[int, int], block_k: int = 128) -> bool:
-    """Whether the FP8 GEMV's K tile stays inside one scale block (and K is whole tiles)."""
-    return block[1] % block_k == 0 and k % block_k == 0
+def fp8_gemv_fits(k: int, block: tuple[int, int], block_k: int = 128, one_row: bool = False) -> bool:
+    """Whether the FP8 GEMV's K tile stays inside one scale block (one row: or spans whole ones) and K is
+    whole tiles."""
+    return (block[1] % block_k == 0 or one_row and block_k % block[1] == 0) and k % block_k == 0
 
 
 def w8a16_gemv(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, block: tuple[int, int], block_n: int = 32,
                block_k: int = 128, num_warps: int = 4, num_stages: int = 3, waves: int = 4,
-               qtile: bool = False, asm: bool | None = None, qtile_a: bool = True) -> torch.Tensor:
+               qtile: bool = False, asm: bool | None = None, qtile_a: bool = True,
+               prefetch: bool = False) -> torch.Tensor:
     """x [M <= 16, K] @ dequant(w fp8 [N, K], s [ceil(N/bn), K/bk])^T -> [M, N] in x.dtype. `qtile`: the
     weight tile decoded by qtile.fp8_tile on the tensor cores (any M; x bf16 or float32), as their A
     operand (W @ X^T, `qtile_a`) or B, instead of FMAs (M = 1) or a per-value conversion; `asm` as in
-    w4a16_gemv."""
+    w4a16_gemv. At M = 1 without qtile (_fp8_row_kernel) block_k may also be a multiple of the scale
+    block, and `prefetch` loads the next K tile before this one's arithmetic."""
     if qtile and x.dtype == torch.float16:
         raise ValueError("qtile: takes a bf16 or float32 x, got float16")
-    if not fp8_gemv_fits(w.shape[1], block, block_k):
-        raise ValueError(f"block_k: {block_k} must divide the scale block {block[1]} and K {w.shape[1]}")
-    return _launch(x, w, s.contiguous(), s, 0, w.shape[1], s.shape[1], block[0], block[1], block_n, block_k,
-                   num_warps, num_stages, waves, qtile=qtile, asm=asm, qa=qtile_a)
+    one_row = x.shape[0] == 1 and not qtile
+    if not fp8_gemv_fits(w.shape[1], block, block_k, one_row):
+        raise ValueError(f"block_k: {block_k} must divide the scale block {block[1]}"
+                         f"{' (or be a multiple of it)' if one_row else ''} and K {w.shape[1]}")
+    if not one_row:
+        return _launch(x, w, s.contiguous(), s, 0, w.shape[1], s.shape[1], block[0], block[1], block_n, block_k,
+                       num_warps, num_stages, waves, qtile=qtile, asm=asm, qa=qtile_a)
+    n, k = w.shape
+    x, s = x.contiguous(), s.contiguous()
+    split, k_per = split_k(n, k, block_n, block_k, waves)
+    y = torch.zeros(1, n, dtype=torch.float32, device=x.device) if split > 1 else x.new_empty(1, n)
+    _fp8_row_kernel[(triton.cdiv(n, block_n), split)](
+        x, w, s, y, n, K=k, SK=s.shape[1], BNS=block[0], BKS=block[1], K_PER_SPLIT=k_per, ATOMIC=split > 1,
+        BLOCK_N=block_n, BLOCK_K=block_k, PREFETCH=prefetch, num_warps=num_warps, num_stages=num_stages)
+    return y.to(x.dtype)
 
 
 def w4a16_gemv(x: torch.Tensor, w: torch.Tensor, bscale: torch.Tensor, scale2_rows: torch.Tensor,

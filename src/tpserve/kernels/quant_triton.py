@@ -240,7 +240,7 @@ def _qtile_mode(x: torch.Tensor, qtile: bool | None, asm: bool | None) -> int:
 
 def _experts(x, weights, ids, fmt, gu, gu_s, gu_s2, dn, dn_s, dn_s2, limit, sk_gu, sk_dn, bns, bks, up_srow,
              route_backend: str = "torch", qtile: int = 0, qtile_a: bool = True, block_n: int = 64,
-             block_k: int | None = None, num_warps: int = 4):
+             block_k: int | None = None, num_warps: int = 4, num_stages: int = 3):
     if block_k is None:  # qtile: 64 x 256 nvfp4 tiles, the best at 8 tokens on the H200 (BENCHMARKS.md,
         # seventeenth session); fp8 tiles must sit in one 128-wide scale block
         block_k = (128 if fmt == 0 else 256) if qtile else 64
@@ -261,13 +261,13 @@ def _experts(x, weights, ids, fmt, gu, gu_s, gu_s2, dn, dn_s, dn_s2, limit, sk_g
         x, gu, gu_s, gu_s2, h, rows, block_expert, num_experts, float(limit), gu.stride(0), gu_s.stride(0),
         gu_s2.stride(0), top_k=top_k, D=d, INTER=inter, SK=sk_gu, BNS=bns, BKS=bks, UP_SROW=up_srow, FORMAT=fmt,
         HOIST=hoist, PRECISION=precision, BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=block_k, QTILE=qtile,
-        QA=qtile_a, num_warps=num_warps)
+        QA=qtile_a, num_warps=num_warps, num_stages=num_stages)
     y = torch.empty(t * top_k, d, dtype=torch.float32, device=x.device)
     route = weights.reshape(-1).float().contiguous()
     _qdown_kernel[(nb, triton.cdiv(d, block_n))](
         h, dn, dn_s, dn_s2, y, rows, block_expert, route, num_experts, dn.stride(0), dn_s.stride(0), dn_s2.stride(0),
         D=d, INTER=inter, SK=sk_dn, BNS=bns, BKS=bks, FORMAT=fmt, HOIST=hoist, PRECISION=precision, BLOCK_M=BLOCK_M,
-        BLOCK_N=block_n, BLOCK_K=block_k, QTILE=qtile, QA=qtile_a, num_warps=num_warps)
+        BLOCK_N=block_n, BLOCK_K=block_k, QTILE=qtile, QA=qtile_a, num_warps=num_warps, num_stages=num_stages)
     return combine_choices(y, top_k, x.dtype, route_backend)
 
 
@@ -276,7 +276,7 @@ def experts_fp8_triton(x, weights, ids, gate_up, gu_scale, down, dn_scale, block
     """Same contract as kernels.moe.experts_loop on fp8 block experts (quant_methods.Fp8Experts).
     `qtile` (default: unless x is fp16): tiles decoded by qtile.fp8_tile, two values per 32-bit
     operation (`asm`: its PTX, default on CUDA), as the tensor cores' A operand (`qtile_a`) or B;
-    tiles: block_n / block_k / num_warps overrides (benchmarks)."""
+    tiles: block_n / block_k / num_warps / num_stages overrides (benchmarks)."""
     gu_scale, dn_scale = gu_scale.contiguous(), dn_scale.contiguous()
     return _experts(x, weights, ids, 0, gate_up, gu_scale, gu_scale, down, dn_scale, dn_scale, limit,
                     gu_scale.shape[2], dn_scale.shape[2], block[0], block[1], gu_scale.shape[1] // 2, route_backend,

@@ -1,0 +1,251 @@
+"""Where the quantized decode kernels lose time: wide sweeps (pipeline depth, prefetch, wide FP8 K tiles) and a
+per-kernel profile of the grouped MoE decode, on one GPU.
+
+Floors (bytes / 4.3 TB/s): W8A16 12288 x 4096 11.7 us, W4A16 6.6 us; MoE decode (288 experts, top-8, D 4096,
+I 2048) the touched experts' bytes (NVFP4 26 us at 1 token, FP8 47 us). bench/quant_kernels.py swept tiles and
+warps with Triton's default three pipeline stages; the FP8 GEMV at one row (FMAs, no dot) is not software-pipelined
+at all (its loads feed no dot: no LDGSTS in its sm_90 SASS), so each program waits a whole memory latency per K
+tile. Sections:
+  gemv     W8A16 / W4A16 at M = 1 and 8 on 12288 x 4096 (every config checked against fp32 math first, then timed
+           with weight copies rotated, 4 x L2 in all); the five best per case, then the best three on 4096 x 12288
+  moe      grouped NVFP4 / FP8 experts at 1 and 8 tokens over num_stages, then the best config's per-kernel device
+           times (torch.profiler: routing, gate / up, down, combine) and the GEMM kernels' share of the floor
+  fp8det   the FP8 GEMV's qtile at M = 8: PTX against plain Triton with one K split and with fp32 atomics (split K),
+           plain against plain, and each one's error against fp32 math (the seventeenth session saw PTX != plain)
+Usage: PYTHONPATH=src python bench/quant_decode_sweep.py [--sections fp8det,moe,gemv] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from quant_kernels import HBM, MAX_REL_ERR, ROUTE, copies_for, rel, timed  # noqa: E402
+
+
+def sweep(configs, make, check, top=5):
+    """[(seconds, config)] sorted, for the configs whose answer is right (relative error <= MAX_REL_ERR)."""
+    out = []
+    for c in configs:
+        try:
+            e = check(c)
+            if e > MAX_REL_ERR:
+                print(f"  {c}: WRONG, rel err {e:.1e}", flush=True)
+                continue
+            out.append((timed(make(c)), c))
+        except Exception as exc:  # noqa: BLE001  (out of registers / shared memory: report, go on)
+            print(f"  {c}: {type(exc).__name__}: {str(exc).splitlines()[0][:100]}", flush=True)
+    return sorted(out)[:top]
+
+
+def _fp8():
+    from tpserve.kernels import quant_ref as qr
+    from tpserve.kernels.quant_gemv import w8a16_gemv
+
+    def quantize(w):
+        q, s = qr.fp8_block_quantize(w)
+        return (q, s), qr.fp8_block_dequantize(q, s)
+
+    def call(x, p, c):
+        bn, bk, nw, ns, wv, qt, pf = c
+        return w8a16_gemv(x, *p, (128, 128), block_n=bn, block_k=bk, num_warps=nw, num_stages=ns, waves=wv,
+                          qtile=bool(qt), qtile_a=qt != "b", prefetch=pf)
+
+    # (block_n, block_k, warps, stages, waves, qtile, prefetch)
+    row = ([(bn, bk, 4, 3, 0, False, pf) for bn in (16, 32, 64) for bk in (128, 256, 512) for pf in (False, True)]
+           + [(64, bk, 8, 3, 0, False, pf) for bk in (256, 512) for pf in (False, True)]
+           + [(32, 128, 4, 3, 4, False, False)])  # the seventeenth session's best at M = 1: split K, 4 waves
+    tiles = [(bn, 128, nw, ns, 0, qt, False) for (bn, nw, qt) in ((64, 4, "a"), (32, 2, "a"), (64, 4, "b"),
+                                                                   (32, 4, "b"), (128, 8, "a"))
+             for ns in (2, 3, 4, 5, 6)]
+    return quantize, call, {1: row + tiles[:10], 8: tiles + [(64, 128, 4, 3, 2, "b", False)]}, \
+        lambda n, k: n * k + (n // 128) * (k // 128) * 4
+
+
+def _fp4():
+    from tpserve.kernels import quant_ref as qr
+    from tpserve.kernels.quant_gemv import w4a16_gemv
+
+    def quantize(w):
+        p, bs, s2 = qr.nvfp4_quantize(w)
+        return (p, bs, s2.reshape(1).expand(w.shape[0]).contiguous()), qr.nvfp4_dequantize(p, bs, s2)
+
+    def call(x, p, c):
+        bn, bk, nw, ns, wv, qt, _ = c
+        return w4a16_gemv(x, *p, block_n=bn, block_k=bk, num_warps=nw, num_stages=ns, waves=wv, qtile=bool(qt),
+                          qtile_a=qt != "b", fp32_decode=False)
+
+    tiles = [(bn, bk, nw, ns, 0, qt, False) for (bn, bk, nw, qt) in ((32, 512, 4, "b"), (64, 256, 4, "b"),
+                                                                      (64, 256, 4, "a"), (16, 512, 1, "a"),
+                                                                      (32, 256, 4, "b"))
+             for ns in (2, 3, 4, 5, 6)]
+    return quantize, call, {1: tiles, 8: tiles}, lambda n, k: n * k // 2 + n * k // 16
+
+
+def sec_gemv(res):
+    for name, spec in (("w8a16", _fp8), ("w4a16", _fp4)):
+        quantize, call, configs, nbytes = spec()
+        for n, k in ((12288, 4096), (4096, 12288)):
+            w = torch.randn(n, k, device="cuda") / k**0.5
+            packed, wd = quantize(w)
+            packs = [packed] + [tuple(t.clone() for t in packed) for _ in range(copies_for(nbytes(n, k)) - 1)]
+            floor = nbytes(n, k) / HBM
+            for m in (1, 8):
+                x = torch.randn(m, k, device="cuda").bfloat16()
+                ref = x.float() @ wd.T
+                cfgs = configs[m] if n == 12288 else [c for _, c in res[f"{name} 12288x4096 M={m}"]["best"][:3]]
+                t0 = time.time()
+                best = sweep(cfgs, lambda c: [(lambda p=p: call(x, p, c)) for p in packs],
+                             lambda c: rel(call(x, packed, c), ref))
+                res[f"{name} {n}x{k} M={m}"] = dict(floor_us=floor * 1e6, best=[(c, t * 1e6) for t, c in best])
+                print(f"\n{name} {n}x{k} M={m} (floor {floor * 1e6:.1f} us; {len(cfgs)} configs, "
+                      f"{time.time() - t0:.0f} s): bn, bk, warps, stages, waves, qtile, prefetch", flush=True)
+                for t, c in best:
+                    print(f"  {t * 1e6:6.1f} us  {100 * floor / t:3.0f}% of floor  {c}", flush=True)
+
+
+def _experts_setup():
+    from tpserve.kernels import quant_ref as qr
+
+    e, d, i = 288, 4096, 2048
+    g = torch.Generator(device="cuda").manual_seed(0)
+    gu = torch.randn(e, 2 * i, d, device="cuda", generator=g, dtype=torch.bfloat16) / d**0.5
+    dn = torch.randn(e, d, i, device="cuda", generator=g, dtype=torch.bfloat16) / i**0.5
+    P = {n: [] for n in ("gp", "gb", "g2", "dp", "db", "d2", "gq", "gs", "dq", "ds")}
+    for x_ in range(e):
+        a, b = qr.nvfp4_quantize(gu[x_, :i]), qr.nvfp4_quantize(gu[x_, i:])
+        c = qr.nvfp4_quantize(dn[x_])
+        P["gp"].append(torch.cat([a[0], b[0]])); P["gb"].append(torch.cat([a[1], b[1]]))
+        P["g2"].append(torch.stack([a[2], b[2]])); P["dp"].append(c[0]); P["db"].append(c[1]); P["d2"].append(c[2])
+        fa, fb, fc = qr.fp8_block_quantize(gu[x_, :i]), qr.fp8_block_quantize(gu[x_, i:]), qr.fp8_block_quantize(dn[x_])
+        P["gq"].append(torch.cat([fa[0], fb[0]])); P["gs"].append(torch.cat([fa[1], fb[1]]))
+        P["dq"].append(fc[0]); P["ds"].append(fc[1])
+    del gu, dn
+    P = {n: torch.stack(v) for n, v in P.items()}
+    P["g2rows"] = P["g2"].repeat_interleave(i, dim=1).contiguous()
+    P["d2rows"] = P["d2"][:, None].expand(-1, d).contiguous()
+    return P, e, d, i
+
+
+def sec_moe(res):
+    from tpserve.kernels.quant_triton import experts_fp8_triton, experts_nvfp4_triton
+
+    P, e, d, i = _experts_setup()
+
+    def nvfp4(ids, w, x, c, asm=None):
+        bn, bk, nw, ns, qt = c
+        return experts_nvfp4_triton(x, w, ids, P["gp"], P["gb"], P["g2rows"], P["dp"], P["db"], P["d2rows"], 10.0,
+                                    ROUTE, qtile=True, asm=asm, qtile_a=qt != "b", block_n=bn, block_k=bk,
+                                    num_warps=nw, num_stages=ns)
+
+    def fp8(ids, w, x, c, asm=None):
+        bn, bk, nw, ns, qt = c
+        return experts_fp8_triton(x, w, ids, P["gq"], P["gs"], P["dq"], P["ds"], (128, 128), 10.0, ROUTE,
+                                  qtile=True, asm=asm, qtile_a=qt != "b", block_n=bn, block_k=bk, num_warps=nw,
+                                  num_stages=ns)
+
+    # (block_n, block_k, warps, stages, qtile form)
+    cases = {"nvfp4": (nvfp4, 3 * i * d * (0.5 + 1 / 16),
+                       [(bn, bk, nw, ns, qt) for (bn, bk, nw, qt) in ((32, 256, 4, "b"), (64, 256, 4, "b"),
+                                                                      (32, 256, 2, "a"), (64, 256, 4, "a"))
+                        for ns in (2, 3, 4, 5)]),
+             "fp8": (fp8, 3 * i * d * (1 + 4 / 128**2),
+                     [(bn, 128, nw, ns, qt) for (bn, nw, qt) in ((64, 4, "b"), (32, 4, "b"), (64, 4, "a"))
+                      for ns in (2, 3, 4, 5)])}
+    for t in (1, 8):
+        routes = [(torch.stack([torch.randperm(e, device="cuda")[:8] for _ in range(t)]),
+                   torch.rand(t, 8, device="cuda"), torch.randn(t, d, device="cuda").bfloat16()) for _ in range(8)]
+        touched = sum(r[0].unique().numel() for r in routes) / len(routes)
+        for name, (fn, per_expert, configs) in cases.items():
+            ref = fn(*routes[0], configs[0], asm=False).float()  # plain Triton decode: the PTX's check
+            best = sweep(configs, lambda c: [(lambda r=r: fn(*r, c)) for r in routes],
+                         lambda c: rel(fn(*routes[0], c), ref))
+            floor = touched * per_expert / HBM
+            print(f"\nMoE decode {name} {t} token(s), {touched:.1f} experts touched, floor {floor * 1e6:.0f} us: "
+                  f"bn, bk, warps, stages, form", flush=True)
+            for tt, c in best:
+                print(f"  {tt * 1e6:6.1f} us  {100 * floor / tt:3.0f}% of floor  {c}", flush=True)
+            c = best[0][1]
+            prof = profile_kernels(lambda: [fn(*r, c) for r in routes], len(routes))
+            gemm = sum(us for k, us in prof.items() if "qgate_up" in k or "qdown" in k)
+            print(f"  per call, device time by kernel ({c}): "
+                  + "; ".join(f"{k} {us:.1f} us" for k, us in prof.items())
+                  + f"; the two GEMM kernels {gemm:.1f} us = {100 * floor / gemm:.0f}% of floor", flush=True)
+            res[f"moe {name} t={t}"] = dict(touched=touched, floor_us=floor * 1e6,
+                                            best=[(c, tt * 1e6) for tt, c in best], kernels_us=prof,
+                                            gemm_us=gemm, gemm_pct=100 * floor / gemm)
+
+
+def profile_kernels(fn, calls_per_fn: int, reps: int = 10) -> dict:
+    """Mean device microseconds per call by kernel name (torch.profiler, eager launches)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as p:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    out: dict = {}
+    for ev in p.key_averages():
+        us = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)
+        if ev.device_type.name == "CUDA" and us:
+            out[ev.key[:40]] = out.get(ev.key[:40], 0.0) + us / (reps * calls_per_fn)
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
+def sec_fp8det(res):
+    from tpserve.kernels import quant_ref as qr
+    from tpserve.kernels.quant_gemv import w8a16_gemv
+
+    w = torch.randn(4096, 4096, device="cuda") / 64
+    q, s = qr.fp8_block_quantize(w)
+    wd = qr.fp8_block_dequantize(q, s)
+    for m, waves, qa in itertools.product((1, 8), (4, 0), (True, False)):
+        x = torch.randn(m, 4096, device="cuda").bfloat16()
+        ref = x.float() @ wd.T
+
+        def f(asm):
+            return w8a16_gemv(x, q, s, (128, 128), qtile=True, asm=asm, waves=waves, qtile_a=qa)
+        a, b, b2 = f(None), f(False), f(False)
+        row = dict(m=m, waves=waves, qtile_a=qa, ptx_eq_plain=bool(torch.equal(a, b)),
+                   plain_eq_plain=bool(torch.equal(b, b2)), ptx_err=rel(a, ref), plain_err=rel(b, ref),
+                   differing=int((a != b).sum()))
+        res.setdefault("fp8det", []).append(row)
+        print(f"  fp8 GEMV qtile M={m} waves={waves} A={qa}: PTX == plain {row['ptx_eq_plain']} ({row['differing']} "
+              f"differ), plain == plain {row['plain_eq_plain']}, rel err PTX {row['ptx_err']:.2e} plain "
+              f"{row['plain_err']:.2e}", flush=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--sections", default="fp8det,moe,gemv")
+    args = ap.parse_args()
+    print(torch.cuda.get_device_name(), torch.__version__, flush=True)
+    res: dict = {}
+    for name in args.sections.split(","):
+        t0 = time.time()
+        try:
+            globals()[f"sec_{name}"](res)
+        except Exception as exc:  # noqa: BLE001  (report and go on to the next section)
+            import traceback
+
+            traceback.print_exc()
+            res[f"{name}_error"] = repr(exc)
+        print(f"[{name}: {time.time() - t0:.0f} s]", flush=True)
+        if args.out:
+            Path(args.out).mkdir(parents=True, exist_ok=True)
+            (Path(args.out) / "quant_decode_sweep.json").write_text(json.dumps(res, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
