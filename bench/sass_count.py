@@ -33,7 +33,15 @@ def compile_kernel(args):
     fp8 = args.format == "fp8"
     w = "*i16" if qtile else ("*fp8e4nv" if fp8 else "*u8")
     s = "*fp32" if fp8 else "*fp8e4nv"
-    if args.kernel == "gemv":
+    if args.kernel == "gemv" and fp8 and args.decode == "element":  # one row: FMAs, no dot
+        from tpserve.kernels import quant_gemv as qg
+
+        fn = qg._fp8_row_kernel
+        sig = dict(x_ptr="*bf16", w_ptr=w, s_ptr=s, y_ptr="*bf16", N="i32")
+        ce = dict(K=args.k, SK=args.k // 128, BNS=128, BKS=128, K_PER_SPLIT=args.k, ATOMIC=False,
+                  BLOCK_N=args.block_n, BLOCK_K=args.block_k, PREFETCH=args.prefetch)
+        aligned = range(4)
+    elif args.kernel == "gemv":
         from tpserve.kernels import quant_gemv as qg
 
         fn = qg._gemv_kernel
@@ -88,6 +96,7 @@ def main() -> int:
     ap.add_argument("--block-k", type=int, default=256)
     ap.add_argument("--warps", type=int, default=4)
     ap.add_argument("--k", type=int, default=4096)
+    ap.add_argument("--prefetch", action="store_true", help="the FP8 row kernel's prefetch of the next K tile")
     args = ap.parse_args()
     ops = loop_opcodes(compile_kernel(args).asm["sass"])
     # weights decoded per thread per iteration (gate and up: two tiles)
