@@ -10,6 +10,7 @@ tile. Sections:
            with weight copies rotated, 4 x L2 in all); the five best per case, then the best three on 4096 x 12288
   moe      grouped NVFP4 / FP8 experts at 1 and 8 tokens over num_stages, then the best config's per-kernel device
            times (torch.profiler: routing, gate / up, down, combine) and the GEMM kernels' share of the floor
+  prefill  bf16 grouped MoE prefill at 4k / 16k tokens: as timed before, as the engine runs it, the GEMMs alone
   fp8det   the FP8 GEMV's qtile at M = 8: PTX against plain Triton with one K split and with fp32 atomics (split K),
            plain against plain, and each one's error against fp32 math (the seventeenth session saw PTX != plain)
 Usage: PYTHONPATH=src python bench/quant_decode_sweep.py [--sections fp8det,moe,gemv] [--out DIR]
@@ -222,6 +223,50 @@ def sec_fp8det(res):
         print(f"  fp8 GEMV qtile M={m} waves={waves} A={qa}: PTX == plain {row['ptx_eq_plain']} ({row['differing']} "
               f"differ), plain == plain {row['plain_eq_plain']}, rel err PTX {row['ptx_err']:.2e} plain "
               f"{row['plain_err']:.2e}", flush=True)
+
+
+def sec_prefill(res):
+    """bf16 MoE prefill (grouped_mm) at 4k / 16k tokens: experts_grouped as bench/quant_kernels.py timed it (torch
+    combine and SwiGLU) and as the engine runs it on CUDA (Triton combine; SwiGLU as --act-backend says), the two
+    grouped GEMMs alone on pre-sorted rows, and the engine form's device time by kernel."""
+    from tpserve.kernels import moe
+
+    e, d, i, k = 288, 4096, 2048, 8
+    g = torch.Generator(device="cuda").manual_seed(0)
+    gu = torch.randn(e, 2 * i, d, device="cuda", generator=g, dtype=torch.bfloat16) / d**0.5
+    dn = torch.randn(e, d, i, device="cuda", generator=g, dtype=torch.bfloat16) / i**0.5
+    peak = 790e12
+    for t in (4096, 16384):
+        ids = torch.stack([torch.randperm(e, device="cuda")[:k] for _ in range(t)])
+        w = torch.rand(t, k, device="cuda")
+        x = torch.randn(t, d, device="cuda").bfloat16()
+        flops = 2 * t * k * 3 * i * d
+        order = torch.argsort(ids.reshape(-1), stable=True)
+        offs = torch.cumsum(torch.bincount(ids.reshape(-1), minlength=e), 0).to(torch.int32)
+        xs = x[order // k]
+        hs = torch.randn(t * k, i, device="cuda").bfloat16()
+
+        def gemms():
+            torch.nn.functional.grouped_mm(xs, gu.transpose(1, 2), offs=offs)
+            torch.nn.functional.grouped_mm(hs, dn.transpose(1, 2), offs=offs)
+
+        forms = {"combine torch, act torch": lambda: moe.experts_grouped(x, w, ids, gu, dn, 10.0),
+                 "combine triton, act torch": lambda: moe.experts_grouped(x, w, ids, gu, dn, 10.0, "triton"),
+                 "combine triton, act triton": lambda: moe.experts_grouped(x, w, ids, gu, dn, 10.0, "triton",
+                                                                           "triton"),
+                 "the two grouped_mm alone": gemms}
+        a = moe.experts_grouped(x, w, ids, gu, dn, 10.0, "triton", "triton").float()
+        b = moe.experts_grouped(x, w, ids, gu, dn, 10.0).float()
+        print(f"\nMoE prefill bf16, {t} tokens (act triton vs torch: rel diff "
+              f"{((a - b).abs().max() / b.abs().max()).item():.1e})", flush=True)
+        for name, fn in forms.items():
+            tt = timed(fn, reps=3)
+            res[f"prefill {t} {name}"] = dict(ms=tt * 1e3, mfu=100 * flops / tt / peak)
+            print(f"  {name}: {tt * 1e3:.2f} ms, {flops / tt / 1e12:.0f} TFLOP/s, {100 * flops / tt / peak:.1f}% MFU",
+                  flush=True)
+        prof = profile_kernels(forms["combine triton, act triton"], 1, reps=3)
+        res[f"prefill {t} kernels_us"] = prof
+        print("  by kernel: " + "; ".join(f"{k_} {us / 1e3:.2f} ms" for k_, us in list(prof.items())[:8]), flush=True)
 
 
 def main() -> int:

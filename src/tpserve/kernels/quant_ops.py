@@ -103,7 +103,7 @@ def w8a8_block_scaled_mm(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor) -> t
 # ------------------------------------------------------------------ experts
 def experts_bf16(x, weights, ids, gate_up, down, limit, kernels):
     return moe_ops.experts_forward(x, weights, ids, gate_up, down, limit, kernels.moe, kernels.moe_triton_max_tokens,
-                                  kernels.moe_route)
+                                  kernels.moe_route, kernels.act)
 
 
 def experts_fp8(x, weights, ids, gate_up, gu_scale, down, dn_scale, block, limit, kernels):

@@ -102,7 +102,7 @@ class Experts(nn.Module):
         k = self.kernels
         if self.quant.name != "bf16" or not moe_ops.takes_grouped(x, k.moe, k.moe_triton_max_tokens):
             return None
-        return moe_ops.experts_sorted(x, weights, ids, self.gate_up_proj, self.down_proj, self.limit)
+        return moe_ops.experts_sorted(x, weights, ids, self.gate_up_proj, self.down_proj, self.limit, k.act)
 
     def extra_repr(self) -> str:
         return f"experts={self.dims[0]}, quant={self.quant.describe()}"
