@@ -109,8 +109,9 @@ class EngineConfig:
                              "linears the real-width KKKM decode step took 1.510 / 3.81 / 5.52 ms at batch 1 / 8 / "
                              "16 against cuBLAS's 1.549 / 3.83 / 5.54 ms on an H200, BENCHMARKS.md fourteenth "
                              "session)", switch=True, choices=("auto", "triton", "torch"))
-    act_backend: str = _opt("auto", "the clamped SwiGLU of the dense MLPs, shared experts and grouped routed experts: triton (one "
-                            "kernel, cuda only), torch (four ops), or auto (triton on cuda)", switch=True,
+    act_backend: str = _opt("auto", "the clamped SwiGLU of the dense MLPs, shared experts and grouped routed "
+                            "experts: triton (one kernel, cuda only), torch (four ops), or auto (triton on cuda)",
+                            switch=True,
                             choices=("auto", "triton", "torch"))
     moe_backend: str = _opt("auto", "routed experts: triton (grouped GEMMs over tokens sorted by expert, no host "
                             "sync; cuda only, forwards of at most --moe-triton-max-tokens tokens), torch (a "
