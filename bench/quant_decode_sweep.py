@@ -18,9 +18,7 @@ Usage: PYTHONPATH=src python bench/quant_decode_sweep.py [--sections fp8det,moe,
 
 from __future__ import annotations
 
-import argparse
 import itertools
-import json
 import sys
 import time
 from pathlib import Path
@@ -28,7 +26,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from quant_kernels import HBM, MAX_REL_ERR, ROUTE, copies_for, rel, timed  # noqa: E402
+from quant_kernels import HBM, MAX_REL_ERR, ROUTE, copies_for, rel, run_sections, timed  # noqa: E402
 
 
 def sweep(configs, make, check, top=5):
@@ -269,28 +267,6 @@ def sec_prefill(res):
         print("  by kernel: " + "; ".join(f"{k_} {us / 1e3:.2f} ms" for k_, us in list(prof.items())[:8]), flush=True)
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=None)
-    ap.add_argument("--sections", default="fp8det,moe,gemv")
-    args = ap.parse_args()
-    print(torch.cuda.get_device_name(), torch.__version__, flush=True)
-    res: dict = {}
-    for name in args.sections.split(","):
-        t0 = time.time()
-        try:
-            globals()[f"sec_{name}"](res)
-        except Exception as exc:  # noqa: BLE001  (report and go on to the next section)
-            import traceback
-
-            traceback.print_exc()
-            res[f"{name}_error"] = repr(exc)
-        print(f"[{name}: {time.time() - t0:.0f} s]", flush=True)
-        if args.out:
-            Path(args.out).mkdir(parents=True, exist_ok=True)
-            (Path(args.out) / "quant_decode_sweep.json").write_text(json.dumps(res, indent=1))
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_sections(dict(fp8det=sec_fp8det, moe=sec_moe, prefill=sec_prefill, gemv=sec_gemv), "fp8det,moe,gemv",
+                          "quant_decode_sweep.json"))

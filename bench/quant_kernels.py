@@ -319,17 +319,19 @@ def sec_moe(res):
         print(f"| grouped_mm | {t} | {tt * 1e3:.2f} | {row['tflops']:.0f} | {row['mfu']:.0f}% |")
 
 
-def main() -> int:
+def run_sections(sections: dict, default: str, json_name: str) -> int:
+    """The command line of a sectioned GPU bench: --sections (names in `sections`, run in order, a failing one
+    reported and skipped) and --out DIR (the results as DIR/json_name, rewritten after every section)."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
-    ap.add_argument("--sections", default="moe,w8a16,w4a16,w8a8")
+    ap.add_argument("--sections", default=default)
     args = ap.parse_args()
-    print(torch.cuda.get_device_name(), torch.__version__)
+    print(torch.cuda.get_device_name(), torch.__version__, flush=True)
     res: dict = {}
     for name in args.sections.split(","):
         t0 = time.time()
         try:
-            globals()[f"sec_{name}"](res)
+            sections[name](res)
         except Exception as exc:  # noqa: BLE001  (report and go on to the next section)
             import traceback
 
@@ -338,9 +340,10 @@ def main() -> int:
         print(f"[{name}: {time.time() - t0:.0f} s]", flush=True)
         if args.out:
             Path(args.out).mkdir(parents=True, exist_ok=True)
-            (Path(args.out) / "quant_kernels.json").write_text(json.dumps(res, indent=1))
+            (Path(args.out) / json_name).write_text(json.dumps(res, indent=1))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_sections(dict(moe=sec_moe, w8a16=sec_w8a16, w4a16=sec_w4a16, w8a8=sec_w8a8), "moe,w8a16,w4a16,w8a8",
+                          "quant_kernels.json"))
