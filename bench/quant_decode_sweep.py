@@ -168,10 +168,17 @@ def sec_moe(res):
     # (block_n, block_k, warps, stages, qtile form)
     cases = {"nvfp4": (nvfp4, 3 * i * d * (0.5 + 1 / 16),
                        [(bn, bk, nw, ns, qt) for (bn, bk, nw, qt) in ((32, 256, 4, "b"), (64, 256, 4, "b"),
-                                                                      (32, 256, 2, "a"), (64, 256, 4, "a"))
+                                                                      (32, 256, 2, "a"), (64, 256, 4, "a"),
+                                                                      # more warps per program: at one token a
+                                                                      # 64 x 256 program on 4 warps is alone on
+                                                                      # its SM (shared memory), one warp per
+                                                                      # scheduler (first call: 40% of the floor)
+                                                                      (64, 256, 8, "b"), (64, 256, 8, "a"),
+                                                                      (128, 256, 8, "a"), (64, 128, 8, "b"))
                         for ns in (2, 3, 4, 5)]),
              "fp8": (fp8, 3 * i * d * (1 + 4 / 128**2),
-                     [(bn, 128, nw, ns, qt) for (bn, nw, qt) in ((64, 4, "b"), (32, 4, "b"), (64, 4, "a"))
+                     [(bn, 128, nw, ns, qt) for (bn, nw, qt) in ((64, 4, "b"), (32, 4, "b"), (64, 4, "a"),
+                                                                 (64, 8, "b"), (128, 8, "a"), (64, 8, "a"))
                       for ns in (2, 3, 4, 5)])}
     for t in (1, 8):
         routes = [(torch.stack([torch.randperm(e, device="cuda")[:8] for _ in range(t)]),
