@@ -4,7 +4,7 @@
 # one token. (1) W8A16 both shapes, M = 1 and 8, with the default config timed beside the sweep ("default"; M = 8
 # adds the per-value path and split-K qtile); (2) 8 real-width layers, NVFP4 experts and FP8 (all linears) again:
 # prefill 32k, decode 1 / 8 / 32; (3) the grouped experts' decode with 8 warps per program (at one token a 64 x 256
-# program on 4 warps is alone on its SM: one warp per scheduler).
+# program on 4 warps is alone on its SM: one warp per scheduler); (4) real-width KKKM bf16 prefill 4k / 16k.
 set -uo pipefail
 source bench/gpu_env.sh
 step "W8A16 GEMV sweep, the defaults beside it"
@@ -18,4 +18,7 @@ done
 step "MoE decode, more warps"
 timeout 150 python3 bench/quant_decode_sweep.py --sections moe --out "$OUT/moe" 2>&1 | tee "$OUT/moe.log" \
   | grep -v "^\s*$" | grep -v -i warn | head -50
+step "real-width KKKM bf16 prefill 4k / 16k (issue 10: 4k per token against 16k, with the grouped SwiGLU kernel)"
+timeout 130 python3 -m tpserve.cli bench model --device cuda --layers KKKM --prefill 4096 16384 --repeats 3 \
+  --batch 1 --decode-steps 8 --json "$OUT/model_kkkm_prefill.json" 2>&1 | grep -E "^\| (prefill|decode)|Error|Traceback"
 step "done"
