@@ -31,7 +31,8 @@ def test_gemms_match_dequantized_math():
         for m, n, k, block, dtype in [(1, 96, 256, (128, 128), torch.float32), (5, 200, 160, (16, 32), torch.float32),
                                       (3, 64, 512, (128, 128), torch.float16), (40, 72, 96, (32, 32), torch.float32),
                                       (16, 40, 512, (128, 128), torch.float32), (1, 33, 768, (128, 128), torch.float16),
-                                      (1, 48, 1024, (128, 128), torch.float32)]:  # M = 1 default: 512-wide K
+                                      (1, 48, 1024, (128, 128), torch.float32),  # M = 1 default: 512-wide K
+                                      (1, 16, 8192, (128, 128), torch.float32)]:  # K >= 8192: 2048-wide, no split
             w = torch.randn(n, k, generator=g) / k**0.5
             x = torch.randn(m, k, generator=g).to(dtype)
             q, s = qr.fp8_block_quantize(w, block)
@@ -41,12 +42,14 @@ def test_gemms_match_dequantized_math():
             if block == (128, 128) and m <= 16:
                 for bn, bk in ((16, 128), (32, 64)):
                     res[f"fp8 gemv {bn}x{bk} {m}x{n}x{k} {dtype}"] = err(
-                        w8a16_gemv(x, q, s, block, block_n=bn, block_k=bk), ref)
+                        w8a16_gemv(x, q, s, block, block_n=bn, block_k=bk, qtile=False), ref)
                     if dtype == torch.float32:  # fp8_tile as the MMA's A / B operand, K split or not
                         for waves, qa in ((4, True), (0, True), (0, False)):
                             res[f"fp8 gemv qtile a={qa} {bn}x{bk} waves={waves} {m}x{n}x{k} {dtype}"] = err(
                                 w8a16_gemv(x, q, s, block, block_n=bn, block_k=bk, waves=waves, qtile=True,
                                            qtile_a=qa), ref)
+            if block == (128, 128) and m <= 16:  # the defaults (one row: wide K tiles; more: qtile as B)
+                res[f"fp8 gemv default {m}x{n}x{k} {dtype}"] = err(w8a16_gemv(x, q, s, block), ref)
             if block == (128, 128) and m == 1:  # one row: K tiles over several scale blocks, the prefetch
                 for bk in (128, 256, 512):
                     for pf, waves in ((False, 0), (True, 0), (True, 4)):

@@ -233,28 +233,35 @@ def fp8_gemv_fits(k: int, block: tuple[int, int], block_k: int = 128, one_row: b
 
 
 def w8a16_gemv(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, block: tuple[int, int], block_n: int | None = None,
-               block_k: int | None = None, num_warps: int | None = None, num_stages: int = 3,
-               waves: int | None = None, qtile: bool = False, asm: bool | None = None, qtile_a: bool = True,
+               block_k: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
+               waves: int | None = None, qtile: bool | None = None, asm: bool | None = None, qtile_a: bool = False,
                prefetch: bool = False) -> torch.Tensor:
     """x [M <= 16, K] @ dequant(w fp8 [N, K], s [ceil(N/bn), K/bk])^T -> [M, N] in x.dtype. `qtile`: the
     weight tile decoded by qtile.fp8_tile on the tensor cores (any M; x bf16 or float32), as their A
     operand (W @ X^T, `qtile_a`) or B, instead of FMAs (M = 1) or a per-value conversion; `asm` as in
     w4a16_gemv. At M = 1 without qtile (_fp8_row_kernel) block_k may also be a multiple of the scale
-    block, and `prefetch` loads the next K tile before this one's arithmetic. Defaults: at one row 16-row
-    tiles 512 wide (or the widest of 256 / 128 that K and the scale block allow) on 8 warps, K split
-    only where the row tiles fill fewer than 2 waves of SMs (the H200 sweep's best on both shapes of
-    bench/quant_decode_sweep.py: 12288 x 4096 14.7 us, 79% of the floor; BENCHMARKS.md, eighteenth
-    session); else 32 x 128 tiles on 4 warps, split over 4 waves."""
+    block, and `prefetch` loads the next K tile before this one's arithmetic. Defaults, from the H200
+    sweeps of bench/quant_decode_sweep.py (BENCHMARKS.md, eighteenth session): at one row the row kernel
+    with 16-row tiles on 8 warps, 2048 wide and one K split where K >= 8192 (4096 x 12288: 15.7 us, 75%
+    of the floor), else 512 wide (or the widest of 256 / 128 that K and the scale block allow), split
+    only below 2 waves of SMs (12288 x 4096: 14.7 us, 79%); at 2-16 rows (bf16 / fp32 x) qtile as the B
+    operand, 32 x 128 tiles, 4 warps, 4 stages, split over 2 waves (20.3 / 23.6 us against 25.7 / 26.2
+    for the per-value path); an fp16 x takes the per-value path (32 x 128, split over 4 waves)."""
     if qtile and x.dtype == torch.float16:
         raise ValueError("qtile: takes a bf16 or float32 x, got float16")
+    if qtile is None:
+        qtile = x.shape[0] > 1 and x.dtype != torch.float16
     one_row = x.shape[0] == 1 and not qtile
     if one_row:
+        long_k = w.shape[1] >= 8192 and fp8_gemv_fits(w.shape[1], block, 2048, True)
         fits = [bk for bk in (512, 256, 128) if fp8_gemv_fits(w.shape[1], block, bk, True)]
-        block_n, num_warps, waves = block_n or 16, num_warps or 8, 2 if waves is None else waves
-        block_k = block_k or (fits[0] if fits else 128)
+        block_n, num_warps, num_stages = block_n or 16, num_warps or 8, num_stages or 3
+        block_k = block_k or (2048 if long_k else fits[0] if fits else 128)
+        waves = (0 if long_k else 2) if waves is None else waves
     else:
         block_n, block_k, num_warps = block_n or 32, block_k or 128, num_warps or 4
-        waves = 4 if waves is None else waves
+        num_stages = num_stages or (4 if qtile else 3)
+        waves = (2 if qtile else 4) if waves is None else waves
     if not fp8_gemv_fits(w.shape[1], block, block_k, one_row):
         raise ValueError(f"block_k: {block_k} must divide the scale block {block[1]}"
                          f"{' (or be a multiple of it)' if one_row else ''} and K {w.shape[1]}")
