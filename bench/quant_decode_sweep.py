@@ -26,7 +26,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from quant_kernels import HBM, MAX_REL_ERR, ROUTE, copies_for, rel, run_sections, timed  # noqa: E402
+from quant_kernels import (HBM, MAX_REL_ERR, ROUTE, copies_for, quantized_experts, rel, run_sections,  # noqa: E402
+                           timed)
 
 
 def sweep(configs, make, check, top=5):
@@ -126,26 +127,11 @@ def sec_gemv(res, only=None):
 
 
 def _experts_setup():
-    from tpserve.kernels import quant_ref as qr
-
     e, d, i = 288, 4096, 2048
     g = torch.Generator(device="cuda").manual_seed(0)
     gu = torch.randn(e, 2 * i, d, device="cuda", generator=g, dtype=torch.bfloat16) / d**0.5
     dn = torch.randn(e, d, i, device="cuda", generator=g, dtype=torch.bfloat16) / i**0.5
-    P = {n: [] for n in ("gp", "gb", "g2", "dp", "db", "d2", "gq", "gs", "dq", "ds")}
-    for x_ in range(e):
-        a, b = qr.nvfp4_quantize(gu[x_, :i]), qr.nvfp4_quantize(gu[x_, i:])
-        c = qr.nvfp4_quantize(dn[x_])
-        P["gp"].append(torch.cat([a[0], b[0]])); P["gb"].append(torch.cat([a[1], b[1]]))
-        P["g2"].append(torch.stack([a[2], b[2]])); P["dp"].append(c[0]); P["db"].append(c[1]); P["d2"].append(c[2])
-        fa, fb, fc = qr.fp8_block_quantize(gu[x_, :i]), qr.fp8_block_quantize(gu[x_, i:]), qr.fp8_block_quantize(dn[x_])
-        P["gq"].append(torch.cat([fa[0], fb[0]])); P["gs"].append(torch.cat([fa[1], fb[1]]))
-        P["dq"].append(fc[0]); P["ds"].append(fc[1])
-    del gu, dn
-    P = {n: torch.stack(v) for n, v in P.items()}
-    P["g2rows"] = P["g2"].repeat_interleave(i, dim=1).contiguous()
-    P["d2rows"] = P["d2"][:, None].expand(-1, d).contiguous()
-    return P, e, d, i
+    return quantized_experts(gu, dn), e, d, i
 
 
 def sec_moe(res):

@@ -216,6 +216,27 @@ def sec_w8a8(res):
         print(f"| {m}x{n}x{k} | {t * 1e6:.0f} | {row['tflops']:.0f} | {tb * 1e6:.0f} | {tb / t:.2f}x | {err:.1e} |")
 
 
+def quantized_experts(gu: torch.Tensor, dn: torch.Tensor) -> dict:
+    """NVFP4 (one global scale per expert x projection, like ModelOpt) and FP8 block-128 copies of bf16 experts
+    gu [E, 2I, D] / dn [E, D, I], expert by expert; g2rows / d2rows: the NVFP4 global scale of every row."""
+    from tpserve.kernels import quant_ref as qr
+
+    i, d = dn.shape[2], dn.shape[1]
+    P = {n: [] for n in ("gp", "gb", "g2", "dp", "db", "d2", "gq", "gs", "dq", "ds")}
+    for x_ in range(gu.shape[0]):
+        a, b = qr.nvfp4_quantize(gu[x_, :i]), qr.nvfp4_quantize(gu[x_, i:])
+        c = qr.nvfp4_quantize(dn[x_])
+        P["gp"].append(torch.cat([a[0], b[0]])); P["gb"].append(torch.cat([a[1], b[1]]))
+        P["g2"].append(torch.stack([a[2], b[2]])); P["dp"].append(c[0]); P["db"].append(c[1]); P["d2"].append(c[2])
+        fa, fb, fc = qr.fp8_block_quantize(gu[x_, :i]), qr.fp8_block_quantize(gu[x_, i:]), qr.fp8_block_quantize(dn[x_])
+        P["gq"].append(torch.cat([fa[0], fb[0]])); P["gs"].append(torch.cat([fa[1], fb[1]]))
+        P["dq"].append(fc[0]); P["ds"].append(fc[1])
+    P = {n: torch.stack(v) for n, v in P.items()}
+    P["g2rows"] = P["g2"].repeat_interleave(i, dim=1).contiguous()
+    P["d2rows"] = P["d2"][:, None].expand(-1, d).contiguous()
+    return P
+
+
 def sec_moe(res):
     from tpserve.kernels import moe
     from tpserve.kernels import quant_ref as qr
@@ -226,19 +247,8 @@ def sec_moe(res):
     g = torch.Generator(device="cuda").manual_seed(0)
     gu = torch.randn(e, 2 * i, d, device="cuda", generator=g, dtype=torch.bfloat16) / d**0.5
     dn = torch.randn(e, d, i, device="cuda", generator=g, dtype=torch.bfloat16) / i**0.5
-    # nvfp4 (one global scale per expert x projection, like ModelOpt) and fp8 copies, expert by expert
-    P = {n: [] for n in ("gp", "gb", "g2", "dp", "db", "d2", "gq", "gs", "dq", "ds")}
-    for x_ in range(e):
-        a, b = qr.nvfp4_quantize(gu[x_, :i]), qr.nvfp4_quantize(gu[x_, i:])
-        c = qr.nvfp4_quantize(dn[x_])
-        P["gp"].append(torch.cat([a[0], b[0]])); P["gb"].append(torch.cat([a[1], b[1]]))
-        P["g2"].append(torch.stack([a[2], b[2]])); P["dp"].append(c[0]); P["db"].append(c[1]); P["d2"].append(c[2])
-        fa, fb, fc = qr.fp8_block_quantize(gu[x_, :i]), qr.fp8_block_quantize(gu[x_, i:]), qr.fp8_block_quantize(dn[x_])
-        P["gq"].append(torch.cat([fa[0], fb[0]])); P["gs"].append(torch.cat([fa[1], fb[1]]))
-        P["dq"].append(fc[0]); P["ds"].append(fc[1])
-    P = {n: torch.stack(v) for n, v in P.items()}
-    g2rows = P["g2"].repeat_interleave(i, dim=1).contiguous()
-    d2rows = P["d2"][:, None].expand(-1, d).contiguous()
+    P = quantized_experts(gu, dn)
+    g2rows, d2rows = P["g2rows"], P["d2rows"]
     print("\n| MoE decode (288 experts, top-8) | tokens | experts touched (mean) | us | floor us | % floor | "
           "best config | rel err vs fp32 |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
