@@ -241,8 +241,9 @@ def _qtile_mode(x: torch.Tensor, qtile: bool | None, asm: bool | None) -> int:
 def _experts(x, weights, ids, fmt, gu, gu_s, gu_s2, dn, dn_s, dn_s2, limit, sk_gu, sk_dn, bns, bks, up_srow,
              route_backend: str = "torch", qtile: int = 0, qtile_a: bool = True, block_n: int = 64,
              block_k: int | None = None, num_warps: int = 4, num_stages: int | None = None):
-    if num_stages is None:  # one token: five stages (H200: NVFP4 76 -> 71 us, FP8 83 -> 70 us per MoE call;
-        # BENCHMARKS.md, eighteenth session); more tokens: three (five was slower at 8 tokens)
+    if num_stages is None:  # one token: five stages (H200, default tiles: NVFP4 71 us per MoE call against over
+        # 76 with three, FP8 70 against 83; BENCHMARKS.md, eighteenth session); more tokens: three (five was
+        # slower at 8 tokens)
         num_stages = 5 if ids.shape[0] == 1 else 3
     if block_k is None:  # qtile: 64 x 256 nvfp4 tiles, the best at 8 tokens on the H200 (BENCHMARKS.md,
         # seventeenth session); fp8 tiles must sit in one 128-wide scale block
