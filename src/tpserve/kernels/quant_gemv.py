@@ -253,11 +253,11 @@ def w8a16_gemv(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, block: tuple[i
         qtile = x.shape[0] > 1 and x.dtype != torch.float16
     one_row = x.shape[0] == 1 and not qtile
     if one_row:
-        long_k = w.shape[1] >= 8192 and fp8_gemv_fits(w.shape[1], block, 2048, True)
-        fits = [bk for bk in (512, 256, 128) if fp8_gemv_fits(w.shape[1], block, bk, True)]
+        if block_k is None:  # the widest tile K and the scale block allow (2048 only for K >= 8192)
+            wide = (2048, 512, 256) if w.shape[1] >= 8192 else (512, 256)
+            block_k = next((bk for bk in wide if fp8_gemv_fits(w.shape[1], block, bk, True)), 128)
         block_n, num_warps, num_stages = block_n or 16, num_warps or 8, num_stages or 3
-        block_k = block_k or (2048 if long_k else fits[0] if fits else 128)
-        waves = (0 if long_k else 2) if waves is None else waves
+        waves = (0 if block_k == 2048 else 2) if waves is None else waves
     else:
         block_n, block_k, num_warps = block_n or 32, block_k or 128, num_warps or 4
         num_stages = num_stages or (4 if qtile else 3)
