@@ -75,8 +75,13 @@ def _fp8():
              for ns in (2, 3, 4, 5, 6)]
     per_value = [(bn, 128, 4, 3, wv, False, False) for bn in (32, 64) for wv in (0, 2, 4)]  # M > 1 without qtile
     split = [(32, 128, 4, 4, wv, "b", False) for wv in (1, 2, 4)] + [(64, 128, 4, 4, wv, "b", False) for wv in (2, 4)]
+    # one pipeline stage (no shared-memory ring for W: more programs per SM), and 8-warp programs
+    one_stage = [(bn, 128, nw, ns, wv, qt, False) for (bn, nw, qt) in ((32, 4, "b"), (64, 4, "b"), (64, 4, "a"),
+                                                                        (128, 8, "a"), (64, 8, "b"))
+                 for ns, wv in ((1, 0), (1, 2), (4, 2))]
     return quantize, call, {1: ["default"] + row + tiles[:10],
-                            8: ["default"] + tiles + [(64, 128, 4, 3, 2, "b", False)] + per_value + split}, \
+                            8: ["default"] + one_stage + tiles + [(64, 128, 4, 3, 2, "b", False)] + per_value
+                            + split}, \
         lambda n, k: n * k + (n // 128) * (k // 128) * 4
 
 
@@ -90,14 +95,23 @@ def _fp4():
 
     def call(x, p, c):
         bn, bk, nw, ns, wv, qt, _ = c
+        if qt == "row":  # the one-row kernel: nvfp4_codes, FMAs, no dot
+            return w4a16_gemv(x, *p, block_n=bn, block_k=bk, num_warps=nw, num_stages=ns, waves=wv, row=True)
         return w4a16_gemv(x, *p, block_n=bn, block_k=bk, num_warps=nw, num_stages=ns, waves=wv, qtile=bool(qt),
                           qtile_a=qt != "b", fp32_decode=False)
 
-    tiles = [(bn, bk, nw, ns, 0, qt, False) for (bn, bk, nw, qt) in ((32, 512, 4, "b"), (64, 256, 4, "b"),
-                                                                      (64, 256, 4, "a"), (16, 512, 1, "a"),
-                                                                      (32, 256, 4, "b"))
-             for ns in (2, 3, 4, 5, 6)]
-    return quantize, call, {1: tiles, 8: tiles}, lambda n, k: n * k // 2 + n * k // 16
+    # (block_n, block_k, warps, stages, waves, qtile form or "row", _); the eighteenth session's best first
+    tiles = [(32, 512, 4, 3, 0, "b", False), (64, 256, 4, 3, 0, "a", False)]
+    # one pipeline stage: no shared-memory ring for W, so more programs fit an SM (a 64 x 256 A-form program
+    # with three stages takes 74 KB and runs one warp per scheduler); more warps per program
+    tiles += [(bn, bk, nw, ns, wv, qt, False) for (bn, bk, nw, qt) in ((32, 512, 4, "b"), (64, 256, 4, "a"),
+                                                                       (16, 512, 1, "a"), (16, 256, 2, "a"),
+                                                                       (128, 256, 8, "a"), (64, 512, 8, "b"))
+              for ns, wv in ((1, 0), (1, 2), (2, 0))]
+    row = [(bn, bk, nw, 1, wv, "row", False) for bn, bk in ((8, 1024), (16, 512), (16, 1024), (32, 512), (32, 256),
+                                                             (64, 256), (64, 128))
+           for nw in (4, 8) for wv in (0, 2)]
+    return quantize, call, {1: tiles + row, 8: tiles}, lambda n, k: n * k // 2 + n * k // 16
 
 
 def sec_gemv(res, only=None):
@@ -124,6 +138,34 @@ def sec_gemv(res, only=None):
                       f"{time.time() - t0:.0f} s): bn, bk, warps, stages, waves, qtile, prefetch", flush=True)
                 for t, c in best:
                     print(f"  {t * 1e6:6.1f} us  {100 * floor / t:3.0f}% of floor  {c}", flush=True)
+
+
+def sec_w4one(res):
+    """W4A16 at one row, 12288 x 4096, every config's time printed: the grid and occupancy sweep after Nsight
+    Compute showed the NVFP4 GEMVs at 2.7 (one-row kernel, qtile B) and 1.6 (qtile A) active warps per scheduler
+    against the FP8 one-row kernel's 9.4 (bench/results/s19b_ncu_*.txt): smaller tiles, 8 warps, one pipeline
+    stage (no shared-memory ring, so more programs fit an SM) and K splits."""
+    quantize, call, _, nbytes = _fp4()
+    n, k = 12288, 4096
+    w = torch.randn(n, k, device="cuda") / k**0.5
+    packed, wd = quantize(w)
+    packs = [packed] + [tuple(t.clone() for t in packed) for _ in range(copies_for(nbytes(n, k)) - 1)]
+    floor = nbytes(n, k) / HBM
+    x = torch.randn(1, k, device="cuda").bfloat16()
+    ref = x.float() @ wd.T
+    cfgs = ([(64, bk, 4, ns, wv, "a", False) for bk in (64, 128, 256) for ns in (1, 2) for wv in (0, 2, 4, 8)]
+            + [(128, bk, 8, ns, wv, "a", False) for bk in (128, 256) for ns in (1, 2) for wv in (0, 2, 4)]
+            + [(bn, bk, nw, 1, wv, "row", False) for bn in (8, 16, 32) for bk in (256, 512, 1024) for nw in (4, 8)
+               for wv in (0, 2, 4)]
+            + [(32, 512, 4, 3, 0, "b", False)] + [(16, 256, 4, ns, wv, "b", False) for ns in (1, 2) for wv in (0, 4)])
+    t0 = time.time()
+    best = sweep(cfgs, lambda c: [(lambda p=p: call(x, p, c)) for p in packs], lambda c: rel(call(x, packed, c), ref),
+                 top=len(cfgs))
+    res["w4a16 one row 12288x4096"] = dict(floor_us=floor * 1e6, all=[(c, t * 1e6) for t, c in best])
+    print(f"\nw4a16 12288x4096 M=1, every config (floor {floor * 1e6:.1f} us; {len(cfgs)} configs, "
+          f"{time.time() - t0:.0f} s): bn, bk, warps, stages, waves, form", flush=True)
+    for t, c in best:
+        print(f"  {t * 1e6:6.1f} us  {100 * floor / t:3.0f}%  {c[:6]}", flush=True)
 
 
 def _experts_setup():
@@ -161,7 +203,7 @@ def sec_moe(res):
                                                                       # scheduler (first call: 40% of the floor)
                                                                       (64, 256, 8, "b"), (64, 256, 8, "a"),
                                                                       (128, 256, 8, "a"), (64, 128, 8, "b"))
-                        for ns in (2, 3, 4, 5)]),
+                        for ns in (1, 2, 3, 4, 5)]),
              "fp8": (fp8, 3 * i * d * (1 + 4 / 128**2),
                      [(bn, 128, nw, ns, qt) for (bn, nw, qt) in ((64, 4, "b"), (32, 4, "b"), (64, 4, "a"),
                                                                  (64, 8, "b"), (128, 8, "a"), (64, 8, "a"))
@@ -277,5 +319,6 @@ def sec_prefill(res):
 
 if __name__ == "__main__":
     sys.exit(run_sections(dict(fp8det=sec_fp8det, moe=sec_moe, prefill=sec_prefill, gemv=sec_gemv,
-                               w8a16=lambda r: sec_gemv(r, "w8a16")), "fp8det,moe,gemv",
+                               w8a16=lambda r: sec_gemv(r, "w8a16"), w4a16=lambda r: sec_gemv(r, "w4a16"), w4one=sec_w4one),
+                          "fp8det,moe,gemv",
                           "quant_decode_sweep.json"))

@@ -41,6 +41,13 @@ def compile_kernel(args):
         ce = dict(K=args.k, SK=args.k // 128, BNS=128, BKS=128, K_PER_SPLIT=args.k, ATOMIC=False,
                   BLOCK_N=args.block_n, BLOCK_K=args.block_k, PREFETCH=args.prefetch)
         aligned = range(4)
+    elif args.kernel == "gemv" and args.decode == "row":  # nvfp4, one row: nvfp4_codes then FMAs, no dot
+        from tpserve.kernels import quant_gemv as qg
+
+        fn = qg._nvfp4_row_kernel
+        sig = dict(x_ptr="*bf16", w_ptr="*i16", s_ptr=s, s2_ptr="*fp32", y_ptr="*bf16", N="i32")
+        ce = dict(K=args.k, K_PER_SPLIT=args.k, ATOMIC=False, BLOCK_N=args.block_n, BLOCK_K=args.block_k, ASM=True)
+        aligned = range(5)
     elif args.kernel == "gemv":
         from tpserve.kernels import quant_gemv as qg
 
@@ -89,9 +96,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kernel", choices=("gemv", "experts"), default="gemv")
     ap.add_argument("--format", choices=("nvfp4", "fp8"), default="nvfp4")
-    ap.add_argument("--decode", choices=("qtile-a", "qtile-b", "fp32", "element"), default="qtile-a",
+    ap.add_argument("--decode", choices=("qtile-a", "qtile-b", "fp32", "element", "row"), default="qtile-a",
                     help="qtile as the MMA's A / B operand; the GEMV's float32-bits decode (nvfp4, one row) or "
-                         "per-element path")
+                         "per-element path; row: the NVFP4 one-row kernel (nvfp4_codes, FMAs)")
     ap.add_argument("--block-n", type=int, default=64)
     ap.add_argument("--block-k", type=int, default=256)
     ap.add_argument("--warps", type=int, default=4)

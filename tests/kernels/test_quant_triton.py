@@ -74,10 +74,15 @@ def test_gemms_match_dequantized_math():
                             res[f"nvfp4 gemv qtile a={qa} {bn}x{bk} waves={waves} {m}x{n}x{k} {dtype}"] = err(
                                 w4a16_gemv(x, p, bs, s2r, block_n=bn, block_k=bk, waves=waves, qtile=True,
                                            qtile_a=qa), ref)
+                    if m == 1 and dtype == torch.float32:  # the one-row kernel (nvfp4_codes, FMAs)
+                        for waves in (0, 4):
+                            res[f"nvfp4 gemv row {bn}x{bk} waves={waves} {n}x{k} {dtype}"] = err(
+                                w4a16_gemv(x, p, bs, s2r, block_n=bn, block_k=bk, waves=waves, row=True), ref)
         print(json.dumps(res))
     """)
     assert sum("gemv" in name for name in out) >= 12 and sum("gemv row 512" in name for name in out) >= 3
     assert sum("nvfp4 gemv qtile" in name for name in out) >= 12 and sum("fp8 gemv qtile" in name for name in out) >= 12
+    assert sum("nvfp4 gemv row" in name for name in out) >= 4
     for name, err in out.items():
         assert err < (5e-3 if "float16" in name else 1e-5), (name, err)
 

@@ -81,11 +81,11 @@ def _nibble_bf16(w, scale, J: tl.constexpr):
 
 
 @triton.jit
-def nvfp4_tile(w_ptr, s_ptr, n64, n_ok, k0, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-               ASM: tl.constexpr, PAIR: tl.constexpr = True):
-    """bf16 [BLOCK_N, BLOCK_K]: W[n, k0:k0 + BLOCK_K] with its block scales, times 2^-8 (no global
-    scale), its columns in *pair order* (pair_order below: the activations' tile must be put in the
-    same order before the dot), or in k order with PAIR=False (for the tile as the MMA's B operand).
+def nvfp4_codes(w_ptr, s_ptr, n64, n_ok, k0, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                ASM: tl.constexpr):
+    """Four bf16 [BLOCK_N, BLOCK_K / 16, 2, 2] (o0, o1, o2, o3): o_j[n, g, p, q] = W[n, k] times its block
+    scale and 2^-8 (no global scale), k = k0 + 16 g + 8 p + 4 q + j: code j of word 2 p + q of each
+    16-code group, as the PTX decodes them (two words of a 32-bit register at once).
     w_ptr: the packed weight viewed as int16 [N, K/4] (the host passes .view(torch.int16) of the
     uint8 [N, K/2], low nibble = even k); s_ptr: float8_e4m3fn [N, K/16]; n64: the tile's rows
     (int64, masked by n_ok); K and BLOCK_K multiples of 16; columns past K read as 0."""
@@ -109,6 +109,17 @@ def nvfp4_tile(w_ptr, s_ptr, n64, n_ok, k0, K: tl.constexpr, BLOCK_N: tl.constex
         o1 = _nibble_bf16(w32, sc, 1)
         o2 = _nibble_bf16(w32, sc, 2)
         o3 = _nibble_bf16(w32, sc, 3)
+    return o0, o1, o2, o3
+
+
+@triton.jit
+def nvfp4_tile(w_ptr, s_ptr, n64, n_ok, k0, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+               ASM: tl.constexpr, PAIR: tl.constexpr = True):
+    """bf16 [BLOCK_N, BLOCK_K]: W[n, k0:k0 + BLOCK_K] with its block scales, times 2^-8 (no global
+    scale), its columns in *pair order* (pair_order below: the activations' tile must be put in the
+    same order before the dot), or in k order with PAIR=False (for the tile as the MMA's B operand).
+    Arguments as in nvfp4_codes."""
+    o0, o1, o2, o3 = nvfp4_codes(w_ptr, s_ptr, n64, n_ok, k0, K, BLOCK_N, BLOCK_K, ASM)
     # [N, G, p, q, a, b] holds code j = 2 a + b of word 2 p + q (k = 16 g + 8 p + 4 q + j); put q last,
     # so the two words of one 32-bit register (one PTX output) stay adjacent: the MMA's k pairs
     t = tl.join(tl.join(o0, o2), tl.join(o1, o3))

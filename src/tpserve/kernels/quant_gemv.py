@@ -36,7 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tpserve.kernels.qtile import OUT_BIAS, fp8_pair_order, fp8_tile, nvfp4_tile, pair_order
+from tpserve.kernels.qtile import OUT_BIAS, fp8_pair_order, fp8_tile, nvfp4_codes, nvfp4_tile, pair_order
 
 SMS = 132  # H200 streaming multiprocessors: the split-K target is a few waves of programs
 
@@ -188,6 +188,39 @@ def _fp8_row_kernel(x_ptr, w_ptr, s_ptr, y_ptr, N, K: tl.constexpr, SK: tl.const
         tl.store(y_ptr + n, acc.to(y_ptr.dtype.element_ty), mask=n_ok)
 
 
+@triton.jit
+def _nvfp4_row_kernel(x_ptr, w_ptr, s_ptr, s2_ptr, y_ptr, N, K: tl.constexpr, K_PER_SPLIT: tl.constexpr,
+                      ATOMIC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ASM: tl.constexpr):
+    """NVFP4 at M = 1 without the tensor cores: y[n] = sum over K of x[k] W[n, k]. The codes decoded two per
+    32-bit operation with their block scale (qtile.nvfp4_codes), then one FMA each into an fp32 accumulator
+    per code slot, summed over the slots once at the end. No dot, so no shared-memory staging, barrier or
+    MMA wait in the loop (the qtile GEMV at one row kept one warp per scheduler waiting on those)."""
+    G: tl.constexpr = BLOCK_K // 16
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = n < N
+    n64 = n.to(tl.int64)
+    k_start = tl.program_id(1) * K_PER_SPLIT
+    acc = tl.zeros((BLOCK_N, G, 2, 2), dtype=tl.float32)
+    for kk in range(0, K_PER_SPLIT, BLOCK_K):
+        k0 = k_start + kk
+        o0, o1, o2, o3 = nvfp4_codes(w_ptr, s_ptr, n64, n_ok, k0, K, BLOCK_N, BLOCK_K, ASM)
+        k = k0 + tl.arange(0, BLOCK_K)
+        xs = tl.reshape(tl.load(x_ptr + k, mask=k < K, other=0.0).to(tl.float32), (G, 2, 2, 2, 2))
+        xa0, xa1 = tl.split(xs)  # k = 16 g + 8 p + 4 q + 2 a + b: code j = 2 a + b
+        x0, x2 = tl.split(xa0)
+        x1, x3 = tl.split(xa1)
+        acc += o0.to(tl.float32) * x0[None]
+        acc += o1.to(tl.float32) * x1[None]
+        acc += o2.to(tl.float32) * x2[None]
+        acc += o3.to(tl.float32) * x3[None]
+    y = tl.sum(tl.reshape(acc, (BLOCK_N, BLOCK_K // 4)), axis=1)
+    y *= tl.load(s2_ptr + n64, mask=n_ok, other=0.0) * OUT_BIAS
+    if ATOMIC:
+        tl.atomic_add(y_ptr + n, y, mask=n_ok)
+    else:
+        tl.store(y_ptr + n, y.to(y_ptr.dtype.element_ty), mask=n_ok)
+
+
 def split_k(n: int, k: int, block_n: int, block_k: int, waves: int = 4) -> tuple[int, int]:
     """-> (K splits, K per split, a whole number of K tiles) so that the (N tile, K split) programs
     fill the SMs `waves` times (here and in quant_triton's tiled kernel at small M); waves = 0: one
@@ -281,7 +314,7 @@ def w8a16_gemv(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, block: tuple[i
 def w4a16_gemv(x: torch.Tensor, w: torch.Tensor, bscale: torch.Tensor, scale2_rows: torch.Tensor,
                block_n: int = 32, block_k: int | None = None, num_warps: int = 4, num_stages: int = 3,
                waves: int = 4, fp32_decode: bool | None = None, qtile: bool = False,
-               asm: bool | None = None, qtile_a: bool = True) -> torch.Tensor:
+               asm: bool | None = None, qtile_a: bool = True, row: bool = False) -> torch.Tensor:
     """x [M <= 16, K] @ dequant(nvfp4 w [N, K/2], bscale [N, K/16], scale2_rows [N])^T -> [M, N].
     `qtile`: decode with qtile.nvfp4_tile (two codes per 32-bit operation) and multiply on the tensor
     cores, any M, the tile as their A operand (`qtile_a`) or B; x bf16 or float32 (an fp16 x would
@@ -298,7 +331,18 @@ def w4a16_gemv(x: torch.Tensor, w: torch.Tensor, bscale: torch.Tensor, scale2_ro
         fp32_decode = one
     if k % block_k or block_k % 32:
         raise ValueError(f"block_k: {block_k} must be a multiple of 32 dividing K {k}")
-    if qtile and x.dtype == torch.float16:
-        raise ValueError("qtile: takes a bf16 or float32 x, got float16")
+    if (qtile or row) and x.dtype == torch.float16:
+        raise ValueError(f"{'qtile' if qtile else 'row'}: takes a bf16 or float32 x, got float16")
+    if row:
+        if not one:
+            raise ValueError(f"row: the one-row kernel takes one row of x, got {x.shape[0]}")
+        n = w.shape[0]
+        split, k_per = split_k(n, k, block_n, block_k, waves)
+        y = torch.zeros(1, n, dtype=torch.float32, device=x.device) if split > 1 else x.new_empty(1, n)
+        _nvfp4_row_kernel[(triton.cdiv(n, block_n), split)](
+            x.contiguous(), w.view(torch.int16), bscale.contiguous(), scale2_rows.float().contiguous(), y, n, K=k,
+            K_PER_SPLIT=k_per, ATOMIC=split > 1, BLOCK_N=block_n, BLOCK_K=block_k,
+            ASM=use_asm(x) if asm is None else asm and use_asm(x), num_warps=num_warps, num_stages=num_stages)
+        return y.to(x.dtype)
     return _launch(x, w, bscale.contiguous(), scale2_rows.float().contiguous(), 1, k, k // 16, 1, 16, block_n,
                    block_k, num_warps, num_stages, waves, fp32_decode and not qtile, qtile, asm, qtile_a)
