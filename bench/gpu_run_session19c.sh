@@ -2,7 +2,7 @@
 # Nineteenth session, third call (~3 min): the W4A16 one-row grid and occupancy sweep (quant_decode_sweep.py
 # --sections w4one: every config's time printed), after Nsight Compute (second call, bench/results/s19b_ncu_*.txt)
 # found the NVFP4 GEMVs at 1.6-2.7 active warps per scheduler (grids of 192-384 programs, 0.73 waves) against the
-# FP8 one-row kernel's 9.4.
+# FP8 one-row kernel's 9.4. The one-row kernel decodes to float16 (HADD2.F32 widens it on the FMA pipe) or bf16.
 set -uo pipefail
 source bench/gpu_env.sh
 step "W4A16 one row, every config"

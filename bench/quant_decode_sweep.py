@@ -13,6 +13,12 @@ tile. Sections:
   prefill  bf16 grouped MoE prefill at 4k / 16k tokens: as timed before, as the engine runs it, the GEMMs alone
   fp8det   the FP8 GEMV's qtile at M = 8: PTX against plain Triton with one K split and with fp32 atomics (split K),
            plain against plain, and each one's error against fp32 math (the seventeenth session saw PTX != plain)
+  w4one    W4A16 at one row, 12288 x 4096: tiles, warps, stages and K splits of qtile A / B and the one-row kernel,
+           every config printed
+  rows     the one-row kernels (NVFP4 and FP8) on both shapes, every config printed
+  w8def    W8A16 at one row, both shapes: the default beside the configs it takes and the earlier defaults
+  w4def    W4A16 at one row: the default beside the earlier best and default, K splits of the one-row kernel on
+           4096 x 12288, and its PTX decode against plain Triton bit for bit
 Usage: PYTHONPATH=src python bench/quant_decode_sweep.py [--sections fp8det,moe,gemv] [--out DIR]
 """
 
@@ -95,8 +101,9 @@ def _fp4():
 
     def call(x, p, c):
         bn, bk, nw, ns, wv, qt, _ = c
-        if qt == "row":  # the one-row kernel: nvfp4_codes, FMAs, no dot
-            return w4a16_gemv(x, *p, block_n=bn, block_k=bk, num_warps=nw, num_stages=ns, waves=wv, row=True)
+        if qt in ("row", "row-bf16"):  # the one-row kernel: nvfp4_codes (float16 or bf16), FMAs, no dot
+            return w4a16_gemv(x, *p, block_n=bn, block_k=bk, num_warps=nw, num_stages=ns, waves=wv, row=True,
+                              row_f16=qt == "row")
         return w4a16_gemv(x, *p, block_n=bn, block_k=bk, num_warps=nw, num_stages=ns, waves=wv, qtile=bool(qt),
                           qtile_a=qt != "b", fp32_decode=False)
 
@@ -157,6 +164,8 @@ def sec_w4one(res):
             + [(128, bk, 8, ns, wv, "a", False) for bk in (128, 256) for ns in (1, 2) for wv in (0, 2, 4)]
             + [(bn, bk, nw, 1, wv, "row", False) for bn in (8, 16, 32) for bk in (256, 512, 1024) for nw in (4, 8)
                for wv in (0, 2, 4)]
+            + [(bn, bk, nw, 1, wv, "row-bf16", False) for bn, bk, nw in ((16, 512, 8), (32, 512, 4), (8, 1024, 8))
+               for wv in (0, 2)]
             + [(32, 512, 4, 3, 0, "b", False)] + [(16, 256, 4, ns, wv, "b", False) for ns in (1, 2) for wv in (0, 4)])
     t0 = time.time()
     best = sweep(cfgs, lambda c: [(lambda p=p: call(x, p, c)) for p in packs], lambda c: rel(call(x, packed, c), ref),
@@ -166,6 +175,85 @@ def sec_w4one(res):
           f"{time.time() - t0:.0f} s): bn, bk, warps, stages, waves, form", flush=True)
     for t, c in best:
         print(f"  {t * 1e6:6.1f} us  {100 * floor / t:3.0f}%  {c[:6]}", flush=True)
+
+
+def sec_w4def(res):
+    """W4A16 at one row, both shapes: the default (the one-row kernel, float16 decode) beside the eighteenth
+    session's best (qtile B) and its default (the float32-bits decode); and the one-row kernel's PTX decode
+    against the same bits in plain Triton (float16 and bf16), bit for bit."""
+    from tpserve.kernels.quant_gemv import w4a16_gemv
+
+    quantize, _, _, nbytes = _fp4()
+    for n, k in ((12288, 4096), (4096, 12288)):
+        w = torch.randn(n, k, device="cuda") / k**0.5
+        packed, wd = quantize(w)
+        packs = [packed] + [tuple(t.clone() for t in packed) for _ in range(copies_for(nbytes(n, k)) - 1)]
+        floor = nbytes(n, k) / HBM
+        x = torch.randn(1, k, device="cuda").bfloat16()
+        ref = x.float() @ wd.T
+        forms = {"default (one-row kernel, float16 decode, K split below 4 waves)": {},
+                 "qtile B 32 x 512, 3 stages (18th session's best)": dict(qtile=True, qtile_a=False, block_n=32,
+                                                                           block_k=512, waves=0, num_stages=3),
+                 "float32-bits decode (18th session's default)": dict(row=False)}
+        for name, kw in forms.items():
+            t = timed([(lambda p=p: w4a16_gemv(x, *p, **kw)) for p in packs])
+            e = rel(w4a16_gemv(x, *packed, **kw), ref)
+            res[f"w4def {n}x{k} {name}"] = dict(us=t * 1e6, pct=100 * floor / t, rel_err=e)
+            print(f"  w4a16 {n}x{k} M=1 {name}: {t * 1e6:.1f} us, {100 * floor / t:.0f}% of {floor * 1e6:.1f} us, "
+                  f"rel err {e:.1e}", flush=True)
+        if n == 4096:  # K splits for the one-row kernel where its row tiles alone are too few programs
+            for bn, bk in ((16, 512), (32, 512), (16, 1024)):
+                for wv in (0, 2, 4, 8):
+                    t = timed([(lambda p=p: w4a16_gemv(x, *p, row=True, block_n=bn, block_k=bk, waves=wv))
+                               for p in packs])
+                    res[f"w4def {n}x{k} row {bn}x{bk} waves={wv}"] = dict(us=t * 1e6, pct=100 * floor / t)
+                    print(f"  one-row kernel {bn} x {bk} waves {wv}: {t * 1e6:.1f} us, {100 * floor / t:.0f}%",
+                          flush=True)
+        for f16 in (True, False):
+            a = w4a16_gemv(x, *packed, row=True, row_f16=f16)
+            b = w4a16_gemv(x, *packed, row=True, row_f16=f16, asm=False)
+            res[f"w4def {n}x{k} row f16={f16} ptx_eq_plain"] = bool(torch.equal(a, b))
+            print(f"  one-row kernel f16={f16}: PTX == plain Triton {torch.equal(a, b)} ({int((a != b).sum())} "
+                  f"differ)", flush=True)
+
+
+def _all_configs(res, name, spec, shapes, cfgs, m=1):
+    """Every config of `cfgs` on each shape, at m rows, its time printed (fastest first)."""
+    quantize, call, _, nbytes = spec()
+    for n, k in shapes:
+        w = torch.randn(n, k, device="cuda") / k**0.5
+        packed, wd = quantize(w)
+        packs = [packed] + [tuple(t.clone() for t in packed) for _ in range(copies_for(nbytes(n, k)) - 1)]
+        floor = nbytes(n, k) / HBM
+        x = torch.randn(m, k, device="cuda").bfloat16()
+        ref = x.float() @ wd.T
+        t0 = time.time()
+        best = sweep(cfgs, lambda c: [(lambda p=p: call(x, p, c)) for p in packs],
+                     lambda c: rel(call(x, packed, c), ref), top=len(cfgs))
+        res[f"{name} {n}x{k} M={m}"] = dict(floor_us=floor * 1e6, all=[(c, t * 1e6) for t, c in best])
+        print(f"\n{name} {n}x{k} M={m}, every config (floor {floor * 1e6:.1f} us; {len(cfgs)} configs, "
+              f"{time.time() - t0:.0f} s): bn, bk, warps, stages, waves, form", flush=True)
+        for t, c in best:
+            print(f"  {t * 1e6:6.1f} us  {100 * floor / t:3.0f}%  {c if c == 'default' else c[:6]}", flush=True)
+
+
+def sec_rows(res):
+    """The one-row kernels on both shapes, every config printed: NVFP4 (the float16 decode, its codes joined in k
+    order against one x tile per K step) and FP8 (wider K tiles and fewer rows per program for 4096 x 12288, at
+    75% of its floor in the eighteenth session)."""
+    shapes = ((12288, 4096), (4096, 12288))
+    row4 = [(bn, bk, nw, 1, wv, "row", False) for bn in (16, 32) for bk in (256, 512, 1024) for nw in (4, 8)
+            for wv in (0, 4, 8)]
+    row8 = ["default"] + [(bn, bk, nw, 3, wv, False, False) for bn in (4, 8, 16, 32) for bk in (1024, 2048, 4096)
+                          for nw in (4, 8) for wv in (0, 2)]
+    _all_configs(res, "w4a16 row", _fp4, shapes, row4)
+    _all_configs(res, "w8a16 row", _fp8, shapes, row8)
+
+def sec_w8def(res):
+    """W8A16 at one row, both shapes: the default (4096-wide K tiles where K allows) beside the configs it takes."""
+    _all_configs(res, "w8a16 default", _fp8, ((12288, 4096), (4096, 12288)),
+                 ["default", (4, 4096, 8, 3, 2, False, False), (8, 4096, 4, 3, 2, False, False),
+                  (16, 512, 8, 3, 2, False, False), (16, 2048, 8, 3, 0, False, False)])
 
 
 def _experts_setup():
@@ -319,6 +407,7 @@ def sec_prefill(res):
 
 if __name__ == "__main__":
     sys.exit(run_sections(dict(fp8det=sec_fp8det, moe=sec_moe, prefill=sec_prefill, gemv=sec_gemv,
-                               w8a16=lambda r: sec_gemv(r, "w8a16"), w4a16=lambda r: sec_gemv(r, "w4a16"), w4one=sec_w4one),
+                               w8a16=lambda r: sec_gemv(r, "w8a16"), w4a16=lambda r: sec_gemv(r, "w4a16"),
+                               w4one=sec_w4one, w4def=sec_w4def, rows=sec_rows, w8def=sec_w8def),
                           "fp8det,moe,gemv",
                           "quant_decode_sweep.json"))

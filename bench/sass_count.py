@@ -46,7 +46,8 @@ def compile_kernel(args):
 
         fn = qg._nvfp4_row_kernel
         sig = dict(x_ptr="*bf16", w_ptr="*i16", s_ptr=s, s2_ptr="*fp32", y_ptr="*bf16", N="i32")
-        ce = dict(K=args.k, K_PER_SPLIT=args.k, ATOMIC=False, BLOCK_N=args.block_n, BLOCK_K=args.block_k, ASM=True)
+        ce = dict(K=args.k, K_PER_SPLIT=args.k, ATOMIC=False, BLOCK_N=args.block_n, BLOCK_K=args.block_k, ASM=True,
+                  F16=not args.bf16)
         aligned = range(5)
     elif args.kernel == "gemv":
         from tpserve.kernels import quant_gemv as qg
@@ -104,6 +105,7 @@ def main() -> int:
     ap.add_argument("--warps", type=int, default=4)
     ap.add_argument("--k", type=int, default=4096)
     ap.add_argument("--prefetch", action="store_true", help="the FP8 row kernel's prefetch of the next K tile")
+    ap.add_argument("--bf16", action="store_true", help="the NVFP4 row kernel's bf16 decode (default float16)")
     args = ap.parse_args()
     ops = loop_opcodes(compile_kernel(args).asm["sass"])
     # weights decoded per thread per iteration (gate and up: two tiles)

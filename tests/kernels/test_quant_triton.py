@@ -32,7 +32,8 @@ def test_gemms_match_dequantized_math():
                                       (3, 64, 512, (128, 128), torch.float16), (40, 72, 96, (32, 32), torch.float32),
                                       (16, 40, 512, (128, 128), torch.float32), (1, 33, 768, (128, 128), torch.float16),
                                       (1, 48, 1024, (128, 128), torch.float32),  # M = 1 default: 512-wide K
-                                      (1, 16, 8192, (128, 128), torch.float32)]:  # K >= 8192: 2048-wide, no split
+                                      (1, 12, 4096, (128, 128), torch.float32),  # 4096-wide, 4 rows a program
+                                      (1, 16, 8192, (128, 128), torch.float32)]:  # K >= 8192: 4096-wide, 8 rows
             w = torch.randn(n, k, generator=g) / k**0.5
             x = torch.randn(m, k, generator=g).to(dtype)
             q, s = qr.fp8_block_quantize(w, block)
@@ -68,21 +69,25 @@ def test_gemms_match_dequantized_math():
                 for bn, bk in ((16, 128), (32, 256)):
                     for d32 in (False, True):
                         res[f"nvfp4 gemv {bn}x{bk} d32={d32} {m}x{n}x{k} {dtype}"] = err(
-                            w4a16_gemv(x, p, bs, s2r, block_n=bn, block_k=bk, fp32_decode=d32), ref)
+                            w4a16_gemv(x, p, bs, s2r, block_n=bn, block_k=bk, fp32_decode=d32, row=False), ref)
                     if dtype == torch.float32:  # nvfp4_tile as the MMA's A / B operand, K split or not
                         for waves, qa in ((4, True), (0, True), (0, False)):
                             res[f"nvfp4 gemv qtile a={qa} {bn}x{bk} waves={waves} {m}x{n}x{k} {dtype}"] = err(
                                 w4a16_gemv(x, p, bs, s2r, block_n=bn, block_k=bk, waves=waves, qtile=True,
                                            qtile_a=qa), ref)
-                    if m == 1 and dtype == torch.float32:  # the one-row kernel (nvfp4_codes, FMAs)
-                        for waves in (0, 4):
-                            res[f"nvfp4 gemv row {bn}x{bk} waves={waves} {n}x{k} {dtype}"] = err(
-                                w4a16_gemv(x, p, bs, s2r, block_n=bn, block_k=bk, waves=waves, row=True), ref)
+                    if m == 1:  # the one-row kernel (nvfp4_codes to float16 or bf16, FMAs), K split or not
+                        for waves, f16 in ((0, True), (4, True), (0, False)):
+                            res[f"nvfp4 gemv row {bn}x{bk} waves={waves} f16={f16} {n}x{k} {dtype}"] = err(
+                                w4a16_gemv(x, p, bs, s2r, block_n=bn, block_k=bk, waves=waves, row=True,
+                                           row_f16=f16), ref)
+            if m <= 16 and k % 256 == 0:  # the defaults (one row: the one-row kernel)
+                res[f"nvfp4 gemv default {m}x{n}x{k} {dtype}"] = err(w4a16_gemv(x, p, bs, s2r), ref)
         print(json.dumps(res))
     """)
     assert sum("gemv" in name for name in out) >= 12 and sum("gemv row 512" in name for name in out) >= 3
     assert sum("nvfp4 gemv qtile" in name for name in out) >= 12 and sum("fp8 gemv qtile" in name for name in out) >= 12
-    assert sum("nvfp4 gemv row" in name for name in out) >= 4
+    assert sum("nvfp4 gemv row" in name for name in out) >= 12
+    assert sum("nvfp4 gemv default" in name for name in out) >= 4
     for name, err in out.items():
         assert err < (5e-3 if "float16" in name else 1e-5), (name, err)
 

@@ -72,20 +72,58 @@ fma.rn.bf16x2 $3, a, $5, z;
 """)
 
 
+F16_OUT_BIAS = tl.constexpr(16384.0)  # nvfp4_codes(F16=True): the codes come out times 2^-14 (and their scale)
+
+# The same in float16 (nvfp4_codes with F16): sign to bit 15, magnitude to bits 11..9 are the e2m1 value times
+# 2^-14 (code 1 a float16 subnormal); $5 the block scale as float16 (e4m3 is exact in it): products v * s * 2^-14
+# lie in [2^-24, 0.17] with at most 6 significant bits, exact in float16.
+_DECODE_F16_PTX = tl.constexpr("""
+{
+.reg .b32 a, b, z;
+mov.b32 z, 0x80008000;
+shl.b32 a, $4, 9;
+shl.b32 b, $4, 12;
+and.b32 a, a, 0x0E000E00;
+and.b32 b, b, 0x80008000;
+or.b32 a, a, b;
+fma.rn.f16x2 $0, a, $5, z;
+shl.b32 a, $4, 5;
+shl.b32 b, $4, 8;
+and.b32 a, a, 0x0E000E00;
+and.b32 b, b, 0x80008000;
+or.b32 a, a, b;
+fma.rn.f16x2 $1, a, $5, z;
+shl.b32 a, $4, 1;
+shl.b32 b, $4, 4;
+and.b32 a, a, 0x0E000E00;
+and.b32 b, b, 0x80008000;
+or.b32 a, a, b;
+fma.rn.f16x2 $2, a, $5, z;
+shr.b32 a, $4, 3;
+and.b32 a, a, 0x0E000E00;
+and.b32 b, $4, 0x80008000;
+or.b32 a, a, b;
+fma.rn.f16x2 $3, a, $5, z;
+}
+""")
+
+
 @triton.jit
-def _nibble_bf16(w, scale, J: tl.constexpr):
-    """bf16 of (code j of the 16-bit words w (int32)) * 2^-126 * scale (fp32, = s * 2^118): exact."""
+def _nibble_bf16(w, scale, J: tl.constexpr, DTYPE: tl.constexpr = tl.bfloat16):
+    """bf16 (or DTYPE) of (code j of the 16-bit words w (int32)) * 2^-126 * scale (fp32, = s * 2^118): exact."""
     c = (w >> (4 * J)) & 15
     v = (((c & 8) << 28) | ((c & 7) << 22)).to(tl.float32, bitcast=True)
-    return (v * scale).to(tl.bfloat16)
+    return (v * scale).to(DTYPE)
 
 
 @triton.jit
 def nvfp4_codes(w_ptr, s_ptr, n64, n_ok, k0, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                ASM: tl.constexpr):
+                ASM: tl.constexpr, F16: tl.constexpr = False):
     """Four bf16 [BLOCK_N, BLOCK_K / 16, 2, 2] (o0, o1, o2, o3): o_j[n, g, p, q] = W[n, k] times its block
     scale and 2^-8 (no global scale), k = k0 + 16 g + 8 p + 4 q + j: code j of word 2 p + q of each
-    16-code group, as the PTX decodes them (two words of a 32-bit register at once).
+    16-code group, as the PTX decodes them (two words of a 32-bit register at once). F16: float16 values
+    times 2^-14 instead (F16_OUT_BIAS gives it back; float16 widens to float32 on the FMA pipe, bf16 through
+    integer shifts and byte permutes).
     w_ptr: the packed weight viewed as int16 [N, K/4] (the host passes .view(torch.int16) of the
     uint8 [N, K/2], low nibble = even k); s_ptr: float8_e4m3fn [N, K/16]; n64: the tile's rows
     (int64, masked by n_ok); K and BLOCK_K multiples of 16; columns past K read as 0."""
@@ -96,15 +134,28 @@ def nvfp4_codes(w_ptr, s_ptr, n64, n_ok, k0, K: tl.constexpr, BLOCK_N: tl.conste
                     other=0)
     g = k0 // 16 + tl.arange(0, G)
     sc = tl.load(s_ptr + n64[:, None] * (K // 16) + g[None, :], mask=n_ok[:, None] & (g < K // 16)[None, :],
-                 other=0.0).to(tl.float32) * SCALE_BIAS
+                 other=0.0).to(tl.float32)
     words = tl.reshape(words, (BLOCK_N, G, 2, 2))  # word 2 p + q of each 16-code group
     sc = sc[:, :, None, None]
-    if ASM:
+    if F16:
+        if ASM:
+            o0, o1, o2, o3 = tl.inline_asm_elementwise(
+                _DECODE_F16_PTX, "=r,=r,=r,=r,r,r", [words, sc.to(tl.float16)],
+                dtype=(tl.float16, tl.float16, tl.float16, tl.float16), is_pure=True, pack=2)
+        else:
+            w32 = words.to(tl.int32)
+            sc = sc * 5.192296858534828e33  # 2^112: v 2^-126 s 2^112 = v s 2^-14, exact in float16
+            o0 = _nibble_bf16(w32, sc, 0, tl.float16)
+            o1 = _nibble_bf16(w32, sc, 1, tl.float16)
+            o2 = _nibble_bf16(w32, sc, 2, tl.float16)
+            o3 = _nibble_bf16(w32, sc, 3, tl.float16)
+    elif ASM:
         o0, o1, o2, o3 = tl.inline_asm_elementwise(
-            _DECODE_PTX, "=r,=r,=r,=r,r,r", [words, sc.to(tl.bfloat16)],
+            _DECODE_PTX, "=r,=r,=r,=r,r,r", [words, (sc * SCALE_BIAS).to(tl.bfloat16)],
             dtype=(tl.bfloat16, tl.bfloat16, tl.bfloat16, tl.bfloat16), is_pure=True, pack=2)
     else:
         w32 = words.to(tl.int32)
+        sc = sc * SCALE_BIAS
         o0 = _nibble_bf16(w32, sc, 0)
         o1 = _nibble_bf16(w32, sc, 1)
         o2 = _nibble_bf16(w32, sc, 2)

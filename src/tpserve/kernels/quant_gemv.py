@@ -36,7 +36,8 @@ import torch
 import triton
 import triton.language as tl
 
-from tpserve.kernels.qtile import OUT_BIAS, fp8_pair_order, fp8_tile, nvfp4_codes, nvfp4_tile, pair_order
+from tpserve.kernels.qtile import (F16_OUT_BIAS, OUT_BIAS, fp8_pair_order, fp8_tile, nvfp4_codes, nvfp4_tile,
+                                   pair_order)
 
 SMS = 132  # H200 streaming multiprocessors: the split-K target is a few waves of programs
 
@@ -190,7 +191,8 @@ def _fp8_row_kernel(x_ptr, w_ptr, s_ptr, y_ptr, N, K: tl.constexpr, SK: tl.const
 
 @triton.jit
 def _nvfp4_row_kernel(x_ptr, w_ptr, s_ptr, s2_ptr, y_ptr, N, K: tl.constexpr, K_PER_SPLIT: tl.constexpr,
-                      ATOMIC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ASM: tl.constexpr):
+                      ATOMIC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ASM: tl.constexpr,
+                      F16: tl.constexpr = True):
     """NVFP4 at M = 1 without the tensor cores: y[n] = sum over K of x[k] W[n, k]. The codes decoded two per
     32-bit operation with their block scale (qtile.nvfp4_codes), then one FMA each into an fp32 accumulator
     per code slot, summed over the slots once at the end. No dot, so no shared-memory staging, barrier or
@@ -203,10 +205,12 @@ def _nvfp4_row_kernel(x_ptr, w_ptr, s_ptr, s2_ptr, y_ptr, N, K: tl.constexpr, K_
     acc = tl.zeros((BLOCK_N, G, 2, 2), dtype=tl.float32)
     for kk in range(0, K_PER_SPLIT, BLOCK_K):
         k0 = k_start + kk
-        o0, o1, o2, o3 = nvfp4_codes(w_ptr, s_ptr, n64, n_ok, k0, K, BLOCK_N, BLOCK_K, ASM)
+        o0, o1, o2, o3 = nvfp4_codes(w_ptr, s_ptr, n64, n_ok, k0, K, BLOCK_N, BLOCK_K, ASM, F16)
+        # x at k = 16 g + 8 p + 4 q + 2 a + b, split to meet code j = 2 a + b of word 2 p + q (joining the codes
+        # into k order instead against one x tile measured slower on the H200: 22.5 against 16.9 us)
         k = k0 + tl.arange(0, BLOCK_K)
         xs = tl.reshape(tl.load(x_ptr + k, mask=k < K, other=0.0).to(tl.float32), (G, 2, 2, 2, 2))
-        xa0, xa1 = tl.split(xs)  # k = 16 g + 8 p + 4 q + 2 a + b: code j = 2 a + b
+        xa0, xa1 = tl.split(xs)
         x0, x2 = tl.split(xa0)
         x1, x3 = tl.split(xa1)
         acc += o0.to(tl.float32) * x0[None]
@@ -214,7 +218,7 @@ def _nvfp4_row_kernel(x_ptr, w_ptr, s_ptr, s2_ptr, y_ptr, N, K: tl.constexpr, K_
         acc += o2.to(tl.float32) * x2[None]
         acc += o3.to(tl.float32) * x3[None]
     y = tl.sum(tl.reshape(acc, (BLOCK_N, BLOCK_K // 4)), axis=1)
-    y *= tl.load(s2_ptr + n64, mask=n_ok, other=0.0) * OUT_BIAS
+    y *= tl.load(s2_ptr + n64, mask=n_ok, other=0.0) * (F16_OUT_BIAS if F16 else OUT_BIAS)
     if ATOMIC:
         tl.atomic_add(y_ptr + n, y, mask=n_ok)
     else:
@@ -274,21 +278,25 @@ def w8a16_gemv(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, block: tuple[i
     operand (W @ X^T, `qtile_a`) or B, instead of FMAs (M = 1) or a per-value conversion; `asm` as in
     w4a16_gemv. At M = 1 without qtile (_fp8_row_kernel) block_k may also be a multiple of the scale
     block, and `prefetch` loads the next K tile before this one's arithmetic. Defaults, from the H200
-    sweeps of bench/quant_decode_sweep.py (BENCHMARKS.md, eighteenth session): at one row the row kernel
-    with 16-row tiles on 8 warps, 2048 wide and one K split where K >= 8192 (4096 x 12288: 15.7 us, 75%
-    of the floor), else 512 wide (or the widest of 256 / 128 that K and the scale block allow), split
-    only below 2 waves of SMs (12288 x 4096: 14.7 us, 79%); at 2-16 rows (bf16 / fp32 x) qtile as the B
-    operand, 32 x 128 tiles, 4 warps, 4 stages, split over 2 waves (20.3 / 23.6 us against 25.7 / 26.2
-    for the per-value path); an fp16 x takes the per-value path (32 x 128, split over 4 waves)."""
+    sweeps of bench/quant_decode_sweep.py (BENCHMARKS.md, eighteenth and nineteenth sessions): at one row
+    the row kernel with 4096-wide K tiles where K is a multiple of 4096, 4 rows on 8 warps (12288 x 4096:
+    14.1 us, 83% of the floor) or, where K >= 8192, 8 rows on 4 warps (4096 x 12288: 15.1 us, 78%); else
+    16-row tiles on 8 warps, 2048 wide and one K split where K >= 8192, 512 wide (or the widest of 256 / 128
+    that K and the scale block allow) and split only below 2 waves of SMs; at 2-16 rows (bf16 / fp32 x)
+    qtile as the B operand, 32 x 128 tiles, 4 warps, 4 stages, split over 2 waves (20.3 / 23.6 us against
+    25.7 / 26.2 for the per-value path); an fp16 x takes the per-value path (32 x 128, split over 4 waves)."""
     if qtile and x.dtype == torch.float16:
         raise ValueError("qtile: takes a bf16 or float32 x, got float16")
     if qtile is None:
         qtile = x.shape[0] > 1 and x.dtype != torch.float16
     one_row = x.shape[0] == 1 and not qtile
     if one_row:
-        if block_k is None:  # the widest tile K and the scale block allow (2048 only for K >= 8192)
-            wide = (2048, 512, 256) if w.shape[1] >= 8192 else (512, 256)
-            block_k = next((bk for bk in wide if fp8_gemv_fits(w.shape[1], block, bk, True)), 128)
+        k = w.shape[1]
+        if block_k is None:  # 4096 where K is whole 4096 tiles, else the widest tile K and the scale block allow
+            wide = (4096, 2048, 512, 256) if k >= 8192 else (4096, 512, 256)
+            block_k = next((bk for bk in wide if fp8_gemv_fits(k, block, bk, True)), 128)
+        if block_k == 4096:  # a whole 4096-wide row slice per step: 4 rows on 8 warps, or 8 on 4 where K >= 8192
+            block_n, num_warps = block_n or (8 if k >= 8192 else 4), num_warps or (4 if k >= 8192 else 8)
         block_n, num_warps, num_stages = block_n or 16, num_warps or 8, num_stages or 3
         waves = (0 if block_k == 2048 else 2) if waves is None else waves
     else:
@@ -312,37 +320,47 @@ def w8a16_gemv(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, block: tuple[i
 
 
 def w4a16_gemv(x: torch.Tensor, w: torch.Tensor, bscale: torch.Tensor, scale2_rows: torch.Tensor,
-               block_n: int = 32, block_k: int | None = None, num_warps: int = 4, num_stages: int = 3,
-               waves: int = 4, fp32_decode: bool | None = None, qtile: bool = False,
-               asm: bool | None = None, qtile_a: bool = True, row: bool = False) -> torch.Tensor:
+               block_n: int | None = None, block_k: int | None = None, num_warps: int = 4,
+               num_stages: int | None = None, waves: int | None = None, fp32_decode: bool | None = None,
+               qtile: bool = False, asm: bool | None = None, qtile_a: bool = True, row: bool | None = None,
+               row_f16: bool = True) -> torch.Tensor:
     """x [M <= 16, K] @ dequant(nvfp4 w [N, K/2], bscale [N, K/16], scale2_rows [N])^T -> [M, N].
-    `qtile`: decode with qtile.nvfp4_tile (two codes per 32-bit operation) and multiply on the tensor
-    cores, any M, the tile as their A operand (`qtile_a`) or B; x bf16 or float32 (an fp16 x would
-    round the decoded tile's small values); `asm`: its PTX decode (default: on CUDA when compiled;
-    False gives the same bits in plain Triton, for checks).
-    `fp32_decode`: the float32-bits decode at M = 1 (module docstring). Defaults: at M = 1 the float32-bits
-    decode with 512-wide K tiles (where K allows), the fastest correct config of the H200 sweep (18.9 us
-    for 12288 x 4096, 35% of its floor: bench/results/quant_gemv_h200_run4.json); else 256-wide tiles."""
+    `row` (one row of x): _nvfp4_row_kernel, the codes decoded two per 32-bit operation by qtile.nvfp4_codes
+    (to float16 with `row_f16`, else bf16) and FMAs, no dot. `qtile`: decode with qtile.nvfp4_tile and
+    multiply on the tensor cores, any M, the tile as their A operand (`qtile_a`) or B; x bf16 or float32 (an
+    fp16 x would round the decoded tile's small values); `asm`: the PTX decode of either (default: on CUDA
+    when compiled; False gives the same bits in plain Triton, for checks). `fp32_decode`: the float32-bits
+    decode at M = 1 (module docstring). Defaults, from the H200 sweeps (BENCHMARKS.md, nineteenth session):
+    at one row the one-row kernel with the float16 decode, 16 x 512 tiles (256 where K is not a multiple of
+    512), 4 warps, one stage, K split where the row tiles are fewer than 4 waves of SMs (12288 x 4096: 17.0 us,
+    39% of its floor, against 18.4 for qtile B and 21.9 for the float32-bits decode; 4096 x 12288: 20.2 us,
+    33%, against 25.7 and 21.2; unsplit there 34.2 us); at 2-16 rows the per-value decode, 32 x 256 tiles, 3
+    stages, K split over 4 waves."""
     k = w.shape[1] * 2
     one = x.shape[0] == 1
+    if row is None:
+        row = one and not qtile and not fp32_decode
+    if row and not one:
+        raise ValueError(f"row: the one-row kernel takes one row of x, got {x.shape[0]}")
     if block_k is None:
         block_k = 512 if one and k % 512 == 0 else 256
-    if fp32_decode is None:
-        fp32_decode = one
     if k % block_k or block_k % 32:
         raise ValueError(f"block_k: {block_k} must be a multiple of 32 dividing K {k}")
-    if (qtile or row) and x.dtype == torch.float16:
-        raise ValueError(f"{'qtile' if qtile else 'row'}: takes a bf16 or float32 x, got float16")
+    if qtile and x.dtype == torch.float16:
+        raise ValueError("qtile: takes a bf16 or float32 x, got float16")
     if row:
-        if not one:
-            raise ValueError(f"row: the one-row kernel takes one row of x, got {x.shape[0]}")
         n = w.shape[0]
-        split, k_per = split_k(n, k, block_n, block_k, waves)
+        block_n = block_n or 16
+        split, k_per = split_k(n, k, block_n, block_k, 4 if waves is None else waves)
         y = torch.zeros(1, n, dtype=torch.float32, device=x.device) if split > 1 else x.new_empty(1, n)
         _nvfp4_row_kernel[(triton.cdiv(n, block_n), split)](
             x.contiguous(), w.view(torch.int16), bscale.contiguous(), scale2_rows.float().contiguous(), y, n, K=k,
             K_PER_SPLIT=k_per, ATOMIC=split > 1, BLOCK_N=block_n, BLOCK_K=block_k,
-            ASM=use_asm(x) if asm is None else asm and use_asm(x), num_warps=num_warps, num_stages=num_stages)
+            ASM=use_asm(x) if asm is None else asm and use_asm(x), F16=row_f16, num_warps=num_warps,
+            num_stages=num_stages or 1)
         return y.to(x.dtype)
-    return _launch(x, w, bscale.contiguous(), scale2_rows.float().contiguous(), 1, k, k // 16, 1, 16, block_n,
-                   block_k, num_warps, num_stages, waves, fp32_decode and not qtile, qtile, asm, qtile_a)
+    if fp32_decode is None:
+        fp32_decode = one
+    return _launch(x, w, bscale.contiguous(), scale2_rows.float().contiguous(), 1, k, k // 16, 1, 16, block_n or 32,
+                   block_k, num_warps, num_stages or 3, 4 if waves is None else waves, fp32_decode and not qtile,
+                   qtile, asm, qtile_a)
