@@ -121,30 +121,42 @@ def _fp4():
     return quantize, call, {1: tiles + row, 8: tiles}, lambda n, k: n * k // 2 + n * k // 16
 
 
+def _weights(quantize, nbytes, n, k):
+    """Random [n, k] weights quantized, the copies that rotate over 4 x L2, the dequantized fp32 and the floor (s)."""
+    w = torch.randn(n, k, device="cuda") / k**0.5
+    packed, wd = quantize(w)
+    packs = [packed] + [tuple(t.clone() for t in packed) for _ in range(copies_for(nbytes(n, k)) - 1)]
+    return packed, packs, wd, nbytes(n, k) / HBM
+
+
+def _case(res, key, cfgs, call, x, packed, packs, ref, floor, top=5):
+    """Sweep cfgs at one case (checked against ref, then timed over the weight copies), store and print the best
+    `top` (res[key]["best"]) and return them as [(seconds, config)]."""
+    t0 = time.time()
+    best = sweep(cfgs, lambda c: [(lambda p=p: call(x, p, c)) for p in packs], lambda c: rel(call(x, packed, c), ref),
+                 top=top)
+    res[key] = dict(floor_us=floor * 1e6, best=[(c, t * 1e6) for t, c in best])
+    print(f"\n{key} (floor {floor * 1e6:.1f} us; {len(cfgs)} configs, {time.time() - t0:.0f} s): bn, bk, warps, "
+          f"stages, waves, form, prefetch", flush=True)
+    for t, c in best:
+        print(f"  {t * 1e6:6.1f} us  {100 * floor / t:3.0f}% of floor  {c}", flush=True)
+    return best
+
+
 def sec_gemv(res, only=None):
     for name, spec in (("w8a16", _fp8), ("w4a16", _fp4)):
         if only and name != only:
             continue
         quantize, call, configs, nbytes = spec()
         for n, k in ((12288, 4096), (4096, 12288)):
-            w = torch.randn(n, k, device="cuda") / k**0.5
-            packed, wd = quantize(w)
-            packs = [packed] + [tuple(t.clone() for t in packed) for _ in range(copies_for(nbytes(n, k)) - 1)]
-            floor = nbytes(n, k) / HBM
+            packed, packs, wd, floor = _weights(quantize, nbytes, n, k)
             for m in (1, 8):
                 if f"{name} 12288x4096 M={m}" not in res and n != 12288:
                     continue
                 x = torch.randn(m, k, device="cuda").bfloat16()
-                ref = x.float() @ wd.T
-                cfgs = configs[m] if n == 12288 or name == "w8a16" else [c for c, _ in res[f"{name} 12288x4096 M={m}"]["best"][:3]]
-                t0 = time.time()
-                best = sweep(cfgs, lambda c: [(lambda p=p: call(x, p, c)) for p in packs],
-                             lambda c: rel(call(x, packed, c), ref))
-                res[f"{name} {n}x{k} M={m}"] = dict(floor_us=floor * 1e6, best=[(c, t * 1e6) for t, c in best])
-                print(f"\n{name} {n}x{k} M={m} (floor {floor * 1e6:.1f} us; {len(cfgs)} configs, "
-                      f"{time.time() - t0:.0f} s): bn, bk, warps, stages, waves, qtile, prefetch", flush=True)
-                for t, c in best:
-                    print(f"  {t * 1e6:6.1f} us  {100 * floor / t:3.0f}% of floor  {c}", flush=True)
+                cfgs = (configs[m] if n == 12288 or name == "w8a16"
+                        else [c for c, _ in res[f"{name} 12288x4096 M={m}"]["best"][:3]])
+                _case(res, f"{name} {n}x{k} M={m}", cfgs, call, x, packed, packs, x.float() @ wd.T, floor)
 
 
 def sec_w4one(res):
@@ -152,14 +164,6 @@ def sec_w4one(res):
     Compute showed the NVFP4 GEMVs at 2.7 (one-row kernel, qtile B) and 1.6 (qtile A) active warps per scheduler
     against the FP8 one-row kernel's 9.4 (bench/results/s19b_ncu_*.txt): smaller tiles, 8 warps, one pipeline
     stage (no shared-memory ring, so more programs fit an SM) and K splits."""
-    quantize, call, _, nbytes = _fp4()
-    n, k = 12288, 4096
-    w = torch.randn(n, k, device="cuda") / k**0.5
-    packed, wd = quantize(w)
-    packs = [packed] + [tuple(t.clone() for t in packed) for _ in range(copies_for(nbytes(n, k)) - 1)]
-    floor = nbytes(n, k) / HBM
-    x = torch.randn(1, k, device="cuda").bfloat16()
-    ref = x.float() @ wd.T
     cfgs = ([(64, bk, 4, ns, wv, "a", False) for bk in (64, 128, 256) for ns in (1, 2) for wv in (0, 2, 4, 8)]
             + [(128, bk, 8, ns, wv, "a", False) for bk in (128, 256) for ns in (1, 2) for wv in (0, 2, 4)]
             + [(bn, bk, nw, 1, wv, "row", False) for bn in (8, 16, 32) for bk in (256, 512, 1024) for nw in (4, 8)
@@ -167,14 +171,7 @@ def sec_w4one(res):
             + [(bn, bk, nw, 1, wv, "row-bf16", False) for bn, bk, nw in ((16, 512, 8), (32, 512, 4), (8, 1024, 8))
                for wv in (0, 2)]
             + [(32, 512, 4, 3, 0, "b", False)] + [(16, 256, 4, ns, wv, "b", False) for ns in (1, 2) for wv in (0, 4)])
-    t0 = time.time()
-    best = sweep(cfgs, lambda c: [(lambda p=p: call(x, p, c)) for p in packs], lambda c: rel(call(x, packed, c), ref),
-                 top=len(cfgs))
-    res["w4a16 one row 12288x4096"] = dict(floor_us=floor * 1e6, all=[(c, t * 1e6) for t, c in best])
-    print(f"\nw4a16 12288x4096 M=1, every config (floor {floor * 1e6:.1f} us; {len(cfgs)} configs, "
-          f"{time.time() - t0:.0f} s): bn, bk, warps, stages, waves, form", flush=True)
-    for t, c in best:
-        print(f"  {t * 1e6:6.1f} us  {100 * floor / t:3.0f}%  {c[:6]}", flush=True)
+    _all_configs(res, "w4a16 one row", _fp4, ((12288, 4096),), cfgs)
 
 
 def sec_w4def(res):
@@ -185,10 +182,7 @@ def sec_w4def(res):
 
     quantize, _, _, nbytes = _fp4()
     for n, k in ((12288, 4096), (4096, 12288)):
-        w = torch.randn(n, k, device="cuda") / k**0.5
-        packed, wd = quantize(w)
-        packs = [packed] + [tuple(t.clone() for t in packed) for _ in range(copies_for(nbytes(n, k)) - 1)]
-        floor = nbytes(n, k) / HBM
+        packed, packs, wd, floor = _weights(quantize, nbytes, n, k)
         x = torch.randn(1, k, device="cuda").bfloat16()
         ref = x.float() @ wd.T
         forms = {"default (one-row kernel, float16 decode, K split below 4 waves)": {},
@@ -221,26 +215,15 @@ def _all_configs(res, name, spec, shapes, cfgs, m=1):
     """Every config of `cfgs` on each shape, at m rows, its time printed (fastest first)."""
     quantize, call, _, nbytes = spec()
     for n, k in shapes:
-        w = torch.randn(n, k, device="cuda") / k**0.5
-        packed, wd = quantize(w)
-        packs = [packed] + [tuple(t.clone() for t in packed) for _ in range(copies_for(nbytes(n, k)) - 1)]
-        floor = nbytes(n, k) / HBM
+        packed, packs, wd, floor = _weights(quantize, nbytes, n, k)
         x = torch.randn(m, k, device="cuda").bfloat16()
-        ref = x.float() @ wd.T
-        t0 = time.time()
-        best = sweep(cfgs, lambda c: [(lambda p=p: call(x, p, c)) for p in packs],
-                     lambda c: rel(call(x, packed, c), ref), top=len(cfgs))
-        res[f"{name} {n}x{k} M={m}"] = dict(floor_us=floor * 1e6, all=[(c, t * 1e6) for t, c in best])
-        print(f"\n{name} {n}x{k} M={m}, every config (floor {floor * 1e6:.1f} us; {len(cfgs)} configs, "
-              f"{time.time() - t0:.0f} s): bn, bk, warps, stages, waves, form", flush=True)
-        for t, c in best:
-            print(f"  {t * 1e6:6.1f} us  {100 * floor / t:3.0f}%  {c if c == 'default' else c[:6]}", flush=True)
+        _case(res, f"{name} {n}x{k} M={m}", cfgs, call, x, packed, packs, x.float() @ wd.T, floor, top=len(cfgs))
 
 
 def sec_rows(res):
-    """The one-row kernels on both shapes, every config printed: NVFP4 (the float16 decode, its codes joined in k
-    order against one x tile per K step) and FP8 (wider K tiles and fewer rows per program for 4096 x 12288, at
-    75% of its floor in the eighteenth session)."""
+    """The one-row kernels on both shapes, every config printed: NVFP4 (the float16 decode; the nineteenth session's
+    sixth call ran a variant since reverted, its codes joined in k order against one x tile per K step) and FP8
+    (wider K tiles and fewer rows per program for 4096 x 12288, at 75% of its floor in the eighteenth session)."""
     shapes = ((12288, 4096), (4096, 12288))
     row4 = [(bn, bk, nw, 1, wv, "row", False) for bn in (16, 32) for bk in (256, 512, 1024) for nw in (4, 8)
             for wv in (0, 4, 8)]

@@ -103,6 +103,19 @@ def test_fp8_gemv_rejects_a_k_tile_across_scale_blocks_except_one_row():
             w8a16_gemv(torch.zeros(m, 512), q, s, (128, 128), block_k=bk)
 
 
+def test_w4a16_one_row_kernel_rejects_more_rows_or_qtile():
+    pytest.importorskip("triton")
+    from tpserve.kernels.quant_gemv import w4a16_gemv
+
+    w = torch.zeros(16, 256, dtype=torch.uint8)
+    bs = torch.ones(16, 32).to(torch.float8_e4m3fn)
+    s2 = torch.ones(16)
+    with pytest.raises(ValueError, match="row: the one-row kernel takes one row of x, got 2"):
+        w4a16_gemv(torch.zeros(2, 512), w, bs, s2, row=True)
+    with pytest.raises(ValueError, match="row / qtile"):
+        w4a16_gemv(torch.zeros(1, 512), w, bs, s2, row=True, qtile=True)
+
+
 def test_grouped_quantized_experts_match_the_reference_loop():
     out = run_interpreted("""
         import json, torch

@@ -40,36 +40,24 @@ import triton.language as tl
 SCALE_BIAS = tl.constexpr(2.0**118)  # block scales are passed as bf16(s * 2^118); products carry 2^-8
 OUT_BIAS = tl.constexpr(256.0)  # ... which the caller's accumulator gives back (times the global scale)
 
-# out_j (j = nibble 0..3 of each 16-bit half of $4) = bf16x2(sign << 15 | magnitude << 6) * $5 - 0
-_DECODE_PTX = tl.constexpr("""
-{
-.reg .b32 a, b, z;
-mov.b32 z, 0x80008000;
-shl.b32 a, $4, 6;
-shl.b32 b, $4, 12;
-and.b32 a, a, 0x01C001C0;
-and.b32 b, b, 0x80008000;
-or.b32 a, a, b;
-fma.rn.bf16x2 $0, a, $5, z;
-shl.b32 a, $4, 2;
-shl.b32 b, $4, 8;
-and.b32 a, a, 0x01C001C0;
-and.b32 b, b, 0x80008000;
-or.b32 a, a, b;
-fma.rn.bf16x2 $1, a, $5, z;
-shr.b32 a, $4, 2;
-shl.b32 b, $4, 4;
-and.b32 a, a, 0x01C001C0;
-and.b32 b, b, 0x80008000;
-or.b32 a, a, b;
-fma.rn.bf16x2 $2, a, $5, z;
-shr.b32 a, $4, 6;
-and.b32 a, a, 0x01C001C0;
-and.b32 b, $4, 0x80008000;
-or.b32 a, a, b;
-fma.rn.bf16x2 $3, a, $5, z;
-}
-""")
+
+def _decode_ptx(mag_at: int, dtype: str) -> str:
+    """PTX: out_j (j = nibble 0..3 of each 16-bit half of $4) = (sign << 15 | magnitude << mag_at) * $5 - 0,
+    in dtype x2 (bf16: magnitude at bits 8..6; f16: at 11..9)."""
+    mask = (7 << mag_at) | (7 << (mag_at + 16))
+    out = ["", "{", ".reg .b32 a, b, z;", "mov.b32 z, 0x80008000;"]
+    for j in range(4):
+        d, sd = mag_at - 4 * j, 12 - 4 * j  # shifts bringing code j's magnitude and sign into place
+        a = f"shl.b32 a, $4, {d};" if d > 0 else f"shr.b32 a, $4, {-d};"
+        if sd:
+            out += [a, f"shl.b32 b, $4, {sd};", f"and.b32 a, a, 0x{mask:08X};", "and.b32 b, b, 0x80008000;"]
+        else:
+            out += [a, f"and.b32 a, a, 0x{mask:08X};", "and.b32 b, $4, 0x80008000;"]
+        out += ["or.b32 a, a, b;", f"fma.rn.{dtype}x2 ${j}, a, $5, z;"]
+    return "\n".join(out + ["}", ""])
+
+
+_DECODE_PTX = tl.constexpr(_decode_ptx(6, "bf16"))
 
 
 F16_OUT_BIAS = tl.constexpr(16384.0)  # nvfp4_codes(F16=True): the codes come out times 2^-14 (and their scale)
@@ -77,35 +65,7 @@ F16_OUT_BIAS = tl.constexpr(16384.0)  # nvfp4_codes(F16=True): the codes come ou
 # The same in float16 (nvfp4_codes with F16): sign to bit 15, magnitude to bits 11..9 are the e2m1 value times
 # 2^-14 (code 1 a float16 subnormal); $5 the block scale as float16 (e4m3 is exact in it): products v * s * 2^-14
 # lie in [2^-24, 0.17] with at most 6 significant bits, exact in float16.
-_DECODE_F16_PTX = tl.constexpr("""
-{
-.reg .b32 a, b, z;
-mov.b32 z, 0x80008000;
-shl.b32 a, $4, 9;
-shl.b32 b, $4, 12;
-and.b32 a, a, 0x0E000E00;
-and.b32 b, b, 0x80008000;
-or.b32 a, a, b;
-fma.rn.f16x2 $0, a, $5, z;
-shl.b32 a, $4, 5;
-shl.b32 b, $4, 8;
-and.b32 a, a, 0x0E000E00;
-and.b32 b, b, 0x80008000;
-or.b32 a, a, b;
-fma.rn.f16x2 $1, a, $5, z;
-shl.b32 a, $4, 1;
-shl.b32 b, $4, 4;
-and.b32 a, a, 0x0E000E00;
-and.b32 b, b, 0x80008000;
-or.b32 a, a, b;
-fma.rn.f16x2 $2, a, $5, z;
-shr.b32 a, $4, 3;
-and.b32 a, a, 0x0E000E00;
-and.b32 b, $4, 0x80008000;
-or.b32 a, a, b;
-fma.rn.f16x2 $3, a, $5, z;
-}
-""")
+_DECODE_F16_PTX = tl.constexpr(_decode_ptx(9, "f16"))
 
 
 @triton.jit

@@ -280,7 +280,7 @@ def w8a16_gemv(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, block: tuple[i
     block, and `prefetch` loads the next K tile before this one's arithmetic. Defaults, from the H200
     sweeps of bench/quant_decode_sweep.py (BENCHMARKS.md, eighteenth and nineteenth sessions): at one row
     the row kernel with 4096-wide K tiles where K is a multiple of 4096, 4 rows on 8 warps (12288 x 4096:
-    14.1 us, 83% of the floor) or, where K >= 8192, 8 rows on 4 warps (4096 x 12288: 15.1 us, 78%); else
+    13.9 us, 84% of the floor) or, where K >= 8192, 8 rows on 4 warps (4096 x 12288: 15.3 us, 77%); else
     16-row tiles on 8 warps, 2048 wide and one K split where K >= 8192, 512 wide (or the widest of 256 / 128
     that K and the scale block allow) and split only below 2 waves of SMs; at 2-16 rows (bf16 / fp32 x)
     qtile as the B operand, 32 x 128 tiles, 4 warps, 4 stages, split over 2 waves (20.3 / 23.6 us against
@@ -332,9 +332,9 @@ def w4a16_gemv(x: torch.Tensor, w: torch.Tensor, bscale: torch.Tensor, scale2_ro
     when compiled; False gives the same bits in plain Triton, for checks). `fp32_decode`: the float32-bits
     decode at M = 1 (module docstring). Defaults, from the H200 sweeps (BENCHMARKS.md, nineteenth session):
     at one row the one-row kernel with the float16 decode, 16 x 512 tiles (256 where K is not a multiple of
-    512), 4 warps, one stage, K split where the row tiles are fewer than 4 waves of SMs (12288 x 4096: 17.0 us,
-    39% of its floor, against 18.4 for qtile B and 21.9 for the float32-bits decode; 4096 x 12288: 20.2 us,
-    33%, against 25.7 and 21.2; unsplit there 34.2 us); at 2-16 rows the per-value decode, 32 x 256 tiles, 3
+    512), 4 warps, one stage, K split where the row tiles are fewer than 4 waves of SMs (12288 x 4096: 16.7 us,
+    40% of its floor, against 18.4 for qtile B and 21.7 for the float32-bits decode; 4096 x 12288: 20.0 us,
+    33%, against 25.4 and 20.9; unsplit there 33.9 us); at 2-16 rows the per-value decode, 32 x 256 tiles, 3
     stages, K split over 4 waves."""
     k = w.shape[1] * 2
     one = x.shape[0] == 1
@@ -342,6 +342,8 @@ def w4a16_gemv(x: torch.Tensor, w: torch.Tensor, bscale: torch.Tensor, scale2_ro
         row = one and not qtile and not fp32_decode
     if row and not one:
         raise ValueError(f"row: the one-row kernel takes one row of x, got {x.shape[0]}")
+    if row and qtile:
+        raise ValueError("row / qtile: the one-row kernel does not use the tensor cores; ask for one of them")
     if block_k is None:
         block_k = 512 if one and k % 512 == 0 else 256
     if k % block_k or block_k % 32:
