@@ -6,7 +6,8 @@
 Compiles kernels/quant_gemv.py's GEMV or kernels/quant_triton.py's grouped gate / up kernel for an H100 / H200 with
 the divisibility hints a real launch gives (16-byte aligned pointers and strides: without them every load is
 narrow and the count misleading), finds its longest loop (the main loop), and prints its
-instruction count divided by the weights each thread decodes per iteration, with the commonest opcodes. The
+instruction count divided by the weights each thread decodes per iteration, with the commonest opcodes, then
+its registers and shared memory, the programs an SM can hold and the warps per scheduler (GEMV: for N rows). The
 decode is bound by instruction issue (128 lane-operations per SM per clock), so this count, times the weights per
 SM, over 128 and the clock, is the kernel's arithmetic time. Needs Triton with its CUDA backend and ptxas /
 nvdisasm (the pip wheel has them; TRITON_BACKENDS_IN_TREE=1 finds the backend in a Triton put on PYTHONPATH).
@@ -77,6 +78,39 @@ def compile_kernel(args):
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=args.warps, num_stages=3))
 
 
+SM_REGS, SM_SHARED, SM_WARPS, SM_PROGRAMS, SMS = 65536, 228 * 1024, 64, 32, 132  # H100 / H200, per SM
+
+
+def occupancy(kernel, warps: int, programs: int | None = None) -> str:
+    """Registers (cuobjdump -res-usage on the cubin, from Triton's own bin folder) and shared memory (Triton's
+    metadata, plus the 1 KB the SM reserves per program) -> programs per SM and what limits them; with the
+    grid's `programs`, its waves and the warps each scheduler can hold (the second call of the nineteenth
+    session found the NVFP4 GEMVs at 1.6-2.7 of them, Nsight Compute's "active warps per scheduler")."""
+    import subprocess
+    import tempfile
+
+    import triton.backends.nvidia as nv
+
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        usage = subprocess.run([str(Path(nv.__file__).parent / "bin" / "cuobjdump"), "-res-usage", f.name],
+                               capture_output=True, text=True, check=True).stdout
+    regs = int(re.search(r"REG:(\d+)", usage).group(1))
+    per_warp = -(-regs * 32 // 256) * 256  # registers are allocated per warp in 256s
+    shared = kernel.metadata.shared + 1024
+    limits = {"registers": SM_REGS // (per_warp * warps), "shared memory": SM_SHARED // shared,
+              "warps": SM_WARPS // warps, "programs": SM_PROGRAMS}
+    limit = min(limits, key=limits.get)
+    per_sm = limits[limit]
+    text = (f"{regs} registers, {shared / 1024:.1f} KB shared a program: {per_sm} programs per SM "
+            f"(limited by {limit}), {per_sm * warps / 4:.1f} warps per scheduler when full")
+    if programs:
+        text += (f"; a grid of {programs} programs is {programs / (SMS * per_sm):.2f} waves, "
+                 f"{min(per_sm, programs / SMS) * warps / 4:.1f} warps per scheduler")
+    return text
+
+
 def loop_opcodes(sass: str) -> list[str]:
     """Opcodes of the longest loop (a backward branch to a label; the kernel's main loop)."""
     lines = sass.splitlines()
@@ -104,15 +138,19 @@ def main() -> int:
     ap.add_argument("--block-k", type=int, default=256)
     ap.add_argument("--warps", type=int, default=4)
     ap.add_argument("--k", type=int, default=4096)
+    ap.add_argument("--n", type=int, default=12288, help="the GEMV's rows (for its grid, without K splits)")
     ap.add_argument("--prefetch", action="store_true", help="the FP8 row kernel's prefetch of the next K tile")
     ap.add_argument("--bf16", action="store_true", help="the NVFP4 row kernel's bf16 decode (default float16)")
     args = ap.parse_args()
-    ops = loop_opcodes(compile_kernel(args).asm["sass"])
+    kernel = compile_kernel(args)
+    ops = loop_opcodes(kernel.asm["sass"])
     # weights decoded per thread per iteration (gate and up: two tiles)
     per_thread = (2 if args.kernel == "experts" else 1) * args.block_n * args.block_k / (32 * args.warps)
     common = collections.Counter(o.split(".")[0] for o in ops).most_common(10)
     print(f"{args.kernel} {args.format} {args.decode} {args.block_n}x{args.block_k} {args.warps} warps: "
           f"{len(ops)} instructions per iteration, {len(ops) / per_thread:.2f} per weight; {common}")
+    # one row's grid (GEMV, no K split): N / block_n programs
+    print(occupancy(kernel, args.warps, -(-args.n // args.block_n) if args.kernel == "gemv" else None))
     return 0
 
 
