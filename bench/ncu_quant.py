@@ -5,7 +5,8 @@
 
 Cases: nvfp4-row / nvfp4-qa / nvfp4-qb (the one-row kernel, qtile as the MMA's A / B operand) and fp8-row /
 fp8-qb (the FP8 one-row kernel, qtile B), then block_n block_k warps stages waves; M rows of x (default 1, fp8-qb
-takes 8); 12288 x 4096 weights. Each config is checked against fp32 math first (relative error printed).
+takes 8); 12288 x 4096 weights. The weights and calls are quant_decode_sweep.py's; each config is checked against
+fp32 math first (relative error printed).
 """
 
 from __future__ import annotations
@@ -15,36 +16,26 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from quant_decode_sweep import _fp4, _fp8  # noqa: E402
+from quant_kernels import rel  # noqa: E402
 
-from tpserve.kernels import quant_ref as qr  # noqa: E402
-from tpserve.kernels.quant_gemv import w4a16_gemv, w8a16_gemv  # noqa: E402
+FORMS = {"nvfp4-row": (_fp4, "row"), "nvfp4-qa": (_fp4, "a"), "nvfp4-qb": (_fp4, "b"), "fp8-row": (_fp8, False),
+         "fp8-qb": (_fp8, "b")}
 
 
 def main() -> int:
-    case, bn, bk, nw, ns, wv = sys.argv[1], *map(int, sys.argv[2:7])
+    case, (bn, bk, nw, ns, wv) = sys.argv[1], map(int, sys.argv[2:7])
     m = int(sys.argv[7]) if len(sys.argv) > 7 else (8 if case == "fp8-qb" else 1)
-    n, k = 12288, 4096
-    w = torch.randn(n, k, device="cuda") / k**0.5
-    x = torch.randn(m, k, device="cuda").bfloat16()
-    kw = dict(block_n=bn, block_k=bk, num_warps=nw, num_stages=ns, waves=wv)
-    if case.startswith("nvfp4"):
-        p, bs, s2 = qr.nvfp4_quantize(w)
-        wd = qr.nvfp4_dequantize(p, bs, s2)
-        s2r = s2.reshape(1).expand(n).contiguous()
-        extra = dict(row=True) if case == "nvfp4-row" else dict(qtile=True, qtile_a=case == "nvfp4-qa",
-                                                                  fp32_decode=False)
-        fn = lambda: w4a16_gemv(x, p, bs, s2r, **kw, **extra)  # noqa: E731
-    else:
-        q, s = qr.fp8_block_quantize(w)
-        wd = qr.fp8_block_dequantize(q, s)
-        extra = dict(qtile=True, qtile_a=False) if case == "fp8-qb" else {}
-        fn = lambda: w8a16_gemv(x, q, s, (128, 128), **kw, **extra)  # noqa: E731
-    ref = x.float() @ wd.T
-    y = fn().float()
-    print(f"{case} {sys.argv[2:]} M={m}: rel err {((y - ref).abs().max() / ref.abs().max()).item():.2e}", flush=True)
+    spec, form = FORMS[case]
+    quantize, call, _, _ = spec()
+    w = torch.randn(12288, 4096, device="cuda") / 4096**0.5
+    packed, wd = quantize(w)
+    x = torch.randn(m, 4096, device="cuda").bfloat16()
+    config = (bn, bk, nw, ns, wv, form, False)
+    print(f"{case} {config} M={m}: rel err {rel(call(x, packed, config), x.float() @ wd.T):.2e}", flush=True)
     for _ in range(4):
-        fn()
+        call(x, packed, config)
     torch.cuda.synchronize()
     return 0
 

@@ -232,6 +232,7 @@ def sec_rows(res):
     _all_configs(res, "w4a16 row", _fp4, shapes, row4)
     _all_configs(res, "w8a16 row", _fp8, shapes, row8)
 
+
 def sec_w8def(res):
     """W8A16 at one row, both shapes: the default (4096-wide K tiles where K allows) beside the configs it takes."""
     _all_configs(res, "w8a16 default", _fp8, ((12288, 4096), (4096, 12288)),

@@ -69,7 +69,7 @@ _DECODE_F16_PTX = tl.constexpr(_decode_ptx(9, "f16"))
 
 
 @triton.jit
-def _nibble_bf16(w, scale, J: tl.constexpr, DTYPE: tl.constexpr = tl.bfloat16):
+def _nibble_value(w, scale, J: tl.constexpr, DTYPE: tl.constexpr = tl.bfloat16):
     """bf16 (or DTYPE) of (code j of the 16-bit words w (int32)) * 2^-126 * scale (fp32, = s * 2^118): exact."""
     c = (w >> (4 * J)) & 15
     v = (((c & 8) << 28) | ((c & 7) << 22)).to(tl.float32, bitcast=True)
@@ -105,10 +105,10 @@ def nvfp4_codes(w_ptr, s_ptr, n64, n_ok, k0, K: tl.constexpr, BLOCK_N: tl.conste
         else:
             w32 = words.to(tl.int32)
             sc = sc * 5.192296858534828e33  # 2^112: v 2^-126 s 2^112 = v s 2^-14, exact in float16
-            o0 = _nibble_bf16(w32, sc, 0, tl.float16)
-            o1 = _nibble_bf16(w32, sc, 1, tl.float16)
-            o2 = _nibble_bf16(w32, sc, 2, tl.float16)
-            o3 = _nibble_bf16(w32, sc, 3, tl.float16)
+            o0 = _nibble_value(w32, sc, 0, tl.float16)
+            o1 = _nibble_value(w32, sc, 1, tl.float16)
+            o2 = _nibble_value(w32, sc, 2, tl.float16)
+            o3 = _nibble_value(w32, sc, 3, tl.float16)
     elif ASM:
         o0, o1, o2, o3 = tl.inline_asm_elementwise(
             _DECODE_PTX, "=r,=r,=r,=r,r,r", [words, (sc * SCALE_BIAS).to(tl.bfloat16)],
@@ -116,10 +116,10 @@ def nvfp4_codes(w_ptr, s_ptr, n64, n_ok, k0, K: tl.constexpr, BLOCK_N: tl.conste
     else:
         w32 = words.to(tl.int32)
         sc = sc * SCALE_BIAS
-        o0 = _nibble_bf16(w32, sc, 0)
-        o1 = _nibble_bf16(w32, sc, 1)
-        o2 = _nibble_bf16(w32, sc, 2)
-        o3 = _nibble_bf16(w32, sc, 3)
+        o0 = _nibble_value(w32, sc, 0)
+        o1 = _nibble_value(w32, sc, 1)
+        o2 = _nibble_value(w32, sc, 2)
+        o3 = _nibble_value(w32, sc, 3)
     return o0, o1, o2, o3
 
 
