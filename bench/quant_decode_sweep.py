@@ -19,8 +19,6 @@ tile. Sections:
   w8def    W8A16 at one row, both shapes: the default beside the configs it takes and the earlier defaults
   w4def    W4A16 at one row: the default beside the earlier best and default, K splits of the one-row kernel on
            4096 x 12288, and its PTX decode against plain Triton bit for bit
-  w8half   W8A16 at 8 rows (then 4 and 2), both shapes: the float16 MMA path (A / B) beside qtile B, every config
-  w8row12k W8A16 at one row on 4096 x 12288: 4096-wide K tiles on fewer rows and warps, prefetch, every config
 Usage: PYTHONPATH=src python bench/quant_decode_sweep.py [--sections fp8det,moe,gemv] [--out DIR]
 """
 
@@ -66,9 +64,6 @@ def _fp8():
         if c == "default":
             return w8a16_gemv(x, *p, (128, 128))
         bn, bk, nw, ns, wv, qt, pf = c
-        if qt in ("half-a", "half-b"):  # e4m3 -> float16 per two values, x scaled into float16, the tile as A / B
-            return w8a16_gemv(x, *p, (128, 128), block_n=bn, block_k=bk, num_warps=nw, num_stages=ns, waves=wv,
-                              qtile=False, half=True, qtile_a=qt == "half-a")
         return w8a16_gemv(x, *p, (128, 128), block_n=bn, block_k=bk, num_warps=nw, num_stages=ns, waves=wv,
                           qtile=bool(qt), qtile_a=qt != "b", prefetch=pf)
 
@@ -245,34 +240,6 @@ def sec_w8def(res):
                   (16, 512, 8, 3, 2, False, False), (16, 2048, 8, 3, 0, False, False)])
 
 
-def sec_w8half(res):
-    """W8A16 at 8 rows (and the best three at 4 and 2), both shapes, every config printed: the float16 MMA path
-    (e4m3 -> float16 is one conversion per two values, sm_90 SASS 0.5 a weight, against qtile's ~2.3 integer ops;
-    x's rows scaled into float16's range per K tile) as the MMA's A or B operand, beside qtile B (the best so far:
-    19.8 / 23.8 us, 59% / 49%, Nsight Compute: 2.7 warps per scheduler, DRAM 42%)."""
-    cfgs = ["default", (32, 128, 4, 4, 2, "b", False)]
-    cfgs += [(bn, 128, nw, ns, wv, form, False) for form in ("half-a", "half-b") for bn in (16, 32, 64, 128)
-             for nw, ns, wv in ((4, 3, 0), (4, 4, 2), (4, 3, 4), (8, 3, 2), (4, 2, 2))]
-    quantize, call, _, nbytes = _fp8()
-    for n, k in ((12288, 4096), (4096, 12288)):
-        packed, packs, wd, floor = _weights(quantize, nbytes, n, k)
-        best = None
-        for m in (8, 4, 2):
-            x = torch.randn(m, k, device="cuda").bfloat16()
-            got = _case(res, f"w8a16 half {n}x{k} M={m}", cfgs if best is None else best, call, x, packed, packs,
-                        x.float() @ wd.T, floor, top=len(cfgs) if best is None else 4)
-            best = best or ["default"] + [c for _, c in got if c != "default"][:3]
-
-
-def sec_w8row12k(res):
-    """W8A16 at one row on 4096 x 12288 (77% of its floor; the goal is 80%): 4096-wide K tiles on fewer rows and
-    warps a program, with and without the next tile's prefetch, every config printed."""
-    cfgs = ["default"] + [(bn, 4096, nw, 3, wv, False, pf) for bn, nw in ((2, 2), (4, 2), (4, 4), (8, 4), (8, 8),
-                                                                          (16, 8))
-                          for pf in (False, True) for wv in (0, 2)]
-    _all_configs(res, "w8a16 one row", _fp8, ((4096, 12288),), cfgs)
-
-
 def _experts_setup():
     e, d, i = 288, 4096, 2048
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -425,7 +392,6 @@ def sec_prefill(res):
 if __name__ == "__main__":
     sys.exit(run_sections(dict(fp8det=sec_fp8det, moe=sec_moe, prefill=sec_prefill, gemv=sec_gemv,
                                w8a16=lambda r: sec_gemv(r, "w8a16"), w4a16=lambda r: sec_gemv(r, "w4a16"),
-                               w4one=sec_w4one, w4def=sec_w4def, rows=sec_rows, w8def=sec_w8def, w8half=sec_w8half,
-                               w8row12k=sec_w8row12k),
+                               w4one=sec_w4one, w4def=sec_w4def, rows=sec_rows, w8def=sec_w8def),
                           "fp8det,moe,gemv",
                           "quant_decode_sweep.json"))

@@ -30,7 +30,7 @@ def compile_kernel(args):
     from triton.compiler import ASTSource
 
     qtile = args.decode.startswith("qtile")
-    qa = args.decode not in ("qtile-b", "half-b")
+    qa = args.decode != "qtile-b"
     fp8 = args.format == "fp8"
     w = "*i16" if qtile else ("*fp8e4nv" if fp8 else "*u8")
     s = "*fp32" if fp8 else "*fp8e4nv"
@@ -59,7 +59,7 @@ def compile_kernel(args):
         ce = dict(K=args.k, SK=args.k // 128 if fp8 else args.k // 16, BNS=128 if fp8 else 1, BKS=128 if fp8 else 16,
                   FORMAT=0 if fp8 else 1, K_PER_SPLIT=args.k, ATOMIC=False, PRECISION="tf32", BLOCK_M=block_m,
                   BLOCK_N=args.block_n, BLOCK_K=args.block_k, DECODE32=args.decode == "fp32", QTILE=qtile, QA=qa,
-                  ASM=qtile, HALF=args.decode.startswith("half"))
+                  ASM=qtile)
         aligned = range(5)
     else:
         from tpserve.kernels import quant_triton as qt
@@ -131,12 +131,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kernel", choices=("gemv", "experts"), default="gemv")
     ap.add_argument("--format", choices=("nvfp4", "fp8"), default="nvfp4")
-    ap.add_argument("--decode", choices=("qtile-a", "qtile-b", "fp32", "element", "row", "value", "half-a", "half-b"),
-                    default="qtile-a",
+    ap.add_argument("--decode", choices=("qtile-a", "qtile-b", "fp32", "element", "row"), default="qtile-a",
                     help="qtile as the MMA's A / B operand; the GEMV's float32-bits decode (nvfp4, one row) or "
-                         "per-element path; row: the NVFP4 one-row kernel (nvfp4_codes, FMAs); value / half: the FP8 "
-                         "GEMV at 2-16 rows, each value converted to bf16 / to float16 against x scaled into float16 (the tile "
-                         "as the MMA's A or B operand)")
+                         "per-element path; row: the NVFP4 one-row kernel (nvfp4_codes, FMAs)")
     ap.add_argument("--block-n", type=int, default=64)
     ap.add_argument("--block-k", type=int, default=256)
     ap.add_argument("--warps", type=int, default=4)

@@ -58,25 +58,11 @@ def _e2m1_fp32_bits(b):
 
 
 @triton.jit
-def _half_rows(x):
-    """x [ROWS, BK] (bf16 or float32) -> (float16 x * 2^-e per row, 2^e (float32) per row), the power of two putting
-    each row's largest magnitude in [2^14, 2^15): values within 2^28 of it stay exact (bf16's 8 bits fit float16's 11),
-    smaller ones round at 2^-39 of the row's largest, far below the fp32 sums' own rounding."""
-    xf = x.to(tl.float32)
-    top = tl.max(tl.abs(xf), axis=1)
-    e = (top.to(tl.int32, bitcast=True) >> 23) & 255  # biased exponent of the largest (0: a zero row)
-    f = tl.minimum(tl.maximum(268 - e, 1), 253)  # biased exponent of 2^(14 - (e - 127)), kept normal both ways
-    down = (f << 23).to(tl.float32, bitcast=True)
-    up = ((254 - f) << 23).to(tl.float32, bitcast=True)
-    return (xf * down[:, None]).to(tl.float16), up
-
-
-@triton.jit
 def _gemv_kernel(x_ptr, w_ptr, s_ptr, s2_ptr, y_ptr, M, N, K: tl.constexpr, SK: tl.constexpr, BNS: tl.constexpr,
                  BKS: tl.constexpr, FORMAT: tl.constexpr, K_PER_SPLIT: tl.constexpr, ATOMIC: tl.constexpr,
                  PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_K: tl.constexpr, DECODE32: tl.constexpr = False, QTILE: tl.constexpr = False,
-                 QA: tl.constexpr = True, ASM: tl.constexpr = False, HALF: tl.constexpr = False):
+                 QA: tl.constexpr = True, ASM: tl.constexpr = False):
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
     n64 = n.to(tl.int64)
@@ -103,14 +89,8 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, s2_ptr, y_ptr, M, N, K: tl.constexpr, SK: 
                     acc += tl.dot(xa, tl.trans(wt.to(xa.dtype)), input_precision=PRECISION) * sc[None, :]
             else:  # M > 1 (one row goes to _fp8_row_kernel)
                 xa = tl.load(x_ptr + m[:, None] * K + k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-                if HALF and QA:  # float16 MMA, the tile as A: e4m3 -> float16 is one conversion per two values
-                    xs, up = _half_rows(xa)
-                    acc_t += tl.dot(w.to(tl.float16), tl.trans(xs)) * (sc[:, None] * up[None, :])
-                elif HALF:  # ... as B; x's rows scaled into float16's range
-                    xs, up = _half_rows(xa)
-                    acc += tl.dot(xs, tl.trans(w.to(tl.float16))) * (up[:, None] * sc[None, :])
-                else:
-                    acc += tl.dot(xa, tl.trans(w.to(xa.dtype)), input_precision=PRECISION) * sc[None, :]
+                part = tl.dot(xa, tl.trans(w.to(xa.dtype)), input_precision=PRECISION)
+                acc += part * sc[None, :]
         elif QTILE:  # nvfp4_tile: two codes per 32-bit operation, then the tensor cores
             wt = nvfp4_tile(w_ptr, s_ptr, n64, n_ok, k0, K, BLOCK_N, BLOCK_K, ASM, QA)
             k = k0 + tl.arange(0, BLOCK_K)
@@ -150,7 +130,7 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, s2_ptr, y_ptr, M, N, K: tl.constexpr, SK: 
                 his = tl.reshape(tl.reshape(hi, (BLOCK_N, BLOCK_K // 16, 8)) * sc[:, :, None], (BLOCK_N, BLOCK_K // 2))
                 acc += tl.dot(xe, tl.trans(los.to(xe.dtype)), input_precision=PRECISION)
                 acc += tl.dot(xo, tl.trans(his.to(xo.dtype)), input_precision=PRECISION)
-    if (QTILE or HALF) and QA:
+    if QTILE and QA:
         acc = tl.trans(acc_t)
     if FORMAT == 1:
         if QTILE:
@@ -265,7 +245,7 @@ def use_asm(x: torch.Tensor) -> bool:
 
 def _launch(x, w, s, s2, fmt: int, k: int, sk: int, bns: int, bks: int, block_n: int, block_k: int,
             num_warps: int, num_stages: int, waves: int, decode32: bool = False, qtile: bool = False,
-            asm: bool | None = None, qa: bool = True, half: bool = False) -> torch.Tensor:
+            asm: bool | None = None, qa: bool = True) -> torch.Tensor:
     m, n = x.shape[0], w.shape[0]
     if m > 16:
         raise ValueError(f"x: quantized GEMV takes at most 16 rows, got {m}")
@@ -278,7 +258,7 @@ def _launch(x, w, s, s2, fmt: int, k: int, sk: int, bns: int, bks: int, block_n:
         K_PER_SPLIT=k_per, ATOMIC=split > 1,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32", BLOCK_M=block_m,
         BLOCK_N=block_n, BLOCK_K=block_k, DECODE32=decode32 and block_m == 1, QTILE=qtile, QA=qa,
-        ASM=qtile and (use_asm(x) if asm is None else asm and use_asm(x)), HALF=half,
+        ASM=qtile and (use_asm(x) if asm is None else asm and use_asm(x)),
         num_warps=num_warps, num_stages=num_stages)
     return y.to(x.dtype)
 
@@ -292,7 +272,7 @@ def fp8_gemv_fits(k: int, block: tuple[int, int], block_k: int = 128, one_row: b
 def w8a16_gemv(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, block: tuple[int, int], block_n: int | None = None,
                block_k: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
                waves: int | None = None, qtile: bool | None = None, asm: bool | None = None, qtile_a: bool = False,
-               prefetch: bool = False, half: bool = False) -> torch.Tensor:
+               prefetch: bool = False) -> torch.Tensor:
     """x [M <= 16, K] @ dequant(w fp8 [N, K], s [ceil(N/bn), K/bk])^T -> [M, N] in x.dtype. `qtile`: the
     weight tile decoded by qtile.fp8_tile on the tensor cores (any M; x bf16 or float32), as their A
     operand (W @ X^T, `qtile_a`) or B, instead of FMAs (M = 1) or a per-value conversion; `asm` as in
@@ -307,11 +287,8 @@ def w8a16_gemv(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, block: tuple[i
     25.7 / 26.2 for the per-value path); an fp16 x takes the per-value path (32 x 128, split over 4 waves)."""
     if qtile and x.dtype == torch.float16:
         raise ValueError("qtile: takes a bf16 or float32 x, got float16")
-    if half and (qtile or x.shape[0] == 1 or x.dtype != torch.bfloat16):
-        raise ValueError(f"half: the float16 MMA path takes 2-16 rows of a bf16 x without qtile, got "
-                         f"{x.shape[0]} rows of {x.dtype}{' with qtile' if qtile else ''}")
     if qtile is None:
-        qtile = x.shape[0] > 1 and x.dtype != torch.float16 and not half
+        qtile = x.shape[0] > 1 and x.dtype != torch.float16
     one_row = x.shape[0] == 1 and not qtile
     if one_row:
         k = w.shape[1]
@@ -331,8 +308,7 @@ def w8a16_gemv(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, block: tuple[i
                          f"{' (or be a multiple of it)' if one_row else ''} and K {w.shape[1]}")
     if not one_row:
         return _launch(x, w, s.contiguous(), s, 0, w.shape[1], s.shape[1], block[0], block[1], block_n, block_k,
-                       num_warps, num_stages, waves, qtile=qtile, asm=asm, qa=qtile_a,
-                       half=half)
+                       num_warps, num_stages, waves, qtile=qtile, asm=asm, qa=qtile_a)
     n, k = w.shape
     x, s = x.contiguous(), s.contiguous()
     split, k_per = split_k(n, k, block_n, block_k, waves)
