@@ -19,6 +19,7 @@ tile. Sections:
   w8def    W8A16 at one row, both shapes: the default beside the configs it takes and the earlier defaults
   w4def    W4A16 at one row: the default beside the earlier best and default, K splits of the one-row kernel on
            4096 x 12288, and its PTX decode against plain Triton bit for bit
+  w8split  W8A16 at 8 rows: qtile B's K splits, the GEMV kernel's device time alone against the fill and cast
 Usage: PYTHONPATH=src python bench/quant_decode_sweep.py [--sections fp8det,moe,gemv] [--out DIR]
 """
 
@@ -240,6 +241,26 @@ def sec_w8def(res):
                   (16, 512, 8, 3, 2, False, False), (16, 2048, 8, 3, 0, False, False)])
 
 
+def sec_w8split(res):
+    """W8A16 at 8 rows, both shapes: qtile B with its K split over 0-8 waves of programs, each kernel's device time
+    (torch.profiler over the rotated weight copies): the GEMV kernel alone against the zero fill and the fp32 -> bf16
+    cast a split adds. Nsight Compute saw the unsplit 384-program grid at 2.7 warps per scheduler; if the split kernel
+    alone nears the 80% goal (14.6 us), an in-kernel reduction (no fill, no cast launch) is worth building."""
+    quantize, call, _, nbytes = _fp8()
+    for n, k in ((12288, 4096), (4096, 12288)):
+        packed, packs, wd, floor = _weights(quantize, nbytes, n, k)
+        x = torch.randn(8, k, device="cuda").bfloat16()
+        for c in [(bn, 128, 4, 4, wv, "b", False) for bn in (32, 64) for wv in (0, 2, 4, 8)]:
+            e = rel(call(x, packed, c), x.float() @ wd.T)
+            t = timed([(lambda p=p: call(x, p, c)) for p in packs])
+            prof = profile_kernels(lambda: [call(x, p, c) for p in packs], len(packs))
+            gemv = sum(us for name, us in prof.items() if "gemv" in name)
+            res[f"w8split {n}x{k} {c}"] = dict(us=t * 1e6, kernels_us=prof, gemv_us=gemv, rel_err=e)
+            print(f"  w8a16 {n}x{k} M=8 {c}: {t * 1e6:.1f} us ({100 * floor / t:.0f}%), the GEMV kernel alone "
+                  f"{gemv:.1f} us ({100 * floor / (gemv * 1e-6):.0f}%); by kernel: "
+                  + "; ".join(f"{name} {us:.1f}" for name, us in prof.items()), flush=True)
+
+
 def _experts_setup():
     e, d, i = 288, 4096, 2048
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -392,6 +413,6 @@ def sec_prefill(res):
 if __name__ == "__main__":
     sys.exit(run_sections(dict(fp8det=sec_fp8det, moe=sec_moe, prefill=sec_prefill, gemv=sec_gemv,
                                w8a16=lambda r: sec_gemv(r, "w8a16"), w4a16=lambda r: sec_gemv(r, "w4a16"),
-                               w4one=sec_w4one, w4def=sec_w4def, rows=sec_rows, w8def=sec_w8def),
+                               w4one=sec_w4one, w4def=sec_w4def, rows=sec_rows, w8def=sec_w8def, w8split=sec_w8split),
                           "fp8det,moe,gemv",
                           "quant_decode_sweep.json"))

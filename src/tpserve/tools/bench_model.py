@@ -153,6 +153,7 @@ def measure(llm, prefill: list[int], batches: list[int], steps: int, repeats: in
         drafts = after.get("spec_decode_num_drafts", 0) - before.get("spec_decode_num_drafts", 0)
         accepted = after.get("spec_decode_num_accepted_tokens", 0) - before.get("spec_decode_num_accepted_tokens", 0)
         out["decode"][b] = {"ms_per_step": 1000 * statistics.median(times), "steps": len(times),
+                            "all_ms": [1000 * x for x in times],
                             "tok_per_s": per_step / statistics.median(times), "tokens_per_step": per_step,
                             "mean_accepted_length": 1 + accepted / drafts if drafts else None,
                             "graph_ms": graph_ms}
