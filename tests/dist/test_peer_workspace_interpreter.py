@@ -10,6 +10,7 @@ gathers and the numerics without a GPU. Skipped where Triton is not installed (C
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 import torch
@@ -293,7 +294,7 @@ def test_kernels_compile_for_sm90_without_a_gpu():
         for i, name in enumerate(fn.arg_names):
             if name in const:
                 sig[name] = "constexpr"
-            elif name in ("state_ptr", "cnt_ptr", "pcnt_ptr", "inv_ptr"):
+            elif name in ("state_ptr", "cnt_ptr", "pcnt_ptr", "rcnt_ptr", "inv_ptr"):
                 sig[name] = "*i64"
             elif name == "w_ptr":
                 sig[name] = "*fp32"
@@ -327,6 +328,16 @@ def test_kernels_compile_for_sm90_without_a_gpu():
     for mode in (p.AR2, p.AG, p.RS):
         build(p.pipelined_kernel, MODE=mode, NSLOTS=p.PIPE_SLOTS, CONTIG=False,
               **dict(common, WORLD=8, RANK=7))
+    from tpserve.dist import workspace_triton_ring as ring
+    b0 = ring.ring_kernel.arg_names.index("B0")
+    for world, rank, contig in ((2, 1, True), (4, 0, True), (4, 3, False), (8, 5, False)):
+        ptx = build(ring.ring_kernel, NSLOTS=p.PIPE_SLOTS, CONTIG=contig,
+                    **dict(common, WORLD=world, RANK=rank)).asm["ptx"]
+        assert "ld.acquire.sys.global.b64" in ptx and "st.release.sys.global.b64" in ptx
+        assert "trap;" in ptx and "multimem" not in ptx
+        # the neighbour-only ring reads the buffer addresses of itself and its neighbours only
+        params = {int(i) - b0 for i in re.findall(r"\[ring_kernel_param_(\d+)\]", ptx)}
+        assert {q for q in params if 0 <= q < 8} == {(rank - 1) % world, rank, (rank + 1) % world}
     ptx = build(p.allreduce_add_rmsnorm_kernel, RANK=0, WORLD=2, BLOCK_D=8192,
                 INTERP=False).asm["ptx"]
     assert "ld.acquire.sys.global.b64" in ptx and "trap;" in ptx

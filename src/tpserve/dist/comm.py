@@ -121,12 +121,8 @@ class Communicator:
         if self.device.type == "cpu":
             from tpserve.dist.workspace import CpuWorkspace
             return CpuWorkspace(self._ops, nbytes, timeout_s=timeout_s, topology=self.topology)
-        if self.topology == "ring" and self.world_size > 2:
-            from tpserve.dist.shm import WorkspaceUnavailable
-            raise WorkspaceUnavailable("the CUDA workspace kernels read every peer; with "
-                                       "--allreduce-topology ring above 2 ranks NCCL is used")
         from tpserve.dist.ipc import create_peer_workspace
-        return create_peer_workspace(self._ops, nbytes, self.device)
+        return create_peer_workspace(self._ops, nbytes, self.device, topology=self.topology)
 
     def _make_symm(self, timeout_s: float) -> Any:
         from tpserve.dist.ipc import create_symm_ops

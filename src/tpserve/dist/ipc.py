@@ -7,7 +7,11 @@ kernels do the collectives. It then runs a small self-test on every path (one-sh
 all-gather, reduce-scatter, against the exact expected sums) so a kernel that does not compile or
 misbehaves on this machine is found at start-up (the pipelined and fused kernels too, the fused
 MoE combine + reduce-scatter in one round and pipelined): every failure is agreed across ranks and
-raised as WorkspaceUnavailable, and the Communicator falls back to NCCL with a warning.
+raised as WorkspaceUnavailable, and the Communicator falls back to NCCL with a warning. The
+neighbour-only ring all-reduce (workspace_triton_ring.py) is self-tested too; with
+`topology="ring"` it is the workspace's all-reduce. Every peer's buffer is still mapped then (the
+rendezvous maps them all, and the self-test runs the mesh kernels): mapping only the neighbours,
+for boxes where not every pair of GPUs can reach each other, is not done here.
 
 NVLink multicast is never used: TORCH_SYMM_MEM_DISABLE_MULTICAST=1 is set before the first
 allocation, and neither our kernels nor the torch ops we call (one_shot_all_reduce,
@@ -91,11 +95,12 @@ def _self_test(ws: Any, ops: GroupOps, device: torch.device) -> str:
     want = float(world * (world + 1) // 2)
     try:
         x = torch.full((3 * 1024 + 5,), float(rank + 1), dtype=torch.bfloat16, device=device)
-        results = {"one-shot all_reduce": ws.all_reduce(x, two_shot=False),
-                   "two-shot all_reduce": ws.all_reduce(x, two_shot=True),
+        results = {"one-shot all_reduce": ws.all_reduce(x, two_shot=False, ring=False),
+                   "two-shot all_reduce": ws.all_reduce(x, two_shot=True, ring=False),
                    "all_gather": ws.all_gather(x[: 2 * world], 0),
                    "reduce_scatter": ws.reduce_scatter(x[: 4 * world], 0),
-                   "pipelined all_reduce": ws.all_reduce_chunked(x)}
+                   "pipelined all_reduce": ws.all_reduce_chunked(x),
+                   "ring all_reduce": ws.all_reduce_ring(x)}
         w = torch.ones(x.shape[-1], dtype=x.dtype, device=device)
         normed, new_res = ws.all_reduce_add_rmsnorm(x.view(1, -1), torch.zeros_like(x).view(1, -1),
                                                     w, 1e-6)
@@ -134,8 +139,10 @@ def _self_test(ws: Any, ops: GroupOps, device: torch.device) -> str:
         return f"{type(exc).__name__}: {exc}"
 
 
-def create_peer_workspace(ops: GroupOps, nbytes: int, device: torch.device) -> Any:
-    """A self-tested PeerWorkspace over symmetric memory, or WorkspaceUnavailable (agreed)."""
+def create_peer_workspace(ops: GroupOps, nbytes: int, device: torch.device, *,
+                          topology: str = "mesh") -> Any:
+    """A self-tested PeerWorkspace over symmetric memory, or WorkspaceUnavailable (agreed).
+    `topology`: "ring" makes its all-reduce the neighbour-only ring (workspace_peer.py)."""
 
     def load_kernels() -> Any:
         from tpserve.dist import workspace_peer  # imports triton and the kernels
@@ -149,7 +156,8 @@ def create_peer_workspace(ops: GroupOps, nbytes: int, device: torch.device) -> A
     buf, handle = _allocate(ops, total, device)
     ws = agreed(ops, "building the workspace", lambda: peer.PeerWorkspace(
         ops.rank, ops.world_size, list(handle.buffer_ptrs), total, device,
-        keepalive=(buf, handle), max_spin=SELF_TEST_MAX_SPIN, trap_on_timeout=False))
+        keepalive=(buf, handle), max_spin=SELF_TEST_MAX_SPIN, trap_on_timeout=False,
+        topology=topology))
     problem = _self_test(ws, ops, device)
     if not ops.agree(not problem):
         ws.close()

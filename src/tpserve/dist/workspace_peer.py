@@ -6,10 +6,17 @@ that fits one data slot is one launch of a one-round kernel (workspace_triton.py
 several slots in flight, per-slot flags, no barrier per chunk), with no memory beyond the
 workspace and the output. Buffer layout (`buffer_bytes_for`): the one-round area of
 `workspace_bytes` (flags + two slots), then the pipeline flags and a pipeline area of another
-`workspace_bytes` (PIPE_SLOTS slots x P program regions). Inputs of any strides are read in place by the kernels
-(up to 4 dims after merging; more falls back to one contiguous copy). Launches only: no host
-synchronisation, no allocation other than the output, so calls can be captured in CUDA graphs
-(compile each variant once, eagerly, before capturing).
+`workspace_bytes` (PIPE_SLOTS slots x P program regions), then the ring flags. Inputs of any
+strides are read in place by the kernels (up to 4 dims after merging; more falls back to one
+contiguous copy). Launches only: no host synchronisation, no allocation other than the output,
+so calls can be captured in CUDA graphs (compile each variant once, eagerly, before capturing).
+
+The "ring" backend (`all_reduce_ring`; `all_reduce` by default where the topology is "ring"): the
+neighbour-only all-reduce of workspace_triton_ring.py, one launch of the pipelined grid through the
+pipeline area, rank r touching only its own and its neighbours' buffers; bitwise the mesh kernels'
+result. A "ring" workspace is otherwise the same object: ipc.py still maps every peer's buffer
+(mapping only the neighbours is not done there), but the Communicator sends nothing else to it
+(all-gather, reduce-scatter and the fused kernels read every peer: the process group serves them).
 
 `reduce_scatter_moe_combine`: the reduce-scatter of an MoE's combine (dist/fused.py) at any size
 the reduce-scatter serves, one launch: the combine computed straight into the workspace by
@@ -31,6 +38,8 @@ import triton
 from tpserve.dist import fused
 from tpserve.dist import workspace_triton as kernels
 from tpserve.dist import workspace_triton_pipe as pipe
+from tpserve.dist import workspace_triton_ring as ring_kernels
+from tpserve.dist.workspace import TOPOLOGIES
 from tpserve.kernels.route_triton import COMBINE_NUM_WARPS, combine_block_d
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -66,8 +75,10 @@ def strided_layout(x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...], bool
 
 
 def buffer_bytes_for(workspace_bytes: int) -> int:
-    """Bytes each rank's buffer needs for a workspace of `workspace_bytes` (both areas)."""
-    return 2 * (int(workspace_bytes) // 256 * 256) + pipe.PIPE_FLAG_BYTES
+    """Bytes each rank's buffer needs for a workspace of `workspace_bytes` (both areas and the
+    pipeline and ring flags)."""
+    flags = pipe.PIPE_FLAG_BYTES + ring_kernels.RING_FLAG_BYTES
+    return 2 * (int(workspace_bytes) // 256 * 256) + flags
 
 
 def _programs(work: int) -> int:
@@ -79,15 +90,20 @@ class PeerWorkspace:
 
     def __init__(self, rank: int, world_size: int, buffer_ptrs: list[int], buffer_bytes: int,
                  device: torch.device, *, interpret: bool = False, keepalive: Any = None,
-                 max_spin: int = DEFAULT_MAX_SPIN, trap_on_timeout: bool = True):
+                 max_spin: int = DEFAULT_MAX_SPIN, trap_on_timeout: bool = True,
+                 topology: str = "mesh"):
+        """`topology`: "ring" makes `all_reduce` take the neighbour-only ring by default."""
+        if topology not in TOPOLOGIES:
+            raise ValueError(f"topology must be one of {TOPOLOGIES}, got {topology!r}")
         if not 2 <= world_size <= kernels.MAX_WORLD:
             raise ValueError(f"PeerWorkspace supports 2..{kernels.MAX_WORLD} ranks, got "
                              f"{world_size}")
         if len(buffer_ptrs) != world_size:
             raise ValueError(f"need {world_size} buffer addresses, got {len(buffer_ptrs)}")
-        self.rank, self.world_size = rank, world_size
+        self.rank, self.world_size, self.topology = rank, world_size, topology
         self.device = torch.device(device)
-        area = (buffer_bytes - pipe.PIPE_FLAG_BYTES) // 2 // 256 * 256
+        flags = pipe.PIPE_FLAG_BYTES + ring_kernels.RING_FLAG_BYTES
+        area = (buffer_bytes - flags) // 2 // 256 * 256
         self.slot_bytes = (area - kernels.DATA_OFFSET) // 2 // 256 * 256
         if self.slot_bytes < 256 * world_size:
             raise ValueError(f"a {buffer_bytes}-byte buffer is too small for a workspace")
@@ -98,6 +114,7 @@ class PeerWorkspace:
         self.pipe_data = area + pipe.PIPE_FLAG_BYTES
         self.pipe_programs = max(1, min(pipe.PIPE_MAX_PROGRAMS, area // (pipe.PIPE_SLOTS * 1024)))
         self.region_bytes = area // pipe.PIPE_SLOTS // self.pipe_programs // 256 * 256
+        self.ring_flags = self.pipe_data + area  # after the pipeline area
         self.addrs = [int(p) for p in buffer_ptrs] + [0] * (kernels.MAX_WORLD - world_size)
         self.interpret = interpret
         self.max_spin = int(max_spin)
@@ -107,11 +124,19 @@ class PeerWorkspace:
         self.counters = torch.zeros(kernels.MAX_PROGRAMS, dtype=torch.int64, device=self.device)
         self.pipe_counters = torch.zeros(pipe.PIPE_MAX_PROGRAMS, dtype=torch.int64,
                                          device=self.device)
+        self.ring_counters = torch.zeros(ring_kernels.RING_COUNTERS, dtype=torch.int64,
+                                         device=self.device)  # the ring's own (its kernel's rcnt)
         self._keepalive = keepalive
 
     # -- what it can do -----------------------------------------------------------------------
     def capacity(self, dtype: torch.dtype) -> int:
         return self.slot_bytes // dtype.itemsize
+
+    def ring_capacity(self, dtype: torch.dtype) -> int:
+        """Elements one ring round carries over all programs (a program region holds the float32
+        partial sum and the result side by side); larger tensors take several rounds."""
+        region = ring_kernels.ring_region_elems(self.region_bytes, dtype.itemsize)
+        return region * self.pipe_programs
 
     def supports(self, x: torch.Tensor) -> bool:
         return x.dtype in SUPPORTED_DTYPES and x.device == self.device
@@ -132,8 +157,14 @@ class PeerWorkspace:
                             INTERP=self.interpret, num_warps=NUM_WARPS, **constexprs)
 
     # -- collectives ----------------------------------------------------------------------------
-    def all_reduce(self, x: torch.Tensor, *, two_shot: bool) -> torch.Tensor:
-        """One launch: the one-round kernel if x fits a slot, else the pipelined kernel."""
+    def all_reduce(self, x: torch.Tensor, *, two_shot: bool = True,
+                   ring: bool | None = None) -> torch.Tensor:
+        """One launch: the one-round kernel if x fits a slot, else the pipelined kernel; `ring`:
+        the neighbour-only ring instead (default: where the topology is "ring")."""
+        if ring is None:
+            ring = self.topology == "ring"
+        if ring:
+            return self.all_reduce_ring(x)
         numel = x.numel()
         if numel > self.capacity(x.dtype):
             return self.all_reduce_chunked(x)
@@ -156,6 +187,21 @@ class PeerWorkspace:
         src, layout, contig = strided_layout(x.reshape(1) if x.dim() == 0 else x)
         self._launch_pipelined(pipe.AR2 if self.world_size > 2 else pipe.AR1, src, out, numel,
                                self.region_bytes // x.element_size(), layout, contig)
+        return out
+
+    def all_reduce_ring(self, x: torch.Tensor) -> torch.Tensor:
+        """The neighbour-only ring all-reduce (any size; one launch of the pipelined grid)."""
+        out = torch.empty(x.shape, dtype=x.dtype, device=self.device)
+        numel = x.numel()
+        if numel == 0:
+            return out
+        src, layout, contig = strided_layout(x.reshape(1) if x.dim() == 0 else x)
+        region = ring_kernels.ring_region_elems(self.region_bytes, x.element_size())
+        self._launch(ring_kernels.ring_kernel, self.pipe_programs, src, out, self.state,
+                     self.pipe_counters, self.ring_counters, *self.addrs, numel, region,
+                     self.region_bytes, self.pipe_flags, self.pipe_data, self.ring_flags,
+                     self.max_spin, int(self.trap_on_timeout), *layout, NSLOTS=pipe.PIPE_SLOTS,
+                     CONTIG=contig)
         return out
 
     # -- fused all-reduce + residual add + RMSNorm ----------------------------------------------
