@@ -168,16 +168,20 @@ class EngineConfig:
                                         switch=True)
     allreduce_topology: str = _opt("mesh", "workspace all-reduce topology: mesh (every rank reads every "
                                    "peer) or ring (neighbours only, for boxes linked in a ring; "
-                                   "bitwise the same sums; all-gather / reduce-scatter then use "
-                                   "the process group)", switch=True, choices=("mesh", "ring"))
+                                   "bitwise the same sums; cpu shared memory or cuda peer memory, "
+                                   "any world size; all-gather / reduce-scatter then use the "
+                                   "process group, the fused collectives their separate ops)",
+                                   switch=True, choices=("mesh", "ring"))
     fused_collectives: bool = _opt(True, "fuse each block's all-reduce with the mHC expand that follows it (TP>1, "
                                    "steps without sequence parallelism: decode steps, prefills shorter than "
                                    "--sp-min-tokens): one kernel on cuda where the workspace serves the all-reduce "
                                    "in one round, the same two ops (bit for bit) elsewhere; and, with sequence "
                                    "parallelism, fold the MoE combine of the grouped experts (16-bit, unquantized) "
                                    "into the reduce-scatter that follows it: the combined rows computed straight "
-                                   "into the workspace (the cpu workspace at any size, the cuda one where the call "
-                                   "fits one slot), the combine then the reduce-scatter (bit for bit) elsewhere",
+                                   "into the workspace (cpu or cuda, at any size the workspace serves), the combine "
+                                   "then the reduce-scatter (bit for bit) elsewhere; a size table rule \"unfused\" "
+                                   "(`tpserve tune collectives` writes one where the separate ops measure faster) "
+                                   "keeps either fold off at that size",
                                    switch=True)
     speculative_config: str | None = _opt(
         None, "speculative decoding, as JSON (vLLM's keys): {\"method\": \"mtp\", \"num_speculative_tokens\": 3} "

@@ -54,14 +54,19 @@ def test_bench_check_fails_when_a_path_is_broken(capsys):
 def test_tune_writes_a_loadable_table(tmp_path, capsys):
     out_path = tmp_path / "tuned.json"
     rc = main(["tune", "collectives", "--world", "2", "--device", "cpu", "--sizes", "1K,256K",
-               "--ops", "all_reduce,all_reduce_add_rmsnorm", "--iter-scale", "0.2", "--out",
-               str(out_path)])
+               "--ops", "all_reduce,all_reduce_add_rmsnorm,reduce_scatter_moe_combine", "--iter-scale", "0.2",
+               "--out", str(out_path)])
     assert rc == 0
     from tpserve.dist import tuning
     table = tuning.read_table(out_path)
     assert table.meta["tuned"] is True and table.meta["key"]["world_size"] == 2
     assert table.lookup("all_reduce", "float32", 1024, 2) in ("torch", "oneshot", "twoshot", "ring")
+    # no fused add + RMSNorm on the cpu workspace: nothing to choose; the MoE fold is timed both ways
     assert all(r.op != "all_reduce_add_rmsnorm" for r in table.rules)
+    rows = {(r["op"], r["bytes"]): r["us"] for r in table.meta["timings"]}
+    for size in (1024, 256 << 10):
+        us = rows[("reduce_scatter_moe_combine", size)]
+        assert table.fuses("reduce_scatter_moe_combine", "float32", size, 2) == (us["fused"] <= us["unfused"])
     assert str(out_path) in capsys.readouterr().out
 
 

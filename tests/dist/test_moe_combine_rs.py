@@ -237,6 +237,36 @@ def test_fused_equals_unfused_on_the_cpu_workspace(world):
         assert out["cap"] < 3000  # and a 3000-wide row was split across rounds
 
 
+def _table_battery(rank: int, world: int, table_path: str) -> dict:
+    """The fold where a size table says "unfused" up to 4 KiB: small calls take the combine then the
+    reduce-scatter, larger ones the fused path, with the same results."""
+    from tpserve.config import EngineConfig
+
+    torch.set_num_threads(1)
+    comm = Communicator(dist.group.WORLD, torch.device("cpu"), timeout_s=60, workspace_bytes=WORKSPACE_BYTES,
+                        config=EngineConfig(collective_table=table_path))
+    ws, calls, out = comm._ws, [], {}
+    real = ws.reduce_scatter_moe_combine
+    ws.reduce_scatter_moe_combine = lambda *a: calls.append(1) or real(*a)
+    for t, d in ((3, 64), (40, 64)):  # the combined rows: 768 B and 10 KiB of float32
+        y, order, w, shared = moe_inputs(t, 2, d, torch.float32, seed=rank)
+        before = len(calls)
+        got = comm.reduce_scatter_moe_combine(y, order, w, shared)
+        want = comm.reduce_scatter(F.pad(fused.moe_combine(y, order, w, shared), (0, 0, 0, (-t) % world)))
+        out[t] = [len(calls) - before, torch.equal(got, want)]
+    return out
+
+
+def test_a_size_table_can_turn_the_fold_off_by_size(tmp_path):
+    from tpserve.dist import tuning
+
+    rule = tuning.Rule("reduce_scatter_moe_combine", "*", None, 4096, tuning.UNFUSED)
+    table = tuning.SizeTable((rule, *tuning.default_table("cpu").rules))
+    path = tuning.write_table(table, tmp_path / "table.json")
+    for rank, out in enumerate(spawn_ranks(_table_battery, 2, str(path), timeout=120)):
+        assert out == {3: [0, True], 40: [1, True]}, (rank, out)
+
+
 # -- the model at TP=2 with sequence parallelism ------------------------------------------------
 def test_fold_changes_no_token_at_tp2_with_sp(tiny, monkeypatch):
     """Grouped bf16 experts (moe triton with no token limit: on CPU torch's grouped_mm; set here

@@ -57,6 +57,23 @@ def test_aliases_and_validation():
         SizeTable.from_json({"format": 99, "rules": []}, "t.json")
 
 
+def test_fused_ops_take_fused_or_unfused_and_fuse_where_no_rule_says_otherwise():
+    t = SizeTable.from_json({"rules": [{"op": "all_reduce_hc_expand", "dtype": "bfloat16", "max_bytes": 1024,
+                                        "backend": "unfused"},
+                                       {"op": "reduce_scatter_moe_combine", "world": 4, "backend": "unfused"}]}, "t")
+    assert not t.fuses("all_reduce_hc_expand", torch.bfloat16, 1000, 2)
+    assert t.fuses("all_reduce_hc_expand", torch.bfloat16, 1025, 2)  # bucket 2048: no rule
+    assert t.fuses("all_reduce_hc_expand", torch.float32, 1000, 2)
+    assert t.fuses("all_reduce_add_rmsnorm", torch.bfloat16, 1000, 2)
+    assert not t.fuses("reduce_scatter_moe_combine", torch.float32, 1 << 30, 4)
+    assert t.fuses("reduce_scatter_moe_combine", torch.float32, 1 << 30, 2)
+    assert tuning.op_bytes("all_reduce_hc_expand", 10, 2, 4) == 20
+    for bad, msg in [({"op": "all_reduce_hc_expand", "backend": "oneshot"}, "must be 'fused' or 'unfused'"),
+                     ({"op": "all_reduce", "backend": "fused"}, "backend must be")]:
+        with pytest.raises(ValueError, match=msg):
+            SizeTable.from_json({"rules": [bad]}, "t.json")
+
+
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_shipped_defaults_load_and_prefer_custom_paths_for_small_sizes(device):
     t = tuning.default_table(device)
@@ -116,3 +133,8 @@ def test_table_from_winners_buckets_and_extends_the_largest_size():
     assert t.lookup("all_reduce", torch.float32, 1 << 30, 2) == "twoshot"
     assert t.lookup("all_reduce", torch.float32, 100, 4) == "torch"
     assert json.loads(json.dumps(t.to_json()))["tuned"] is True
+    t = tuning.table_from_winners({("all_reduce_hc_expand", "bfloat16", 1024): "unfused",
+                                   ("all_reduce_hc_expand", "bfloat16", 1 << 16): "fused"}, 2, fallback, {})
+    assert not t.fuses("all_reduce_hc_expand", torch.bfloat16, 100, 2)
+    assert t.fuses("all_reduce_hc_expand", torch.bfloat16, 5000, 2)
+    assert t.fuses("all_reduce_hc_expand", torch.bfloat16, 1 << 30, 2)

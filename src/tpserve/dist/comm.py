@@ -9,7 +9,8 @@ shared memory, workspace.py; CUDA: peer memory, ipc.py / workspace_peer.py) and 
 symmetric-memory ops. The backend is chosen per call by `backend_for` from the op, dtype, size,
 device and world size and the size table (tuning.py) only, never from timing or rank-local
 state, so every rank takes the same path. The table itself is checked to be identical on all
-ranks at construction.
+ranks at construction. A fused op runs fused where the workspace serves it, unless the table
+says "unfused" for its size (`tpserve tune collectives` writes that where the separate ops won).
 
 Construction is collective (all ranks of `group` at once). If the workspace cannot be built on
 some rank, every rank logs a warning and uses the process group's collectives instead.
@@ -216,6 +217,11 @@ class Communicator:
         return self._ws.reduce_scatter(x, dim, **kw)
 
     # -- fused -------------------------------------------------------------------------------
+    def _fuses(self, op: str, x: torch.Tensor) -> bool:
+        """Whether the size table lets the fused collective `op` fuse at x's size (default, and with no
+        table: yes)."""
+        return self.table is None or self.table.fuses(op, x.dtype, x.numel() * x.element_size(), self.world_size)
+
     def all_reduce_add_rmsnorm(self, partial: torch.Tensor, residual: torch.Tensor,
                                weight: torch.Tensor, eps: float
                                ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -228,7 +234,7 @@ class Communicator:
         backend = self.backend_for("all_reduce", partial)
         ws = self._ws
         if (backend in ("oneshot", "twoshot") and hasattr(ws, "all_reduce_add_rmsnorm")
-                and ws.fits_fused(partial)):
+                and ws.fits_fused(partial) and self._fuses("all_reduce_add_rmsnorm", partial)):
             return ws.all_reduce_add_rmsnorm(partial, residual, weight, eps)
         total = self.run("all_reduce", partial, backend)
         return fused.add_rmsnorm(total, residual, weight, eps)
@@ -243,7 +249,7 @@ class Communicator:
         backend = self.backend_for("all_reduce", partial)
         ws = self._ws
         if (backend in ("oneshot", "twoshot") and hasattr(ws, "all_reduce_hc_expand")
-                and ws.fits_hc_expand(partial, streams, post)):
+                and ws.fits_hc_expand(partial, streams, post) and self._fuses("all_reduce_hc_expand", partial)):
             return ws.all_reduce_hc_expand(partial, streams, post, comb)
         total = self.run("all_reduce", partial, backend)
         return fused.hc_expand(total, streams, post, comb)
@@ -273,7 +279,7 @@ class Communicator:
         backend = self.backend_for("reduce_scatter", probe)
         ws = self._ws
         if (backend in ("oneshot", "chunked") and getattr(ws, "MOE_COMBINE", None) == combine
-                and ws.fits_moe_combine(probe)):
+                and ws.fits_moe_combine(probe) and self._fuses("reduce_scatter_moe_combine", probe[:t])):
             kw = ({"pipelined": True} if backend == "chunked"
                   and hasattr(ws, "all_reduce_chunked") else {})  # CUDA: as `run` does
             return ws.reduce_scatter_moe_combine(y, order, weights, shared, **kw)

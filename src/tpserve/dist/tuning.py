@@ -16,6 +16,11 @@ the neighbour-only all-reduce, all_reduce only), "symm_oneshot",
 "symm_twoshot" (torch symmetric-memory ops, CUDA only). Where a chosen backend cannot serve a
 call, the Communicator resolves it (see Communicator.backend_for).
 
+The fused collectives (FUSED_OPS: the all-reduce with the residual add + RMSNorm or with the mHC
+expand that follows it, the reduce-scatter with the MoE combine as its copy-in) take "fused" or
+"unfused"; their size is the partial's bytes (the combined [T, D] rows' for the MoE combine). Nothing matching means "fused" wherever the workspace serves the call, so a table
+only needs rules where `tpserve tune collectives` measured the separate ops faster.
+
 Where tables come from, in order: `EngineConfig.collective_table` (a path), else the cache that
 `tpserve tune collectives` writes for this machine (keyed by device, driver, world size,
 topology and code version), else the shipped default for the device type
@@ -38,6 +43,8 @@ from typing import Any
 log = logging.getLogger("tpserve.dist")
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
+FUSED_OPS = ("all_reduce_add_rmsnorm", "all_reduce_hc_expand", "reduce_scatter_moe_combine")
+FUSED, UNFUSED = "fused", "unfused"
 TORCH = "torch"
 WORKSPACE_BACKENDS = ("oneshot", "twoshot", "chunked", "ring")
 SYMM_BACKENDS = ("symm_oneshot", "symm_twoshot")
@@ -45,8 +52,8 @@ BACKENDS = (TORCH, *WORKSPACE_BACKENDS, *SYMM_BACKENDS)
 ALIASES = {"nccl": TORCH, "gloo": TORCH}
 TABLE_FORMAT = 1
 _SOURCE_FILES = ("comm.py", "shm.py", "workspace.py", "workspace_group.py", "workspace_peer.py",
-                 "workspace_triton.py", "workspace_triton_pipe.py", "fused.py", "ipc.py",
-                 "tuning.py")
+                 "workspace_triton.py", "workspace_triton_pipe.py", "workspace_triton_ring.py", "fused.py",
+                 "ipc.py", "tuning.py")
 
 
 def size_bucket(nbytes: int) -> int:
@@ -55,9 +62,9 @@ def size_bucket(nbytes: int) -> int:
 
 
 def op_bytes(op: str, numel: int, itemsize: int, world_size: int) -> int:
-    """The size a table is keyed by: the largest buffer of the call."""
-    if op not in OPS:
-        raise ValueError(f"unknown collective {op!r}; expected one of {OPS}")
+    """The size a table is keyed by: the largest buffer of the call (a fused op: its partial)."""
+    if op not in OPS + FUSED_OPS:
+        raise ValueError(f"unknown collective {op!r}; expected one of {OPS + FUSED_OPS}")
     nbytes = numel * itemsize
     return nbytes * world_size if op == "all_gather" else nbytes
 
@@ -89,9 +96,11 @@ def _parse_rule(raw: Any, where: str) -> Rule:
     if not isinstance(raw, dict):
         raise ValueError(f"{where}: a rule must be an object, got {raw!r}")
     op, backend = raw.get("op"), ALIASES.get(raw.get("backend"), raw.get("backend"))
-    if op not in OPS:
-        raise ValueError(f"{where}: op must be one of {OPS}, got {op!r}")
-    if backend not in BACKENDS:
+    if op not in OPS + FUSED_OPS:
+        raise ValueError(f"{where}: op must be one of {OPS + FUSED_OPS}, got {op!r}")
+    if op in FUSED_OPS and backend not in (FUSED, UNFUSED):
+        raise ValueError(f"{where}: backend of {op} must be {FUSED!r} or {UNFUSED!r}, got {raw.get('backend')!r}")
+    if op in OPS and backend not in BACKENDS:
         raise ValueError(f"{where}: backend must be one of {BACKENDS + tuple(ALIASES)}, got "
                          f"{raw.get('backend')!r}")
     world, max_bytes, dtype = raw.get("world", "*"), raw.get("max_bytes"), raw.get("dtype", "*")
@@ -116,6 +125,15 @@ class SizeTable:
             if rule.matches(op, name, bucket, world_size):
                 return rule.backend
         return TORCH
+
+    def fuses(self, op: str, dtype: Any, nbytes: int, world_size: int) -> bool:
+        """Whether the fused collective `op` (FUSED_OPS) should run fused: the first matching rule's
+        word, "fused" where none matches."""
+        bucket, name = size_bucket(nbytes), dtype_name(dtype)
+        for rule in self.rules:
+            if rule.matches(op, name, bucket, world_size):
+                return rule.backend == FUSED
+        return True
 
     def uses_backends(self, world_size: int) -> set[str]:
         """Backends that some rule names for this world size."""

@@ -131,8 +131,9 @@ def fused_row(comm: Communicator, op: str, dt_name: str, size: int, device: torc
             _sync(device)
             dist.barrier()
     nbytes = args[0].numel() * args[0].element_size() // (TOP_K if op == MOE_COMBINE else 1)
+    fuses = comm.table is None or comm.table.fuses(op, DTYPES[dt_name], nbytes, world)
     return {"op": op, "dtype": dt_name, "world": world, "bytes": nbytes,
-            "pick": "fused" if "fused" in paths else "unfused", "us": us}
+            "pick": "fused" if "fused" in paths and fuses else "unfused", "us": us}
 
 
 def _check_shapes(cap: int) -> list[tuple[int, int]]:

@@ -5,7 +5,8 @@ latency and bus bandwidth per size, and the backend the size table picks; `--che
 every path against a locally computed plain sum and exits 1 on any mismatch; `--plot FILE` draws
 latency against size; `--graph` (CUDA) times inside CUDA graph replays.
 tune: times the same candidates and writes the winners as a size table into the tuned cache
-(or --out), which Communicators on this machine then load.
+(or --out), which Communicators on this machine then load; for the fused ops, whether the fused
+kernel or the separate ops won at each size.
 """
 
 from __future__ import annotations
@@ -253,9 +254,9 @@ def run_tune(args: argparse.Namespace) -> int:
         rows = _spawn(spec, args.world, args.timeout)[0]["rows"]
     winners = {}
     for r in rows:
-        if r["op"] not in tuning.OPS:  # the fused ops are measured, not table entries
-            continue
         timed = {b: us for b, us in r["us"].items() if isinstance(us, float)}
+        if r["op"] in tuning.FUSED_OPS and tuning.FUSED not in timed:
+            continue  # no fused kernel serves this size: nothing to choose
         if timed:
             winners[(r["op"], r["dtype"], tuning.size_bucket(r["bytes"]))] = min(timed, key=timed.get)
     key = tuning.machine_key(spec["device"], args.world)
