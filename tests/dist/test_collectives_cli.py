@@ -92,3 +92,14 @@ def test_tune_plot_writes_a_png_of_every_measured_backend(tmp_path, capsys, monk
     assert {r["op"] for r in rows} == {"all_reduce", "all_gather"}
     assert {"torch", "oneshot", "twoshot"} <= {b for r in rows for b, us in r["us"].items()
                                                 if isinstance(us, float)}
+
+
+def test_bench_with_the_ring_topology_offers_the_all_reduce_through_neighbours_only(tmp_path, capsys):
+    out = tmp_path / "ring.json"
+    rc = main(["bench", "collectives", "--world", "3", "--device", "cpu", "--check", "--allreduce-topology", "ring",
+               "--sizes", "4K", "--ops", "all_reduce,all_gather", "--iter-scale", "0.2", "--json", str(out)])
+    assert rc == 0 and "check passed" in capsys.readouterr().out
+    import json
+    rows = {r["op"]: r for r in json.loads(out.read_text())["rows"]}
+    assert set(rows["all_reduce"]["us"]) == {"torch", "ring"} and rows["all_reduce"]["pick"] == "ring"
+    assert set(rows["all_gather"]["us"]) == {"torch"}

@@ -39,8 +39,8 @@ def _setup(rank: int, world: int, spec: dict) -> tuple[Communicator, torch.devic
     else:
         device = torch.device("cpu")
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
-    config = EngineConfig(allreduce_workspace_mb=spec["workspace_mb"],
-                          collective_table=spec.get("table"), custom_allreduce=True)
+    config = EngineConfig(allreduce_workspace_mb=spec["workspace_mb"], collective_table=spec.get("table"),
+                          custom_allreduce=True, allreduce_topology=spec.get("topology", "mesh"))
     comm = Communicator(dist.group.WORLD, device, config=config, prepare_all=True,
                         timeout_s=spec.get("barrier_timeout", 300.0))
     if hasattr(comm._ws, "trap_on_timeout"):  # CUDA: report a stuck barrier, don't hang
@@ -239,8 +239,9 @@ def check_worker(rank: int, world: int, spec: dict) -> list[str]:
                         if op != "reduce_scatter":
                             labels.append(label)
                             digests.append(_digest(y) if not problem.startswith("raised") else 0)
-        from tpserve.dist.workspace_bench_fused import fused_check, hc_expand_check
-        for op, fused_op_check in ((FUSED, fused_check), (HC_EXPAND, hc_expand_check)):
+        from tpserve.dist.workspace_bench_fused import fused_check, hc_expand_check, moe_combine_check
+        for op, fused_op_check in ((FUSED, fused_check), (HC_EXPAND, hc_expand_check),
+                                   (MOE_COMBINE, moe_combine_check)):
             if op in spec["ops"]:
                 for dt_name in spec["dtypes"]:
                     failures += [f"rank {rank}: {f}"
@@ -288,12 +289,15 @@ def bench_worker(rank: int, world: int, spec: dict) -> dict:
 def _graph_check(comm: Communicator, device: torch.device, cap: int) -> list[str]:
     """Workspace paths captured in one CUDA graph, replayed with fresh inputs between eager
     calls: the device-side epochs and slot parity must carry across replays. "chunked"
-    all-gather / reduce-scatter are the pipelined kernel (comm.run asks for it at any size)."""
+    all-gather / reduce-scatter are the pipelined kernel (comm.run asks for it at any size); the
+    ring all-reduce where the workspace has it, over two rounds."""
     world, rank = comm.world_size, comm.rank
     shapes = {("all_reduce", "oneshot"): (1000,), ("all_reduce", "twoshot"): (4097,),
               ("all_reduce", "chunked"): (int(cap * 2.2) + 1,),
               ("all_gather", "oneshot"): (300, 7), ("reduce_scatter", "oneshot"): (world * 64, 5),
               ("all_gather", "chunked"): (301, 7), ("reduce_scatter", "chunked"): (world * 65, 5)}
+    if comm._resolve("all_reduce", "ring", torch.zeros(1, dtype=torch.bfloat16, device=device)) == "ring":
+        shapes[("all_reduce", "ring")] = (int(comm._ws.ring_capacity(torch.bfloat16) * 1.3) + 1,)  # two rounds
     statics = {k: torch.zeros(s, dtype=torch.bfloat16, device=device) for k, s in shapes.items()}
     for (op, b), x in statics.items():  # compile every variant before capturing
         comm.run(op, x, b)

@@ -5,8 +5,9 @@ MoE combine, padding and the table's reduce-scatter, "fused" = the workspace's r
 copy-in is the combine, CPU or CUDA; its size is the combined [T, D] tensor's, the experts' rows
 TOP_K times that) and in its `--check`: add + RMSNorm: new residual bitwise, normed within
 fused.rmsnorm_bound; mHC expand: `total` bitwise (post 1, comb 0), new streams within
-fused.hc_expand_bound; bitwise on the exact unfused paths. (The MoE combine's bitwise proof:
-tests/dist/test_moe_combine_rs.py.)"""
+fused.hc_expand_bound; bitwise on the exact unfused paths; MoE combine + reduce-scatter: bitwise
+against the rank-order sum of every rank's padded combine (fused, and unfused through a workspace
+backend; within the process group's rounding bound through NCCL / gloo)."""
 
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ import torch.distributed as dist
 
 from tpserve.dist.comm import Communicator
 from tpserve.dist.tuning import TORCH
-from tpserve.dist.workspace_bench import (DTYPES, FUSED, HC_EXPAND, MOE_COMBINE, _iters, _reference,
-                                          _sync, median_us)
+from tpserve.dist.workspace_bench import (DTYPES, FUSED, HC_EXPAND, MOE_COMBINE, _compare, _iters,
+                                          _reference, _sync, median_us)
 
 FUSED_HIDDEN = 4096
 HC_MULT = 4  # GLM-5.3-Flash's mHC streams per token
@@ -55,15 +56,22 @@ def _inputs(op: str, nbytes: int, dtype: torch.dtype, device: torch.device, seed
     partial, residual, weight = _fused_inputs(nbytes, dtype, device, seed)
     if op == FUSED:
         return partial, residual, weight
-    if op == MOE_COMBINE:  # y [T * k, D] in expert order, order [T * k], weights [T, k], shared [T, D]
-        t, d = partial.shape
-        g = torch.Generator().manual_seed(seed + 2000)
-        y = torch.randn((t * TOP_K, d), generator=g).to(dtype).to(device)
-        order = torch.argsort(torch.randint(0, 288, (t * TOP_K,), generator=g), stable=True).to(device)
-        weights = torch.rand((t, TOP_K), generator=g).to(device)
-        return y, order, weights, residual
+    if op == MOE_COMBINE:
+        return (*_moe_inputs(tuple(partial.shape), dtype, device, seed + 2000)[:3], residual)
     return (partial, *_hc_inputs(tuple(partial.shape), dtype, device,
                                  torch.Generator().manual_seed(seed + 1000)))
+
+
+def _moe_inputs(shape: tuple[int, int], dtype: torch.dtype, device: torch.device, seed: int
+                ) -> tuple[torch.Tensor, ...]:
+    """y [T * TOP_K, D] in expert order, order [T * TOP_K], weights [T, TOP_K] (float32), shared [T, D]."""
+    t, d = shape
+    g = torch.Generator().manual_seed(seed)
+    y = torch.randn((t * TOP_K, d), generator=g).to(dtype).to(device)
+    order = torch.argsort(torch.randint(0, 288, (t * TOP_K,), generator=g), stable=True).to(device)
+    weights = torch.rand((t, TOP_K), generator=g).to(device)
+    shared = torch.randn((t, d), generator=g).to(dtype).to(device)
+    return y, order, weights, shared
 
 
 def _fused_paths(comm: Communicator, op: str, args: tuple[torch.Tensor, ...]) -> dict[str, Any]:
@@ -211,4 +219,35 @@ def hc_expand_check(comm: Communicator, dt_name: str, device: torch.device,
             err = (new.double() - want.double()).abs()
             if (exact and not torch.equal(new, want)) or not bool((err <= bound).all()):
                 problems.append(f"{label} [{name}]: new streams off by {float(err.max()):.3g}")
+    return problems
+
+
+def moe_combine_check(comm: Communicator, dt_name: str, device: torch.device, cap: int) -> list[str]:
+    """Every reduce_scatter_moe_combine path (fused where the workspace serves it; combine, pad and the table's
+    reduce-scatter) against the rank-order float32 sum of every rank's padded combine, rounded once: this rank's
+    slice, bitwise (within _compare's bound where the reduce-scatter is the process group's)."""
+    from tpserve.dist import fused
+    world, rank, dtype = comm.world_size, comm.rank, DTYPES[dt_name]
+    combine = getattr(comm._ws, "MOE_COMBINE", "triton" if device.type == "cuda" else "torch")
+    problems = []
+    for case, shape in enumerate(_check_shapes(cap)):
+        args = [_moe_inputs(shape, dtype, device, 999 + 17 * case + r) for r in range(world)]
+        combined = [fused.pad_rows(fused.moe_combine(*a, combine), world).float() for a in args]
+        acc = combined[0]
+        for c in combined[1:]:
+            acc = acc + c
+        want = acc.to(dtype).chunk(world)[rank]
+        paths = _moe_combine_paths(comm, args[rank])
+        t, d = shape
+        pick = comm.backend_for("reduce_scatter", args[rank][0].new_empty(()).expand(-(-t // world) * world, d))
+        for name, fn in paths.items():
+            try:
+                got = fn(*args[rank])
+                _sync(device)
+            except Exception as exc:  # noqa: BLE001
+                problems.append(f"{MOE_COMBINE} {dt_name} {shape} [{name}]: raised {exc!r}")
+                continue
+            problem = _compare(got, want, "fused" if name == "fused" else pick, dt_name, world)
+            if problem:
+                problems.append(f"{MOE_COMBINE} {dt_name} {shape} [{name}]: {problem}")
     return problems

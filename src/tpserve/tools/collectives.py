@@ -76,6 +76,9 @@ def _common(p: argparse.ArgumentParser) -> None:
                         "combine against combine + reduce-scatter "
                         f"(default {_ALL_OPS})")
     p.add_argument("--workspace-mb", type=int, default=8, help="per-rank workspace (MiB)")
+    p.add_argument("--allreduce-topology", choices=("mesh", "ring"), default="mesh",
+                   help="the workspace's topology, as the engine's switch: ring offers the all-reduce only "
+                        "through neighbours (and all-gather / reduce-scatter through the process group)")
     p.add_argument("--table", default=None, help="size table JSON to show picks from")
     p.add_argument("--iter-scale", type=float, default=1.0, help="scale the iteration counts")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds before giving up")
@@ -127,7 +130,7 @@ def _spec(args: argparse.Namespace) -> dict:
             raise SystemExit(f"unknown op {op!r}; choose from {(*OPS, *FUSED_OPS)}")
     sizes = args.sizes or parse_sizes("1K:256M" if device == "cuda" else "1K:16M")
     return {"device": device, "sizes": sizes, "dtypes": dtypes, "ops": ops,
-            "workspace_mb": args.workspace_mb, "table": args.table,
+            "workspace_mb": args.workspace_mb, "table": args.table, "topology": args.allreduce_topology,
             "iter_scale": args.iter_scale, "graph": bool(getattr(args, "graph", False)),
             "check": bool(getattr(args, "check", False)),
             "timing": not getattr(args, "no_timing", False),
