@@ -9,9 +9,10 @@ misbehaves on this machine is found at start-up (the pipelined and fused kernels
 MoE combine + reduce-scatter in one round and pipelined): every failure is agreed across ranks and
 raised as WorkspaceUnavailable, and the Communicator falls back to NCCL with a warning. The
 neighbour-only ring all-reduce (workspace_triton_ring.py) is self-tested too; with
-`topology="ring"` it is the workspace's all-reduce. Every peer's buffer is still mapped then (the
-rendezvous maps them all, and the self-test runs the mesh kernels): mapping only the neighbours,
-for boxes where not every pair of GPUs can reach each other, is not done here.
+`topology="ring"` it is the workspace's all-reduce, and the self-test runs only it (reading no
+buffer but the neighbours'). Every peer's buffer is still mapped then (the symmetric-memory
+rendezvous maps them all): mapping only the neighbours, for boxes where not every pair of GPUs
+can map each other's memory, is not done here.
 
 NVLink multicast is never used: TORCH_SYMM_MEM_DISABLE_MULTICAST=1 is set before the first
 allocation, and neither our kernels nor the torch ops we call (one_shot_all_reduce,
@@ -93,6 +94,8 @@ def _self_test(ws: Any, ops: GroupOps, device: torch.device) -> str:
     Every kernel is launched whatever an earlier one returned, so all ranks launch the same."""
     world, rank = ops.world_size, ops.rank
     want = float(world * (world + 1) // 2)
+    if getattr(ws, "topology", "mesh") == "ring":  # the Communicator sends it nothing but the ring
+        return _ring_self_test(ws, rank, want, device)
     try:
         x = torch.full((3 * 1024 + 5,), float(rank + 1), dtype=torch.bfloat16, device=device)
         results = {"one-shot all_reduce": ws.all_reduce(x, two_shot=False, ring=False),
@@ -135,6 +138,25 @@ def _self_test(ws: Any, ops: GroupOps, device: torch.device) -> str:
         if not bool((normed == 1).all()):  # a constant row normalises to 1 exactly
             problems.append("fused all_reduce + RMSNorm")
         return "; ".join(f"{p} gave wrong results" if "barrier" not in p else p for p in problems)
+    except Exception as exc:  # noqa: BLE001
+        return f"{type(exc).__name__}: {exc}"
+
+
+def _ring_self_test(ws: Any, rank: int, want: float, device: torch.device) -> str:
+    """The ring workspace's self-test: only the neighbour-only all-reduce (one round and several), so that
+    the test itself reads no buffer but the neighbours' (the mesh kernels read every peer)."""
+    try:
+        small = torch.full((3 * 1024 + 5,), float(rank + 1), dtype=torch.bfloat16, device=device)
+        large = torch.full((ws.ring_capacity(torch.bfloat16) * 2 + 7,), float(rank + 1), dtype=torch.bfloat16,
+                           device=device)
+        results = {"ring all_reduce": ws.all_reduce_ring(small), "ring all_reduce, several rounds":
+                   ws.all_reduce_ring(large)}
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        problems = [f"{name} gave wrong results" for name, y in results.items() if not bool((y == want).all())]
+        if ws.error_flag():
+            problems.append("a barrier timed out (a peer never signalled)")
+        return "; ".join(problems)
     except Exception as exc:  # noqa: BLE001
         return f"{type(exc).__name__}: {exc}"
 
