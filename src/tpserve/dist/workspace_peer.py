@@ -157,6 +157,11 @@ class PeerWorkspace:
                             INTERP=self.interpret, num_warps=NUM_WARPS, **constexprs)
 
     # -- collectives ----------------------------------------------------------------------------
+    def _output_and_layout(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple]:
+        """An all-reduce's output (x's shape, contiguous) and strided_layout of x (a 0-d x as one element)."""
+        out = torch.empty(x.shape, dtype=x.dtype, device=self.device)
+        return out, strided_layout(x.reshape(1) if x.dim() == 0 else x)
+
     def all_reduce(self, x: torch.Tensor, *, two_shot: bool = True,
                    ring: bool | None = None) -> torch.Tensor:
         """One launch: the one-round kernel if x fits a slot, else the pipelined kernel; `ring`:
@@ -168,10 +173,9 @@ class PeerWorkspace:
         numel = x.numel()
         if numel > self.capacity(x.dtype):
             return self.all_reduce_chunked(x)
-        out = torch.empty(x.shape, dtype=x.dtype, device=self.device)
+        out, (src, layout, contig) = self._output_and_layout(x)
         if numel == 0:
             return out
-        src, layout, contig = strided_layout(x.reshape(1) if x.dim() == 0 else x)
         work = -(-numel // self.world_size) if two_shot else numel
         self._launch(kernels.allreduce_kernel, _programs(work), src, out, self.state,
                      self.counters, *self.addrs, 0, numel, self.slot_bytes, self.max_spin,
@@ -180,22 +184,20 @@ class PeerWorkspace:
 
     def all_reduce_chunked(self, x: torch.Tensor) -> torch.Tensor:
         """The pipelined all-reduce (any size; one launch of a fixed grid)."""
-        out = torch.empty(x.shape, dtype=x.dtype, device=self.device)
+        out, (src, layout, contig) = self._output_and_layout(x)
         numel = x.numel()
         if numel == 0:
             return out
-        src, layout, contig = strided_layout(x.reshape(1) if x.dim() == 0 else x)
         self._launch_pipelined(pipe.AR2 if self.world_size > 2 else pipe.AR1, src, out, numel,
                                self.region_bytes // x.element_size(), layout, contig)
         return out
 
     def all_reduce_ring(self, x: torch.Tensor) -> torch.Tensor:
         """The neighbour-only ring all-reduce (any size; one launch of the pipelined grid)."""
-        out = torch.empty(x.shape, dtype=x.dtype, device=self.device)
+        out, (src, layout, contig) = self._output_and_layout(x)
         numel = x.numel()
         if numel == 0:
             return out
-        src, layout, contig = strided_layout(x.reshape(1) if x.dim() == 0 else x)
         region = ring_kernels.ring_region_elems(self.region_bytes, x.element_size())
         self._launch(ring_kernels.ring_kernel, self.pipe_programs, src, out, self.state,
                      self.pipe_counters, self.ring_counters, *self.addrs, numel, region,
