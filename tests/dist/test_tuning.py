@@ -123,6 +123,15 @@ def test_load_table_order_explicit_then_cache_then_default(tmp_path, monkeypatch
         tuning.load_table(str(tmp_path / "nope.json"), "cpu", 2)
 
 
+def test_ring_tunings_are_cached_apart_from_mesh_ones(tmp_path, monkeypatch):
+    monkeypatch.setenv("TPSERVE_CACHE_DIR", str(tmp_path))
+    mesh, ring = tuning.machine_key("cpu", 3), tuning.machine_key("cpu", 3, "ring")
+    assert tuning.cache_path(mesh) != tuning.cache_path(ring) and "allreduce_topology" not in mesh
+    tuning.write_table(table(("all_reduce", "*", None, None, "ring")), tuning.cache_path(ring))
+    assert tuning.load_table(None, "cpu", 3, "ring").rules[0].backend == "ring"
+    assert tuning.load_table(None, "cpu", 3).source == "default:cpu.json"
+
+
 def test_table_from_winners_buckets_and_extends_the_largest_size():
     fallback = table(("all_gather", "*", None, None, "torch"))
     t = tuning.table_from_winners({("all_reduce", "float32", 1024): "oneshot",

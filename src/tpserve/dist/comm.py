@@ -87,7 +87,7 @@ class Communicator:
         table, error = None, ""
         try:
             table = tuning.load_table(self.config.collective_table, self.device.type,
-                                      self.world_size)
+                                      self.world_size, self.topology)
         except (OSError, ValueError) as exc:
             error = str(exc)
         digest = int(table.digest()[:15], 16) if table is not None else 0

@@ -18,8 +18,9 @@ call, the Communicator resolves it (see Communicator.backend_for).
 
 The fused collectives (FUSED_OPS: the all-reduce with the residual add + RMSNorm or with the mHC
 expand that follows it, the reduce-scatter with the MoE combine as its copy-in) take "fused" or
-"unfused"; their size is the partial's bytes (the combined [T, D] rows' for the MoE combine). Nothing matching means "fused" wherever the workspace serves the call, so a table
-only needs rules where `tpserve tune collectives` measured the separate ops faster.
+"unfused"; their size is the partial's bytes (the combined [T, D] rows' for the MoE combine).
+Nothing matching means "fused" wherever the workspace serves the call, so a table only needs
+rules where `tpserve tune collectives` measured the separate ops faster.
 
 Where tables come from, in order: `EngineConfig.collective_table` (a path), else the cache that
 `tpserve tune collectives` writes for this machine (keyed by device, driver, world size,
@@ -209,12 +210,15 @@ def _run(cmd: list[str]) -> str:
         return ""
 
 
-def machine_key(device_type: str, world_size: int) -> dict[str, Any]:
-    """What a tuning is valid for. Computed identically on every rank of one machine."""
+def machine_key(device_type: str, world_size: int, allreduce_topology: str = "mesh") -> dict[str, Any]:
+    """What a tuning is valid for. Computed identically on every rank of one machine. A ring
+    workspace (`--allreduce-topology ring`) offers other paths, so its tunings are kept apart."""
     from tpserve import __version__
 
     key: dict[str, Any] = {"device_type": device_type, "world_size": world_size,
                            "version": __version__, "source_hash": source_hash()}
+    if allreduce_topology != "mesh":
+        key["allreduce_topology"] = allreduce_topology
     if device_type == "cuda":
         import torch
         key["device"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "?"
@@ -244,11 +248,12 @@ def cache_path(key: dict[str, Any]) -> Path:
     return cache_dir() / f"collectives-{key['device_type']}-w{key['world_size']}-{digest}.json"
 
 
-def load_table(explicit: str | None, device_type: str, world_size: int) -> SizeTable:
+def load_table(explicit: str | None, device_type: str, world_size: int,
+               allreduce_topology: str = "mesh") -> SizeTable:
     """The table a Communicator uses (see the module docstring for the order)."""
     if explicit:
         return read_table(explicit)
-    path = cache_path(machine_key(device_type, world_size))
+    path = cache_path(machine_key(device_type, world_size, allreduce_topology))
     if path.is_file():
         try:
             return read_table(path)

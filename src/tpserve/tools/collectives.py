@@ -262,7 +262,7 @@ def run_tune(args: argparse.Namespace) -> int:
             continue  # no fused kernel serves this size: nothing to choose
         if timed:
             winners[(r["op"], r["dtype"], tuning.size_bucket(r["bytes"]))] = min(timed, key=timed.get)
-    key = tuning.machine_key(spec["device"], args.world)
+    key = tuning.machine_key(spec["device"], args.world, spec.get("topology", "mesh"))
     mode = "CUDA-graph" if spec.get("graph") else "eager"
     meta = {"tuned": True, "key": key,
             "note": f"tuned by `tpserve tune collectives` ({mode} timings) on "
