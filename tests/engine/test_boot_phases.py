@@ -31,4 +31,5 @@ def test_boot_line_has_each_phase_and_they_add_up(tiny, tmp_path, caplog):
         phases = llm.engine.executor.runner.boot_seconds
         assert set(phases) == {"plan", "weights"}  # no fla self-tests on a CPU
         assert min(total, plan, weights, cache, graphs) >= 0 and tests == 0
-        assert plan + weights <= total + 0.01, boot  # (the line rounds to 10 ms)
+        # the line rounds each value to 10 ms: two phases and the total may differ by up to 15 ms (and float sums)
+        assert plan + weights <= total + 0.015 + 1e-9, boot

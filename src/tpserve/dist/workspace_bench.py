@@ -296,7 +296,7 @@ def _graph_check(comm: Communicator, device: torch.device, cap: int) -> list[str
               ("all_reduce", "chunked"): (int(cap * 2.2) + 1,),
               ("all_gather", "oneshot"): (300, 7), ("reduce_scatter", "oneshot"): (world * 64, 5),
               ("all_gather", "chunked"): (301, 7), ("reduce_scatter", "chunked"): (world * 65, 5)}
-    if comm._resolve("all_reduce", "ring", torch.zeros(1, dtype=torch.bfloat16, device=device)) == "ring":
+    if hasattr(comm._ws, "ring_capacity"):  # the CUDA workspace's ring all-reduce
         shapes[("all_reduce", "ring")] = (int(comm._ws.ring_capacity(torch.bfloat16) * 1.3) + 1,)  # two rounds
     statics = {k: torch.zeros(s, dtype=torch.bfloat16, device=device) for k, s in shapes.items()}
     for (op, b), x in statics.items():  # compile every variant before capturing
