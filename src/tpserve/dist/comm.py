@@ -217,7 +217,7 @@ class Communicator:
         return self._ws.reduce_scatter(x, dim, **kw)
 
     # -- fused -------------------------------------------------------------------------------
-    def _fuses(self, op: str, x: torch.Tensor) -> bool:
+    def fuses(self, op: str, x: torch.Tensor) -> bool:
         """Whether the size table lets the fused collective `op` fuse at x's size (default, and with no
         table: yes)."""
         return self.table is None or self.table.fuses(op, x.dtype, x.numel() * x.element_size(), self.world_size)
@@ -234,7 +234,7 @@ class Communicator:
         backend = self.backend_for("all_reduce", partial)
         ws = self._ws
         if (backend in ("oneshot", "twoshot") and hasattr(ws, "all_reduce_add_rmsnorm")
-                and ws.fits_fused(partial) and self._fuses("all_reduce_add_rmsnorm", partial)):
+                and ws.fits_fused(partial) and self.fuses("all_reduce_add_rmsnorm", partial)):
             return ws.all_reduce_add_rmsnorm(partial, residual, weight, eps)
         total = self.run("all_reduce", partial, backend)
         return fused.add_rmsnorm(total, residual, weight, eps)
@@ -249,7 +249,7 @@ class Communicator:
         backend = self.backend_for("all_reduce", partial)
         ws = self._ws
         if (backend in ("oneshot", "twoshot") and hasattr(ws, "all_reduce_hc_expand")
-                and ws.fits_hc_expand(partial, streams, post) and self._fuses("all_reduce_hc_expand", partial)):
+                and ws.fits_hc_expand(partial, streams, post) and self.fuses("all_reduce_hc_expand", partial)):
             return ws.all_reduce_hc_expand(partial, streams, post, comb)
         total = self.run("all_reduce", partial, backend)
         return fused.hc_expand(total, streams, post, comb)
@@ -279,7 +279,7 @@ class Communicator:
         backend = self.backend_for("reduce_scatter", probe)
         ws = self._ws
         if (backend in ("oneshot", "chunked") and getattr(ws, "MOE_COMBINE", None) == combine
-                and ws.fits_moe_combine(probe) and self._fuses("reduce_scatter_moe_combine", probe[:t])):
+                and ws.fits_moe_combine(probe) and self.fuses("reduce_scatter_moe_combine", probe[:t])):
             kw = ({"pipelined": True} if backend == "chunked"
                   and hasattr(ws, "all_reduce_chunked") else {})  # CUDA: as `run` does
             return ws.reduce_scatter_moe_combine(y, order, weights, shared, **kw)

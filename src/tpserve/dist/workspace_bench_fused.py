@@ -96,14 +96,18 @@ def _fused_paths(comm: Communicator, op: str, args: tuple[torch.Tensor, ...]) ->
     return paths
 
 
+def _padded_combine(comm: Communicator, y: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """A stand-in (no storage) of the padded [ceil(T / world) * world, D] combine the reduce-scatter takes."""
+    rows = -(-weights.shape[0] // comm.world_size) * comm.world_size
+    return y.new_empty(()).expand(rows, y.shape[1])
+
+
 def _moe_combine_paths(comm: Communicator, args: tuple[torch.Tensor, ...]) -> dict[str, Any]:
     """{"unfused": combine, pad, the table's reduce-scatter; "fused": the workspace's one where it
     serves this size}, both with the combine arithmetic of the workspace here (fused.py)."""
     from tpserve.dist import fused
     y, _, weights, _ = args
-    t, d = weights.shape[0], y.shape[1]
-    rows = -(-t // comm.world_size) * comm.world_size
-    padded = y.new_empty(()).expand(rows, d)
+    padded = _padded_combine(comm, y, weights)
     pick = comm.backend_for("reduce_scatter", padded)
     ws = comm._ws
     combine = getattr(ws, "MOE_COMBINE", "triton" if y.is_cuda else "torch")
@@ -138,10 +142,9 @@ def fused_row(comm: Communicator, op: str, dt_name: str, size: int, device: torc
             us[name] = f"error: {type(exc).__name__}: {exc}"[:200]
             _sync(device)
             dist.barrier()
-    nbytes = args[0].numel() * args[0].element_size() // (TOP_K if op == MOE_COMBINE else 1)
-    fuses = comm.table is None or comm.table.fuses(op, DTYPES[dt_name], nbytes, world)
-    return {"op": op, "dtype": dt_name, "world": world, "bytes": nbytes,
-            "pick": "fused" if "fused" in paths and fuses else "unfused", "us": us}
+    sized = args[0][: args[0].shape[0] // TOP_K] if op == MOE_COMBINE else args[0]  # the combined [T, D] rows
+    return {"op": op, "dtype": dt_name, "world": world, "bytes": sized.numel() * sized.element_size(),
+            "pick": "fused" if "fused" in paths and comm.fuses(op, sized) else "unfused", "us": us}
 
 
 def _check_shapes(cap: int) -> list[tuple[int, int]]:
@@ -238,8 +241,7 @@ def moe_combine_check(comm: Communicator, dt_name: str, device: torch.device, ca
             acc = acc + c
         want = acc.to(dtype).chunk(world)[rank]
         paths = _moe_combine_paths(comm, args[rank])
-        t, d = shape
-        pick = comm.backend_for("reduce_scatter", args[rank][0].new_empty(()).expand(-(-t // world) * world, d))
+        pick = comm.backend_for("reduce_scatter", _padded_combine(comm, args[rank][0], args[rank][2]))
         for name, fn in paths.items():
             try:
                 got = fn(*args[rank])

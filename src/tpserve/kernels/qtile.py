@@ -61,6 +61,7 @@ _DECODE_PTX = tl.constexpr(_decode_ptx(6, "bf16"))
 
 
 F16_OUT_BIAS = tl.constexpr(16384.0)  # nvfp4_codes(F16=True): the codes come out times 2^-14 (and their scale)
+F16_SCALE_BIAS = tl.constexpr(2.0**112)  # its plain-Triton form: v 2^-126 s 2^112 = v s 2^-14, exact in float16
 
 # The same in float16 (nvfp4_codes with F16): sign to bit 15, magnitude to bits 11..9 are the e2m1 value times
 # 2^-14 (code 1 a float16 subnormal); $5 the block scale as float16 (e4m3 is exact in it): products v * s * 2^-14
@@ -104,7 +105,7 @@ def nvfp4_codes(w_ptr, s_ptr, n64, n_ok, k0, K: tl.constexpr, BLOCK_N: tl.conste
                 dtype=(tl.float16, tl.float16, tl.float16, tl.float16), is_pure=True, pack=2)
         else:
             w32 = words.to(tl.int32)
-            sc = sc * 5.192296858534828e33  # 2^112: v 2^-126 s 2^112 = v s 2^-14, exact in float16
+            sc = sc * F16_SCALE_BIAS
             o0 = _nibble_value(w32, sc, 0, tl.float16)
             o1 = _nibble_value(w32, sc, 1, tl.float16)
             o2 = _nibble_value(w32, sc, 2, tl.float16)

@@ -235,12 +235,22 @@ def split_k(n: int, k: int, block_n: int, block_k: int, waves: int = 4) -> tuple
     return triton.cdiv(k, k_per), k_per
 
 
+def _split_output(x: torch.Tensor, n: int, k: int, block_n: int, block_k: int, waves: int):
+    """(K splits, K per split, y [M, N]) for a GEMV launch: y fp32 zeros where splits add into it atomically
+    (the caller casts it to x's dtype), else uninitialised in x's dtype (each program stores its own)."""
+    split, k_per = split_k(n, k, block_n, block_k, waves)
+    m = x.shape[0]
+    y = torch.zeros(m, n, dtype=torch.float32, device=x.device) if split > 1 else x.new_empty(m, n)
+    return split, k_per, y
+
+
 _INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"  # Triton decides this at import, once per process
 
 
-def use_asm(x: torch.Tensor) -> bool:
-    """Whether qtile.py may use its inline PTX: a CUDA tensor and Triton compiling (not interpreting)."""
-    return x.is_cuda and not _INTERPRETED
+def use_asm(x: torch.Tensor, asm: bool | None = None) -> bool:
+    """Whether qtile.py may use its inline PTX: a CUDA tensor and Triton compiling (not interpreting), unless
+    the caller's `asm` is False."""
+    return x.is_cuda and not _INTERPRETED and asm is not False
 
 
 def _launch(x, w, s, s2, fmt: int, k: int, sk: int, bns: int, bks: int, block_n: int, block_k: int,
@@ -251,14 +261,13 @@ def _launch(x, w, s, s2, fmt: int, k: int, sk: int, bns: int, bks: int, block_n:
         raise ValueError(f"x: quantized GEMV takes at most 16 rows, got {m}")
     x = x.contiguous()
     block_m = 1 if m == 1 and not qtile else 16
-    split, k_per = split_k(n, k, block_n, block_k, waves)
-    y = torch.zeros(m, n, dtype=torch.float32, device=x.device) if split > 1 else x.new_empty(m, n)
+    split, k_per, y = _split_output(x, n, k, block_n, block_k, waves)
     _gemv_kernel[(triton.cdiv(n, block_n), split)](
         x, w.view(torch.int16) if qtile else w, s, s2, y, m, n, K=k, SK=sk, BNS=bns, BKS=bks, FORMAT=fmt,
         K_PER_SPLIT=k_per, ATOMIC=split > 1,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32", BLOCK_M=block_m,
         BLOCK_N=block_n, BLOCK_K=block_k, DECODE32=decode32 and block_m == 1, QTILE=qtile, QA=qa,
-        ASM=qtile and (use_asm(x) if asm is None else asm and use_asm(x)),
+        ASM=qtile and use_asm(x, asm),
         num_warps=num_warps, num_stages=num_stages)
     return y.to(x.dtype)
 
@@ -311,8 +320,7 @@ def w8a16_gemv(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, block: tuple[i
                        num_warps, num_stages, waves, qtile=qtile, asm=asm, qa=qtile_a)
     n, k = w.shape
     x, s = x.contiguous(), s.contiguous()
-    split, k_per = split_k(n, k, block_n, block_k, waves)
-    y = torch.zeros(1, n, dtype=torch.float32, device=x.device) if split > 1 else x.new_empty(1, n)
+    split, k_per, y = _split_output(x, n, k, block_n, block_k, waves)
     _fp8_row_kernel[(triton.cdiv(n, block_n), split)](
         x, w, s, y, n, K=k, SK=s.shape[1], BNS=block[0], BKS=block[1], K_PER_SPLIT=k_per, ATOMIC=split > 1,
         BLOCK_N=block_n, BLOCK_K=block_k, PREFETCH=prefetch, num_warps=num_warps, num_stages=num_stages)
@@ -353,12 +361,11 @@ def w4a16_gemv(x: torch.Tensor, w: torch.Tensor, bscale: torch.Tensor, scale2_ro
     if row:
         n = w.shape[0]
         block_n = block_n or 16
-        split, k_per = split_k(n, k, block_n, block_k, 4 if waves is None else waves)
-        y = torch.zeros(1, n, dtype=torch.float32, device=x.device) if split > 1 else x.new_empty(1, n)
+        split, k_per, y = _split_output(x, n, k, block_n, block_k, 4 if waves is None else waves)
         _nvfp4_row_kernel[(triton.cdiv(n, block_n), split)](
             x.contiguous(), w.view(torch.int16), bscale.contiguous(), scale2_rows.float().contiguous(), y, n, K=k,
             K_PER_SPLIT=k_per, ATOMIC=split > 1, BLOCK_N=block_n, BLOCK_K=block_k,
-            ASM=use_asm(x) if asm is None else asm and use_asm(x), F16=row_f16, num_warps=num_warps,
+            ASM=use_asm(x, asm), F16=row_f16, num_warps=num_warps,
             num_stages=num_stages or 1)
         return y.to(x.dtype)
     if fp32_decode is None:

@@ -235,7 +235,7 @@ def _qtile_mode(x: torch.Tensor, qtile: bool | None, asm: bool | None) -> int:
         raise ValueError("qtile: takes a bf16 or float32 x, got float16")
     if qtile is False or (qtile is None and x.dtype == torch.float16):
         return 0
-    return 2 if use_asm(x) and asm is not False else 1
+    return 2 if use_asm(x, asm) else 1
 
 
 def _experts(x, weights, ids, fmt, gu, gu_s, gu_s2, dn, dn_s, dn_s2, limit, sk_gu, sk_dn, bns, bks, up_srow,
