@@ -133,5 +133,6 @@ def wait_healthy(url: str, proc, timeout: float = 60.0) -> None:
         except httpx.HTTPError:
             pass
         if proc.poll() is not None or time.time() > deadline:
-            raise AssertionError("server did not come up:\n" + proc.stdout.read().decode()[-3000:])
+            out = proc.stdout.read()  # bytes, or str where the caller opened the pipe in text mode
+            raise AssertionError("server did not come up:\n" + (out.decode() if isinstance(out, bytes) else out)[-3000:])
         time.sleep(0.3)
