@@ -134,5 +134,6 @@ def wait_healthy(url: str, proc, timeout: float = 60.0) -> None:
             pass
         if proc.poll() is not None or time.time() > deadline:
             out = proc.stdout.read()  # bytes, or str where the caller opened the pipe in text mode
-            raise AssertionError("server did not come up:\n" + (out.decode() if isinstance(out, bytes) else out)[-3000:])
+            out = out.decode() if isinstance(out, bytes) else out
+            raise AssertionError("server did not come up:\n" + out[-3000:])
         time.sleep(0.3)
