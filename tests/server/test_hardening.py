@@ -102,11 +102,12 @@ def test_serve_exits_nonzero_when_the_port_is_taken(tiny):
         taken.listen(1)
         port = taken.getsockname()[1]
         proc = subprocess.run([sys.executable, "-m", "tpserve.cli", "serve", str(tiny("default")), "--device", "cpu",
-                               "--port", str(port), "--kv-cache-memory", "8MiB", "--log-level", "warning"],
+                               "--port", str(port), "--kv-cache-memory", "8MiB", "--log-level", "info"],
                               capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "did not start" in proc.stderr
-    assert "engine ready" not in proc.stderr  # an INFO line of tpserve's, hidden at --log-level warning
+    assert f"did not start: cannot listen on 127.0.0.1:{port}" in proc.stderr and "port taken" in proc.stderr
+    # the port is bound before the engine starts (nothing the engine opens can take it meanwhile): no model loaded
+    assert "engine ready" not in proc.stderr, proc.stderr
 
 
 def start_serve(tiny, *extra):

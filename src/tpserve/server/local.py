@@ -13,19 +13,25 @@ class LocalServer:
                  api_key: str | None = None, host: str = "127.0.0.1", port: int = 0, **state_options):
         import uvicorn
 
-        from tpserve.dist.launch import free_port
         from tpserve.engine.async_engine import AsyncEngine
         from tpserve.engine.engine import LLMEngine
         from tpserve.server.api import ServerState, build_app, generation_defaults
+        from tpserve.server.runner import bind_socket
 
-        self.engine = AsyncEngine(LLMEngine(cfg), max_waiting=cfg.max_waiting)
+        sock = bind_socket(host, port)  # before the engine, which opens ports of its own (server/runner.py)
+        try:
+            self.engine = AsyncEngine(LLMEngine(cfg), max_waiting=cfg.max_waiting)
+        except BaseException:
+            sock.close()
+            raise
         self.state = ServerState(self.engine, served_model_names or ["tiny"], api_key=api_key,
                                  sampling_defaults=generation_defaults(self.engine.engine.model_dir),
                                  **state_options)
-        self.port = port or free_port()
+        self.port = sock.getsockname()[1]
         config = uvicorn.Config(build_app(self.state), host=host, port=self.port, log_level="warning")
         self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, name="tpserve-uvicorn", daemon=True)
+        self.thread = threading.Thread(target=self.server.run, kwargs=dict(sockets=[sock]), name="tpserve-uvicorn",
+                                       daemon=True)
         self.thread.start()
         deadline = time.time() + 60
         while not self.server.started:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import threading
 import time
 
@@ -33,12 +34,30 @@ class _Server(uvicorn.Server):
             self.loop.call_soon_threadsafe(self.loop.call_later, self.drain_timeout, self.state.drain_cut.set)
 
 
+def bind_socket(host: str, port: int) -> socket.socket:
+    """The server's listening socket, bound before the engine starts (as vLLM does): nothing the engine opens
+    meanwhile (the tensor-parallel group's store, gloo's pairs) can take the port, and a taken port fails at once
+    instead of after the model has loaded. port 0: any free port (read it back from getsockname())."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
 class ServerRunner:
-    def __init__(self, app, state, *, host: str, port: int, log_level: str = "info", drain_timeout: float = 120.0):
+    def __init__(self, app, state, *, host: str, port: int, log_level: str = "info", drain_timeout: float = 120.0,
+                 sock: socket.socket | None = None):
         config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
                                 timeout_graceful_shutdown=drain_timeout + DRAIN_FLUSH_S)
         self.server = _Server(config, state, drain_timeout)
-        self.state, self.engine_died = state, False
+        self.state, self.engine_died, self.sock = state, False, sock
 
     def run(self) -> int:
         """Serve until SIGTERM/SIGINT or engine death; the exit code."""
@@ -46,7 +65,7 @@ class ServerRunner:
         watchdog = threading.Thread(target=self._watch, args=(stop,), name="tpserve-watchdog", daemon=True)
         watchdog.start()
         try:
-            self.server.run()
+            self.server.run(sockets=None if self.sock is None else [self.sock])
         except SystemExit as exc:  # uvicorn exits 1 when it cannot bind; our SIGTERM handler exits 0
             if exc.code not in (0, None) or not self.server.started:
                 log.error("the server did not start (is the port taken?)")

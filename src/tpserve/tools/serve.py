@@ -66,9 +66,19 @@ def run(args) -> int:
     from tpserve.engine.engine import LLMEngine
     from tpserve.engine.setup import DEMO_NAME
     from tpserve.server.api import ServerState, build_app, generation_defaults
-    from tpserve.server.runner import ServerRunner
+    from tpserve.server.runner import ServerRunner, bind_socket
 
-    engine = LLMEngine(cfg)
+    try:
+        sock = bind_socket(args.host, args.port)
+    except OSError as exc:
+        log.error("the server did not start: cannot listen on %s:%d (%s; is the port taken?)", args.host, args.port,
+                  exc.strerror or exc)
+        return 1
+    try:
+        engine = LLMEngine(cfg)
+    except BaseException:
+        sock.close()
+        raise
     async_engine = AsyncEngine(engine, max_waiting=cfg.max_waiting)
     builtin = "glm5-next-demo" if engine.model_dir.name == DEMO_NAME else "tiny-glm5-next"
     names = args.served_model_name or [cfg.model or builtin]
@@ -77,7 +87,7 @@ def run(args) -> int:
                         max_request_bytes=args.max_request_bytes, metrics_public=args.metrics_public,
                         malloc_trim_interval=trim_interval)
     runner = ServerRunner(build_app(state), state, host=args.host, port=args.port, log_level=args.log_level,
-                          drain_timeout=args.drain_timeout)
+                          drain_timeout=args.drain_timeout, sock=sock)
     log.info("serving %s as %s", engine.model_dir, names)
     # uvicorn drains on SIGTERM, then re-raises the signal with the handler that was there before
     # it started: make that one a clean exit, so the engine (and its TP workers) shut down too.
