@@ -20,6 +20,8 @@ tile. Sections:
   w4def    W4A16 at one row: the default beside the earlier best and default, K splits of the one-row kernel on
            4096 x 12288, and its PTX decode against plain Triton bit for bit
   w8split  W8A16 at 8 rows: qtile B's K splits, the GEMV kernel's device time alone against the fill and cast
+  w4planes W4A16 through the nibble-planes kernel at 1, 8 and 16 rows, both shapes, beside the defaults; PTX == plain
+  w4tiled  W4A16: the planes kernel on tiled weights against row-major; the one-row kernel with whole-row K tiles
 Usage: PYTHONPATH=src python bench/quant_decode_sweep.py [--sections fp8det,moe,gemv] [--out DIR]
 """
 
@@ -101,7 +103,11 @@ def _fp4():
         return (p, bs, s2.reshape(1).expand(w.shape[0]).contiguous()), qr.nvfp4_dequantize(p, bs, s2)
 
     def call(x, p, c):
-        bn, bk, nw, ns, wv, qt, _ = c
+        bn, bk, nw, ns, wv, qt, _ = (None,) * 7 if c == "default" else c
+        if c == "default":
+            return w4a16_gemv(x, *p)
+        if qt == "planes":  # the nibble-planes kernel (any M, the decode in the MMA's register operand)
+            return w4a16_gemv(x, *p, block_n=bn, block_k=bk, num_warps=nw, num_stages=ns, waves=wv, planes=True)
         if qt in ("row", "row-bf16"):  # the one-row kernel: nvfp4_codes (float16 or bf16), FMAs, no dot
             return w4a16_gemv(x, *p, block_n=bn, block_k=bk, num_warps=nw, num_stages=ns, waves=wv, row=True,
                               row_f16=qt == "row")
@@ -210,6 +216,71 @@ def sec_w4def(res):
             res[f"w4def {n}x{k} row f16={f16} ptx_eq_plain"] = bool(torch.equal(a, b))
             print(f"  one-row kernel f16={f16}: PTX == plain Triton {torch.equal(a, b)} ({int((a != b).sum())} "
                   f"differ)", flush=True)
+
+
+def sec_w4planes(res):
+    """W4A16 through the nibble-planes kernel (kernels/quant_gemv._nvfp4_planes_kernel, twenty-first session): 72
+    wgmma configs (rows 64 on 4 warps or 128 on 8, K tiles 128-512, 2-4 stages, K split over 0-8 waves) and 72
+    mma.sync ones (16-64 rows on 1-4 warps) at 12288 x 4096, one row; the best five then at 8 and 16 rows and on
+    4096 x 12288, each case beside the default there (one row: the one-row kernel; more: the per-value decode); and
+    its PTX decode against plain Triton, bit for bit (one K split)."""
+    from tpserve.kernels.quant_gemv import w4a16_gemv
+
+    quantize, call, _, nbytes = _fp4()
+    cfgs = [(bn, bk, nw, ns, wv, "planes", False) for bn, nw in ((64, 4), (128, 8)) for bk in (128, 256, 512)
+            for ns in (2, 3, 4) for wv in (0, 2, 4, 8)]
+    # fewer than 4 warps a 64-row tile: Triton takes mma.sync (no wgmma, whose register operand makes it wait
+    # after every dot, first call: ~20 us at any grid size)
+    cfgs += [(bn, bk, nw, ns, wv, "planes", False) for bn, nw in ((16, 1), (16, 2), (32, 1), (32, 2), (32, 4), (64, 2))
+             for bk in (128, 256) for ns in (2, 3) for wv in (0, 2, 4)]
+    for n, k in ((12288, 4096), (4096, 12288)):
+        packed, packs, wd, floor = _weights(quantize, nbytes, n, k)
+        for m in (1, 8, 16):
+            x = torch.randn(m, k, device="cuda").bfloat16()
+            best = _case(res, f"w4planes {n}x{k} M={m}", cfgs + ["default"], call, x, packed, packs,
+                         x.float() @ wd.T, floor)
+            cfgs = [c for _, c in best if c != "default"][:5]
+            a = w4a16_gemv(x, *packed, planes=True, waves=0)  # one K split: no atomics, a fixed order
+            b = w4a16_gemv(x, *packed, planes=True, waves=0, asm=False)
+            res[f"w4planes {n}x{k} M={m} ptx_eq_plain"] = bool(torch.equal(a, b))
+            print(f"  planes kernel {n}x{k} M={m}: PTX == plain Triton {torch.equal(a, b)} "
+                  f"({int((a != b).sum())} differ)", flush=True)
+
+
+def sec_w4tiled(res):
+    """Is the NVFP4 GEMVs' common ~17-20 us (whatever their instruction count, 4.1-6.7 a weight) DRAM locality? Their
+    steps read 16-256 contiguous bytes a row (the FP8 one-row kernel at 84% reads 4 KB): the planes kernel on tiled
+    weights (quant_gemv.nvfp4_tiled: each step one contiguous chunk) against the same configs on row-major weights,
+    and the one-row kernel with whole-row K tiles (0.5-2 KB a row), every config printed."""
+    from tpserve.kernels.quant_gemv import nvfp4_tiled, w4a16_gemv
+
+    quantize, call, _, nbytes = _fp4()
+    planes = [(64, 256, 4, 3, 0), (64, 256, 4, 3, 2), (64, 512, 4, 3, 2), (128, 256, 8, 3, 0), (32, 256, 1, 3, 0),
+              (32, 256, 1, 3, 2), (16, 256, 1, 3, 2), (32, 128, 1, 2, 2)]
+    rows = [(bn, bk, nw, 1, wv, "row", False) for bn in (2, 4, 8) for bk in (1024, 2048, 4096) for nw in (4, 8)
+            for wv in (0, 2)]
+    for n, k, ms in ((12288, 4096, (1, 8)), (4096, 12288, (1,))):
+        packed, packs, wd, floor = _weights(quantize, nbytes, n, k)
+        for m in ms:
+            x = torch.randn(m, k, device="cuda").bfloat16()
+            ref = x.float() @ wd.T
+            for bn, bk, nw, ns, wv in planes:
+                kw = dict(block_n=bn, block_k=bk, num_warps=nw, num_stages=ns, waves=wv, planes=True)
+                tiled = [nvfp4_tiled(p[0], p[1], bn, bk) + (p[2],) for p in packs]
+                e_row, e_tiled = rel(w4a16_gemv(x, *packed, **kw), ref), rel(w4a16_gemv(x, *tiled[0], tiled=True,
+                                                                                       **kw), ref)
+                t_row = timed([(lambda p=p: w4a16_gemv(x, *p, **kw)) for p in packs])
+                t_tiled = timed([(lambda p=p: w4a16_gemv(x, *p, tiled=True, **kw)) for p in tiled])
+                del tiled
+                res[f"w4tiled {n}x{k} M={m} planes {(bn, bk, nw, ns, wv)}"] = dict(
+                    row_major_us=t_row * 1e6, tiled_us=t_tiled * 1e6, rel_err=[e_row, e_tiled])
+                print(f"  {n}x{k} M={m} planes {(bn, bk, nw, ns, wv)}: row-major {t_row * 1e6:.1f} us "
+                      f"({100 * floor / t_row:.0f}%), tiled {t_tiled * 1e6:.1f} us ({100 * floor / t_tiled:.0f}%); "
+                      f"rel err {e_row:.1e} / {e_tiled:.1e}{'  WRONG' if max(e_row, e_tiled) > MAX_REL_ERR else ''}",
+                      flush=True)
+            if m == 1:
+                _case(res, f"w4tiled one-row kernel, whole-row K tiles {n}x{k}", rows + ["default"], call, x, packed,
+                      packs, ref, floor, top=len(rows) + 1)
 
 
 def _all_configs(res, name, spec, shapes, cfgs, m=1):
@@ -413,6 +484,8 @@ def sec_prefill(res):
 if __name__ == "__main__":
     sys.exit(run_sections(dict(fp8det=sec_fp8det, moe=sec_moe, prefill=sec_prefill, gemv=sec_gemv,
                                w8a16=lambda r: sec_gemv(r, "w8a16"), w4a16=lambda r: sec_gemv(r, "w4a16"),
-                               w4one=sec_w4one, w4def=sec_w4def, rows=sec_rows, w8def=sec_w8def, w8split=sec_w8split),
+                               w4one=sec_w4one, w4def=sec_w4def, w4planes=sec_w4planes, w4tiled=sec_w4tiled,
+                               rows=sec_rows,
+                               w8def=sec_w8def, w8split=sec_w8split),
                           "fp8det,moe,gemv",
                           "quant_decode_sweep.json"))

@@ -50,6 +50,14 @@ def compile_kernel(args):
         ce = dict(K=args.k, K_PER_SPLIT=args.k, ATOMIC=False, BLOCK_N=args.block_n, BLOCK_K=args.block_k, ASM=True,
                   F16=not args.bf16)
         aligned = range(5)
+    elif args.kernel == "gemv" and args.decode == "planes":  # nvfp4, any M: nibble planes in the MMA's registers
+        from tpserve.kernels import quant_gemv as qg
+
+        fn = qg._nvfp4_planes_kernel
+        sig = dict(x_ptr="*bf16", w_ptr="*i16", s_ptr=s, s2_ptr="*fp32", y_ptr="*bf16", M="i32", N="i32")
+        ce = dict(K=args.k, K_PER_SPLIT=args.k, ATOMIC=False, BLOCK_N=args.block_n, BLOCK_K=args.block_k, ASM=True,
+                  X32=False)
+        aligned = range(5)
     elif args.kernel == "gemv":
         from tpserve.kernels import quant_gemv as qg
 
@@ -75,7 +83,8 @@ def compile_kernel(args):
         aligned = (0, 1, 2, 3, 4, 5, 6, 9, 10, 11)
     attrs = {(i,): [["tt.divisibility", 16]] for i in aligned}
     src = ASTSource(fn=fn, signature={**sig, **{c: "constexpr" for c in ce}}, constexprs=ce, attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=args.warps, num_stages=3))
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                          options=dict(num_warps=args.warps, num_stages=args.stages))
 
 
 SM_REGS, SM_SHARED, SM_WARPS, SM_PROGRAMS, SMS = 65536, 228 * 1024, 64, 32, 132  # H100 / H200, per SM
@@ -131,9 +140,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kernel", choices=("gemv", "experts"), default="gemv")
     ap.add_argument("--format", choices=("nvfp4", "fp8"), default="nvfp4")
-    ap.add_argument("--decode", choices=("qtile-a", "qtile-b", "fp32", "element", "row"), default="qtile-a",
+    ap.add_argument("--decode", choices=("qtile-a", "qtile-b", "fp32", "element", "row", "planes"),
+                    default="qtile-a",
                     help="qtile as the MMA's A / B operand; the GEMV's float32-bits decode (nvfp4, one row) or "
-                         "per-element path; row: the NVFP4 one-row kernel (nvfp4_codes, FMAs)")
+                         "per-element path; row: the NVFP4 one-row kernel (nvfp4_codes, FMAs); planes: the NVFP4 "
+                         "nibble-planes kernel (any M)")
     ap.add_argument("--block-n", type=int, default=64)
     ap.add_argument("--block-k", type=int, default=256)
     ap.add_argument("--warps", type=int, default=4)
@@ -141,6 +152,7 @@ def main() -> int:
     ap.add_argument("--n", type=int, default=12288, help="the GEMV's rows (for its grid, without K splits)")
     ap.add_argument("--prefetch", action="store_true", help="the FP8 row kernel's prefetch of the next K tile")
     ap.add_argument("--bf16", action="store_true", help="the NVFP4 row kernel's bf16 decode (default float16)")
+    ap.add_argument("--stages", type=int, default=3, help="num_stages (Triton's software pipeline)")
     args = ap.parse_args()
     kernel = compile_kernel(args)
     ops = loop_opcodes(kernel.asm["sass"])

@@ -75,6 +75,10 @@ def test_gemms_match_dequantized_math():
                             res[f"nvfp4 gemv qtile a={qa} {bn}x{bk} waves={waves} {m}x{n}x{k} {dtype}"] = err(
                                 w4a16_gemv(x, p, bs, s2r, block_n=bn, block_k=bk, waves=waves, qtile=True,
                                            qtile_a=qa), ref)
+                    if dtype == torch.float32:  # the nibble planes as the MMA's operand, K split or not
+                        for waves in (0, 4):
+                            res[f"nvfp4 gemv planes {bn}x{bk} waves={waves} {m}x{n}x{k} {dtype}"] = err(
+                                w4a16_gemv(x, p, bs, s2r, block_n=bn, block_k=bk, waves=waves, planes=True), ref)
                     if m == 1:  # the one-row kernel (nvfp4_codes to float16 or bf16, FMAs), K split or not
                         for waves, f16 in ((0, True), (4, True), (0, False)):
                             res[f"nvfp4 gemv row {bn}x{bk} waves={waves} f16={f16} {n}x{k} {dtype}"] = err(
@@ -87,6 +91,7 @@ def test_gemms_match_dequantized_math():
     assert sum("gemv" in name for name in out) >= 12 and sum("gemv row 512" in name for name in out) >= 3
     assert sum("nvfp4 gemv qtile" in name for name in out) >= 12 and sum("fp8 gemv qtile" in name for name in out) >= 12
     assert sum("nvfp4 gemv row" in name for name in out) >= 12
+    assert sum("nvfp4 gemv planes" in name for name in out) >= 12
     assert sum("nvfp4 gemv default" in name for name in out) >= 4
     for name, err in out.items():
         assert err < (5e-3 if "float16" in name else 1e-5), (name, err)
@@ -103,7 +108,7 @@ def test_fp8_gemv_rejects_a_k_tile_across_scale_blocks_except_one_row():
             w8a16_gemv(torch.zeros(m, 512), q, s, (128, 128), block_k=bk)
 
 
-def test_w4a16_one_row_kernel_rejects_more_rows_or_qtile():
+def test_w4a16_gemv_rejects_wrong_kernel_arguments():
     pytest.importorskip("triton")
     from tpserve.kernels.quant_gemv import w4a16_gemv
 
@@ -112,8 +117,62 @@ def test_w4a16_one_row_kernel_rejects_more_rows_or_qtile():
     s2 = torch.ones(16)
     with pytest.raises(ValueError, match="row: the one-row kernel takes one row of x, got 2"):
         w4a16_gemv(torch.zeros(2, 512), w, bs, s2, row=True)
-    with pytest.raises(ValueError, match="row / qtile"):
+    with pytest.raises(ValueError, match="row / qtile / planes"):
         w4a16_gemv(torch.zeros(1, 512), w, bs, s2, row=True, qtile=True)
+    with pytest.raises(ValueError, match="row / qtile / planes"):
+        w4a16_gemv(torch.zeros(1, 512), w, bs, s2, planes=True, qtile=True)
+    with pytest.raises(ValueError, match="planes: takes a bf16 or float32 x, got torch.float16"):
+        w4a16_gemv(torch.zeros(1, 512, dtype=torch.float16), w, bs, s2, planes=True)
+    with pytest.raises(ValueError, match=r"x: quantized GEMV takes \[M <= 16, K\], got \(17, 512\)"):
+        w4a16_gemv(torch.zeros(17, 512), w, bs, s2)  # the planes kernel's default would drop rows 16 and on
+    with pytest.raises(ValueError, match="block_k: the planes kernel takes a multiple of 64, got 32"):
+        w4a16_gemv(torch.zeros(1, 512), w, bs, s2, planes=True, block_k=32)
+
+
+def test_w4a16_planes_kernel_on_tiled_weights_equals_row_major():
+    """nvfp4_tiled only moves bytes: the planes kernel on tiled weights gives the row-major run's output bit for
+    bit with one K split (the same sums in the same order), and matches fp32 math with a split too."""
+    out = run_interpreted("""
+        import json, torch
+        from tpserve.kernels import quant_ref as qr
+        from tpserve.kernels.quant_gemv import nvfp4_tiled, w4a16_gemv
+        g = torch.Generator().manual_seed(1)
+        n, k, res = 128, 512, {}
+        w = torch.randn(n, k, generator=g) / k**0.5
+        p, bs, s2 = qr.nvfp4_quantize(w)
+        s2r = s2.reshape(1).expand(n).contiguous()
+        for m in (1, 3):
+            x = torch.randn(m, k, generator=g)
+            ref = x.double() @ qr.nvfp4_dequantize(p, bs, s2).double().T
+            for bn, bk in ((64, 256), (16, 128)):
+                tw, ts = nvfp4_tiled(p, bs, bn, bk)
+                kw = dict(block_n=bn, block_k=bk, planes=True)
+                a = w4a16_gemv(x, p, bs, s2r, waves=0, **kw)
+                b = w4a16_gemv(x, tw, ts, s2r, tiled=True, waves=0, **kw)
+                c = w4a16_gemv(x, tw, ts, s2r, tiled=True, waves=4, **kw)
+                res[f"{m} {bn}x{bk}"] = [bool(torch.equal(a, b)),
+                                         ((c.double() - ref).abs().max() / ref.abs().max()).item()]
+        print(json.dumps(res))
+    """)
+    assert len(out) == 4
+    for name, (equal, err) in out.items():
+        assert equal and err < 1e-5, (name, equal, err)
+
+
+def test_w4a16_tiled_weights_need_the_planes_kernel_at_their_tiles():
+    pytest.importorskip("triton")
+    from tpserve.kernels.quant_gemv import nvfp4_tiled, w4a16_gemv
+
+    w = torch.zeros(128, 256, dtype=torch.uint8)
+    bs = torch.ones(128, 32).to(torch.float8_e4m3fn)
+    tw, ts = nvfp4_tiled(w, bs, 64, 256)
+    assert tw.shape == (2, 2, 64, 64) and ts.shape == (2, 2, 64, 16)
+    with pytest.raises(ValueError, match=r"tiled: .* got \(2, 2, 64, 64\) for \(64, 128\)"):
+        w4a16_gemv(torch.zeros(1, 512), tw, ts, torch.ones(128), planes=True, tiled=True, block_n=64, block_k=128)
+    with pytest.raises(ValueError, match="planes=False"):
+        w4a16_gemv(torch.zeros(1, 512), tw, ts, torch.ones(128), planes=False, tiled=True, block_n=64, block_k=256)
+    with pytest.raises(ValueError, match=r"nvfp4_tiled: N 128 and K 512 must be whole \(48, 256\) tiles"):
+        nvfp4_tiled(w, bs, 48, 256)
 
 
 def test_grouped_quantized_experts_match_the_reference_loop():

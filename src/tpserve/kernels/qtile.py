@@ -97,7 +97,14 @@ def nvfp4_codes(w_ptr, s_ptr, n64, n_ok, k0, K: tl.constexpr, BLOCK_N: tl.conste
     sc = tl.load(s_ptr + n64[:, None] * (K // 16) + g[None, :], mask=n_ok[:, None] & (g < K // 16)[None, :],
                  other=0.0).to(tl.float32)
     words = tl.reshape(words, (BLOCK_N, G, 2, 2))  # word 2 p + q of each 16-code group
-    sc = sc[:, :, None, None]
+    return nvfp4_planes(words, sc[:, :, None, None], ASM, F16)
+
+
+@triton.jit
+def nvfp4_planes(words, sc, ASM: tl.constexpr, F16: tl.constexpr = False):
+    """The four nibble planes of 16-bit words (int16, any shape): o_j = code j of each word times its block scale
+    sc (float32, the words' shape or broadcast to it) and 2^-8, bf16 (F16: float16, times 2^-14); elementwise,
+    two words per 32-bit operation where the words lie in pairs in a thread's registers."""
     if F16:
         if ASM:
             o0, o1, o2, o3 = tl.inline_asm_elementwise(
