@@ -47,8 +47,7 @@ def bind_socket(host: str, port: int) -> socket.socket:
     except OSError:
         sock.close()
         raise
-    sock.set_inheritable(True)
-    return sock
+    return sock  # not inheritable (Python's default): a child process never holds the port
 
 
 class ServerRunner:
