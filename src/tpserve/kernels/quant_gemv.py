@@ -248,9 +248,6 @@ def _nvfp4_planes_kernel(x_ptr, w_ptr, s_ptr, s2_ptr, y_ptr, M, N, K: tl.constex
     acc = tl.zeros((BLOCK_N, 16), dtype=tl.float32)
     for kk in range(0, K_PER_SPLIT, BLOCK_K):
         k0 = k_start + kk
-        i = k0 // 4 + tl.arange(0, BLOCK_K // 4)
-        i_ok = i < K // 4
-        g = k0 // 16 + tl.arange(0, BLOCK_K // 16)
         if TILED:  # tiled weights: [N / BLOCK_N, K / BLOCK_K, BLOCK_N, BLOCK_K / 4] words and [..., BLOCK_K / 16]
             # scales, each step one contiguous chunk (N, K whole tiles)
             t = tl.program_id(0).to(tl.int64) * (K // BLOCK_K) + k0 // BLOCK_K
@@ -260,7 +257,10 @@ def _nvfp4_planes_kernel(x_ptr, w_ptr, s_ptr, s2_ptr, y_ptr, M, N, K: tl.constex
             sc = tl.load(s_ptr + t * (BLOCK_N * BLOCK_K // 16) + r * (BLOCK_K // 16)
                          + tl.arange(0, BLOCK_K // 16)[None, :]).to(tl.float32)
         else:
-            words = tl.load(w_ptr + n64[:, None] * (K // 4) + i[None, :], mask=n_ok[:, None] & i_ok[None, :], other=0)
+            i = k0 // 4 + tl.arange(0, BLOCK_K // 4)
+            g = k0 // 16 + tl.arange(0, BLOCK_K // 16)
+            words = tl.load(w_ptr + n64[:, None] * (K // 4) + i[None, :],
+                            mask=n_ok[:, None] & (i < K // 4)[None, :], other=0)
             sc = tl.load(s_ptr + n64[:, None] * (K // 16) + g[None, :], mask=n_ok[:, None] & (g < K // 16)[None, :],
                          other=0.0).to(tl.float32)
         sc = tl.reshape(tl.broadcast_to(sc[:, :, None], (BLOCK_N, BLOCK_K // 16, 4)), (BLOCK_N, BLOCK_K // 4))

@@ -1,6 +1,6 @@
 """Run the app under uvicorn with tpserve's lifecycle: the drain deadline, a watchdog that exits
-when the engine dies, and an exit code that says what happened (0: drained; 1: could not bind or
-the engine died)."""
+when the engine dies, and an exit code that says what happened (0: drained; 1: the server did not
+start or the engine died). The listening socket comes bound (bind_socket, before the engine starts)."""
 
 from __future__ import annotations
 
@@ -51,8 +51,9 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 
 class ServerRunner:
-    def __init__(self, app, state, *, host: str, port: int, log_level: str = "info", drain_timeout: float = 120.0,
-                 sock: socket.socket | None = None):
+    def __init__(self, app, state, sock: socket.socket, *, host: str, port: int, log_level: str = "info",
+                 drain_timeout: float = 120.0):
+        """sock: from bind_socket (host and port name it in uvicorn's log)."""
         config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
                                 timeout_graceful_shutdown=drain_timeout + DRAIN_FLUSH_S)
         self.server = _Server(config, state, drain_timeout)
@@ -64,16 +65,16 @@ class ServerRunner:
         watchdog = threading.Thread(target=self._watch, args=(stop,), name="tpserve-watchdog", daemon=True)
         watchdog.start()
         try:
-            self.server.run(sockets=None if self.sock is None else [self.sock])
-        except SystemExit as exc:  # uvicorn exits 1 when it cannot bind; our SIGTERM handler exits 0
+            self.server.run(sockets=[self.sock])
+        except SystemExit as exc:  # uvicorn exits 1 when it cannot start; our SIGTERM handler exits 0
             if exc.code not in (0, None) or not self.server.started:
-                log.error("the server did not start (is the port taken?)")
+                log.error("the server did not start")
                 return 1
             log.info("SIGTERM: requests drained, shutting down")
         finally:
             stop.set()
         if not self.server.started:
-            log.error("the server did not start (is the port taken?)")
+            log.error("the server did not start")
             return 1
         if self.engine_died:
             log.error("exiting: the engine died (%s)", self.state.engine.dead_reason)

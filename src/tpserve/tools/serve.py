@@ -86,8 +86,8 @@ def run(args) -> int:
                         sampling_defaults=generation_defaults(engine.model_dir),
                         max_request_bytes=args.max_request_bytes, metrics_public=args.metrics_public,
                         malloc_trim_interval=trim_interval)
-    runner = ServerRunner(build_app(state), state, host=args.host, port=args.port, log_level=args.log_level,
-                          drain_timeout=args.drain_timeout, sock=sock)
+    runner = ServerRunner(build_app(state), state, sock, host=args.host, port=args.port, log_level=args.log_level,
+                          drain_timeout=args.drain_timeout)
     log.info("serving %s as %s", engine.model_dir, names)
     # uvicorn drains on SIGTERM, then re-raises the signal with the handler that was there before
     # it started: make that one a clean exit, so the engine (and its TP workers) shut down too.
