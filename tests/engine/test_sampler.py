@@ -104,3 +104,30 @@ def test_huge_top_k_is_off_not_an_overflow():
     seqs = [Sequence("r", 0, [1], SamplingParams(temperature=1.0, top_k=123456789012345, seed=1), 5, frozenset())]
     seqs[0].generator = torch.Generator().manual_seed(1)
     assert 0 <= sampler.sample(torch.randn(1, 30), seqs, torch.Generator())[0].token < 30
+
+
+def test_batches_where_no_row_uses_a_filter_skip_it_and_sample_the_same():
+    """A filter that no row uses is skipped (top-k's full-vocabulary sort, min-p's softmax) and a batch with every
+    row sampled takes no index: tokens equal the row-by-row reference, for seeded rows and for unseeded ones (which
+    draw [n, V] from the engine's generator in one go, as before)."""
+    rng, vocab = random.Random(1), 61
+    settings = [dict(), dict(top_p=0.8), dict(min_p=0.1), dict(top_k=7), dict(top_k=7, top_p=0.9, min_p=0.05)]
+    for trial, extra in enumerate(settings * 4):
+        seeded = trial % 2 == 0
+        seqs = [Sequence("r", i, [1], SamplingParams(temperature=rng.choice([0.7, 1.3]), seed=trial * 10 + i
+                                                     if seeded else None, **extra), 5, frozenset())
+                for i in range(5)]
+        logits = torch.randn(5, vocab, generator=torch.Generator().manual_seed(trial)) * 3
+        if seeded:
+            _generators(seqs)
+            want = _reference_sample(logits, seqs)
+            _generators(seqs)
+        else:  # the reference's rows in order from one generator = one [n, V] draw of it
+            gen = torch.Generator().manual_seed(trial)
+            for s in seqs:
+                s.generator = gen
+            want = _reference_sample(logits, seqs)
+            for s in seqs:
+                s.generator = None
+        got = sampler.sample(logits.clone(), seqs, torch.Generator().manual_seed(trial))
+        assert [r.token for r in got] == want, extra

@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from tpserve.engine.h2d import to_device
+
 # JSON output without free whitespace: a model cannot stall in an endless run of spaces
 JSON_OPTIONS = {"whitespace_flexible": False}
 
@@ -90,8 +92,8 @@ def apply_logits_processors(logits: torch.Tensor, seqs: list) -> torch.Tensor:
                 vals.append(float(bias))
     if rows:
         dev = logits.device
-        logits.index_put_((torch.tensor(rows, device=dev), torch.tensor(toks, device=dev)),
-                          torch.tensor(vals, dtype=logits.dtype, device=dev), accumulate=True)
+        logits.index_put_((to_device(rows, dev), to_device(toks, dev)), to_device(vals, dev, logits.dtype),
+                          accumulate=True)
     constrained = [(r, seq) for r, seq in enumerate(seqs) if seq.params.structured_outputs is not None]
     if not constrained:
         return logits
@@ -107,7 +109,7 @@ def apply_logits_processors(logits: torch.Tensor, seqs: list) -> torch.Tensor:
     for i in fallback:  # a matcher in an error state: only end of sequence is allowed
         allowed[i] = False
         allowed[i, [t for t in constrained[i][1].eos_ids if t < vocab]] = True
-    idx = torch.tensor([r for r, _ in constrained], device=logits.device)
+    idx = to_device([r for r, _ in constrained], logits.device)
     allowed = allowed.to(logits.device, non_blocking=True)
     logits[idx] = logits[idx].masked_fill(~allowed, float("-inf"))
     return logits

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from tpserve.engine import cache as cache_mod
+from tpserve.engine.h2d import to_device
 from tpserve.engine.sampler import argmax_and_probability
 from tpserve.kernels.choice import Kernels
 from tpserve.model.batch import ForwardBatch
@@ -194,13 +195,15 @@ class ModelRunner:
         if prev is not None:  # async scheduling: the ids are the in-flight step's tokens, on the device
             ids = prev.index_select(0, torch.tensor(plan.prev_rows, dtype=torch.long).to(dev, non_blocking=True))
         else:
-            ids = torch.tensor(plan.input_ids, dtype=torch.long, device=dev)
+            ids = to_device(plan.input_ids, dev, torch.long)
+        # (every copy non-blocking: a blocking one waits for the queued kernels, an in-flight step's too)
         return ForwardBatch(
-            input_ids=ids,
-            positions=positions.to(dev), cu_seqlens=list(plan.cu_seqlens), context_lens=list(plan.context_lens),
-            slots=torch.tensor(plan.slots, dtype=torch.long, device=dev), block_tables=tables.to(dev),
-            slot_mapping=slot_mapping.to(dev), logits_indices=torch.tensor(plan.logits_indices, dtype=torch.long, device=dev),
-            sequence_parallel=plan.sequence_parallel, token_seq=owner.to(dev), decode_seqs=plan.num_decode)
+            input_ids=ids, positions=positions.to(dev, non_blocking=True), cu_seqlens=list(plan.cu_seqlens),
+            context_lens=list(plan.context_lens), slots=to_device(plan.slots, dev, torch.long),
+            block_tables=tables.to(dev, non_blocking=True), slot_mapping=slot_mapping.to(dev, non_blocking=True),
+            logits_indices=to_device(plan.logits_indices, dev, torch.long),
+            sequence_parallel=plan.sequence_parallel, token_seq=owner.to(dev, non_blocking=True),
+            decode_seqs=plan.num_decode)
 
     def execute(self, plan: StepPlan, prev: torch.Tensor | None = None) -> torch.Tensor:
         """plan's forward -> logits at plan.logits_indices. prev: the in-flight step's tokens, the input ids of
@@ -254,7 +257,7 @@ class ModelRunner:
             logits, self.draft_hidden, greedy = self.graphs.draft(plan, key, src, source_rows)
             return Drafted(logits, greedy)
         batch = self.build_batch(plan)
-        hidden = src[torch.tensor(source_rows, dtype=torch.long, device=self.device)]
+        hidden = src[to_device(source_rows, self.device, torch.long)]
         new_hidden, normed = self.model.mtp.draft(hidden, self.model.embed(batch.input_ids, batch), batch, self.cache)
         self.draft_hidden = new_hidden[batch.logits_indices]
         logits = self.model.lm_logits(normed[batch.logits_indices])

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from tpserve.engine.h2d import to_device
 from tpserve.engine.logits_process import apply_logits_processors
 from tpserve.engine.outputs import Logprob
 from tpserve.engine.request import Sequence
@@ -52,13 +53,13 @@ def _apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor
     dev, vocab = logits.device, logits.shape[1]
     if any(p.repetition_penalty != 1.0 for p in params):
         seen = _counts([s.prompt_ids + s.output_ids for s in seqs], vocab, dev) > 0
-        rep = torch.tensor([p.repetition_penalty for p in params], device=dev).unsqueeze(1)
+        rep = to_device([p.repetition_penalty for p in params], dev).unsqueeze(1)
         penalised = torch.where(logits > 0, logits / rep, logits * rep)
         logits = torch.where(seen, penalised, logits)
     if any(p.presence_penalty or p.frequency_penalty for p in params):
         counts = _counts([s.output_ids for s in seqs], vocab, dev)
-        freq = torch.tensor([p.frequency_penalty for p in params], device=dev).unsqueeze(1)
-        pres = torch.tensor([p.presence_penalty for p in params], device=dev).unsqueeze(1)
+        freq = to_device([p.frequency_penalty for p in params], dev).unsqueeze(1)
+        pres = to_device([p.presence_penalty for p in params], dev).unsqueeze(1)
         logits = logits - freq * counts - pres * (counts > 0).float()
     return logits
 
@@ -78,17 +79,23 @@ def _ban_stops_before_min_tokens(logits: torch.Tensor, seqs: list[Sequence]) -> 
 
 
 def _filter(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor,
-            top_p_on: bool) -> torch.Tensor:
+            top_p_on: bool, largest_k: int | None = None, min_p_on: bool = True) -> torch.Tensor:
     """Mask (to -inf) the tokens outside top-k, then min-p, then top-p, row by row in one batch.
-    logits [n, V]; top_k [n] long (V = off); top_p, min_p [n] float (1 and 0 = off); top_p_on: some row's
-    top_p is below 1 (known on the host: no device sync to find out)."""
+    logits [n, V]; top_k [n] long (V = off); top_p, min_p [n] float (1 and 0 = off); top_p_on, min_p_on: some
+    row uses that filter; largest_k: the largest top_k below V of any row, 0 when no row uses top-k, None: not
+    known (V). All known on the host: no device sync to find out. A filter no row uses is skipped (it would mask
+    nothing), and top-k takes the largest k values instead of sorting the whole vocabulary."""
     vocab = logits.shape[1]
-    ordered = logits.sort(dim=-1, descending=True).values
-    kth = ordered.gather(1, (top_k.clamp(1, vocab) - 1).unsqueeze(1))
-    logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = logits.softmax(-1)
-    low = probs < min_p.unsqueeze(1) * probs.max(dim=-1, keepdim=True).values
-    logits = logits.masked_fill(low & (min_p > 0).unsqueeze(1), float("-inf"))
+    largest_k = vocab if largest_k is None else largest_k
+    if largest_k:
+        top = logits.topk(largest_k, dim=-1).values
+        kth = top.gather(1, (top_k.clamp(1, largest_k) - 1).unsqueeze(1))
+        kth = kth.masked_fill((top_k >= vocab).unsqueeze(1), float("-inf"))  # a row without top-k keeps all
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if min_p_on:
+        probs = logits.softmax(-1)
+        low = probs < min_p.unsqueeze(1) * probs.max(dim=-1, keepdim=True).values
+        logits = logits.masked_fill(low & (min_p > 0).unsqueeze(1), float("-inf"))
     if top_p_on:
         sorted_logits, order = logits.sort(dim=-1, descending=True)
         p_sorted = sorted_logits.softmax(-1)
@@ -101,11 +108,12 @@ def filtered_probs(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
     """Temperature, top-k, min-p, top-p of each row's request, then softmax -> probs [n, V]."""
     dev, vocab = logits.device, logits.shape[1]
     params = [s.params for s in seqs]
-    temp = torch.tensor([p.temperature for p in params], device=dev).unsqueeze(1)
-    top_k = torch.tensor([min(p.top_k, vocab) if p.top_k > 0 else vocab for p in params], device=dev)  # any int
-    top_p = torch.tensor([p.top_p for p in params], device=dev)
-    min_p = torch.tensor([p.min_p for p in params], device=dev)
-    return _filter(logits / temp, top_k, top_p, min_p, any(p.top_p < 1.0 for p in params)).softmax(-1)
+    k = [min(p.top_k, vocab) if p.top_k > 0 else vocab for p in params]  # any int
+    temp = to_device([p.temperature for p in params], dev).unsqueeze(1)
+    top_k, top_p, min_p = to_device(k, dev), to_device([p.top_p for p in params], dev), to_device(
+        [p.min_p for p in params], dev)
+    return _filter(logits / temp, top_k, top_p, min_p, any(p.top_p < 1.0 for p in params),
+                   max((x for x in k if x < vocab), default=0), any(p.min_p > 0 for p in params)).softmax(-1)
 
 
 def processed_logits(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
@@ -120,9 +128,11 @@ def _sample_rows(logits: torch.Tensor, seqs: list[Sequence], engine_generator: t
     probs = filtered_probs(logits, seqs)
     noise = torch.empty_like(probs)
     shared = [i for i, s in enumerate(seqs) if s.generator is None]
-    if shared:
+    if len(shared) == len(seqs):
+        noise.exponential_(generator=engine_generator)
+    elif shared:
         draws = torch.empty(len(shared), vocab, device=dev).exponential_(generator=engine_generator)
-        noise[torch.tensor(shared, device=dev)] = draws
+        noise[to_device(shared, dev)] = draws
     for i, s in enumerate(seqs):
         if s.generator is not None:
             noise[i].exponential_(generator=s.generator)
@@ -159,10 +169,12 @@ def sample(logits: torch.Tensor, seqs: list[Sequence], engine_generator: torch.G
 def choose(logits: torch.Tensor, seqs: list[Sequence], engine_generator: torch.Generator) -> torch.Tensor:
     """The next token of each row [B] (device): argmax of the processed logits, or a draw for sampled rows."""
     processed = processed_logits(logits, seqs)
-    tokens = processed.argmax(-1)
     sampled = [i for i, s in enumerate(seqs) if not s.params.greedy]
+    if sampled and len(sampled) == len(seqs):  # (no index: its copy, and the gather and scatter, saved)
+        return _sample_rows(processed, seqs, engine_generator)
+    tokens = processed.argmax(-1)
     if sampled:
-        idx = torch.tensor(sampled, device=logits.device)
+        idx = to_device(sampled, logits.device)
         tokens[idx] = _sample_rows(processed[idx], [seqs[i] for i in sampled], engine_generator)
     return tokens
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import torch
 
+from tpserve.engine.h2d import to_device
+
 
 def _check_generators(generators: list, n: int) -> None:
     if len(generators) != n:
@@ -41,7 +43,7 @@ def _draw(width: int, n: int, device: torch.device, generators: list, engine_gen
             return draws
     out = torch.empty(n, width, device=device)
     if shared:
-        out[torch.tensor(shared, device=device)] = draws
+        out[to_device(shared, device)] = draws
     for i, g in enumerate(generators):
         if g is not None:
             _fill(out[i], kind, g)
