@@ -2,7 +2,7 @@
 than `bench spec`, which times its settings one after another).
 
     python bench/spec_ab.py [--batch 1] [--k 5] [--fixed-k K] [--baseline fixed|off] [--candidate adaptive|fixed|off]
-                            [--max-tokens 64]
+                            [--max-tokens 64] [--temperature T]
                             [--rounds 6] [--pairs 1] [--one-engine] [--device cpu] [--truncate-threshold T]
                             [--draft-graph G] [--json F]
 
@@ -17,9 +17,12 @@ adaptive engine chose each k over the timed rounds (k = 0: a plain step). --base
 adaptive engine with plain decoding instead (batch 64: does it cost nothing where it drafts nothing);
 --candidate fixed with --baseline off times fixed k against plain decoding (the speedup, interleaved);
 --candidate off with --baseline off is the A/A control of plain decoding.
---one-engine (adaptive against fixed k = --k only): one engine runs both, switched between rounds
+--one-engine (adaptive or fixed k = --k against fixed k = --k): one engine runs both, switched between rounds
 (`Speculator.set_adaptive`), so the two sides share graphs, memory and allocator state and differ in the policy
-alone; each pair is then one engine.
+alone; each pair is then one engine. With --candidate fixed it is the A/A control of the one-engine comparison:
+both sides fixed k, the spread of its ratios is what the measurement itself moves.
+--temperature T > 0 samples, unseeded (a seeded request drafts a fixed k whatever the policy says, so that its
+output does not depend on step timings): no fused steps (those are greedy), so k per step changes a step's cost.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=5, help="the adaptive mode's largest k (and the fixed k by default)")
     ap.add_argument("--fixed-k", type=int, default=None, help="the fixed engine's k (default: --k)")
     ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default); > 0: sampled, unseeded")
     ap.add_argument("--rounds", type=int, default=6, help="timed rounds per pair of engines")
     ap.add_argument("--pairs", type=int, default=1,
                     help="pairs of engines, each built in the other order (two identical engines differed by "
@@ -64,11 +68,13 @@ def main() -> None:
                     help="the adaptive engine's truncation threshold (default: the engine's default)")
     ap.add_argument("--json", default=None, help="also write the rounds, the median and the k histogram here")
     args = ap.parse_args()
-    if args.one_engine and (args.candidate != "adaptive" or args.baseline != "fixed"
+    if args.one_engine and (args.candidate == "off" or args.baseline != "fixed"
                             or (args.fixed_k is not None and args.fixed_k != args.k)):
-        ap.error("--one-engine: adaptive (k <= --k) against fixed k = --k only")
+        ap.error("--one-engine: adaptive (k <= --k) or fixed k = --k against fixed k = --k only")
+    if not args.temperature >= 0:
+        ap.error(f"--temperature: must be >= 0, got {args.temperature}")
     groups = structured_groups(args.batch)
-    sp = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
+    sp = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, ignore_eos=True)
     fixed_k = args.k if args.fixed_k is None else args.fixed_k
     kw = dict(device=args.device, max_num_seqs=max(args.batch, 8), kv_cache_memory=2**30)
     if args.draft_graph:
@@ -94,9 +100,12 @@ def main() -> None:
         else:
             engines = {name: LLM(speculative_config=configs[name], **kw) for name in built}
 
+        side = {"now": None}  # the side running (one engine: which side's steps to count)
+
         def run(name: str) -> float:
+            side["now"] = name
             if args.one_engine:
-                engines[name].engine.speculator.set_adaptive(name == "cand")
+                engines[name].engine.speculator.set_adaptive(name == "cand" and args.candidate == "adaptive")
             return timed_pass(engines[name], groups, sp)
 
         for name in built:
@@ -107,14 +116,14 @@ def main() -> None:
         def counted(fn, cand_engine=cand_engine, speculator=speculator):  # propose / verify_fused choose k
             def wrapped(*a, **kw):
                 fn(*a, **kw)
-                # after a request's last step there is nothing to draft for; one engine: its adaptive rounds only
-                if cand_engine.scheduler.running and (speculator.spec.adaptive or not args.one_engine):
+                # after a request's last step there is nothing to draft for; one engine: the candidate's rounds only
+                if cand_engine.scheduler.running and side["now"] == "cand":
                     chosen[speculator.last_k] += 1
             return wrapped
         def idle_counted(fn, speculator=speculator):  # a step that skips the speculator (Speculator.idle): k = 0
             def wrapped():
                 skip = fn()
-                chosen[0] += skip and (speculator.spec.adaptive or not args.one_engine)
+                chosen[0] += skip and side["now"] == "cand"
                 return skip
             return wrapped
         if speculator is not None:

@@ -841,3 +841,35 @@ def test_set_adaptive_switches_a_running_engine(plain):
         assert _pools_full(llm)
     finally:
         llm.shutdown()
+
+
+def test_set_adaptive_with_a_smaller_fixed_k():
+    """set_adaptive(False, fixed_k) (bench/spec_sides.py): unseeded sampled requests then draft fixed_k on every
+    drafting step; the adaptive mode takes no fixed_k; fixed_k outside 1..num_speculative_tokens is refused."""
+    llm = LLM(device="cpu", kv_cache_memory="16MiB", block_size=16, max_num_seqs=8,
+              speculative_config={"method": "mtp", "num_speculative_tokens": 3})
+    try:
+        speculator = llm.engine.speculator
+        for bad in (0, 4, 1.5):
+            with pytest.raises(ValueError, match="fixed_k"):
+                speculator.set_adaptive(False, bad)
+        with pytest.raises(ValueError, match="fixed_k: only with adaptive off"):
+            speculator.set_adaptive(True, 2)
+        speculator.set_adaptive(False, 2)
+        ks, drafted = [], []
+        propose = speculator.propose
+
+        def counted(*a, **kw):
+            propose(*a, **kw)
+            if llm.engine.scheduler.running:
+                ks.append(speculator.last_k)
+                drafted.append(max(len(s.drafts) for s in llm.engine.scheduler.running))
+        speculator.propose = counted
+        out = llm.generate(PROMPTS[:2], SamplingParams(temperature=0.8, max_tokens=16, ignore_eos=True))
+        assert all(len(o.outputs[0].token_ids) == 16 for o in out)
+        assert ks and set(ks) == {2} and max(drafted) == 2
+        speculator.set_adaptive(False)
+        assert speculator.policy.fixed_k == 3
+        assert _pools_full(llm)
+    finally:
+        llm.shutdown()

@@ -162,6 +162,7 @@ class SpecPolicy:
         if num_experts and not 1 <= experts_per_token <= num_experts:
             raise ValueError(f"experts_per_token: must be in 1..num_experts ({num_experts}), got {experts_per_token!r}")
         self.max_k, self.adaptive = max_k, adaptive
+        self.fixed_k = max_k  # the k of every step when not adaptive (Speculator.set_adaptive may lower it)
         self.truncate_threshold, self.explore_every = truncate_threshold, explore_every
         self.num_experts, self.experts_per_token, self.num_moe_layers = num_experts, experts_per_token, num_moe_layers
         self._step, self._explore = 0, False
@@ -185,11 +186,13 @@ class SpecPolicy:
         return StepChoice(self._step, self._explore)
 
     def choose_k(self, num_seqs: int, seq_keys: list) -> int:
-        """k in 0..max_k for this step's batch (max_k on the current step if it explores or when not
+        """k in 0..max_k for this step's batch (max_k on the current step if it explores; fixed_k when not
         adaptive). seq_keys: the keys of the sequences with estimates; missing ones use the global."""
         if num_seqs < 0 or len(seq_keys) > num_seqs:
             raise ValueError(f"num_seqs: must be >= len(seq_keys) ({len(seq_keys)}), got {num_seqs}")
-        if self._explore or not self.adaptive or self.max_k == 0:
+        if not self.adaptive:
+            return self.fixed_k
+        if self._explore or self.max_k == 0:
             return self.max_k
         if num_seqs == 0:
             return 0

@@ -33,6 +33,7 @@ import torch
 
 from tpserve.config import SpeculativeConfig
 from tpserve.engine import sampler
+from tpserve.engine.h2d import to_device
 from tpserve.engine.request import Sequence, Status
 from tpserve.engine.runner import StepPlan
 from tpserve.engine.scheduler import Scheduled
@@ -91,12 +92,21 @@ class Speculator:
         self.step_drafted = False  # the step just run verified drafts (what MeasuredRates files it under)
         self.fused_limit = 0  # the largest batch of a fused step, as `fusable` last read it
 
-    def set_adaptive(self, on: bool) -> None:
-        """Switch between adaptive k and a fixed k = num_speculative_tokens in a running engine (bench/spec_ab.py
-        --one-engine: both modes on the same engine, graphs and memory). What the adaptive mode learned is kept;
-        the fixed mode observes nothing (as an engine built fixed)."""
+    def set_adaptive(self, on: bool, fixed_k: int | None = None) -> None:
+        """Switch between adaptive k and a fixed k in a running engine (bench/spec_ab.py --one-engine: both modes
+        on the same engine, graphs and memory). fixed_k (when `on` is false): 1..num_speculative_tokens, default
+        num_speculative_tokens; below it, a greedy step that can be fused still runs the fused graphs'
+        num_speculative_tokens rows (it costs what the largest k costs), so a smaller fixed k is a fair stand-in
+        for an engine built with it only where steps are not fused (sampled requests). What the adaptive mode
+        learned is kept; the fixed mode observes nothing (as an engine built fixed)."""
+        k = self.spec.num_speculative_tokens if fixed_k is None else fixed_k
+        if on and fixed_k is not None:
+            raise ValueError("fixed_k: only with adaptive off")
+        if not isinstance(k, int) or not 1 <= k <= self.spec.num_speculative_tokens:
+            raise ValueError(f"fixed_k: must be an int in 1..num_speculative_tokens "
+                             f"({self.spec.num_speculative_tokens}), got {fixed_k!r}")
         self.spec = dataclasses.replace(self.spec, adaptive=bool(on))
-        self.policy.adaptive = bool(on)
+        self.policy.adaptive, self.policy.fixed_k = bool(on), k
 
     # ------------------------------------------------------------------ verify
     def verify(self, sampled: list[Scheduled], logits: torch.Tensor) -> list[int]:
@@ -124,22 +134,22 @@ class Speculator:
             return self._finish(groups)
         active, j = list(groups), 0
         while active:
-            rows = logits[torch.tensor([g.base + j for g in active], device=logits.device)]
+            rows = logits[to_device([g.base + j for g in active], logits.device)]
             seqs = [g.seq for g in active]
             rej = [i for i, g in enumerate(active) if j < len(g.drafts) and not g.seq.params.greedy]
             plain = sorted(set(range(len(active))) - set(rej))
             tokens = torch.empty(len(active), dtype=torch.long, device=logits.device)
             if plain:
-                idx = torch.tensor(plain, device=logits.device)
+                idx = to_device(plain, logits.device)
                 tokens[idx] = sampler.choose(rows[idx], [seqs[i] for i in plain], eng.generator)
             if rej:
-                idx = torch.tensor(rej, device=logits.device)
+                idx = to_device(rej, logits.device)
                 sub = [seqs[i] for i in rej]
                 p = sampler.filtered_probs(sampler.processed_logits(rows[idx], sub), sub)
                 q = torch.stack([active[i].probs[j] for i in rej])
-                drafts = torch.tensor([active[i].drafts[j] for i in rej], device=logits.device)
+                drafts = to_device([active[i].drafts[j] for i in rej], logits.device)
                 _, toks = rejection_verify(p, q, drafts, [s.generator for s in sub], eng.generator)
-                tokens[idx] = torch.tensor(toks, device=logits.device)
+                tokens[idx] = to_device(toks, logits.device)
             results = sampler.results_for(rows, seqs, tokens)
             active, j = [g for g, res in zip(active, results) if self._emit(g, j, res)], j + 1
         return self._finish(groups)
@@ -444,11 +454,10 @@ class Speculator:
         logits = drafted.logits
         tokens = logits.argmax(-1)
         probs_all = logits.softmax(-1)
-        idx = torch.tensor(sampled, device=logits.device)
+        idx = to_device(sampled, logits.device)
         sub = [seqs[i] for i in sampled]
         q = sampler.filtered_probs(logits[idx], sub)
-        tokens[idx] = torch.tensor(sample_from(q, [s.generator for s in sub], self.engine.generator),
-                                   device=logits.device)
+        tokens[idx] = to_device(sample_from(q, [s.generator for s in sub], self.engine.generator), logits.device)
         probs_all[idx] = q
         q_rows = {i: q[r] for r, i in enumerate(sampled)}
         sure = probs_all.gather(1, tokens.unsqueeze(1)).squeeze(1).tolist()

@@ -1,0 +1,140 @@
+"""Adaptive k against several fixed k on one engine, measured in one run (issue 12: "adaptive k >= the best fixed
+k on the same prompts, measured in one run").
+
+    python bench/spec_sides.py [--k 7] [--sides adaptive,7,5,3] [--temperature 0] [--batch 1] [--max-tokens 96]
+                               [--rounds 8] [--device cpu] [--json F]
+
+One engine built with num_speculative_tokens = --k runs every side, switched between passes
+(`Speculator.set_adaptive(on, fixed_k)`): the sides share graphs, memory and allocator state and differ in the
+policy alone (two engines built alike differed by up to 6% on an H200: bench/spec_ab.py). A side is `adaptive`
+(k <= --k) or a fixed k; a side may repeat (`7,7`: the A/A control, whose spread is what the measurement itself
+moves). Each round runs one pass of the structured prompts per side, the order rotated round by round, after one
+untimed pass per side. Greedy (--temperature 0): every fixed side must be --k, since a greedy step that can be
+fused runs the fused graphs' --k rows whatever k is (a smaller fixed k would cost --k's step and emit less; compare
+engines built with it through bench/spec_ab.py). Sampled (--temperature T > 0, unseeded: a seeded request drafts a
+fixed k whatever the policy says): steps are not fused, verify graphs exist for every row count and drafts run depth
+by depth, so a fixed k on this engine costs what it costs on an engine built with it.
+
+Prints each round's decode tok/s per side, each side's median, the median over rounds of adaptive / each fixed side
+(and / the best fixed side: the one with the highest median), and the adaptive side's k per step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from collections import Counter
+
+from spec_ab import timed_pass
+
+from tpserve import LLM, SamplingParams
+from tpserve.tools.bench_spec import structured_groups
+
+
+def parse_sides(text: str, k: int) -> list[str]:
+    sides = [s.strip() for s in text.split(",") if s.strip()]
+    for s in sides:
+        if s != "adaptive" and not (s.isdigit() and 1 <= int(s) <= k):
+            raise ValueError(f"--sides: each side is 'adaptive' or a fixed k in 1..--k ({k}), got {s!r}")
+    if len(sides) < 2:
+        raise ValueError(f"--sides: at least two sides, got {text!r}")
+    return sides
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--k", type=int, default=7, help="the engine's num_speculative_tokens (adaptive's largest k)")
+    ap.add_argument("--sides", default="adaptive,7")
+    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    try:
+        sides = parse_sides(args.sides, args.k)
+    except ValueError as exc:
+        ap.error(str(exc))
+    if not args.temperature >= 0:
+        ap.error(f"--temperature: must be >= 0, got {args.temperature}")
+    if args.temperature == 0 and any(s != "adaptive" and int(s) != args.k for s in sides):
+        ap.error(f"--sides: greedy steps are fused to --k ({args.k}) rows on this engine, so a fixed side below it "
+                 "does not stand in for an engine built with it (bench/spec_ab.py compares such engines)")
+    names = [s if sides.count(s) == 1 else f"{s}#{sides[:i + 1].count(s)}" for i, s in enumerate(sides)]
+    names = [n if n.startswith("adaptive") else f"k={n}" for n in names]
+    groups = structured_groups(args.batch)
+    sp = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, ignore_eos=True)
+    llm = LLM(speculative_config={"method": "mtp", "num_speculative_tokens": args.k}, device=args.device,
+              max_num_seqs=max(args.batch, 8), kv_cache_memory=2**30)
+    speculator = llm.engine.speculator
+    now = {"side": None}
+    chosen: dict[str, Counter] = {n: Counter() for n in names}
+
+    def run(i: int) -> float:
+        now["side"] = names[i]
+        side = sides[i]
+        speculator.set_adaptive(side == "adaptive", None if side == "adaptive" else int(side))
+        return timed_pass(llm, groups, sp)
+
+    for i in range(len(sides)):
+        run(i)  # untimed: compiles, and the adaptive side learns its costs and acceptance
+    propose, verify_fused, idle = speculator.propose, speculator.verify_fused, speculator.idle
+
+    def counted(fn):  # the k each step chose (after a request's last step nothing is drafted: not counted)
+        def wrapped(*a, **kw):
+            fn(*a, **kw)
+            if llm.engine.scheduler.running:
+                chosen[now["side"]][speculator.last_k] += 1
+        return wrapped
+
+    def idle_counted():  # a step that skips the speculator (Speculator.idle): k = 0
+        skip = idle()
+        chosen[now["side"]][0] += bool(skip)
+        return skip
+
+    speculator.propose, speculator.verify_fused, speculator.idle = counted(propose), counted(verify_fused), idle_counted
+    rounds = []
+    print("| round | " + " | ".join(f"{n} tok/s" for n in names) + " |")
+    print("| --- " * (len(names) + 1) + "|")
+    for r in range(args.rounds):
+        order = [(r + j) % len(sides) for j in range(len(sides))]
+        rate = {names[i]: run(i) for i in order}
+        rounds.append(rate)
+        print(f"| {r + 1} | " + " | ".join(f"{rate[n]:.1f}" for n in names) + " |", flush=True)
+    median = {n: statistics.median(x[n] for x in rounds) for n in names}
+    print("median tok/s: " + ", ".join(f"{n} {median[n]:.1f}" for n in names))
+    result = {"args": vars(args), "sides": names, "rounds": rounds, "median_tok_s": median,
+              "k_per_step": {n: {str(k): c for k, c in sorted(chosen[n].items())} for n in names}}
+    fixed = [n for n in names if not n.startswith("adaptive")]
+    for a in (n for n in names if n.startswith("adaptive")):
+        ratios = {f: [x[a] / x[f] for x in rounds] for f in fixed}
+        best = max(fixed, key=median.get)
+        result[f"{a} / fixed"] = {f: statistics.median(v) for f, v in ratios.items()}
+        result[f"{a} / best fixed"] = {"best": best, "median": statistics.median(ratios[best]),
+                                       "min": min(ratios[best]), "max": max(ratios[best])}
+        print(f"{a} / each fixed side (median over rounds): "
+              + ", ".join(f"{f} {statistics.median(v):.3f}" for f, v in ratios.items()))
+        print(f"{a} / the best fixed side ({best}): {statistics.median(ratios[best]):.3f} "
+              f"(min {min(ratios[best]):.3f}, max {max(ratios[best]):.3f}) over {len(rounds)} rounds")
+    if len(fixed) >= 2:  # the fixed sides against the first (with a repeated side: the A/A control)
+        for f in fixed[1:]:
+            v = [x[f] / x[fixed[0]] for x in rounds]
+            print(f"{f} / {fixed[0]}: {statistics.median(v):.3f} (min {min(v):.3f}, max {max(v):.3f})")
+    for n in names:
+        total = sum(chosen[n].values()) or 1
+        print(f"{n} k per step: " + ", ".join(f"k={k} {100 * c / total:.0f}%" for k, c in sorted(chosen[n].items())))
+    if "adaptive" in sides:
+        result["measured_rates"] = speculator.rates.snapshot()
+        result["acceptance"] = speculator.policy.snapshot()["acceptance"]
+        print(f"adaptive measured rates: {result['measured_rates']}")
+        print(f"acceptance per position: {[round(a, 3) for a in result['acceptance']]}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    llm.shutdown()
+
+
+if __name__ == "__main__":
+    main()
