@@ -45,6 +45,15 @@ def timed_pass(llm: LLM, groups: list[list[str]], sp: SamplingParams) -> float:
     return decode_rate(steps)
 
 
+def record_adaptive(speculator, result: dict, label: str) -> None:
+    """What an adaptive speculator measured (its decode rates with and without drafts) and estimated (acceptance
+    by position), into `result` and printed."""
+    result["measured_rates"] = speculator.rates.snapshot()
+    result["acceptance"] = speculator.policy.snapshot()["acceptance"]
+    print(f"{label} measured rates: {result['measured_rates']}")
+    print(f"{label} acceptance per position: {[round(a, 3) for a in result['acceptance']]}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch", type=int, default=1)
@@ -150,10 +159,7 @@ def main() -> None:
     result = {"args": vars(args), "baseline": base_name, "candidate": cand, "rounds": rounds,
               "median": statistics.median(ratios), "per_pair_median": per_pair, "k_per_step": {str(k): n for k, n in sorted(chosen.items())}}
     if args.candidate == "adaptive":  # what the adaptive engine measured and fitted (why it chose those k)
-        result["measured_rates"] = speculator.rates.snapshot()
-        result["acceptance"] = speculator.policy.snapshot()["acceptance"]
-        print(f"{cand} measured rates: {result['measured_rates']}")
-        print(f"{cand} acceptance per position: {[round(a, 3) for a in result['acceptance']]}")
+        record_adaptive(speculator, result, cand)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)

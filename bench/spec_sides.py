@@ -26,7 +26,7 @@ import json
 import statistics
 from collections import Counter
 
-from spec_ab import timed_pass
+from spec_ab import record_adaptive, timed_pass
 
 from tpserve import LLM, SamplingParams
 from tpserve.tools.bench_spec import structured_groups
@@ -126,10 +126,7 @@ def main() -> None:
         total = sum(chosen[n].values()) or 1
         print(f"{n} k per step: " + ", ".join(f"k={k} {100 * c / total:.0f}%" for k, c in sorted(chosen[n].items())))
     if "adaptive" in sides:
-        result["measured_rates"] = speculator.rates.snapshot()
-        result["acceptance"] = speculator.policy.snapshot()["acceptance"]
-        print(f"adaptive measured rates: {result['measured_rates']}")
-        print(f"acceptance per position: {[round(a, 3) for a in result['acceptance']]}")
+        record_adaptive(speculator, result, "adaptive")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)

@@ -850,7 +850,7 @@ def test_set_adaptive_with_a_smaller_fixed_k():
               speculative_config={"method": "mtp", "num_speculative_tokens": 3})
     try:
         speculator = llm.engine.speculator
-        for bad in (0, 4, 1.5):
+        for bad in (0, 4, 1.5, True):
             with pytest.raises(ValueError, match="fixed_k"):
                 speculator.set_adaptive(False, bad)
         with pytest.raises(ValueError, match="fixed_k: only with adaptive off"):

@@ -102,7 +102,7 @@ class Speculator:
         k = self.spec.num_speculative_tokens if fixed_k is None else fixed_k
         if on and fixed_k is not None:
             raise ValueError("fixed_k: only with adaptive off")
-        if not isinstance(k, int) or not 1 <= k <= self.spec.num_speculative_tokens:
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= self.spec.num_speculative_tokens:
             raise ValueError(f"fixed_k: must be an int in 1..num_speculative_tokens "
                              f"({self.spec.num_speculative_tokens}), got {fixed_k!r}")
         self.spec = dataclasses.replace(self.spec, adaptive=bool(on))
