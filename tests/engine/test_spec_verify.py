@@ -11,7 +11,7 @@ clamp on the residual (2494), always accepting (141019).
 import pytest
 import torch
 
-from tpserve.engine.spec_verify import rejection_verify, sample_from
+from tpserve.engine.spec_verify import rejection_tokens, rejection_verify, sample_from, sample_tokens
 
 # Chi-square critical values at alpha = 0.001, by degrees of freedom (from the standard table,
 # e.g. scipy.stats.chi2.ppf(0.999, df)).
@@ -132,3 +132,24 @@ def test_shape_errors_name_the_argument():
             call()
     assert rejection_verify(p[:0], p[:0], d[:0], [], g) == ([], [])
     assert sample_from(p[:0], [], g) == []
+
+
+def test_device_forms_draw_as_the_host_forms():
+    """rejection_tokens and sample_tokens (the speculator's: no host copy) give what rejection_verify and
+    sample_from give from the same generators, and flag a draft id outside the vocabulary instead of raising."""
+    torch.manual_seed(1)
+    n, vocab = 16, 30
+    p, q = torch.rand(n, vocab).softmax(-1), torch.rand(n, vocab).softmax(-1)
+    drafts = torch.randint(vocab, (n,))
+
+    def gens():
+        return [torch.Generator().manual_seed(50 + i) if i % 2 else None for i in range(n)]
+
+    want = rejection_verify(p, q, drafts, gens(), torch.Generator().manual_seed(3))
+    accept, token, bad = rejection_tokens(p, q, drafts, gens(), torch.Generator().manual_seed(3))
+    assert (accept.tolist(), token.tolist()) == want and not bad.any()
+    assert sample_tokens(p, gens(), torch.Generator().manual_seed(4)).tolist() == sample_from(
+        p, gens(), torch.Generator().manual_seed(4))
+    flagged = rejection_tokens(p[:2], q[:2], torch.tensor([3, vocab]), [None, None], torch.Generator())[2]
+    assert flagged.tolist() == [False, True]
+    assert rejection_tokens(p[:0], q[:0], drafts[:0], [], torch.Generator())[1].numel() == 0

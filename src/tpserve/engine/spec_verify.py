@@ -56,16 +56,22 @@ def _race(weights: torch.Tensor, generators: list, engine_generator: torch.Gener
     return (weights / noise).argmax(-1)
 
 
-def sample_from(probs: torch.Tensor, generators: list[torch.Generator | None],
-                engine_generator: torch.Generator) -> list[int]:
+def sample_tokens(probs: torch.Tensor, generators: list[torch.Generator | None],
+                  engine_generator: torch.Generator) -> torch.Tensor:
     """Sample one token per row of probs [n, V] (row i from generators[i], or engine_generator when
-    None). Used for the drafts and for the bonus token after the last accepted draft."""
+    None) -> [n] long on probs' device, nothing copied to the host. Used for the drafts."""
     if probs.dim() != 2:
         raise ValueError(f"probs: expected [n, V], got shape {tuple(probs.shape)}")
     _check_generators(generators, probs.shape[0])
     if probs.shape[0] == 0:
-        return []
-    return _race(probs, generators, engine_generator).tolist()
+        return torch.empty(0, dtype=torch.long, device=probs.device)
+    return _race(probs, generators, engine_generator)
+
+
+def sample_from(probs: torch.Tensor, generators: list[torch.Generator | None],
+                engine_generator: torch.Generator) -> list[int]:
+    """`sample_tokens` as a host list."""
+    return sample_tokens(probs, generators, engine_generator).tolist()
 
 
 def rejection_verify(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor,
@@ -76,6 +82,21 @@ def rejection_verify(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor,
     from; drafts [n] long. Returns (accepted, token), token = the draft when accepted, else a sample
     of the residual. Row i draws from generators[i] when not None, else from engine_generator, on
     p's device. Raises ValueError for bad shapes, dtypes, devices or draft ids outside [0, V)."""
+    accept, token, bad = rejection_tokens(p, q, drafts, generators, engine_generator)
+    if accept.numel() == 0:
+        return [], []
+    host = torch.stack([accept.long(), token, bad.long()]).tolist()  # the one device-to-host copy
+    if any(host[2]):
+        raise ValueError(f"drafts: ids must be in [0, {p.shape[1]}), row {host[2].index(1)} is not")
+    return [bool(a) for a in host[0]], host[1]
+
+
+def rejection_tokens(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor,
+                     generators: list[torch.Generator | None], engine_generator: torch.Generator
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`rejection_verify` on the device, nothing copied to the host: (accepted [n] bool, token [n] long, bad [n]
+    bool: the draft id was outside [0, V), its row's result meaningless). The same checks of shapes, dtypes
+    and devices, the same draws."""
     if p.dim() != 2:
         raise ValueError(f"p: expected [n, V], got shape {tuple(p.shape)}")
     if q.shape != p.shape:
@@ -89,7 +110,8 @@ def rejection_verify(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor,
         raise ValueError(f"drafts: expected dtype torch.long, got {drafts.dtype}")
     _check_generators(generators, n)
     if n == 0:
-        return [], []
+        empty = torch.empty(0, dtype=torch.long, device=p.device)
+        return empty.bool(), empty, empty.bool()
     d = drafts.to(p.device)
     bad = (d < 0) | (d >= vocab)
     idx = d.clamp(0, vocab - 1).unsqueeze(1)
@@ -101,8 +123,4 @@ def rejection_verify(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor,
     residual = (p - q).clamp_min(0)
     empty = residual.sum(-1, keepdim=True) <= 0
     residual = torch.where(empty, p, residual)
-    token = torch.where(accept, d, _race(residual, generators, engine_generator))
-    host = torch.stack([accept.long(), token, bad.long()]).tolist()  # the one device-to-host copy
-    if any(host[2]):
-        raise ValueError(f"drafts: ids must be in [0, {vocab}), row {host[2].index(1)} is not")
-    return [bool(a) for a in host[0]], host[1]
+    return accept, torch.where(accept, d, _race(residual, generators, engine_generator)), bad

@@ -39,7 +39,7 @@ from tpserve.engine.runner import StepPlan
 from tpserve.engine.scheduler import Scheduled
 from tpserve.engine.spec_policy import SpecPolicy
 from tpserve.engine.spec_rates import Calibration, MeasuredRates
-from tpserve.engine.spec_verify import rejection_verify, sample_from
+from tpserve.engine.spec_verify import rejection_tokens, sample_tokens
 
 
 IDLE_STEPS = 8  # after this many steps in a row with k = 0 the MTP layer stops running
@@ -148,8 +148,9 @@ class Speculator:
                 p = sampler.filtered_probs(sampler.processed_logits(rows[idx], sub), sub)
                 q = torch.stack([active[i].probs[j] for i in rej])
                 drafts = to_device([active[i].drafts[j] for i in rej], logits.device)
-                _, toks = rejection_verify(p, q, drafts, [s.generator for s in sub], eng.generator)
-                tokens[idx] = to_device(toks, logits.device)
+                # (on the device: results_for below is the position's one host copy; the drafts are the
+                # drafter's, so in range, which rejection_verify's copy would check)
+                tokens[idx] = rejection_tokens(p, q, drafts, [s.generator for s in sub], eng.generator)[1]
             results = sampler.results_for(rows, seqs, tokens)
             active, j = [g for g, res in zip(active, results) if self._emit(g, j, res)], j + 1
         return self._finish(groups)
@@ -457,11 +458,12 @@ class Speculator:
         idx = to_device(sampled, logits.device)
         sub = [seqs[i] for i in sampled]
         q = sampler.filtered_probs(logits[idx], sub)
-        tokens[idx] = to_device(sample_from(q, [s.generator for s in sub], self.engine.generator), logits.device)
+        tokens[idx] = sample_tokens(q, [s.generator for s in sub], self.engine.generator)
         probs_all[idx] = q
         q_rows = {i: q[r] for r, i in enumerate(sampled)}
-        sure = probs_all.gather(1, tokens.unsqueeze(1)).squeeze(1).tolist()
-        return tokens.tolist(), [q_rows.get(i) for i in range(len(seqs))], sure
+        sure = probs_all.gather(1, tokens.unsqueeze(1)).squeeze(1)
+        host = torch.stack([tokens.double(), sure.double()]).tolist()  # one device-to-host copy
+        return [int(t) for t in host[0]], [q_rows.get(i) for i in range(len(seqs))], host[1]
 
     def stats(self) -> dict:
         c = self.counters
