@@ -193,7 +193,7 @@ class ModelRunner:
                                         torch.tensor(plan.cu_seqlens[1:]) - torch.tensor(plan.cu_seqlens[:-1]))
         slot_mapping = tables[owner, positions // bs] * bs + positions % bs
         if prev is not None:  # async scheduling: the ids are the in-flight step's tokens, on the device
-            ids = prev.index_select(0, torch.tensor(plan.prev_rows, dtype=torch.long).to(dev, non_blocking=True))
+            ids = prev.index_select(0, to_device(plan.prev_rows, dev, torch.long))
         else:
             ids = to_device(plan.input_ids, dev, torch.long)
         # (every copy non-blocking: a blocking one waits for the queued kernels, an in-flight step's too)

@@ -79,14 +79,13 @@ def _ban_stops_before_min_tokens(logits: torch.Tensor, seqs: list[Sequence]) -> 
 
 
 def _filter(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor,
-            top_p_on: bool, largest_k: int | None = None, min_p_on: bool = True) -> torch.Tensor:
+            top_p_on: bool, largest_k: int, min_p_on: bool) -> torch.Tensor:
     """Mask (to -inf) the tokens outside top-k, then min-p, then top-p, row by row in one batch.
     logits [n, V]; top_k [n] long (V = off); top_p, min_p [n] float (1 and 0 = off); top_p_on, min_p_on: some
-    row uses that filter; largest_k: the largest top_k below V of any row, 0 when no row uses top-k, None: not
-    known (V). All known on the host: no device sync to find out. A filter no row uses is skipped (it would mask
+    row uses that filter; largest_k: the largest top_k below V of any row, 0 when no row uses top-k. All known
+    on the host: no device sync to find out. A filter no row uses is skipped (it would mask
     nothing), and top-k takes the largest k values instead of sorting the whole vocabulary."""
     vocab = logits.shape[1]
-    largest_k = vocab if largest_k is None else largest_k
     if largest_k:
         top = logits.topk(largest_k, dim=-1).values
         kth = top.gather(1, (top_k.clamp(1, largest_k) - 1).unsqueeze(1))
