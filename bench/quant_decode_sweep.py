@@ -22,6 +22,11 @@ tile. Sections:
   w8split  W8A16 at 8 rows: qtile B's K splits, the GEMV kernel's device time alone against the fill and cast
   w4planes W4A16 through the nibble-planes kernel at 1, 8 and 16 rows, both shapes, beside the defaults; PTX == plain
   w4tiled  W4A16: the planes kernel on tiled weights against row-major; the one-row kernel with whole-row K tiles
+  mma      W8A16 and W4A16 through kernels/mma_gemv.py (CUDA via NVRTC, mma.sync fed from registers) at 1-8 rows,
+           both shapes, every config beside the Triton default; odd shapes checked against fp32 math; graph
+           replays equal to eager calls
+  mma2     the same at 8 rows around mma's best (interleaved K chunks): warps a block, row tiles a warp
+  mmadef   w8a16_gemv / w4a16_gemv's defaults against the Triton kernels (mma=False), 1-8 rows, both shapes
 Usage: PYTHONPATH=src python bench/quant_decode_sweep.py [--sections fp8det,moe,gemv] [--out DIR]
 """
 
@@ -332,6 +337,124 @@ def sec_w8split(res):
                   + "; ".join(f"{name} {us:.1f}" for name, us in prof.items()), flush=True)
 
 
+def sec_mma(res):
+    """W8A16 and W4A16 at 1-8 rows through kernels/mma_gemv.py: first odd shapes (N not a multiple of 16, K one or
+    two chunks, more warps than chunks) for every config against fp32 math, every e4m3 code through the FP8 decode,
+    a graph replay against the eager call, then both shapes timed with the Triton default beside them (printed as
+    "default": w8a16_gemv's / w4a16_gemv's default, which may itself be this kernel where it is the default)."""
+    from tpserve.kernels import mma_gemv as mg
+    from tpserve.kernels import quant_ref as qr
+
+    def configs(fmt):
+        return [mg.Config(fmt, r, sp, d, pf, il) for r, depths in ((1, (2, 4, 6)), (2, (2, 3)))
+                for sp in (2, 4, 8) for d in depths for pf in (0, 256) for il in (False, True)]
+
+    def run(fmt, x, p, c):
+        return (mg.fp8_gemv(x, *p, cfg=c) if fmt == "fp8" else mg.nvfp4_gemv(x, *p, cfg=c))
+
+    for fmt, spec in (("fp8", _fp8), ("nvfp4", _fp4)):
+        quantize, call, _, nbytes = spec()
+        cfgs, worst = configs(fmt), 0.0
+        for n, k, m in ((1000, 256, 3), (4096, 512, 8), (48, 1024, 1), (12288 + 16, 512, 5)):
+            packed, wd = quantize(torch.randn(n, k, device="cuda") / k**0.5)
+            x = torch.randn(m, k, device="cuda").bfloat16()
+            ref = x.float() @ wd.T
+            for c in cfgs:
+                e = rel(run(fmt, x, packed, c), ref)
+                worst = max(worst, e)
+                if e > 4e-3:
+                    print(f"  mma {fmt} {n}x{k} M={m} {c}: WRONG, rel err {e:.1e}", flush=True)
+        res[f"mma {fmt} odd shapes worst rel err"] = worst
+        print(f"mma {fmt}: odd shapes, {len(cfgs)} configs: worst rel err against fp32 math {worst:.1e}", flush=True)
+        # a CUDA-graph replay gives the eager call's output, bit for bit (the launch goes to the capturing stream)
+        packed, _ = quantize(torch.randn(4096, 4096, device="cuda") / 64)
+        x = torch.randn(8, 4096, device="cuda").bfloat16()
+        eager = run(fmt, x, packed, None)
+        g, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+        with torch.cuda.stream(stream), torch.cuda.graph(g):
+            out = run(fmt, x, packed, None)
+        g.replay()
+        torch.cuda.synchronize()
+        res[f"mma {fmt} graph == eager"] = bool(torch.equal(out, eager))
+        print(f"mma {fmt}: graph replay == eager: {res[f'mma {fmt} graph == eager']}", flush=True)
+
+        def mcall(x, p, c):
+            return call(x, p, "default") if c == "default" else run(fmt, x, p, c)
+
+        for n, k in ((12288, 4096), (4096, 12288)):
+            packed, packs, wd, floor = _weights(quantize, nbytes, n, k)
+            for m in (8, 1):
+                x = torch.randn(m, k, device="cuda").bfloat16()
+                key = f"mma {fmt} {n}x{k} M={m}"
+                best = _case(res, key, ["default"] + cfgs, mcall, x, packed, packs, x.float() @ wd.T, floor, top=6)
+                res[key]["best"] = [(str(c), us) for c, us in res[key]["best"]]
+                top = next(c for _, c in best if c != "default")
+                for mm in (2, 4):
+                    xm = torch.randn(mm, k, device="cuda").bfloat16()
+                    t = timed([(lambda p=p: run(fmt, xm, p, top)) for p in packs])
+                    res[f"{key[:-4]} M={mm} {top}"] = dict(us=t * 1e6, pct=100 * floor / t)
+                    print(f"  M={mm} {top}: {t * 1e6:.1f} us ({100 * floor / t:.0f}%)", flush=True)
+    # every e4m3 code (subnormals, zero, +-448; not the NaNs) in one row through the FP8 decode: the sum exact
+    codes = torch.arange(256, device="cuda", dtype=torch.uint8)
+    codes = codes[(codes & 0x7F) != 0x7F]
+    q = codes.view(torch.float8_e4m3fn).repeat(16, 2)[:, :256].contiguous()
+    s = torch.ones(1, 2, device="cuda")
+    x = torch.ones(1, 256, device="cuda").bfloat16()
+    y, ref = mg.fp8_gemv(x, q, s).float(), (x.float() @ qr.fp8_block_dequantize(q, s).T)
+    res["mma e4m3 codes sum exact"] = bool(torch.equal(y, ref.bfloat16().float()))
+    print(f"mma: every e4m3 code summed: {y[0, 0].item()} (fp32 math {ref[0, 0].item()})", flush=True)
+
+
+def sec_mma2(res):
+    """kernels/mma_gemv.py at 8 rows, around the first sweep's best (interleaved K chunks): more warps a block
+    (the interleave width), two to four row tiles a warp, both formats. (The twenty-third session's third call also
+    ran each config with the driver's smallest shared-memory carveout, for more L1 to hold x: slower or level
+    everywhere, so the option was removed.)"""
+    from tpserve.kernels import mma_gemv as mg
+
+    fp8 = [mg.Config("fp8", r, sp, d, pf, True) for r in (1, 2) for sp in (4, 6, 8, 10, 12, 16) for d in (2, 3)
+           for pf in (0, 256)]
+    fp4 = [mg.Config("nvfp4", r, sp, 2, 256, True) for r in (2, 3, 4) for sp in (2, 4, 8)]
+    for fmt, spec, cfgs in (("fp8", _fp8, fp8), ("nvfp4", _fp4, fp4)):
+        quantize, call, _, nbytes = spec()
+
+        def mcall(x, p, c):
+            if c == "default":
+                return call(x, p, "default")
+            return mg.fp8_gemv(x, *p, cfg=c) if fmt == "fp8" else mg.nvfp4_gemv(x, *p, cfg=c)
+
+        for n, k in ((12288, 4096), (4096, 12288)):
+            packed, packs, wd, floor = _weights(quantize, nbytes, n, k)
+            x = torch.randn(8, k, device="cuda").bfloat16()
+            key = f"mma2 {fmt} {n}x{k} M=8"
+            _case(res, key, ["default"] + cfgs, mcall, x, packed, packs, x.float() @ wd.T, floor, top=8)
+            res[key]["best"] = [(str(c), us) for c, us in res[key]["best"]]
+
+
+def sec_mmadef(res):
+    """The GEMVs' defaults as they stand (w8a16_gemv / w4a16_gemv: kernels/mma_gemv.py where it is the default)
+    against the Triton kernels they replaced (mma=False), 1-8 rows, both shapes, in one run."""
+    from tpserve.kernels.quant_gemv import w4a16_gemv, w8a16_gemv
+
+    forms = {"fp8": (_fp8, lambda x, p, mma: w8a16_gemv(x, *p, (128, 128), mma=mma)),
+             "nvfp4": (_fp4, lambda x, p, mma: w4a16_gemv(x, *p, mma=mma))}
+    print("| format | N x K | M | default us (% floor) | Triton (mma=False) us (% floor) | Triton / default |\n"
+          "| --- | --- | --- | --- | --- | --- |", flush=True)
+    for fmt, (spec, fn) in forms.items():
+        quantize, _, _, nbytes = spec()
+        for n, k in ((12288, 4096), (4096, 12288)):
+            packed, packs, wd, floor = _weights(quantize, nbytes, n, k)
+            for m in (1, 2, 4, 8):
+                x = torch.randn(m, k, device="cuda").bfloat16()
+                ref = x.float() @ wd.T
+                errs = [rel(fn(x, packed, mma), ref) for mma in (None, False)]
+                t = [timed([(lambda p=p, mma=mma: fn(x, p, mma)) for p in packs]) for mma in (None, False)]
+                res[f"mmadef {fmt} {n}x{k} M={m}"] = dict(default_us=t[0] * 1e6, triton_us=t[1] * 1e6,
+                                                          floor_us=floor * 1e6, rel_err=errs)
+                print(f"| {fmt} | {n} x {k} | {m} | {t[0] * 1e6:.1f} ({100 * floor / t[0]:.0f}%) | "
+                      f"{t[1] * 1e6:.1f} ({100 * floor / t[1]:.0f}%) | {t[1] / t[0]:.2f} |", flush=True)
+
+
 def _experts_setup():
     e, d, i = 288, 4096, 2048
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -485,7 +608,7 @@ if __name__ == "__main__":
     sys.exit(run_sections(dict(fp8det=sec_fp8det, moe=sec_moe, prefill=sec_prefill, gemv=sec_gemv,
                                w8a16=lambda r: sec_gemv(r, "w8a16"), w4a16=lambda r: sec_gemv(r, "w4a16"),
                                w4one=sec_w4one, w4def=sec_w4def, w4planes=sec_w4planes, w4tiled=sec_w4tiled,
-                               rows=sec_rows,
+                               rows=sec_rows, mma=sec_mma, mma2=sec_mma2, mmadef=sec_mmadef,
                                w8def=sec_w8def, w8split=sec_w8split),
                           "fp8det,moe,gemv",
                           "quant_decode_sweep.json"))

@@ -26,7 +26,7 @@ from tpserve import LLM, SamplingParams  # noqa: E402
 from tpserve.train.acceptance import mtp_prompts  # noqa: E402
 
 CALLS = {"speculator": ("_next_k", "fusable", "verify_fused", "_extend_drafts", "_finish", "propose"),
-         "rates": ("observe", "override"), "policy": ("begin_step", "choose_k", "observe_acceptance"),
+         "rates": ("observe", "override"), "policy": ("begin_step", "choose_k", "observe_acceptance", "observe_step", "observe_draft"),
          "engine": ("_plan", "_fused_step")}
 
 

@@ -69,6 +69,12 @@ def test_gemv_switch_reaches_every_linear_and_keeps_cpu_on_torch():
     assert not any(m.decode_gemv for m in model.modules() if isinstance(m, Linear))
     with pytest.raises(ValueError, match="gemv_backend"):
         set_gemv_backend(model, "cutlass")
+    set_gemv_backend(model, "torch", "cuda")
+    assert all(m.quant_gemv_cuda for m in model.modules() if isinstance(m, Linear))
+    set_gemv_backend(model, "torch", "triton")
+    assert not any(m.quant_gemv_cuda for m in model.modules() if isinstance(m, Linear))
+    with pytest.raises(ValueError, match="quant_gemv_backend"):
+        set_gemv_backend(model, "torch", "torch")
 
 
 def test_cli_reports_bad_settings_in_one_line(capsys):
@@ -96,3 +102,17 @@ def test_quant_decode_backend_resolves_and_refuses_float16():
         quant_decode("qtile", cuda, torch.float16)
     with pytest.raises(ValueError, match="quant_decode_backend"):
         EngineConfig.from_env({"TPSERVE_QUANT_DECODE_BACKEND": "lut"})
+
+
+def test_quant_gemv_backend_resolves():
+    import torch
+
+    from tpserve.engine.setup import quant_gemv
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert quant_gemv("auto", cuda) == "cuda" and quant_gemv("auto", cpu) == "triton"
+    assert quant_gemv("triton", cuda) == "triton" and quant_gemv("triton", cpu) == "triton"
+    with pytest.raises(ValueError, match="quant_gemv_backend: cuda needs a CUDA device"):
+        quant_gemv("cuda", cpu)
+    with pytest.raises(ValueError, match="quant_gemv_backend"):
+        EngineConfig.from_env({"TPSERVE_QUANT_GEMV_BACKEND": "cutlass"})

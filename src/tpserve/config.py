@@ -125,6 +125,14 @@ class EngineConfig:
                                      "token on an H200 took 78 instead of 303 us in NVFP4, 82 instead of 121 us "
                                      "in FP8, BENCHMARKS.md seventeenth session)",
                                      switch=True, choices=("auto", "qtile", "qtile-b", "element"))
+    quant_gemv_backend: str = _opt("auto", "FP8 block-128 and NVFP4 linear layers at decode: cuda (kernels/"
+                                   "mma_gemv.py, compiled by NVRTC at first use: each lane loads its weights "
+                                   "straight into the tensor cores' operands; 1-8 bf16 rows, FP8 at 2-8), triton "
+                                   "(kernels/quant_gemv.py), or auto (cuda where NVRTC builds it, else triton: on an "
+                                   "H200 at 8 rows FP8 14.4 / 15.1 us against Triton's 19.6 / 23.5 us, NVFP4 14.1 / "
+                                   "17.6 against 19.7 / 22.3 us, on 12288 x 4096 / 4096 x 12288, BENCHMARKS.md "
+                                   "twenty-third session)",
+                                   switch=True, choices=("auto", "cuda", "triton"))
     moe_route_backend: str = _opt("auto", "MoE routing (sigmoid, bias, top-k, normalise), the experts' "
                                   "token-sorted layout and the sum of each token's k expert outputs: triton (one "
                                   "kernel each, cuda only; group-limited routing, n_group > 1, keeps torch), torch "

@@ -123,6 +123,7 @@ def resolve_runtime(ecfg: EngineConfig) -> Runtime:
                       moe_triton_max_tokens=ecfg.moe_triton_max_tokens,
                       moe_route=_triton_or_torch("moe_route_backend", ecfg.moe_route_backend, device),
                       quant_decode=decode_nvfp4, quant_decode_fp8=decode_fp8,
+                      quant_gemv=quant_gemv(ecfg.quant_gemv_backend, device),
                       indexer=indexer,
                       indexer_topk=indexer_topk,
                       mla_decode=_triton_or_torch("mla_decode_backend", ecfg.mla_decode_backend, device),
@@ -144,6 +145,15 @@ def quant_decode(value: str, device: torch.device, dtype: torch.dtype) -> tuple[
         mode = "qtile-b" if device.type == "cuda" and dtype != torch.float16 else "element"
         return mode, mode
     return value, value
+
+
+def quant_gemv(value: str, device: torch.device) -> str:
+    """--quant-gemv-backend resolved: auto is cuda on a CUDA device (kernels/mma_gemv.py checks at its first call
+    that NVRTC builds it there, else warns and the Triton GEMV runs), else triton (whose kernels then fall back to
+    the dequantized reference on a device without Triton)."""
+    if value == "cuda" and device.type != "cuda":
+        raise ValueError("quant_gemv_backend: cuda needs a CUDA device (use triton, or auto)")
+    return ("cuda" if device.type == "cuda" else "triton") if value == "auto" else value
 
 
 def _triton_or_torch(name: str, choice: str, device: torch.device) -> str:

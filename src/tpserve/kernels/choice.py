@@ -33,6 +33,7 @@ class Kernels:
     quant_decode: str = "element"  # "qtile" / "qtile-b": the Triton NVFP4 experts decode tiles with
     # kernels/qtile.py, the tile as the tensor cores' A / B operand
     quant_decode_fp8: str = "element"  # the same for FP8 experts
+    quant_gemv: str = "triton"    # "cuda": FP8 / NVFP4 linears at decode through kernels/mma_gemv.py (NVRTC)
     indexer: str = "torch"        # "triton": the indexer's pool compression, decode scores, selection: a kernel each
     indexer_topk: str = "torch"   # "triton" (with indexer "triton"): decode top-k over complete pools only
     mla_decode: str = "torch"     # "triton": sparse MLA over the paged latent cache (kernels/mla_triton.py)
@@ -48,6 +49,6 @@ class Kernels:
         return (f"kda={self.kda}, kda_prep={self.kda_prep}, mhc={self.mhc}, mhc_project={self.mhc_project}, "
                 f"norm={self.norm}, act={self.act}, "
                 f"gemv={self.gemv}, moe={moe}, moe_route={self.moe_route}, quant_decode={self.quant_decode} "
-                f"(fp8 {self.quant_decode_fp8}), "
+                f"(fp8 {self.quant_decode_fp8}), quant_gemv={self.quant_gemv}, "
                 f"indexer={self.indexer}, "
                 f"indexer_topk={self.indexer_topk}, mla_decode={self.mla_decode}, mla_prefill={self.mla_prefill}")

@@ -36,6 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
+from tpserve.kernels import mma_gemv
 from tpserve.kernels.qtile import (F16_OUT_BIAS, OUT_BIAS, fp8_pair_order, fp8_tile, nvfp4_codes, nvfp4_planes,
                                    nvfp4_tile, pair_order)
 
@@ -359,7 +360,7 @@ def fp8_gemv_fits(k: int, block: tuple[int, int], block_k: int = 128, one_row: b
 def w8a16_gemv(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, block: tuple[int, int], block_n: int | None = None,
                block_k: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
                waves: int | None = None, qtile: bool | None = None, asm: bool | None = None, qtile_a: bool = False,
-               prefetch: bool = False) -> torch.Tensor:
+               prefetch: bool = False, mma: bool | None = None) -> torch.Tensor:
     """x [M <= 16, K] @ dequant(w fp8 [N, K], s [ceil(N/bn), K/bk])^T -> [M, N] in x.dtype. `qtile`: the
     weight tile decoded by qtile.fp8_tile on the tensor cores (any M; x bf16 or float32), as their A
     operand (W @ X^T, `qtile_a`) or B, instead of FMAs (M = 1) or a per-value conversion; `asm` as in
@@ -371,7 +372,14 @@ def w8a16_gemv(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, block: tuple[i
     16-row tiles on 8 warps, 2048 wide and one K split where K >= 8192, 512 wide (or the widest of 256 / 128
     that K and the scale block allow) and split only below 2 waves of SMs; at 2-16 rows (bf16 / fp32 x)
     qtile as the B operand, 32 x 128 tiles, 4 warps, 4 stages, split over 2 waves (20.3 / 23.6 us against
-    25.7 / 26.2 for the per-value path); an fp16 x takes the per-value path (32 x 128, split over 4 waves)."""
+    25.7 / 26.2 for the per-value path); an fp16 x takes the per-value path (32 x 128, split over 4 waves).
+    `mma`: the CUDA kernel of kernels/mma_gemv.py (bf16 x, 1-8 rows, 128-wide K scale blocks); by default at 2-8
+    rows where it can run and no Triton tile is asked for (H200: BENCHMARKS.md, twenty-third session)."""
+    tiles = (block_n, block_k, num_warps, num_stages, waves, qtile)
+    if mma is None:
+        mma = 2 <= x.shape[0] and all(t is None for t in tiles) and mma_gemv.usable(x, block)
+    if mma:
+        return mma_gemv.fp8_gemv(x, w, s, block)
     if qtile and x.dtype == torch.float16:
         raise ValueError("qtile: takes a bf16 or float32 x, got float16")
     if qtile is None:
@@ -409,7 +417,8 @@ def w4a16_gemv(x: torch.Tensor, w: torch.Tensor, bscale: torch.Tensor, scale2_ro
                block_n: int | None = None, block_k: int | None = None, num_warps: int = 4,
                num_stages: int | None = None, waves: int | None = None, fp32_decode: bool | None = None,
                qtile: bool = False, asm: bool | None = None, qtile_a: bool = True, row: bool | None = None,
-               row_f16: bool = True, planes: bool | None = None, tiled: bool = False) -> torch.Tensor:
+               row_f16: bool = True, planes: bool | None = None, tiled: bool = False,
+               mma: bool | None = None) -> torch.Tensor:
     """x [M <= 16, K] @ dequant(nvfp4 w [N, K/2], bscale [N, K/16], scale2_rows [N])^T -> [M, N].
     `row` (one row of x): _nvfp4_row_kernel, the codes decoded two per 32-bit operation by qtile.nvfp4_codes
     (to float16 with `row_f16`, else bf16) and FMAs, no dot. `qtile`: decode with qtile.nvfp4_tile and
@@ -425,9 +434,16 @@ def w4a16_gemv(x: torch.Tensor, w: torch.Tensor, bscale: torch.Tensor, scale2_ro
     33%, against 25.4 and 20.9; unsplit there 33.9 us); at 2-16 rows (twenty-first session) the planes kernel,
     64 x 256 tiles, 4 warps, 3 stages, K split over 2 waves (12288 x 4096: 19.9 / 20.5 us at 8 / 16 rows against
     58.9 / 87.6 for the per-value decode, the default before; 4096 x 12288: 22.5 / 23.2 against 59.0 / 87.1);
-    an fp16 x at 2-16 rows the per-value decode, 32 x 256 tiles, 3 stages, K split over 4 waves."""
+    an fp16 x at 2-16 rows the per-value decode, 32 x 256 tiles, 3 stages, K split over 4 waves.
+    `mma`: the CUDA kernel of kernels/mma_gemv.py (bf16 x, 1-8 rows, K a multiple of 256); by default wherever it
+    can run and no Triton kernel, tile or decode is asked for (H200: BENCHMARKS.md, twenty-third session)."""
     if x.dim() != 2 or x.shape[0] > 16:
         raise ValueError(f"x: quantized GEMV takes [M <= 16, K], got {tuple(x.shape)}")
+    if mma is None:
+        asked = (block_n, block_k, num_stages, waves, fp32_decode, row, planes)
+        mma = not (qtile or tiled) and all(a is None for a in asked) and mma_gemv.usable(x)
+    if mma:
+        return mma_gemv.nvfp4_gemv(x, w, bscale, scale2_rows)
     if tiled:  # nvfp4_tiled's layout, for the planes kernel at its (block_n, block_k)
         if not planes or w.dim() != 4 or (block_n, block_k) != (w.shape[2], w.shape[3] * 4):
             raise ValueError(f"tiled: the planes kernel's weights from nvfp4_tiled at (block_n, block_k); got "

@@ -34,9 +34,11 @@ class ShardContext:
 class Linear(nn.Module):
     """y = x W^T (+ b); W declared with its full shape [out, in] and a Shard. The weight layout,
     loading and forward belong to `self.quant` (model/quant_methods.py: bf16, fp8, nvfp4, ...).
-    `decode_gemv` (set_gemv_backend): 16-bit weights take kernels/gemv_triton.py at 1-16 rows."""
+    `decode_gemv` (set_gemv_backend): 16-bit weights take kernels/gemv_triton.py at 1-16 rows; `quant_gemv_cuda`
+    (set_gemv_backend's `quant`): FP8 / NVFP4 weights take kernels/mma_gemv.py at decode where it is the default."""
 
     decode_gemv = False
+    quant_gemv_cuda = False
 
     def __init__(self, ctx: ShardContext, in_features: int, out_features: int, shard: Shard = REPLICATED,
                  bias: bool = False):
@@ -135,13 +137,16 @@ def norm_triton():
     return module
 
 
-def set_gemv_backend(model: nn.Module, backend: str) -> None:
-    """Every Linear of `model` takes the Triton decode GEMV where it fits ("triton") or cuBLAS ("torch")."""
+def set_gemv_backend(model: nn.Module, backend: str, quant: str = "triton") -> None:
+    """Every Linear of `model` takes the Triton decode GEMV where it fits ("triton") or cuBLAS ("torch"); with
+    quantized weights the CUDA GEMV of kernels/mma_gemv.py (`quant` "cuda") or the Triton one ("triton")."""
     if backend not in ("triton", "torch"):
         raise ValueError(f"gemv_backend: expected triton or torch, got {backend!r}")
+    if quant not in ("cuda", "triton"):
+        raise ValueError(f"quant_gemv_backend: expected cuda or triton, got {quant!r}")
     for m in model.modules():
         if isinstance(m, Linear):
-            m.decode_gemv = backend == "triton"
+            m.decode_gemv, m.quant_gemv_cuda = backend == "triton", quant == "cuda"
 
 
 def set_norm_backend(model: nn.Module, backend: str) -> None:

@@ -85,7 +85,8 @@ class Fp8BlockLinear(Bf16Linear):
         declare(layer, "weight_scale_inv", sfull, sshard, dtype=torch.float32, world=ctx.world, fp32=True)
 
     def forward(self, layer, x, bias):
-        return quant_ops.fp8_block_linear(x, layer.weight, layer.weight_scale_inv, self.block, bias)
+        return quant_ops.fp8_block_linear(x, layer.weight, layer.weight_scale_inv, self.block, bias,
+                                          None if layer.quant_gemv_cuda else False)
 
     def dense_weight(self, layer, dtype):
         return qr.fp8_block_dequantize(layer.weight, layer.weight_scale_inv, self.block, dtype)
@@ -117,7 +118,8 @@ class Nvfp4Linear(Bf16Linear):
         declare(layer, "weight_scale_2", (), REPLICATED, dtype=torch.float32, world=ctx.world, fp32=True)
 
     def forward(self, layer, x, bias):
-        return quant_ops.nvfp4_linear(x, layer.weight, layer.weight_scale, layer.weight_scale_2, bias)
+        return quant_ops.nvfp4_linear(x, layer.weight, layer.weight_scale, layer.weight_scale_2, bias,
+                                      None if layer.quant_gemv_cuda else False)
 
     def dense_weight(self, layer, dtype):
         return qr.nvfp4_dequantize(layer.weight, layer.weight_scale, layer.weight_scale_2, dtype)

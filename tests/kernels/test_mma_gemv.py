@@ -1,0 +1,139 @@
+"""kernels/mma_gemv.py: the CUDA W8A16 GEMV's decode and data layout, checked on the CPU by emulating what each
+lane does (the kernel itself runs only on a GPU: the last test, skipped without one; BENCHMARKS.md has its H200
+checks)."""
+
+import struct
+
+import pytest
+import torch
+
+from tpserve.kernels import mma_gemv as mg
+from tpserve.kernels import quant_ref as qr
+
+
+def _prmt2(a: int, b: int, sel: int) -> int:
+    """prmt.b32 d, a, b, sel: byte i of d is byte (sel nibble i & 7) of {b:a}, or its sign replicated (bit 3)."""
+    src = [(a >> (8 * i)) & 0xFF for i in range(4)] + [(b >> (8 * i)) & 0xFF for i in range(4)]
+    out = 0
+    for i in range(4):
+        nib = (sel >> (4 * i)) & 0xF
+        v = src[nib & 7]
+        out |= ((0xFF if v & 0x80 else 0) if nib & 8 else v) << (8 * i)
+    return out
+
+
+def _decode2(word: int, sel: int) -> tuple[int, int]:
+    v = ((_prmt2(word, word, sel) << mg.DECODE_SHIFT) & 0xFFFFFFFF) & mg.DECODE_MASK
+    return v & 0xFFFF, v >> 16
+
+
+def _bf16(bits: int) -> float:
+    return struct.unpack("<f", struct.pack("<I", bits << 16))[0]
+
+
+def test_decode_gives_every_e4m3_code_times_2_pow_minus_120():
+    codes = [c for c in range(256) if c & 0x7F != 0x7F]  # (0x7F, 0xFF: NaN)
+    value = torch.tensor(codes, dtype=torch.uint8).view(torch.float8_e4m3fn).float() * 2.0**mg.W_OFFSET_LOG2
+    for i in range(0, len(codes), 4):
+        quad = (codes[i:i + 4] + [0, 0, 0])[:4]
+        word = quad[0] | quad[1] << 8 | quad[2] << 16 | quad[3] << 24
+        got = _decode2(word, mg.SEL_LO) + _decode2(word, mg.SEL_HI)  # bytes (0, 1) then (2, 3)
+        for j, c in enumerate(codes[i:i + 4]):
+            assert _bf16(got[j]) == value[i + j].item(), f"e4m3 code {c:#04x}"
+
+
+def test_fp4_decode_gives_every_pair_of_e2m1_codes_in_k_order():
+    """decode_fp4 on the CPU: prmt table lookups of the magnitudes' bf16 bytes, the signs ORed into the high bytes
+    from (w << 4, w), the bytes interleaved into (k, k + 1) pairs; every code in every nibble position."""
+    t = mg.FP4_TABLES
+    values = qr.e2m1_decode(torch.arange(16, dtype=torch.uint8)).tolist()
+    for first in range(16):
+        for second in range(16):
+            codes = [(first + i) % 16 if i % 2 == 0 else (second + i) % 16 for i in range(8)]
+            w = sum(c << (4 * i) for i, c in enumerate(codes))
+            m, s4 = w & 0x77777777, (w << 4) & 0xFFFFFFFF
+            mh = m >> 16
+            hi_a = _prmt2(t["FP4_HI0"], t["FP4_HI1"], m) | (_prmt2(s4, w, 0x5140) & 0x80808080)
+            hi_b = _prmt2(t["FP4_HI0"], t["FP4_HI1"], mh) | (_prmt2(s4, w, 0x7362) & 0x80808080)
+            lo_a, lo_b = _prmt2(t["FP4_LO0"], t["FP4_LO1"], m), _prmt2(t["FP4_LO0"], t["FP4_LO1"], mh)
+            regs = [_prmt2(lo_a, hi_a, 0x5140), _prmt2(lo_a, hi_a, 0x7362), _prmt2(lo_b, hi_b, 0x5140),
+                    _prmt2(lo_b, hi_b, 0x7362)]
+            got = [_bf16(v) for r in regs for v in (r & 0xFFFF, r >> 16)]
+            assert got == [values[c] for c in codes], (first, second)
+
+
+def test_x_scale_constant_is_2_pow_60_and_the_offsets_cancel():
+    assert mg.W_OFFSET_LOG2 + 2 * mg.X_SCALE_LOG2 == 0
+    assert _bf16(0x5D80) == 2.0**mg.X_SCALE_LOG2 and "0x5D805D80u" in mg.source(mg.Config())
+
+
+def _mma(a_regs, b_regs):
+    """m16n8k16 (row.col) per the PTX fragment layout: lane (g = lane // 4, c = lane % 4) holds A[g][2c, 2c+1],
+    A[g+8][2c, 2c+1], A[g][2c+8, 2c+9], A[g+8][2c+8, 2c+9] and B[2c, 2c+1][g], B[2c+8, 2c+9][g]; -> D [16, 8]."""
+    a, b = torch.zeros(16, 16), torch.zeros(16, 8)
+    for lane in range(32):
+        g, c = divmod(lane, 4)
+        for (row, col), pair in zip(((g, 2 * c), (g + 8, 2 * c), (g, 2 * c + 8), (g + 8, 2 * c + 8)), a_regs[lane]):
+            a[row, col:col + 2] = torch.tensor(pair)
+        for (k, pair) in zip((2 * c, 2 * c + 8), b_regs[lane]):
+            b[k:k + 2, g] = torch.tensor(pair)
+    return a @ b
+
+
+def test_lane_layout_computes_w_times_x_over_a_64_wide_chunk():
+    """What `compute` does for one row tile and one 64-wide half: each lane's 16 contiguous bytes of rows g and
+    g + 8 at k = 16 c, and 16 contiguous values of x row g there; MMA j takes 32-bit word j of each (k pairs 4j,
+    4j + 1 and 4j + 2, 4j + 3). The four MMAs together must give W x^T."""
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randint(-8, 8, (16, 64), generator=gen).float()
+    x = torch.randint(-8, 8, (8, 64), generator=gen).float()
+    d = torch.zeros(16, 8)
+    for j in range(4):
+        a_regs, b_regs = [], []
+        for lane in range(32):
+            g, c = divmod(lane, 4)
+            k = 16 * c + 4 * j  # word j of the lane's 16 values
+            lo, hi = w[g, k:k + 4].tolist(), w[g + 8, k:k + 4].tolist()
+            a_regs.append((lo[0:2], hi[0:2], lo[2:4], hi[2:4]))  # decode2(lo, SEL_LO), (hi, SEL_LO), (.., SEL_HI)
+            b_regs.append((x[g, k:k + 2].tolist(), x[g, k + 2:k + 4].tolist()))  # x words 2j, 2j + 1
+        d += _mma(a_regs, b_regs)
+    assert torch.equal(d, w @ x.T)
+
+
+def test_config_and_shape_errors_name_the_field():
+    with pytest.raises(ValueError, match="Config.rows"):
+        mg.Config(rows=0)
+    with pytest.raises(ValueError, match="Config.depth"):
+        mg.Config(depth=True)
+    with pytest.raises(ValueError, match="l2_prefetch"):
+        mg.Config(l2_prefetch=32)
+    with pytest.raises(ValueError, match="Config.fmt"):
+        mg.Config("int4")
+    assert mg.fits(8, 4096, torch.bfloat16, (128, 128)) and mg.fits(8, 4096, torch.bfloat16)
+    assert not mg.fits(9, 4096, torch.bfloat16, (128, 128))
+    assert not mg.fits(4, 4000, torch.bfloat16, (128, 128))
+    assert not mg.fits(4, 4096 + 128, torch.bfloat16)  # NVFP4: 256-wide K chunks
+    assert not mg.fits(4, 4096, torch.float16, (128, 128))
+    q, s = qr.fp8_block_quantize(torch.randn(32, 128))
+    with pytest.raises(ValueError, match="x: must be a CUDA tensor"):
+        mg.fp8_gemv(torch.randn(2, 128).bfloat16(), q, s)
+    p, bs, s2 = qr.nvfp4_quantize(torch.randn(32, 256))
+    with pytest.raises(ValueError, match="x: must be a CUDA tensor"):
+        mg.nvfp4_gemv(torch.randn(2, 256).bfloat16(), p, bs, s2.expand(32))
+    assert not mg.available(torch.zeros(1)) and not mg.usable(torch.zeros(2, 256).bfloat16())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the CUDA kernel needs a GPU")
+def test_gpu_matches_fp32_math():
+    for n, k, m in ((1000, 256, 3), (4096, 512, 8), (48, 1024, 1)):
+        w = torch.randn(n, k, device="cuda") / k**0.5
+        q, s = qr.fp8_block_quantize(w)
+        x = torch.randn(m, k, device="cuda").bfloat16()
+        ref = x.float() @ qr.fp8_block_dequantize(q, s).T
+        y = mg.fp8_gemv(x, q, s).float()
+        # bf16 output rounding (2^-9 of each value) plus fp32 sums in another order
+        assert ((y - ref).abs().max() / ref.abs().max()).item() < 4e-3
+        p, bs, s2 = qr.nvfp4_quantize(w)
+        ref = x.float() @ qr.nvfp4_dequantize(p, bs, s2).T
+        y = mg.nvfp4_gemv(x, p, bs, s2.expand(n)).float()
+        assert ((y - ref).abs().max() / ref.abs().max()).item() < 4e-3
