@@ -26,12 +26,14 @@ tile. Sections:
            both shapes, every config beside the Triton default; odd shapes checked against fp32 math; graph
            replays equal to eager calls
   mma2     the same at 8 rows around mma's best (interleaved K chunks): warps a block, row tiles a warp
+  mma3     the defaults beside more warps a block and a deeper pipeline at 8 rows
   mmadef   w8a16_gemv / w4a16_gemv's defaults against the Triton kernels (mma=False), 1-8 rows, both shapes
 Usage: PYTHONPATH=src python bench/quant_decode_sweep.py [--sections fp8det,moe,gemv] [--out DIR]
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import sys
 import time
@@ -431,6 +433,31 @@ def sec_mma2(res):
             res[key]["best"] = [(str(c), us) for c, us in res[key]["best"]]
 
 
+def sec_mma3(res):
+    """kernels/mma_gemv.py at 8 rows: the defaults beside more warps a block and a deeper pipeline, both formats and
+    shapes. (The twenty-third session's fifth call also ran each config asking a chunk's x into L1 with its W loads,
+    `prefetch.global.L1`: 1.2-1.4x slower everywhere, so that option was removed.)"""
+    from tpserve.kernels import mma_gemv as mg
+
+    for fmt, spec in (("fp8", _fp8), ("nvfp4", _fp4)):
+        quantize, call, _, nbytes = spec()
+
+        def mcall(x, p, c):
+            if c == "default":
+                return call(x, p, "default")
+            return mg.fp8_gemv(x, *p, cfg=c) if fmt == "fp8" else mg.nvfp4_gemv(x, *p, cfg=c)
+
+        for n, k in ((12288, 4096), (4096, 12288)):
+            base = mg.default_config(fmt, n, k)
+            cfgs = [dataclasses.replace(base, depth=d, splits=sp) for d in (2, 3)
+                    for sp in ((4, 6) if base.rows == 2 else (8, 12, 16))]
+            packed, packs, wd, floor = _weights(quantize, nbytes, n, k)
+            x = torch.randn(8, k, device="cuda").bfloat16()
+            key = f"mma3 {fmt} {n}x{k} M=8"
+            _case(res, key, ["default"] + cfgs, mcall, x, packed, packs, x.float() @ wd.T, floor, top=len(cfgs) + 1)
+            res[key]["best"] = [(str(c), us) for c, us in res[key]["best"]]
+
+
 def sec_mmadef(res):
     """The GEMVs' defaults as they stand (w8a16_gemv / w4a16_gemv: kernels/mma_gemv.py where it is the default)
     against the Triton kernels they replaced (mma=False), 1-8 rows, both shapes, in one run."""
@@ -608,7 +635,7 @@ if __name__ == "__main__":
     sys.exit(run_sections(dict(fp8det=sec_fp8det, moe=sec_moe, prefill=sec_prefill, gemv=sec_gemv,
                                w8a16=lambda r: sec_gemv(r, "w8a16"), w4a16=lambda r: sec_gemv(r, "w4a16"),
                                w4one=sec_w4one, w4def=sec_w4def, w4planes=sec_w4planes, w4tiled=sec_w4tiled,
-                               rows=sec_rows, mma=sec_mma, mma2=sec_mma2, mmadef=sec_mmadef,
+                               rows=sec_rows, mma=sec_mma, mma2=sec_mma2, mma3=sec_mma3, mmadef=sec_mmadef,
                                w8def=sec_w8def, w8split=sec_w8split),
                           "fp8det,moe,gemv",
                           "quant_decode_sweep.json"))
