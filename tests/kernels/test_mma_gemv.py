@@ -137,3 +137,21 @@ def test_gpu_matches_fp32_math():
         ref = x.float() @ qr.nvfp4_dequantize(p, bs, s2).T
         y = mg.nvfp4_gemv(x, p, bs, s2.expand(n)).float()
         assert ((y - ref).abs().max() / ref.abs().max()).item() < 4e-3
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the CUDA kernel needs a GPU")
+def test_gpu_misaligned_views_graph_replay_and_empty_output():
+    n, k = 256, 512
+    q, s = qr.fp8_block_quantize(torch.randn(n, k, device="cuda"))
+    x = torch.randn(4, k, device="cuda").bfloat16()
+    want = mg.fp8_gemv(x, q, s)
+    flat = torch.empty(n * k + 1, dtype=torch.uint8, device="cuda")[1:]  # one byte off a 16-byte boundary
+    flat.copy_(q.view(torch.uint8).reshape(-1))
+    assert torch.equal(mg.fp8_gemv(x, flat.view(n, k).view(torch.float8_e4m3fn), s), want)
+    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph):
+        out = mg.fp8_gemv(x, q, s)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, want)
+    assert mg.fp8_gemv(x, q[:0], s[:0]).shape == (4, 0)

@@ -332,10 +332,12 @@ def source(cfg: Config) -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def _kernel(cfg: Config, arch: str):
+def _kernel(cfg: Config, arch: str, device: int):
+    """The compiled kernel, loaded into `device`'s context (a module belongs to the context it was loaded in)."""
     from torch.cuda import _compile_kernel  # NVRTC: PyTorch's own runtime compiler binding
 
-    return _compile_kernel(source(cfg), cfg.name, compute_capability=arch)
+    with torch.cuda.device(device):
+        return _compile_kernel(source(cfg), cfg.name, compute_capability=arch)
 
 
 def available(x: torch.Tensor) -> bool:
@@ -344,13 +346,13 @@ def available(x: torch.Tensor) -> bool:
     if not x.is_cuda or torch.version.cuda is None:
         return False
     major, minor = torch.cuda.get_device_capability(x.device)
-    return major >= 8 and _compiles(f"{major}{minor}")
+    return major >= 8 and _compiles(f"{major}{minor}", x.device.index or 0)
 
 
 @functools.lru_cache(maxsize=None)
-def _compiles(arch: str) -> bool:
+def _compiles(arch: str, device: int) -> bool:
     try:
-        _kernel(Config(), arch)
+        _kernel(Config(), arch, device)
     except (AttributeError, ImportError, OSError, RuntimeError) as exc:
         warnings.warn(f"kernels/mma_gemv: NVRTC could not build the GEMVs for sm_{arch} ({exc}); the Triton "
                       "GEMVs run instead", RuntimeWarning, stacklevel=3)
@@ -393,13 +395,29 @@ def _check(x: torch.Tensor, w: torch.Tensor, k_of_w: int, fmt: str, block) -> No
                          + (f", block {tuple(block)}" if block else ""))
 
 
+def _aligned(t: torch.Tensor, boundary: int) -> torch.Tensor:
+    """t contiguous at an address the kernel's loads of it need (16 bytes for W's and x's vector loads, the element
+    size for the scales): a view into a larger tensor may start anywhere, and is copied then (the scales only ever
+    need their own element's alignment: asking them for 16 copied every call's scales from a snapshot's packed
+    tensors, ~10% of the built-in model's FP8 decode on an H200, BENCHMARKS.md)."""
+    t = t.contiguous()
+    return t if t.data_ptr() % boundary == 0 else t.clone()
+
+
 def _launch(cfg: Config, w, s, s2, x, n: int, sk: int, bns: int) -> torch.Tensor:
     m, k = x.shape
     y = torch.empty(m, n, dtype=torch.bfloat16, device=x.device)
-    major, minor = torch.cuda.get_device_capability(x.device)
-    _kernel(cfg, f"{major}{minor}")(grid=(-(-n // (16 * cfg.rows)), 1, 1), block=(32 * cfg.splits, 1, 1),
-                                    args=[w.view(torch.uint8), s, s2, x.view(torch.int16), y.view(torch.int16),
-                                          m, n, k, sk, bns])
+    if n == 0:
+        return y
+    w, x, s, s2 = _aligned(w, 16), _aligned(x, 16), _aligned(s, 2 if s.dtype == torch.uint8 else 4), _aligned(s2, 4)
+    device = x.device.index
+    if device != torch.cuda.current_device():  # (the launch goes to the current device's current stream)
+        raise ValueError(f"x: on cuda:{device}, but the current device is cuda:{torch.cuda.current_device()} "
+                         "(call inside `with torch.cuda.device(...)`)")
+    major, minor = torch.cuda.get_device_capability(device)
+    _kernel(cfg, f"{major}{minor}", device)(grid=(-(-n // (16 * cfg.rows)), 1, 1), block=(32 * cfg.splits, 1, 1),
+                                            args=[w.view(torch.uint8), s, s2, x.view(torch.int16),
+                                                  y.view(torch.int16), m, n, k, sk, bns])
     return y
 
 
@@ -416,8 +434,7 @@ def fp8_gemv(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, block: tuple[int
     cfg = cfg or default_config("fp8", n, k)
     if cfg.fmt != "fp8":
         raise ValueError(f"cfg: an fp8 config, got {cfg.fmt!r}")
-    s = s.contiguous()
-    return _launch(cfg, w.contiguous(), s, s, x.contiguous(), n, s.shape[1], block[0])
+    return _launch(cfg, w, s, s, x, n, s.shape[1], block[0])
 
 
 def nvfp4_gemv(x: torch.Tensor, w: torch.Tensor, bscale: torch.Tensor, scale2_rows: torch.Tensor,
@@ -435,5 +452,4 @@ def nvfp4_gemv(x: torch.Tensor, w: torch.Tensor, bscale: torch.Tensor, scale2_ro
     cfg = cfg or default_config("nvfp4", n, k)
     if cfg.fmt != "nvfp4":
         raise ValueError(f"cfg: an nvfp4 config, got {cfg.fmt!r}")
-    return _launch(cfg, w.contiguous(), bscale.contiguous().view(torch.uint8), scale2_rows.float().contiguous(),
-                   x.contiguous(), n, k // 16, 1)
+    return _launch(cfg, w, bscale.contiguous().view(torch.uint8), scale2_rows.float(), x, n, k // 16, 1)
