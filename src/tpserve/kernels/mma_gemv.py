@@ -397,9 +397,9 @@ def _check(x: torch.Tensor, w: torch.Tensor, k_of_w: int, fmt: str, block) -> No
 
 def _aligned(t: torch.Tensor, boundary: int) -> torch.Tensor:
     """t contiguous at an address the kernel's loads of it need (16 bytes for W's and x's vector loads, the element
-    size for the scales): a view into a larger tensor may start anywhere, and is copied then (the scales only ever
-    need their own element's alignment: asking them for 16 copied every call's scales from a snapshot's packed
-    tensors, ~10% of the built-in model's FP8 decode on an H200, BENCHMARKS.md)."""
+    size for the scales): a view into a larger tensor may start anywhere, and is copied then. (Asking the scales
+    for 16 bytes too cost the built-in model's FP8 decode ~10% on an H200: the engine's scales are not 16-byte
+    aligned, so every call copied them; BENCHMARKS.md, twenty-third session.)"""
     t = t.contiguous()
     return t if t.data_ptr() % boundary == 0 else t.clone()
 
