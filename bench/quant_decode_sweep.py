@@ -407,6 +407,29 @@ def sec_mma(res):
     print(f"mma: every e4m3 code summed: {y[0, 0].item()} (fp32 math {ref[0, 0].item()})", flush=True)
 
 
+def _mma_sweep(res, tag: str, configs, top: int | None = None) -> None:
+    """Both formats and shapes at 8 rows: configs(fmt, n, k) -> the kernels/mma_gemv.py configs to time beside the
+    GEMV's default (each checked against fp32 math first); the best `top` (default all) into res[f"{tag} ..."]."""
+    from tpserve.kernels import mma_gemv as mg
+
+    for fmt, spec in (("fp8", _fp8), ("nvfp4", _fp4)):
+        quantize, call, _, nbytes = spec()
+
+        def mcall(x, p, c, fmt=fmt, call=call):
+            if c == "default":
+                return call(x, p, "default")
+            return mg.fp8_gemv(x, *p, cfg=c) if fmt == "fp8" else mg.nvfp4_gemv(x, *p, cfg=c)
+
+        for n, k in ((12288, 4096), (4096, 12288)):
+            cfgs = configs(fmt, n, k)
+            packed, packs, wd, floor = _weights(quantize, nbytes, n, k)
+            x = torch.randn(8, k, device="cuda").bfloat16()
+            key = f"{tag} {fmt} {n}x{k} M=8"
+            _case(res, key, ["default"] + cfgs, mcall, x, packed, packs, x.float() @ wd.T, floor,
+                  top=top or len(cfgs) + 1)
+            res[key]["best"] = [(str(c), us) for c, us in res[key]["best"]]
+
+
 def sec_mma2(res):
     """kernels/mma_gemv.py at 8 rows, around the first sweep's best (interleaved K chunks): more warps a block
     (the interleave width), two to four row tiles a warp, both formats. (The twenty-third session's third call also
@@ -417,20 +440,7 @@ def sec_mma2(res):
     fp8 = [mg.Config("fp8", r, sp, d, pf, True) for r in (1, 2) for sp in (4, 6, 8, 10, 12, 16) for d in (2, 3)
            for pf in (0, 256)]
     fp4 = [mg.Config("nvfp4", r, sp, 2, 256, True) for r in (2, 3, 4) for sp in (2, 4, 8)]
-    for fmt, spec, cfgs in (("fp8", _fp8, fp8), ("nvfp4", _fp4, fp4)):
-        quantize, call, _, nbytes = spec()
-
-        def mcall(x, p, c):
-            if c == "default":
-                return call(x, p, "default")
-            return mg.fp8_gemv(x, *p, cfg=c) if fmt == "fp8" else mg.nvfp4_gemv(x, *p, cfg=c)
-
-        for n, k in ((12288, 4096), (4096, 12288)):
-            packed, packs, wd, floor = _weights(quantize, nbytes, n, k)
-            x = torch.randn(8, k, device="cuda").bfloat16()
-            key = f"mma2 {fmt} {n}x{k} M=8"
-            _case(res, key, ["default"] + cfgs, mcall, x, packed, packs, x.float() @ wd.T, floor, top=8)
-            res[key]["best"] = [(str(c), us) for c, us in res[key]["best"]]
+    _mma_sweep(res, "mma2", lambda fmt, n, k: fp8 if fmt == "fp8" else fp4, top=8)
 
 
 def sec_mma3(res):
@@ -439,23 +449,12 @@ def sec_mma3(res):
     `prefetch.global.L1`: 1.2-1.4x slower everywhere, so that option was removed.)"""
     from tpserve.kernels import mma_gemv as mg
 
-    for fmt, spec in (("fp8", _fp8), ("nvfp4", _fp4)):
-        quantize, call, _, nbytes = spec()
+    def configs(fmt, n, k):
+        base = mg.default_config(fmt, n, k)
+        return [dataclasses.replace(base, depth=d, splits=sp) for d in (2, 3)
+                for sp in ((4, 6) if base.rows == 2 else (8, 12, 16))]
 
-        def mcall(x, p, c):
-            if c == "default":
-                return call(x, p, "default")
-            return mg.fp8_gemv(x, *p, cfg=c) if fmt == "fp8" else mg.nvfp4_gemv(x, *p, cfg=c)
-
-        for n, k in ((12288, 4096), (4096, 12288)):
-            base = mg.default_config(fmt, n, k)
-            cfgs = [dataclasses.replace(base, depth=d, splits=sp) for d in (2, 3)
-                    for sp in ((4, 6) if base.rows == 2 else (8, 12, 16))]
-            packed, packs, wd, floor = _weights(quantize, nbytes, n, k)
-            x = torch.randn(8, k, device="cuda").bfloat16()
-            key = f"mma3 {fmt} {n}x{k} M=8"
-            _case(res, key, ["default"] + cfgs, mcall, x, packed, packs, x.float() @ wd.T, floor, top=len(cfgs) + 1)
-            res[key]["best"] = [(str(c), us) for c, us in res[key]["best"]]
+    _mma_sweep(res, "mma3", configs)
 
 
 def sec_mmadef(res):
