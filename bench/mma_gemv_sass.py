@@ -5,8 +5,8 @@ registers, spills, shared memory and SASS instructions per weight in the K loop 
     LD_LIBRARY_PATH=DIR python bench/mma_gemv_sass.py [--configs fp8:2:4:2,nvfp4:1:8:2] [--ptxas PATH]
 
 DIR holds libnvrtc.so.13 and its builtins (`pip install --target T nvidia-cuda-nvrtc==13.0.88`, then
-DIR = T/nvidia/cu13/lib); ptxas defaults to Triton's copy. A config is fmt:rows:splits:depth (K chunks interleaved
-over the block's warps, L2 fetching 256 bytes, as the defaults). The K loop is the code between the first and the
+DIR = T/nvidia/cu13/lib); ptxas defaults to Triton's copy. A config is fmt:rows:splits:depth[:min_blocks] (K chunks
+interleaved over the block's warps, L2 fetching 256 bytes, as the defaults). The K loop is the code between the first and the
 last HMMA, plus nothing else: prologue, epilogue and reduction are left out.
 """
 
@@ -57,8 +57,8 @@ def main() -> None:
           "weight | top opcodes |\n| --- | --- | --- | --- | --- | --- | --- |")
     with tempfile.TemporaryDirectory() as tmp:
         for spec in args.configs.split(","):
-            fmt, rows, splits, depth = spec.split(":")
-            cfg = mg.Config(fmt, int(rows), int(splits), int(depth), 256, True)
+            fmt, rows, splits, depth, *blocks = spec.split(":")
+            cfg = mg.Config(fmt, int(rows), int(splits), int(depth), 256, True, int(blocks[0]) if blocks else 0)
             text = ptx(mg.source(cfg))
             text = re.sub(r"^\.version \d+\.\d+", ".version 8.7", text, flags=re.M)  # (an older ptxas reads it)
             src, cubin = Path(tmp) / f"{cfg.name}.ptx", Path(tmp) / f"{cfg.name}.cubin"

@@ -27,6 +27,7 @@ tile. Sections:
            replays equal to eager calls
   mma2     the same at 8 rows around mma's best (interleaved K chunks): warps a block, row tiles a warp
   mma3     the defaults beside more warps a block and a deeper pipeline at 8 rows
+  mma4     the defaults beside 16-warp blocks held two to an SM (min_blocks) and other min_blocks
   mmadef   w8a16_gemv / w4a16_gemv's defaults against the Triton kernels (mma=False), 1-8 rows, both shapes
 Usage: PYTHONPATH=src python bench/quant_decode_sweep.py [--sections fp8det,moe,gemv] [--out DIR]
 """
@@ -457,6 +458,23 @@ def sec_mma3(res):
     _mma_sweep(res, "mma3", configs)
 
 
+def sec_mma4(res):
+    """kernels/mma_gemv.py at 8 rows: the defaults beside 16 warps a block with two blocks held per SM
+    (`min_blocks`: ptxas caps the registers at 64, so every block of 4096 x 12288 is resident at once and a block
+    reads 2 KB of each row together), and other configs held to more blocks per SM. (Its one run, the twenty-third
+    session's tenth call, built the defaults with min_blocks 1 too: see bench/gpu_run_session23g.sh.)"""
+    from tpserve.kernels import mma_gemv as mg
+
+    def configs(fmt, n, k):
+        base = mg.default_config(fmt, n, k)
+        alts = [dict(splits=16, min_blocks=2), dict(splits=12, min_blocks=2), dict(splits=16, min_blocks=2, rows=1)]
+        if base.rows == 2:
+            alts += [dict(splits=8, min_blocks=3), dict(min_blocks=3), dict(min_blocks=4)]
+        return list(dict.fromkeys(dataclasses.replace(base, **a) for a in alts))
+
+    _mma_sweep(res, "mma4", configs)
+
+
 def sec_mmadef(res):
     """The GEMVs' defaults as they stand (w8a16_gemv / w4a16_gemv: kernels/mma_gemv.py where it is the default)
     against the Triton kernels they replaced (mma=False), 1-8 rows, both shapes, in one run."""
@@ -634,7 +652,7 @@ if __name__ == "__main__":
     sys.exit(run_sections(dict(fp8det=sec_fp8det, moe=sec_moe, prefill=sec_prefill, gemv=sec_gemv,
                                w8a16=lambda r: sec_gemv(r, "w8a16"), w4a16=lambda r: sec_gemv(r, "w4a16"),
                                w4one=sec_w4one, w4def=sec_w4def, w4planes=sec_w4planes, w4tiled=sec_w4tiled,
-                               rows=sec_rows, mma=sec_mma, mma2=sec_mma2, mma3=sec_mma3, mmadef=sec_mmadef,
+                               rows=sec_rows, mma=sec_mma, mma2=sec_mma2, mma3=sec_mma3, mma4=sec_mma4, mmadef=sec_mmadef,
                                w8def=sec_w8def, w8split=sec_w8split),
                           "fp8det,moe,gemv",
                           "quant_decode_sweep.json"))

@@ -107,6 +107,10 @@ def test_config_and_shape_errors_name_the_field():
         mg.Config(depth=True)
     with pytest.raises(ValueError, match="l2_prefetch"):
         mg.Config(l2_prefetch=32)
+    with pytest.raises(ValueError, match="Config.min_blocks"):
+        mg.Config(min_blocks=9)
+    assert "#define LAUNCH_BOUNDS 32 * KS\n" in mg.source(mg.Config())  # no minimum unless asked: see Config
+    assert "#define LAUNCH_BOUNDS 32 * KS, 2\n" in mg.source(mg.Config(min_blocks=2))
     with pytest.raises(ValueError, match="Config.fmt"):
         mg.Config("int4")
     assert mg.fits(8, 4096, torch.bfloat16, (128, 128)) and mg.fits(8, 4096, torch.bfloat16)

@@ -213,7 +213,7 @@ __device__ __forceinline__ unsigned short to_bf16(float f) {
 }
 
 // FP8: s float32 block scales [ceil(N / BNS), SK = K / 128]; NVFP4: s e4m3 [N, SK = K / 16], s2 float32 [N]
-extern "C" __global__ void __launch_bounds__(32 * KS) NAME(
+extern "C" __global__ void __launch_bounds__(LAUNCH_BOUNDS) NAME(
     const unsigned char* __restrict__ w, const void* __restrict__ s, const float* __restrict__ s2,
     const unsigned short* __restrict__ x, unsigned short* __restrict__ y, int M, int N, int K, int SK, int BNS) {
   __shared__ float red[KS > 1 ? KS - 1 : 1][R][4][32];
@@ -295,13 +295,16 @@ class Config:
     """fmt: "fp8" or "nvfp4"; rows: row tiles (16 rows of W) per warp; splits: warps per block, each over its
     share of K (the block's row tiles are the same); depth: K chunks (128 bytes of a row) of W a warp holds,
     depth - 1 of them loading ahead; l2_prefetch: bytes L2 fetches with each W load (0: no hint); interleave: a
-    warp takes every splits-th K chunk (else a contiguous share of them)."""
+    warp takes every splits-th K chunk (else a contiguous share of them); min_blocks: blocks an SM must hold at once
+    (`__launch_bounds__`' second argument, ptxas then caps the registers to fit them; 0: not given. Given as 1 it
+    let ptxas use 246 registers for the NVFP4 default, 164 without: slower on an H200, BENCHMARKS.md)."""
     fmt: str = "fp8"
     rows: int = 1
     splits: int = 2
     depth: int = 2
     l2_prefetch: int = 0
     interleave: bool = False
+    min_blocks: int = 0
 
     def __post_init__(self):
         if not isinstance(self.interleave, bool):
@@ -310,7 +313,8 @@ class Config:
             raise ValueError(f"Config.fmt: must be 'fp8' or 'nvfp4', got {self.fmt!r}")
         if self.l2_prefetch not in (0, 64, 128, 256):
             raise ValueError(f"Config.l2_prefetch: must be 0, 64, 128 or 256 (bytes), got {self.l2_prefetch!r}")
-        for name, lo, hi in (("rows", 1, 4), ("splits", 1, 16), ("depth", 2, 8)):
+        for name, lo, hi in (("rows", 1, 4), ("splits", 1, 16), ("depth", 2, 8),
+                             ("min_blocks", 0, 8)):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
                 raise ValueError(f"Config.{name}: must be an int in {lo}..{hi}, got {v!r}")
@@ -318,13 +322,14 @@ class Config:
     @property
     def name(self) -> str:
         return (f"tpserve_{self.fmt}_mma_gemv_r{self.rows}_s{self.splits}_d{self.depth}_p{self.l2_prefetch}"
-                f"_i{int(self.interleave)}")
+                f"_i{int(self.interleave)}_b{self.min_blocks}")
 
 
 def source(cfg: Config) -> str:
     """The CUDA source of one configuration (its kernel is `cfg.name`)."""
     defines = dict(R=cfg.rows, KS=cfg.splits, DEPTH=cfg.depth, NAME=cfg.name, FP4=int(cfg.fmt == "nvfp4"),
                    INTERLEAVE=int(cfg.interleave),
+                   LAUNCH_BOUNDS=f"32 * KS, {cfg.min_blocks}" if cfg.min_blocks else "32 * KS",
                    SEL_LO=f"{SEL_LO:#x}u", SEL_HI=f"{SEL_HI:#x}u", DECODE_MASK=f"{DECODE_MASK:#x}u",
                    DECODE_SHIFT=DECODE_SHIFT, **{k: f"{v:#010x}u" for k, v in FP4_TABLES.items()},
                    W_HINT=f'".L2::{cfg.l2_prefetch}B"' if cfg.l2_prefetch else '""')
