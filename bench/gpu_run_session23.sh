@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Twenty-third session, first and second calls (~1 min each): the W8A16 GEMV in CUDA (kernels/mma_gemv.py, compiled by NVRTC through
-# torch.cuda._compile_kernel): every config against fp32 math on odd shapes, every e4m3 code, graph replay ==
-# eager, then 1-8 rows on 12288 x 4096 and 4096 x 12288 timed beside the Triton default
-# (bench/quant_decode_sweep.py --sections mma).
+# Twenty-third session, first and second calls (~1 min each): the W8A16 / W4A16 GEMVs in CUDA (kernels/mma_gemv.py,
+# compiled by NVRTC through torch.cuda._compile_kernel): every config against fp32 math on odd shapes, every e4m3
+# code, graph replay == eager, then 1-8 rows on 12288 x 4096 and 4096 x 12288 timed beside the Triton default
+# (bench/quant_decode_sweep.py --sections mma). The first call ran a first FP8-only version of the kernel.
 set -uo pipefail
 source bench/gpu_env.sh
 step "NVRTC"
