@@ -340,6 +340,13 @@ def sec_w8split(res):
                   + "; ".join(f"{name} {us:.1f}" for name, us in prof.items()), flush=True)
 
 
+def _mma_run(fmt: str, x, packed, cfg):
+    """kernels/mma_gemv.py's GEMV of `fmt` on packed weights (as _fp8 / _fp4 quantize them), at config cfg."""
+    from tpserve.kernels import mma_gemv as mg
+
+    return mg.fp8_gemv(x, *packed, cfg=cfg) if fmt == "fp8" else mg.nvfp4_gemv(x, *packed, cfg=cfg)
+
+
 def sec_mma(res):
     """W8A16 and W4A16 at 1-8 rows through kernels/mma_gemv.py: first odd shapes (N not a multiple of 16, K one or
     two chunks, more warps than chunks) for every config against fp32 math, every e4m3 code through the FP8 decode,
@@ -352,9 +359,6 @@ def sec_mma(res):
         return [mg.Config(fmt, r, sp, d, pf, il) for r, depths in ((1, (2, 4, 6)), (2, (2, 3)))
                 for sp in (2, 4, 8) for d in depths for pf in (0, 256) for il in (False, True)]
 
-    def run(fmt, x, p, c):
-        return (mg.fp8_gemv(x, *p, cfg=c) if fmt == "fp8" else mg.nvfp4_gemv(x, *p, cfg=c))
-
     for fmt, spec in (("fp8", _fp8), ("nvfp4", _fp4)):
         quantize, call, _, nbytes = spec()
         cfgs, worst = configs(fmt), 0.0
@@ -363,7 +367,7 @@ def sec_mma(res):
             x = torch.randn(m, k, device="cuda").bfloat16()
             ref = x.float() @ wd.T
             for c in cfgs:
-                e = rel(run(fmt, x, packed, c), ref)
+                e = rel(_mma_run(fmt, x, packed, c), ref)
                 worst = max(worst, e)
                 if e > 4e-3:
                     print(f"  mma {fmt} {n}x{k} M={m} {c}: WRONG, rel err {e:.1e}", flush=True)
@@ -372,17 +376,17 @@ def sec_mma(res):
         # a CUDA-graph replay gives the eager call's output, bit for bit (the launch goes to the capturing stream)
         packed, _ = quantize(torch.randn(4096, 4096, device="cuda") / 64)
         x = torch.randn(8, 4096, device="cuda").bfloat16()
-        eager = run(fmt, x, packed, None)
+        eager = _mma_run(fmt, x, packed, None)
         g, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
         with torch.cuda.stream(stream), torch.cuda.graph(g):
-            out = run(fmt, x, packed, None)
+            out = _mma_run(fmt, x, packed, None)
         g.replay()
         torch.cuda.synchronize()
         res[f"mma {fmt} graph == eager"] = bool(torch.equal(out, eager))
         print(f"mma {fmt}: graph replay == eager: {res[f'mma {fmt} graph == eager']}", flush=True)
 
         def mcall(x, p, c):
-            return call(x, p, "default") if c == "default" else run(fmt, x, p, c)
+            return call(x, p, "default") if c == "default" else _mma_run(fmt, x, p, c)
 
         for n, k in ((12288, 4096), (4096, 12288)):
             packed, packs, wd, floor = _weights(quantize, nbytes, n, k)
@@ -394,7 +398,7 @@ def sec_mma(res):
                 top = next(c for _, c in best if c != "default")
                 for mm in (2, 4):
                     xm = torch.randn(mm, k, device="cuda").bfloat16()
-                    t = timed([(lambda p=p: run(fmt, xm, p, top)) for p in packs])
+                    t = timed([(lambda p=p: _mma_run(fmt, xm, p, top)) for p in packs])
                     res[f"{key[:-4]} M={mm} {top}"] = dict(us=t * 1e6, pct=100 * floor / t)
                     print(f"  M={mm} {top}: {t * 1e6:.1f} us ({100 * floor / t:.0f}%)", flush=True)
     # every e4m3 code (subnormals, zero, +-448; not the NaNs) in one row through the FP8 decode: the sum exact
@@ -411,15 +415,11 @@ def sec_mma(res):
 def _mma_sweep(res, tag: str, configs, top: int | None = None) -> None:
     """Both formats and shapes at 8 rows: configs(fmt, n, k) -> the kernels/mma_gemv.py configs to time beside the
     GEMV's default (each checked against fp32 math first); the best `top` (default all) into res[f"{tag} ..."]."""
-    from tpserve.kernels import mma_gemv as mg
-
     for fmt, spec in (("fp8", _fp8), ("nvfp4", _fp4)):
         quantize, call, _, nbytes = spec()
 
         def mcall(x, p, c, fmt=fmt, call=call):
-            if c == "default":
-                return call(x, p, "default")
-            return mg.fp8_gemv(x, *p, cfg=c) if fmt == "fp8" else mg.nvfp4_gemv(x, *p, cfg=c)
+            return call(x, p, "default") if c == "default" else _mma_run(fmt, x, p, c)
 
         for n, k in ((12288, 4096), (4096, 12288)):
             cfgs = configs(fmt, n, k)
