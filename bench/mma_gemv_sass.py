@@ -1,12 +1,14 @@
-"""kernels/mma_gemv.py offline, no GPU: each config compiled by NVRTC to PTX, then by ptxas to sm_90 SASS; prints
-registers, spills, shared memory and SASS instructions per weight in the K loop (per thread: warp instructions x 32
-/ weights a loop pass covers).
+"""kernels/mma_gemv.py and kernels/nvfp4_m1.py offline, no GPU: each config compiled by NVRTC to PTX, then by
+ptxas to sm_90 SASS; prints registers, spills, shared memory and SASS instructions per weight in the K loop (per
+thread: warp instructions x 32 / weights the loop's MMAs take, 16 x 16 each).
 
-    LD_LIBRARY_PATH=DIR python bench/mma_gemv_sass.py [--configs fp8:2:4:2,nvfp4:1:8:2] [--ptxas PATH]
+    LD_LIBRARY_PATH=DIR python bench/mma_gemv_sass.py [--configs fp8:2:4:2,nvfp4:1:8:2,m1:dense:1:4:4] [--ptxas PATH]
 
 DIR holds libnvrtc.so.13 and its builtins (`pip install --target T nvidia-cuda-nvrtc==13.0.88`, then
 DIR = T/nvidia/cu13/lib); ptxas defaults to Triton's copy. A config is fmt:rows:splits:depth[:min_blocks] (K chunks
-interleaved over the block's warps, L2 fetching 256 bytes, as the defaults). The K loop is the code between the first and the
+interleaved over the block's warps, L2 fetching 256 bytes, as the defaults); m1:mode:rows:splits:stages is
+nvfp4_m1's (mode dense, gate_up or down),
+then optionally :shift or :lut (decode). The K loop is the code between the first and the
 last HMMA, plus nothing else: prologue, epilogue and reduction are left out.
 """
 
@@ -21,6 +23,7 @@ from collections import Counter
 from pathlib import Path
 
 from tpserve.kernels import mma_gemv as mg
+from tpserve.kernels import nvfp4_m1 as m1
 
 
 def ptx(source: str, arch: str = "90") -> str:
@@ -57,11 +60,17 @@ def main() -> None:
           "weight | top opcodes |\n| --- | --- | --- | --- | --- | --- | --- |")
     with tempfile.TemporaryDirectory() as tmp:
         for spec in args.configs.split(","):
-            fmt, rows, splits, depth, *blocks = spec.split(":")
-            cfg = mg.Config(fmt, int(rows), int(splits), int(depth), 256, True, int(blocks[0]) if blocks else 0)
-            text = ptx(mg.source(cfg))
+            fmt, *rest = spec.split(":")
+            if fmt == "m1":
+                mode, rows, splits, stages, *decode = rest
+                source, name = m1.source(m1.Config(int(rows), int(splits), int(stages), 256, *decode), mode)
+            else:
+                rows, splits, depth, *blocks = rest
+                cfg = mg.Config(fmt, int(rows), int(splits), int(depth), 256, True, int(blocks[0]) if blocks else 0)
+                source, name = mg.source(cfg), cfg.name
+            text = ptx(source)
             text = re.sub(r"^\.version \d+\.\d+", ".version 8.7", text, flags=re.M)  # (an older ptxas reads it)
-            src, cubin = Path(tmp) / f"{cfg.name}.ptx", Path(tmp) / f"{cfg.name}.cubin"
+            src, cubin = Path(tmp) / f"{name}.ptx", Path(tmp) / f"{name}.cubin"
             src.write_text(text)
             info = subprocess.run([ptxas, "-arch=sm_90", "-v", "-O3", str(src), "-o", str(cubin)],
                                   capture_output=True, text=True, check=True).stderr
@@ -72,8 +81,7 @@ def main() -> None:
             ops = [m.group(1) for m in re.finditer(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9.]*)", sass)]
             hmma = [i for i, op in enumerate(ops) if op.startswith("HMMA")]
             loop = ops[hmma[0]:hmma[-1] + 1]
-            # a loop pass: depth chunks of 128 bytes a row, 16 rows a tile; FP8 one weight a byte, NVFP4 two
-            weights = int(depth) * 128 * 16 * int(rows) * (2 if fmt == "nvfp4" else 1)
+            weights = 256 * sum(op.startswith("HMMA") for op in loop)  # each MMA: 16 rows x 16 k of W
             top = ", ".join(f"{op} {n}" for op, n in Counter(o.split(".")[0] for o in loop).most_common(5))
             print(f"| {spec} | {regs} | {spill} | {smem} | {len(loop)} | {32 * len(loop) / weights:.2f} | {top} |")
 

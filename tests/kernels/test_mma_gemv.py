@@ -2,33 +2,18 @@
 lane does (the kernel itself runs only on a GPU: the last test, skipped without one; BENCHMARKS.md has its H200
 checks)."""
 
-import struct
-
 import pytest
 import torch
 
 from tpserve.kernels import mma_gemv as mg
 from tpserve.kernels import quant_ref as qr
 
-
-def _prmt2(a: int, b: int, sel: int) -> int:
-    """prmt.b32 d, a, b, sel: byte i of d is byte (sel nibble i & 7) of {b:a}, or its sign replicated (bit 3)."""
-    src = [(a >> (8 * i)) & 0xFF for i in range(4)] + [(b >> (8 * i)) & 0xFF for i in range(4)]
-    out = 0
-    for i in range(4):
-        nib = (sel >> (4 * i)) & 0xF
-        v = src[nib & 7]
-        out |= ((0xFF if v & 0x80 else 0) if nib & 8 else v) << (8 * i)
-    return out
+from lanes import bf16 as _bf16, decode_fp4, mma16816 as _mma, prmt2 as _prmt2  # noqa: E402
 
 
 def _decode2(word: int, sel: int) -> tuple[int, int]:
     v = ((_prmt2(word, word, sel) << mg.DECODE_SHIFT) & 0xFFFFFFFF) & mg.DECODE_MASK
     return v & 0xFFFF, v >> 16
-
-
-def _bf16(bits: int) -> float:
-    return struct.unpack("<f", struct.pack("<I", bits << 16))[0]
 
 
 def test_decode_gives_every_e4m3_code_times_2_pow_minus_120():
@@ -50,14 +35,7 @@ def test_fp4_decode_gives_every_pair_of_e2m1_codes_in_k_order():
     for first in range(16):
         for second in range(16):
             codes = [(first + i) % 16 if i % 2 == 0 else (second + i) % 16 for i in range(8)]
-            w = sum(c << (4 * i) for i, c in enumerate(codes))
-            m, s4 = w & 0x77777777, (w << 4) & 0xFFFFFFFF
-            mh = m >> 16
-            hi_a = _prmt2(t["FP4_HI0"], t["FP4_HI1"], m) | (_prmt2(s4, w, 0x5140) & 0x80808080)
-            hi_b = _prmt2(t["FP4_HI0"], t["FP4_HI1"], mh) | (_prmt2(s4, w, 0x7362) & 0x80808080)
-            lo_a, lo_b = _prmt2(t["FP4_LO0"], t["FP4_LO1"], m), _prmt2(t["FP4_LO0"], t["FP4_LO1"], mh)
-            regs = [_prmt2(lo_a, hi_a, 0x5140), _prmt2(lo_a, hi_a, 0x7362), _prmt2(lo_b, hi_b, 0x5140),
-                    _prmt2(lo_b, hi_b, 0x7362)]
+            regs = decode_fp4(sum(c << (4 * i) for i, c in enumerate(codes)), t)
             got = [_bf16(v) for r in regs for v in (r & 0xFFFF, r >> 16)]
             assert got == [values[c] for c in codes], (first, second)
 
@@ -65,19 +43,6 @@ def test_fp4_decode_gives_every_pair_of_e2m1_codes_in_k_order():
 def test_x_scale_constant_is_2_pow_60_and_the_offsets_cancel():
     assert mg.W_OFFSET_LOG2 + 2 * mg.X_SCALE_LOG2 == 0
     assert _bf16(0x5D80) == 2.0**mg.X_SCALE_LOG2 and "0x5D805D80u" in mg.source(mg.Config())
-
-
-def _mma(a_regs, b_regs):
-    """m16n8k16 (row.col) per the PTX fragment layout: lane (g = lane // 4, c = lane % 4) holds A[g][2c, 2c+1],
-    A[g+8][2c, 2c+1], A[g][2c+8, 2c+9], A[g+8][2c+8, 2c+9] and B[2c, 2c+1][g], B[2c+8, 2c+9][g]; -> D [16, 8]."""
-    a, b = torch.zeros(16, 16), torch.zeros(16, 8)
-    for lane in range(32):
-        g, c = divmod(lane, 4)
-        for (row, col), pair in zip(((g, 2 * c), (g + 8, 2 * c), (g, 2 * c + 8), (g + 8, 2 * c + 8)), a_regs[lane]):
-            a[row, col:col + 2] = torch.tensor(pair)
-        for (k, pair) in zip((2 * c, 2 * c + 8), b_regs[lane]):
-            b[k:k + 2, g] = torch.tensor(pair)
-    return a @ b
 
 
 def test_lane_layout_computes_w_times_x_over_a_64_wide_chunk():

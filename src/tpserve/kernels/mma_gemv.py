@@ -40,15 +40,21 @@ import torch
 # prmt selectors: bytes [b0, sign(b0), b1, sign(b1)] and [b2, sign(b2), b3, sign(b3)] of a 32-bit word
 SEL_LO, SEL_HI, DECODE_MASK, DECODE_SHIFT = 0x9180, 0xB3A2, 0x87F087F0, 4
 W_OFFSET_LOG2, X_SCALE_LOG2 = -120, 60  # decoded weight = value * 2^-120; x * 2^60 before the MMA
-# e2m1 magnitudes 0..7 (0, 0.5, 1, 1.5, 2, 3, 4, 6) as bf16: high bytes (codes 0-3, 4-7) and low bytes
-FP4_TABLES = dict(FP4_HI0=0x3F3F3F00, FP4_HI1=0x40404040, FP4_LO0=0xC0800000, FP4_LO1=0xC0804000)
+E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # e2m1 magnitudes, codes 0..7
 
-_SOURCE = r"""
-#define ROWS_PER_WARP (16 * R)
-#define CHUNK(i) (INTERLEAVE ? (i) * KS + warp : (i))  // the i-th of a warp's K chunks
 
-struct Chunk { uint4 lo[R][2], hi[R][2]; };  // W only: [row tile][64-wide half of the 128 block]
+def fp4_tables(log2_scale: int = 0) -> dict[str, int]:
+    """`decode_fp4`'s prmt tables: the e2m1 magnitudes times 2^log2_scale as bf16, their high bytes (codes 0-3 in
+    FP4_HI0, 4-7 in FP4_HI1, code i in byte i % 4) and low bytes (FP4_LO0, FP4_LO1)."""
+    bits = [torch.tensor(v * 2.0**log2_scale, dtype=torch.bfloat16).view(torch.int16).item() & 0xFFFF for v in E2M1]
+    pack = lambda vals: sum(b << (8 * i) for i, b in enumerate(vals))  # noqa: E731
+    return dict(FP4_HI0=pack([b >> 8 for b in bits[:4]]), FP4_HI1=pack([b >> 8 for b in bits[4:]]),
+                FP4_LO0=pack([b & 0xFF for b in bits[:4]]), FP4_LO1=pack([b & 0xFF for b in bits[4:]]))
 
+
+FP4_TABLES = fp4_tables()
+
+DEVICE_HELPERS = r"""
 __device__ __forceinline__ unsigned decode2(unsigned w, unsigned sel) {
   unsigned v;
   asm("prmt.b32 %0, %1, %1, %2;" : "=r"(v) : "r"(w), "r"(sel));
@@ -69,15 +75,6 @@ __device__ __forceinline__ void mma(float* d, unsigned a0, unsigned a1, unsigned
                : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// W streams through once: not kept in L1 (x, read by every warp, stays there); W_HINT may ask L2 to fetch the
-// rest of a 256-byte run with the first 16 bytes
-__device__ __forceinline__ uint4 ldg_w(const void* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate" W_HINT ".v4.u32 {%0,%1,%2,%3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-  return v;
-}
-
 __device__ __forceinline__ uint4 ldg_x(const void* p) {
   uint4 v;
   asm volatile("ld.global.nc.L1::evict_last.v4.u32 {%0,%1,%2,%3}, [%4];"
@@ -87,6 +84,55 @@ __device__ __forceinline__ uint4 ldg_x(const void* p) {
 
 __device__ __forceinline__ unsigned word(const uint4& v, int j) {
   return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w;
+}
+
+__device__ __forceinline__ unsigned prmt(unsigned a, unsigned b, unsigned sel) {
+  unsigned v;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(v) : "r"(a), "r"(b), "r"(sel));
+  return v;
+}
+
+__device__ __forceinline__ unsigned mul_bf16x2(unsigned a, unsigned b) {  // exact where the product fits bf16
+  unsigned r;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(0x80008000u));
+  return r;
+}
+
+// 8 e2m1 codes (a 32-bit word, low nibble first) -> 4 bf16x2 in k order: the magnitudes' high and low bytes
+// looked up with prmt in the 8-entry byte tables t (FP4_HI0, FP4_HI1, FP4_LO0, FP4_LO1), the signs ORed in, the
+// bytes interleaved
+__device__ __forceinline__ void decode_fp4(unsigned w, unsigned* r, const unsigned* t) {
+  const unsigned m = w & 0x77777777u, mh = m >> 16, s4 = w << 4;
+  const unsigned hi_a = prmt(t[0], t[1], m) | (prmt(s4, w, 0x5140u) & 0x80808080u);
+  const unsigned hi_b = prmt(t[0], t[1], mh) | (prmt(s4, w, 0x7362u) & 0x80808080u);
+  const unsigned lo_a = prmt(t[2], t[3], m), lo_b = prmt(t[2], t[3], mh);
+  r[0] = prmt(lo_a, hi_a, 0x5140u);
+  r[1] = prmt(lo_a, hi_a, 0x7362u);
+  r[2] = prmt(lo_b, hi_b, 0x5140u);
+  r[3] = prmt(lo_b, hi_b, 0x7362u);
+}
+
+__device__ __forceinline__ unsigned short to_bf16(float f) {
+  unsigned short h;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return h;
+}
+
+"""
+
+_SOURCE = r"""
+#define ROWS_PER_WARP (16 * R)
+#define CHUNK(i) (INTERLEAVE ? (i) * KS + warp : (i))  // the i-th of a warp's K chunks
+
+struct Chunk { uint4 lo[R][2], hi[R][2]; };  // W only: [row tile][64-wide half of the 128 block]
+
+// W streams through once: not kept in L1 (x, read by every warp, stays there); W_HINT may ask L2 to fetch the
+// rest of a 256-byte run with the first 16 bytes
+__device__ __forceinline__ uint4 ldg_w(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate" W_HINT ".v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
 }
 
 __device__ __forceinline__ void load(Chunk& ch, const unsigned char* const* wlo, const unsigned char* const* whi,
@@ -139,31 +185,6 @@ __device__ __forceinline__ void compute(const Chunk& ch, float (*acc)[4], const 
   }
 }
 
-__device__ __forceinline__ unsigned prmt(unsigned a, unsigned b, unsigned sel) {
-  unsigned v;
-  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(v) : "r"(a), "r"(b), "r"(sel));
-  return v;
-}
-
-__device__ __forceinline__ unsigned mul_bf16x2(unsigned a, unsigned b) {  // exact where the product fits bf16
-  unsigned r;
-  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(0x80008000u));
-  return r;
-}
-
-// 8 e2m1 codes (a 32-bit word, low nibble first) -> 4 bf16x2 in k order: the magnitudes' high and low bytes
-// looked up with prmt (8-entry byte tables), the signs ORed in, the bytes interleaved
-__device__ __forceinline__ void decode_fp4(unsigned w, unsigned* r) {
-  const unsigned m = w & 0x77777777u, mh = m >> 16, s4 = w << 4;
-  const unsigned hi_a = prmt(FP4_HI0, FP4_HI1, m) | (prmt(s4, w, 0x5140u) & 0x80808080u);
-  const unsigned hi_b = prmt(FP4_HI0, FP4_HI1, mh) | (prmt(s4, w, 0x7362u) & 0x80808080u);
-  const unsigned lo_a = prmt(FP4_LO0, FP4_LO1, m), lo_b = prmt(FP4_LO0, FP4_LO1, mh);
-  r[0] = prmt(lo_a, hi_a, 0x5140u);
-  r[1] = prmt(lo_a, hi_a, 0x7362u);
-  r[2] = prmt(lo_b, hi_b, 0x5140u);
-  r[3] = prmt(lo_b, hi_b, 0x7362u);
-}
-
 // two e4m3 block scales (a 16-bit load) -> bf16x2 (s0, s0) and (s1, s1), exact
 __device__ __forceinline__ void scales_fp4(const unsigned char* p, unsigned& s0, unsigned& s1) {
   unsigned short u;
@@ -179,6 +200,7 @@ __device__ __forceinline__ void scales_fp4(const unsigned char* p, unsigned& s0,
 __device__ __forceinline__ void compute_fp4(const Chunk& ch, float (*acc)[4], const unsigned char* const* slo,
                                             const unsigned char* const* shi, const unsigned short* xrow, bool x_ok,
                                             long kb) {
+  const unsigned FP4_T[4] = {FP4_HI0, FP4_HI1, FP4_LO0, FP4_LO1};
 #pragma unroll
   for (int h = 0; h < 2; h++) {
     uint4 xv[4];
@@ -192,8 +214,8 @@ __device__ __forceinline__ void compute_fp4(const Chunk& ch, float (*acc)[4], co
 #pragma unroll
       for (int j = 0; j < 4; j++) {
         unsigned a[4], b[4];
-        decode_fp4(word(ch.lo[r][h], j), a);
-        decode_fp4(word(ch.hi[r][h], j), b);
+        decode_fp4(word(ch.lo[r][h], j), a, FP4_T);
+        decode_fp4(word(ch.hi[r][h], j), b, FP4_T);
 #pragma unroll
         for (int i = 0; i < 4; i++) {
           a[i] = mul_bf16x2(a[i], sl[j >> 1]);
@@ -204,12 +226,6 @@ __device__ __forceinline__ void compute_fp4(const Chunk& ch, float (*acc)[4], co
       }
     }
   }
-}
-
-__device__ __forceinline__ unsigned short to_bf16(float f) {
-  unsigned short h;
-  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
-  return h;
 }
 
 // FP8: s float32 block scales [ceil(N / BNS), SK = K / 128]; NVFP4: s e4m3 [N, SK = K / 16], s2 float32 [N]
@@ -333,7 +349,7 @@ def source(cfg: Config) -> str:
                    SEL_LO=f"{SEL_LO:#x}u", SEL_HI=f"{SEL_HI:#x}u", DECODE_MASK=f"{DECODE_MASK:#x}u",
                    DECODE_SHIFT=DECODE_SHIFT, **{k: f"{v:#010x}u" for k, v in FP4_TABLES.items()},
                    W_HINT=f'".L2::{cfg.l2_prefetch}B"' if cfg.l2_prefetch else '""')
-    return "".join(f"#define {k} {v}\n" for k, v in defines.items()) + _SOURCE
+    return "".join(f"#define {k} {v}\n" for k, v in defines.items()) + DEVICE_HELPERS + _SOURCE
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,0 +1,400 @@
+"""NVFP4 decode at one row of x in CUDA (NVRTC): the dense GEMV y [1, N] = x [1, K] @ dequant(W)^T, and the MoE
+experts at decode, one (token, choice) pair at a time (each pair is one row of x against its expert).
+
+Two changes from kernels/mma_gemv.py's NVFP4 GEMV (whose lane layout this keeps):
+
+- **Group sums in the MMA's columns.** With one row of x, seven of the MMA's eight n columns carried zeros there.
+  Here column j takes only the k slots of scale group j. A lane-quad c loads groups 2c and 2c + 1 of a 128-value
+  half; each MMA takes four k pairs of one of them (32-bit words q of the lane's 16 bytes: q < 2 group 2c, else
+  2c + 1), and lane (j, c) holds the matching x words in its B registers only where j is that group, zeros
+  elsewhere (those lanes read 32 zero bytes instead of x: no masking). After the 8 MMAs of a half, lane (g, c)'s
+  four accumulators are whole group sums, rows g and g + 8 by groups 2c and 2c + 1, and each takes its e4m3 scale
+  in one FMA (0.06 operations a weight) instead of the bf16 multiply of every decoded pair (0.5).
+- **Loads through shared memory** (`cp.async`, `stages` deep per warp): bytes in flight no longer cost registers.
+  Each lane reads back only its own 16-byte pieces of W; the 16 scale bytes of a row and chunk arrive 4 bytes a
+  lane and are read across the warp (a `__syncwarp` after each wait). x's row is staged once per block, in the
+  order and scale the decode wants.
+- **Two decodes** (Config.decode): "lut" is mma_gemv's prmt table lookups (tables times 2^60). "shift" moves each
+  code's sign and 3 magnitude bits into a bf16 with shifts and masks (0.5 ALU operations a code fewer; left shifts
+  as multiplies that may go to the FMA pipe): the value times 2^-126, the e = 0 codes as bf16 subnormals, so it
+  is exact only where the tensor cores keep subnormal inputs (checked on the GPU, tests). Nsight Compute found
+  these kernels bound by the ALU pipe (half rate, ~50% busy), not by DRAM. The scalings (TABLE_LOG2 and the
+  SHIFT_* constants below) keep every product and sum in fp32's normal range; their unit 2^-60 rides on the
+  global scale.
+
+Experts: `experts` runs gate|up with SwiGLU (gate and up row tiles side by side in a warp, so a lane holds both
+halves of its outputs) into h [pairs, I], then down times the routing weight into fp32 [pairs, D], then the
+choices summed (route_triton.combine_choices). A pair whose expert id is outside [0, E) contributes zeros.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+from tpserve.kernels import mma_gemv as mg
+
+# Scalings that keep every product and sum in fp32's normal range (the unit 2^-60 rides on the global scale):
+# "lut": e2m1 from prmt tables times 2^60, x as is, block scales at 2^-120 of their value;
+# "shift": e2m1 bits shifted into a bf16's exponent and mantissa (value times 2^-126, the e = 0 codes as bf16
+# subnormals), x times 2^66, block scales at their value.
+TABLE_LOG2, SHIFT_W_LOG2, SHIFT_X_LOG2 = 60, -126, 66
+
+_SOURCE = r"""
+#define HT (R / PARTS)  // row tiles of one part (gate or up) a warp holds
+#define STAGE_BYTES (R * (4 * 32 * 16 + 2 * 8 * 16))  // W [R][2 halves][lo|hi][32 lanes] uint4, then scales
+#define WARP_SMEM (STAGES * STAGE_BYTES)
+
+__device__ __forceinline__ void cp16(unsigned dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global" W_HINT " [%0], [%1], 16;" :: "r"(dst), "l"(src));
+}
+__device__ __forceinline__ void cp4(unsigned dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" :: "r"(dst), "l"(src));
+}
+
+// e4m3 pair (16 bits) -> two floats: "lut" value * 2^-120 (exact, subnormals too: fp32 denormals); "shift" the
+// value (the bf16 pair times 2^120 first, exact)
+__device__ __forceinline__ void scales2(unsigned u, float& f0, float& f1) {
+  unsigned v = (prmt(u, u, SEL_LO) << DECODE_SHIFT) & DECODE_MASK;
+  if (SHIFT) v = mul_bf16x2(v, 0x7B807B80u);
+  f0 = __uint_as_float(v << 16);
+  f1 = __uint_as_float(v & 0xFFFF0000u);
+}
+
+__device__ __forceinline__ unsigned scale_x66(unsigned v) { return mul_bf16x2(v, 0x60806080u); }  // * 2^66, exact
+
+// 8 e2m1 codes (low nibble first) -> 4 bf16x2, pair j = codes (j, j + 4), each value * 2^-126: the sign moved to
+// bit 15 (31), the magnitude's 3 bits to bits 6-8 (22-24), the bf16's exponent LSBs and mantissa MSB. Left shifts
+// as multiplies, which ptxas may issue on the FMA pipe (the ALU pipe, at half rate, is this kernel's limit).
+__device__ __forceinline__ void decode_fp4_shift(unsigned w, unsigned* r) {
+  r[0] = ((w * 4096u) & 0x80008000u) | ((w * 64u) & 0x01C001C0u);
+  r[1] = ((w * 256u) & 0x80008000u) | ((w * 4u) & 0x01C001C0u);
+  r[2] = ((w * 16u) & 0x80008000u) | ((w >> 2) & 0x01C001C0u);
+  r[3] = (w & 0x80008000u) | ((w >> 6) & 0x01C001C0u);
+}
+
+// MODE 0: dense, y bf16 [N], s2 [N] per row. MODE 1: gate|up experts (PARTS 2), h bf16 [P, N] =
+// silu(min(gate, limit)) * clamp(up, -limit, limit), W rows [0, N) gate and [N, 2N) up, s2 [E, 2].
+// MODE 2: down experts, y fp32 [P, N] = route[p] * (h[p] @ W^T), s2 [E, 1]. w [E, rows, K/2] u8 codes, s [E, rows,
+// K/16] e4m3; x [*, K] bf16 (MODE 1: row p / top_k; MODE 2: row p; MODE 0: row 0); pair p = blockIdx.y.
+// Dynamic shared memory: KS warps' stages, then x's row as the MMAs take it (K bf16), then 32 zero bytes.
+extern "C" __global__ void __launch_bounds__(32 * KS) NAME(
+    const unsigned char* __restrict__ w, const unsigned char* __restrict__ s, const float* __restrict__ s2,
+    const unsigned short* __restrict__ x, const long long* __restrict__ ids, const float* __restrict__ route,
+    void* __restrict__ y, int N, int K, int top_k, int num_experts,
+    double limit_d) {  // (a double: torch's launcher passes Python floats as doubles)
+  const float limit = (float)limit_d;
+  extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ float red[KS > 1 ? KS - 1 : 1][R][2][8];
+  __shared__ uint4 tab[32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
+  const int p = blockIdx.y, row0 = blockIdx.x * 16 * HT;
+  const long long e = MODE == 0 ? 0 : ids[p];
+  const bool e_ok = e >= 0 && e < num_experts;
+  const long long ee = e_ok ? e : 0;
+  const long rows_all = (long)N * PARTS, row_bytes = K / 2, SK = K / 16;
+  const unsigned char* we = w + ee * rows_all * row_bytes;
+  const unsigned char* se = s + ee * rows_all * SK;
+  // this lane's rows g and g + 8 of each row tile (clamped: rows past N load row N - 1 and are not stored)
+  const unsigned char* wlo[R];
+  const unsigned char* whi[R];
+  const unsigned char* slo[R];
+  const unsigned char* shi[R];
+#pragma unroll
+  for (int r = 0; r < R; r++) {
+    const long base = (long)(r / HT) * N;
+    const int lo = min(row0 + 16 * (r % HT) + g, N - 1), hi = min(row0 + 16 * (r % HT) + g + 8, N - 1);
+    wlo[r] = we + (base + lo) * row_bytes + 16 * c;
+    whi[r] = we + (base + hi) * row_bytes + 16 * c;
+    slo[r] = se + (base + lo) * SK + 4 * c;
+    shi[r] = se + (base + hi) * SK + 4 * c;
+  }
+  // x's row into shared memory, each 8 values as the decode pairs them: "shift" (0, 4), (1, 5), (2, 6), (3, 7),
+  // times 2^66; "lut" in order
+  unsigned short* xs = (unsigned short*)(smem + KS * WARP_SMEM);
+  const uint4* xg = (const uint4*)(x + (MODE == 1 ? (long)(p / top_k) * K : MODE == 2 ? (long)p * K : 0));
+  for (int i = threadIdx.x; i < K / 8; i += 32 * KS) {
+    uint4 v = xg[i];
+    if (SHIFT) {
+      const unsigned a = v.x, b = v.y, cc = v.z, d = v.w;
+      v = make_uint4(scale_x66(prmt(a, cc, 0x5410u)), scale_x66(prmt(a, cc, 0x7632u)),
+                     scale_x66(prmt(b, d, 0x5410u)), scale_x66(prmt(b, d, 0x7632u)));
+    }
+    ((uint4*)xs)[i] = v;
+  }
+  if (threadIdx.x < 2) ((uint4*)(xs + K))[threadIdx.x] = make_uint4(0, 0, 0, 0);
+  if (warp == 0) tab[lane] = make_uint4(FP4_HI0, FP4_HI1, FP4_LO0, FP4_LO1);
+  __syncthreads();
+  // decode_fp4's tables, each lane reading its own copy back from shared memory so that they sit in its
+  // registers (as constants, or as one warp-uniform copy, ptxas moved a table into a register before every
+  // lookup: ~0.45 instructions a weight)
+  const uint4 tv = tab[lane];
+  const unsigned t[4] = {tv.x, tv.y, tv.z, tv.w};
+  // B operands: x of group 2c where g == 2c (words 0, 1), of group 2c + 1 where g == 2c + 1 (words 2, 3), else
+  // the zero bytes (step 0)
+  const int sa = g == 2 * c, sb = g == 2 * c + 1;
+  const unsigned short* xa = sa ? xs + 32 * c : xs + K;
+  const unsigned short* xb = sb ? xs + 32 * c + 16 : xs + K;
+  unsigned char* ws = smem + warp * WARP_SMEM;
+  const unsigned ws_addr = (unsigned)__cvta_generic_to_shared(ws);
+  const int nkb = K >> 8, nk = (nkb - warp + KS - 1) / KS;  // 256-value chunks: warp takes warp, warp + KS, ...
+  float acc[R][2];
+#pragma unroll
+  for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = 0.f;
+
+  // stage layout: W at [r][h][lo|hi][lane] (16 bytes each), then scales at [r][lo|hi][g][16 bytes]
+#define W_AT(st, r, h, q) ((st) * STAGE_BYTES + ((((r) * 2 + (h)) * 2 + (q)) * 32) * 16)
+#define S_AT(st, r, q, gg) ((st) * STAGE_BYTES + R * 2048 + (((r) * 2 + (q)) * 8 + (gg)) * 16)
+  auto issue = [&](int st, int kb) {
+    const long kw = (long)kb << 7, ks = (long)kb << 4;
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+#pragma unroll
+      for (int h = 0; h < 2; h++) {
+        cp16(ws_addr + W_AT(st, r, h, 0) + 16 * lane, wlo[r] + kw + 64 * h);
+        cp16(ws_addr + W_AT(st, r, h, 1) + 16 * lane, whi[r] + kw + 64 * h);
+      }
+      cp4(ws_addr + S_AT(st, r, 0, g) + 4 * c, slo[r] + ks);
+      cp4(ws_addr + S_AT(st, r, 1, g) + 4 * c, shi[r] + ks);
+    }
+  };
+#pragma unroll
+  for (int i = 0; i < STAGES - 1; i++) {
+    if (i < nk) issue(i, warp + i * KS);
+    asm volatile("cp.async.commit_group;");
+  }
+  for (int i = 0; i < nk; i++) {
+    asm volatile("cp.async.wait_group %0;" :: "n"(STAGES - 2));
+    __syncwarp();  // the chunk's scales from the other lanes; and every lane is done with the slot refilled next
+    const int nx = i + STAGES - 1;
+    if (nx < nk) issue(nx % STAGES, warp + nx * KS);
+    asm volatile("cp.async.commit_group;");
+    const int st = i % STAGES;
+    const int kx = (warp + i * KS) << 8;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      const int k0 = kx + 128 * h;
+      const uint4 xa0 = *(const uint4*)(xa + sa * k0), xa1 = *(const uint4*)(xa + sa * (k0 + 8));
+      const uint4 xb0 = *(const uint4*)(xb + sb * k0), xb1 = *(const uint4*)(xb + sb * (k0 + 8));
+#pragma unroll
+      for (int r = 0; r < R; r++) {
+        const uint4 wl = *(const uint4*)(ws + W_AT(st, r, h, 0) + 16 * lane);
+        const uint4 wh = *(const uint4*)(ws + W_AT(st, r, h, 1) + 16 * lane);
+        float d[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int q = 0; q < 4; q++) {  // word q: codes 8q .. 8q + 7, group 2c (q < 2) or 2c + 1; its x word pairs
+          unsigned ga[4], gb[4];
+          if (SHIFT) {
+            decode_fp4_shift(word(wl, q), ga);
+            decode_fp4_shift(word(wh, q), gb);
+          } else {
+            decode_fp4(word(wl, q), ga, t);
+            decode_fp4(word(wh, q), gb, t);
+          }
+          const uint4 xv = q == 0 ? xa0 : q == 1 ? xa1 : q == 2 ? xb0 : xb1;
+          mma(d, ga[0], gb[0], ga[1], gb[1], xv.x, xv.y);
+          mma(d, ga[2], gb[2], ga[3], gb[3], xv.z, xv.w);
+        }
+        float f0, f1, f2, f3;
+        scales2(*(const unsigned short*)(ws + S_AT(st, r, 0, g) + 8 * h + 2 * c), f0, f1);
+        scales2(*(const unsigned short*)(ws + S_AT(st, r, 1, g) + 8 * h + 2 * c), f2, f3);
+        acc[r][0] += d[0] * f0 + d[1] * f1;
+        acc[r][1] += d[2] * f2 + d[3] * f3;
+      }
+    }
+  }
+  asm volatile("cp.async.wait_group 0;");
+#pragma unroll
+  for (int r = 0; r < R; r++)
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+      acc[r][i] += __shfl_xor_sync(0xffffffffu, acc[r][i], 1);
+      acc[r][i] += __shfl_xor_sync(0xffffffffu, acc[r][i], 2);
+    }
+  if (KS > 1) {
+    if (warp > 0 && c == 0) {
+#pragma unroll
+      for (int r = 0; r < R; r++) red[warp - 1][r][0][g] = acc[r][0], red[warp - 1][r][1][g] = acc[r][1];
+    }
+    __syncthreads();
+    if (warp > 0) return;
+#pragma unroll
+    for (int v = 0; v < KS - 1; v++)
+#pragma unroll
+      for (int r = 0; r < R; r++) acc[r][0] += red[v][r][0][g], acc[r][1] += red[v][r][1][g];
+  }
+  if (c != 0) return;
+  const float unit = 1152921504606846976.0f;  // 2^60 (TABLE_LOG2)
+#pragma unroll
+  for (int r = 0; r < HT; r++) {
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+      const int n = row0 + 16 * r + g + 8 * i;
+      if (n >= N) continue;
+      if (MODE == 0) {
+        ((unsigned short*)y)[n] = to_bf16(acc[r][i] * (s2[n] * unit));
+      } else if (MODE == 1) {
+        float gt = acc[r][i] * (s2[2 * ee] * unit), up = acc[r + HT][i] * (s2[2 * ee + 1] * unit);
+        gt = fminf(gt, limit);
+        up = fminf(fmaxf(up, -limit), limit);
+        ((unsigned short*)y)[(long)p * N + n] = to_bf16(e_ok ? gt / (1.f + __expf(-gt)) * up : 0.f);
+      } else {
+        ((float*)y)[(long)p * N + n] = e_ok ? acc[r][i] * (s2[ee] * unit) * route[p] : 0.f;
+      }
+    }
+  }
+}
+"""
+
+
+@dataclass(frozen=True)
+class Config:
+    """rows: row tiles (16 rows of W) a warp holds, per part (gate|up holds `rows` of each); splits: warps a
+    block, warp w taking K chunks (256 values) w, w + splits, ...; stages: chunks a warp has in shared memory
+    (stages - 1 of them loading); l2_prefetch: bytes L2 fetches with each 16-byte copy (0: no hint); decode:
+    "lut" (prmt table lookups, mma_gemv's decode_fp4) or "shift" (decode_fp4_shift: shifts and masks)."""
+    rows: int = 1
+    splits: int = 4
+    stages: int = 3
+    l2_prefetch: int = 256
+    decode: str = "lut"
+
+    def __post_init__(self):
+        if self.l2_prefetch not in (0, 64, 128, 256):
+            raise ValueError(f"Config.l2_prefetch: must be 0, 64, 128 or 256 (bytes), got {self.l2_prefetch!r}")
+        if self.decode not in ("lut", "shift"):
+            raise ValueError(f"Config.decode: must be 'lut' or 'shift', got {self.decode!r}")
+        for name, lo, hi in (("rows", 1, 4), ("splits", 1, 16), ("stages", 2, 8)):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
+                raise ValueError(f"Config.{name}: must be an int in {lo}..{hi}, got {v!r}")
+
+    def smem(self, parts: int, k: int) -> int:
+        """Dynamic shared memory bytes a block uses at K = k: the warps' stages, x's row, 32 zero bytes."""
+        return self.splits * self.stages * self.rows * parts * (4 * 32 * 16 + 2 * 8 * 16) + 2 * k + 32
+
+
+MODES = {"dense": 0, "gate_up": 1, "down": 2}
+
+
+def source(cfg: Config, mode: str) -> tuple[str, str]:
+    """(CUDA source, kernel name) of one configuration and mode ("dense", "gate_up" or "down")."""
+    parts = 2 if mode == "gate_up" else 1
+    name = f"tpserve_nvfp4_m1_{mode}_r{cfg.rows}_s{cfg.splits}_st{cfg.stages}_p{cfg.l2_prefetch}_{cfg.decode}"
+    defines = dict(R=cfg.rows * parts, PARTS=parts, KS=cfg.splits, STAGES=cfg.stages, MODE=MODES[mode], NAME=name,
+                   SHIFT=int(cfg.decode == "shift"), SEL_LO=f"{mg.SEL_LO:#x}u", DECODE_MASK=f"{mg.DECODE_MASK:#x}u",
+                   DECODE_SHIFT=mg.DECODE_SHIFT, **{k: f"{v:#010x}u" for k, v in mg.fp4_tables(TABLE_LOG2).items()},
+                   W_HINT=f'".L2::{cfg.l2_prefetch}B"' if cfg.l2_prefetch else '""')
+    text = "".join(f"#define {k} {v}\n" for k, v in defines.items()) + mg.DEVICE_HELPERS + _SOURCE
+    return text, name
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel(cfg: Config, mode: str, arch: str, device: int):
+    from torch.cuda import _compile_kernel
+
+    text, name = source(cfg, mode)
+    with torch.cuda.device(device):
+        return _compile_kernel(text, name, compute_capability=arch)
+
+
+def fits(k: int, dtype: torch.dtype) -> bool:
+    """Shapes these kernels take: bf16 x, K a multiple of 256 (one chunk)."""
+    return dtype == torch.bfloat16 and k % 256 == 0 and k > 0
+
+
+def usable(x: torch.Tensor, inter: int) -> bool:
+    """The experts kernels take x [T, D] with expert width `inter` (shapes as `fits`) and can run here (a CUDA
+    device of sm_80+ where NVRTC builds: mma_gemv.available)."""
+    return x.dim() == 2 and fits(x.shape[1], x.dtype) and fits(inter, x.dtype) and mg.available(x)
+
+
+def default_config(mode: str, n: int, pairs: int = 1) -> Config:
+    """The H200 sweep's best (bench/quant_decode_sweep.py --sections m1; BENCHMARKS.md, twenty-fourth session), all
+    with the "shift" decode and two stages: dense one row tile a warp, 4 warps where N >= 8192 (12288 x 4096: 12.2
+    us, 54% of the floor), else 8 (4096 x 12288: 12.6 us); experts gate|up one row tile of each part, 4 warps; down
+    one row tile at up to 8 pairs (1 token: 45.9 us for the MoE layer, 57%), two above (8 tokens: 263.7 us, 73%)."""
+    if mode == "dense":
+        return Config(rows=1, splits=4 if n >= 8192 else 8, stages=2, decode="shift")
+    if mode == "down" and pairs > 8:
+        return Config(rows=2, splits=4, stages=2, decode="shift")
+    return Config(rows=1, splits=4, stages=2, decode="shift")
+
+
+def _launch(cfg: Config, mode: str, grid: tuple[int, int], w, s, s2, x, ids, route, y, n: int, k: int,
+            top_k: int = 1, num_experts: int = 1, limit: float = float("inf")) -> None:
+    device = x.device.index
+    if device != torch.cuda.current_device():
+        raise ValueError(f"x: on cuda:{device}, but the current device is cuda:{torch.cuda.current_device()} "
+                         "(call inside `with torch.cuda.device(...)`)")
+    major, minor = torch.cuda.get_device_capability(device)
+    kernel = _kernel(cfg, mode, f"{major}{minor}", device)
+    smem = cfg.smem(2 if mode == "gate_up" else 1, k)
+    if smem >= 48 * 1024 and smem > getattr(kernel, "_max_shared_mem_bytes", 0):
+        kernel.set_shared_memory_config(smem)
+    kernel(grid=(grid[0], grid[1], 1), block=(32 * cfg.splits, 1, 1), shared_mem=smem,
+           args=[w, s, s2, x, ids if ids is not None else s2, route if route is not None else s2, y, n, k, top_k,
+                 num_experts, float(limit)])
+
+
+def gemv(x: torch.Tensor, w: torch.Tensor, bscale: torch.Tensor, scale2_rows: torch.Tensor,
+         cfg: Config | None = None) -> torch.Tensor:
+    """x [1, K] bf16 (CUDA) @ dequant(w uint8 [N, K/2], bscale float8_e4m3fn [N, K/16], scale2_rows float32 [N])^T
+    -> y [1, N] bf16."""
+    n, k = w.shape[0], 2 * w.shape[1]
+    if x.dim() != 2 or x.shape[0] != 1 or x.shape[1] != k or not fits(k, x.dtype) or not x.is_cuda:
+        raise ValueError(f"x: must be one bf16 CUDA row [1, {k}] with K a multiple of 256, got {tuple(x.shape)} "
+                         f"{x.dtype} on {x.device}")
+    if w.dtype != torch.uint8 or tuple(bscale.shape) != (n, k // 16) or bscale.dtype != torch.float8_e4m3fn:
+        raise ValueError(f"w, bscale: must be uint8 [{n}, {k // 2}] and float8_e4m3fn [{n}, {k // 16}], got "
+                         f"{w.dtype} {tuple(w.shape)}, {bscale.dtype} {tuple(bscale.shape)}")
+    if tuple(scale2_rows.shape) != (n,):
+        raise ValueError(f"scale2_rows: must be [{n}], got {tuple(scale2_rows.shape)}")
+    cfg = cfg or default_config("dense", n)
+    y = torch.empty(1, n, dtype=torch.bfloat16, device=x.device)
+    if n:
+        _launch(cfg, "dense", (-(-n // (16 * cfg.rows)), 1), mg._aligned(w, 16), bscale.contiguous().view(torch.uint8),
+                scale2_rows.float().contiguous(), mg._aligned(x, 16).view(torch.int16), None, None,
+                y.view(torch.int16), n, k)
+    return y
+
+
+def experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor,
+            gu_bscale: torch.Tensor, gu_scale2: torch.Tensor, down: torch.Tensor, dn_bscale: torch.Tensor,
+            dn_scale2: torch.Tensor, limit: float | None, cfg_gate_up: Config | None = None,
+            cfg_down: Config | None = None) -> torch.Tensor:
+    """The MoE experts at decode (quant_methods.Nvfp4Experts' layout): x [T, D] bf16, weights / ids [T, top_k];
+    gate_up uint8 [E, 2I, D/2] (gate rows, then up), gu_bscale e4m3 [E, 2I, D/16], gu_scale2 float32 [E, 2];
+    down uint8 [E, D, I/2], dn_bscale [E, D, I/16], dn_scale2 [E, 1]; limit: SwiGLU's clamp (None: none).
+    -> [T, D] bf16, each token's choices summed in fp32."""
+    t, top_k = ids.shape
+    num_experts, two_i, half_d = gate_up.shape
+    inter, d = two_i // 2, x.shape[1]
+    if not (x.is_cuda and fits(d, x.dtype) and fits(inter, x.dtype)) or 2 * half_d != d:
+        raise ValueError(f"x: must be bf16 CUDA [T, {2 * half_d}] with D and I multiples of 256, got "
+                         f"{tuple(x.shape)} {x.dtype} on {x.device} (I = {inter})")
+    if tuple(down.shape) != (num_experts, d, inter // 2) or tuple(gu_scale2.shape) != (num_experts, 2) or \
+            tuple(dn_scale2.shape) != (num_experts, 1):
+        raise ValueError(f"down / scale2: expected [{num_experts}, {d}, {inter // 2}], [{num_experts}, 2], "
+                         f"[{num_experts}, 1]; got {tuple(down.shape)}, {tuple(gu_scale2.shape)}, "
+                         f"{tuple(dn_scale2.shape)}")
+    from tpserve.kernels.route_triton import combine_choices  # (Triton: CUDA machines only)
+
+    p = t * top_k
+    cg = cfg_gate_up or default_config("gate_up", inter, p)
+    cd = cfg_down or default_config("down", d, p)
+    flat = ids.reshape(-1).to(torch.int64).contiguous()
+    h = torch.empty(p, inter, dtype=torch.bfloat16, device=x.device)
+    y = torch.empty(p, d, dtype=torch.float32, device=x.device)
+    if p:
+        lim = float("inf") if limit is None else float(limit)
+        _launch(cg, "gate_up", (-(-inter // (16 * cg.rows)), p), mg._aligned(gate_up, 16),
+                gu_bscale.contiguous().view(torch.uint8), gu_scale2.float().contiguous(),
+                mg._aligned(x, 16).view(torch.int16), flat, None, h.view(torch.int16), inter, d, top_k, num_experts,
+                lim)
+        _launch(cd, "down", (-(-d // (16 * cd.rows)), p), mg._aligned(down, 16),
+                dn_bscale.contiguous().view(torch.uint8), dn_scale2.float().contiguous(), h.view(torch.int16), flat,
+                weights.reshape(-1).float().contiguous(), y, d, inter, top_k, num_experts)
+    return combine_choices(y, top_k, x.dtype, "triton")
