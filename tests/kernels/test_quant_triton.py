@@ -179,6 +179,8 @@ def test_grouped_quantized_experts_match_the_reference_loop():
     out = run_interpreted("""
         import json, torch
         from types import SimpleNamespace
+
+        from tpserve.kernels.choice import Kernels
         from tpserve.kernels import quant_ops, quant_ref as qr
         from tpserve.kernels.quant_triton import experts_fp8_triton, experts_nvfp4_triton
         res = {}
@@ -191,7 +193,7 @@ def test_grouped_quantized_experts_match_the_reference_loop():
             gu = torch.randn(e, 2 * i, d, generator=g) / d**0.5
             dn = torch.randn(e, d, i, generator=g) / i**0.5
             limit = 1.5
-            torch_k = SimpleNamespace(moe="torch")
+            torch_k = Kernels(moe="torch")
             # fp8: gate and up quantized separately (their scale rows stacked), as the loader fills them
             qg = [qr.fp8_block_quantize(gu[x_, :i], block) for x_ in range(e)]
             qu = [qr.fp8_block_quantize(gu[x_, i:], block) for x_ in range(e)]

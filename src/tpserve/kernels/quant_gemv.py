@@ -435,14 +435,20 @@ def w4a16_gemv(x: torch.Tensor, w: torch.Tensor, bscale: torch.Tensor, scale2_ro
     64 x 256 tiles, 4 warps, 3 stages, K split over 2 waves (12288 x 4096: 19.9 / 20.5 us at 8 / 16 rows against
     58.9 / 87.6 for the per-value decode, the default before; 4096 x 12288: 22.5 / 23.2 against 59.0 / 87.1);
     an fp16 x at 2-16 rows the per-value decode, 32 x 256 tiles, 3 stages, K split over 4 waves.
-    `mma`: the CUDA kernel of kernels/mma_gemv.py (bf16 x, 1-8 rows, K a multiple of 256); by default wherever it
-    can run and no Triton kernel, tile or decode is asked for (H200: BENCHMARKS.md, twenty-third session)."""
+    `mma`: the CUDA kernels (bf16 x, K a multiple of 256): at one row kernels/nvfp4_m1.py, at 2-8 rows
+    kernels/mma_gemv.py; by default wherever they can run and no Triton kernel, tile or decode is asked for (H200:
+    BENCHMARKS.md, twenty-third and twenty-fourth sessions: one row 12.2 / 12.6 us against mma_gemv's 13.6 /
+    16.5 on 12288 x 4096 / 4096 x 12288)."""
     if x.dim() != 2 or x.shape[0] > 16:
         raise ValueError(f"x: quantized GEMV takes [M <= 16, K], got {tuple(x.shape)}")
     if mma is None:
         asked = (block_n, block_k, num_stages, waves, fp32_decode, row, planes)
         mma = not (qtile or tiled) and all(a is None for a in asked) and mma_gemv.usable(x)
     if mma:
+        if x.shape[0] == 1:
+            from tpserve.kernels import nvfp4_m1
+
+            return nvfp4_m1.gemv(x, w, bscale, scale2_rows)
         return mma_gemv.nvfp4_gemv(x, w, bscale, scale2_rows)
     if tiled:  # nvfp4_tiled's layout, for the planes kernel at its (block_n, block_k)
         if not planes or w.dim() != 4 or (block_n, block_k) != (w.shape[2], w.shape[3] * 4):

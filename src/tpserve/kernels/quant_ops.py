@@ -3,7 +3,8 @@
 CPU (and any device without Triton): the reference, dequantize then matmul in the activation
 dtype. CUDA: W8A16 split-K Triton GEMM for M <= SMALL_M, W8A8 `torch._scaled_mm` blockwise for
 larger M where the shapes allow it (sm90, block 128), W4A16 Triton (nvfp4 dequantized in
-registers); quantized experts through the grouped Triton kernel. Weights are never stored
+registers); quantized experts through the grouped Triton kernel (NVFP4 at decode: kernels/nvfp4_m1.py where
+--quant-gemv-backend is cuda). Weights are never stored
 dequantized: a fallback dequantizes one layer's weight for one call.
 """
 
@@ -18,6 +19,13 @@ from tpserve.kernels import moe as moe_ops
 from tpserve.kernels import quant_ref as qr
 
 SMALL_M = 16
+# NVFP4 experts at up to this many tokens run kernels/nvfp4_m1.py (--quant-gemv-backend cuda), one (token, choice)
+# pair a time, each pair reading its expert (the grouped Triton kernels read each chosen expert once). On an H200
+# (BENCHMARKS.md, twenty-fourth session): one MoE layer of 288 experts, top-8, uniformly routed, 48 / 72 us
+# against Triton at 1 token, 260 / 403 at 8, 502 / 714 at 16, 997 / 1,126 at 32; but real-width KKKMKKKM's decode
+# step (random weights, so the router's choices are its own) 2.221 / 2.396 ms at batch 1, 3.799 / 4.248 at 8 and
+# 8.236 / 7.297 at 32 (nvfp4_m1 then taking up to 32 tokens): the limit is the largest batch measured faster there
+M1_MAX_TOKENS = 8
 
 
 def _triton_ok(x: torch.Tensor) -> bool:
@@ -128,6 +136,12 @@ def experts_fp8(x, weights, ids, gate_up, gu_scale, down, dn_scale, block, limit
 
 
 def experts_nvfp4(x, weights, ids, layer, limit, kernels):
+    if kernels.quant_gemv == "cuda" and ids.shape[0] <= M1_MAX_TOKENS:
+        from tpserve.kernels import nvfp4_m1
+
+        if nvfp4_m1.usable(x, layer.down_proj.shape[2] * 2):
+            return nvfp4_m1.experts(x, weights, ids, layer.gate_up_proj, layer.gate_up_bscale, layer.gate_up_scale2,
+                                    layer.down_proj, layer.down_bscale, layer.down_scale2, limit)
     il = layer.gate_up_proj.shape[1] // 2
     row_scale2 = layer.gate_up_scale2.repeat_interleave(il, dim=1)             # [E, 2I]
     if _triton_ok(x) and kernels.moe == "triton":
