@@ -7,6 +7,8 @@ Cases: nvfp4-row / nvfp4-qa / nvfp4-qb / nvfp4-planes (the one-row kernel, qtile
 nibble-planes kernel) and fp8-row / fp8-qb (the FP8 one-row kernel, qtile B), then block_n block_k warps stages
 waves; M rows of x (default 1, fp8-qb takes 8); 12288 x 4096 weights. The weights and calls are
 quant_decode_sweep.py's; each config is checked against fp32 math first (relative error printed).
+The CUDA kernels (kernel names start tpserve_): mma-nvfp4 / mma-fp8 ROWS SPLITS DEPTH M (kernels/mma_gemv.py,
+interleaved, L2 fetching 256 bytes) and m1 ROWS SPLITS STAGES PREFETCH (kernels/nvfp4_m1.py, one row).
 """
 
 from __future__ import annotations
@@ -24,7 +26,31 @@ FORMS = {"nvfp4-row": (_fp4, "row"), "nvfp4-qa": (_fp4, "a"), "nvfp4-qb": (_fp4,
          "nvfp4-planes": (_fp4, "planes"), "fp8-row": (_fp8, False), "fp8-qb": (_fp8, "b")}
 
 
+def cuda_case(case: str, a: list[int]) -> int:
+    from tpserve.kernels import mma_gemv as mg
+    from tpserve.kernels import nvfp4_m1 as m1
+
+    fmt = "fp8" if case == "mma-fp8" else "nvfp4"
+    quantize = (_fp8 if fmt == "fp8" else _fp4)()[0]
+    packed, wd = quantize(torch.randn(12288, 4096, device="cuda") / 64)
+    if case == "m1":
+        cfg, m = m1.Config(*a[:4]), 1
+        run = lambda x: m1.gemv(x, *packed, cfg=cfg)  # noqa: E731
+    else:
+        cfg, m = mg.Config(fmt, a[0], a[1], a[2], 256, True), a[3]
+        gemv = mg.fp8_gemv if fmt == "fp8" else mg.nvfp4_gemv
+        run = lambda x: gemv(x, *packed, cfg=cfg)  # noqa: E731
+    x = torch.randn(m, 4096, device="cuda").bfloat16()
+    print(f"{case} {cfg} M={m}: rel err {rel(run(x), x.float() @ wd.T):.2e}", flush=True)
+    for _ in range(4):
+        run(x)
+    torch.cuda.synchronize()
+    return 0
+
+
 def main() -> int:
+    if sys.argv[1] in ("mma-nvfp4", "mma-fp8", "m1"):
+        return cuda_case(sys.argv[1], [int(v) for v in sys.argv[2:]])
     case, (bn, bk, nw, ns, wv) = sys.argv[1], map(int, sys.argv[2:7])
     m = int(sys.argv[7]) if len(sys.argv) > 7 else (8 if case == "fp8-qb" else 1)
     spec, form = FORMS[case]

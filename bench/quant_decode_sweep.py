@@ -29,6 +29,11 @@ tile. Sections:
   mma3     the defaults beside more warps a block and a deeper pipeline at 8 rows
   mma4     the defaults beside 16-warp blocks held two to an SM (min_blocks) and other min_blocks
   mmadef   w8a16_gemv / w4a16_gemv's defaults against the Triton kernels (mma=False), 1-8 rows, both shapes
+  m1       kernels/nvfp4_m1.py: the one-row NVFP4 GEMV (odd shapes against fp32 math, a graph replay, then both
+           shapes over its configs beside mma_gemv's and Triton's) and the MoE experts at 1 and 8 tokens (against
+           fp32 math, then over configs beside the Triton experts; device time by kernel for the best)
+  m1def    the defaults: the NVFP4 GEMV at one row (nvfp4_m1) beside mma_gemv and Triton, both shapes; the MoE
+           experts (nvfp4_m1 defaults) beside the Triton experts at 1, 8, 16 and 32 tokens
 Usage: PYTHONPATH=src python bench/quant_decode_sweep.py [--sections fp8det,moe,gemv] [--out DIR]
 """
 
@@ -648,11 +653,169 @@ def sec_prefill(res):
         print("  by kernel: " + "; ".join(f"{k_} {us / 1e3:.2f} ms" for k_, us in list(prof.items())[:8]), flush=True)
 
 
+def sec_m1(res):
+    from tpserve.kernels import moe
+    from tpserve.kernels import nvfp4_m1 as m1
+    from tpserve.kernels import quant_ref as qr
+    from tpserve.kernels.quant_gemv import w4a16_gemv
+    from tpserve.kernels.quant_triton import experts_nvfp4_triton
+
+    quantize, _, _, nbytes = _fp4()
+    cfgs = [m1.Config(r, sp, st, 256, dec) for r in (1, 2) for sp in (2, 4, 8) for st in (2, 3)
+            for dec in ("lut", "shift")]
+    worst = 0.0
+    for n, k in ((1000, 256), (4096, 512), (48, 1024), (12288 + 16, 512)):
+        packed, wd = quantize(torch.randn(n, k, device="cuda") / k**0.5)
+        x = torch.randn(1, k, device="cuda").bfloat16()
+        ref = x.float() @ wd.T
+        for c in cfgs:
+            e = rel(m1.gemv(x, *packed, c), ref)
+            worst = max(worst, e)
+            if e > 4e-3:
+                print(f"  m1 {n}x{k} {c}: WRONG, rel err {e:.1e}", flush=True)
+    res["m1 odd shapes worst rel err"] = worst
+    print(f"m1 dense: odd shapes, {len(cfgs)} configs: worst rel err against fp32 math {worst:.1e}", flush=True)
+    packed, _ = quantize(torch.randn(4096, 4096, device="cuda") / 64)
+    x = torch.randn(1, 4096, device="cuda").bfloat16()
+    eager = m1.gemv(x, *packed, m1.Config(decode="shift"))
+    g, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    with torch.cuda.stream(stream), torch.cuda.graph(g):
+        out = m1.gemv(x, *packed, m1.Config(decode="shift"))
+    g.replay()
+    torch.cuda.synchronize()
+    res["m1 graph == eager"] = bool(torch.equal(out, eager))
+    print(f"m1 dense: graph replay == eager {res['m1 graph == eager']}", flush=True)
+
+    def dcall(x, p, c):
+        if c == "triton":
+            return w4a16_gemv(x, *p, mma=False)
+        if c == "mma_gemv":
+            return w4a16_gemv(x, *p)
+        return m1.gemv(x, *p, c)
+
+    for n, k in ((12288, 4096), (4096, 12288)):
+        packed, packs, wd, floor = _weights(quantize, nbytes, n, k)
+        x = torch.randn(1, k, device="cuda").bfloat16()
+        key = f"m1 dense {n}x{k} M=1"
+        _case(res, key, ["triton", "mma_gemv"] + cfgs, dcall, x, packed, packs, x.float() @ wd.T, floor, top=8)
+        for c in ("triton", "mma_gemv"):
+            t = timed([(lambda p=p, c=c: dcall(x, p, c)) for p in packs])
+            res[key][c] = t * 1e6
+            print(f"  {c}: {t * 1e6:.1f} us ({100 * floor / t:.0f}%)", flush=True)
+        res[key]["best"] = [(str(c), us) for c, us in res[key]["best"]]
+
+    P, e, d, i = _experts_setup()
+    d2 = P["d2"].reshape(e, 1).contiguous()
+
+    def triton_experts(ids, w, x):  # the engine's default form (--quant-decode-backend auto: qtile-b)
+        return experts_nvfp4_triton(x, w, ids, P["gp"], P["gb"], P["g2rows"], P["dp"], P["db"], P["d2rows"], 10.0,
+                                    ROUTE, qtile=True, qtile_a=False)
+
+    def m1_experts(ids, w, x, c):
+        return m1.experts(x, w, ids, P["gp"], P["gb"], P["g2"], P["dp"], P["db"], d2, 10.0, c[0], c[1])
+
+    ecfgs = [(m1.Config(r, sp, st, 256, dec), m1.Config(r2, sp2, st, 256, dec))
+             for r, sp in ((1, 2), (1, 4), (1, 8)) for r2, sp2 in ((1, 4), (2, 4)) for dec in ("lut", "shift")
+             for st in ((3,) if dec == "lut" else (2, 3, 4))]
+    per_expert = 3 * i * d * (0.5 + 1 / 16)
+    for t in (1, 8):
+        routes = [(torch.stack([torch.randperm(e, device="cuda")[:8] for _ in range(t)]),
+                   torch.rand(t, 8, device="cuda"), torch.randn(t, d, device="cuda").bfloat16()) for _ in range(8)]
+        touched = sum(r[0].unique().numel() for r in routes) / len(routes)
+        floor = touched * per_expert / HBM
+        ids, w, x = routes[0]
+        ref = moe.experts_loop_fn(
+            x.float(), w, ids, e,
+            lambda j: qr.nvfp4_dequantize(P["gp"][j], P["gb"][j], P["g2rows"][j], torch.float32),
+            lambda j: qr.nvfp4_dequantize(P["dp"][j], P["db"][j], P["d2"][j], torch.float32), 10.0)
+        err_t = rel(triton_experts(*routes[0]), ref)
+        best = sweep(["triton"] + ecfgs,
+                     lambda c: [(lambda r=r: triton_experts(*r) if c == "triton" else m1_experts(*r, c))
+                                for r in routes],
+                     lambda c: rel(triton_experts(*routes[0]) if c == "triton" else m1_experts(*routes[0], c), ref),
+                     top=8)
+        tt = timed([(lambda r=r: triton_experts(*r)) for r in routes])
+        print(f"\nMoE decode nvfp4 {t} token(s), {touched:.1f} experts touched, floor {floor * 1e6:.0f} us; Triton "
+              f"{tt * 1e6:.1f} us ({100 * floor / tt:.0f}%, rel err {err_t:.1e}); m1 (gate_up cfg, down cfg):",
+              flush=True)
+        for s_, c in best:
+            print(f"  {s_ * 1e6:6.1f} us  {100 * floor / s_:3.0f}% of floor  {c}", flush=True)
+        c = next((c for _, c in best if c != "triton"), None)
+        if c is None:
+            continue
+        gr, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+        with torch.cuda.stream(stream), torch.cuda.graph(gr):
+            out = m1_experts(*routes[0], c)
+        gr.replay()
+        torch.cuda.synchronize()
+        same = bool(torch.equal(out, m1_experts(*routes[0], c)))
+        prof = profile_kernels(lambda: [m1_experts(*r, c) for r in routes], len(routes))
+        gemm = sum(us for k_, us in prof.items() if "nvfp4_m1" in k_)
+        print(f"  graph == eager {same}; per call, device time by kernel ({c}): "
+              + "; ".join(f"{k_} {us:.1f} us" for k_, us in prof.items())
+              + f"; the two GEMV kernels {gemm:.1f} us = {100 * floor * 1e6 / gemm:.0f}% of floor", flush=True)
+        res[f"m1 moe t={t}"] = dict(touched=touched, floor_us=floor * 1e6, triton_us=tt * 1e6, triton_err=err_t,
+                                    best=[(str(c_), s_ * 1e6) for s_, c_ in best], kernels_us=prof, gemm_us=gemm,
+                                    graph_eq=same)
+
+
+def sec_m1def(res):
+    """The defaults as they stand: the NVFP4 GEMV at one row (w4a16_gemv: nvfp4_m1) beside mma_gemv's and Triton's,
+    both shapes; the MoE experts (quant_ops.experts_nvfp4's choice: nvfp4_m1 up to M1_MAX_TOKENS) beside the Triton
+    experts at 1, 8, 16 and 32 tokens (8 routings in turn), each checked against fp32 math."""
+    from tpserve.kernels import mma_gemv as mg
+    from tpserve.kernels import moe
+    from tpserve.kernels import nvfp4_m1 as m1
+    from tpserve.kernels import quant_ref as qr
+    from tpserve.kernels.quant_gemv import w4a16_gemv
+    from tpserve.kernels.quant_triton import experts_nvfp4_triton
+
+    quantize, _, _, nbytes = _fp4()
+    forms = {"default (nvfp4_m1)": lambda x, p: w4a16_gemv(x, *p), "mma_gemv": lambda x, p: mg.nvfp4_gemv(x, *p),
+             "triton": lambda x, p: w4a16_gemv(x, *p, mma=False)}
+    print("| N x K | form | us | % floor | rel err |\n| --- | --- | --- | --- | --- |", flush=True)
+    for n, k in ((12288, 4096), (4096, 12288)):
+        packed, packs, wd, floor = _weights(quantize, nbytes, n, k)
+        x = torch.randn(1, k, device="cuda").bfloat16()
+        ref = x.float() @ wd.T
+        for name, fn in forms.items():
+            err = rel(fn(x, packed), ref)
+            t = timed([(lambda p=p, fn=fn: fn(x, p)) for p in packs])
+            res[f"m1def dense {n}x{k} {name}"] = dict(us=t * 1e6, floor_us=floor * 1e6, rel_err=err)
+            print(f"| {n} x {k} | {name} | {t * 1e6:.1f} | {100 * floor / t:.0f}% | {err:.1e} |", flush=True)
+    P, e, d, i = _experts_setup()
+    d2 = P["d2"].reshape(e, 1).contiguous()
+    forms = {"nvfp4_m1 (defaults)": lambda ids, w, x: m1.experts(x, w, ids, P["gp"], P["gb"], P["g2"], P["dp"],
+                                                                 P["db"], d2, 10.0),
+             "triton (qtile-b)": lambda ids, w, x: experts_nvfp4_triton(x, w, ids, P["gp"], P["gb"], P["g2rows"],
+                                                                        P["dp"], P["db"], P["d2rows"], 10.0, ROUTE,
+                                                                        qtile=True, qtile_a=False)}
+    per_expert = 3 * i * d * (0.5 + 1 / 16)
+    print("\n| MoE decode nvfp4 | tokens | touched | form | us | floor us | % floor | rel err |\n"
+          "| --- | --- | --- | --- | --- | --- | --- | --- |", flush=True)
+    for t in (1, 8, 16, 32):
+        routes = [(torch.stack([torch.randperm(e, device="cuda")[:8] for _ in range(t)]),
+                   torch.rand(t, 8, device="cuda"), torch.randn(t, d, device="cuda").bfloat16()) for _ in range(8)]
+        touched = sum(r[0].unique().numel() for r in routes) / len(routes)
+        floor = touched * per_expert / HBM
+        ids, w, x = routes[0]
+        ref = moe.experts_loop_fn(
+            x.float(), w, ids, e,
+            lambda j: qr.nvfp4_dequantize(P["gp"][j], P["gb"][j], P["g2rows"][j], torch.float32),
+            lambda j: qr.nvfp4_dequantize(P["dp"][j], P["db"][j], P["d2"][j], torch.float32), 10.0)
+        for name, fn in forms.items():
+            err = rel(fn(*routes[0]), ref)
+            tt = timed([(lambda r=r, fn=fn: fn(*r)) for r in routes])
+            res[f"m1def moe t={t} {name}"] = dict(us=tt * 1e6, floor_us=floor * 1e6, touched=touched, rel_err=err)
+            print(f"| | {t} | {touched:.1f} | {name} | {tt * 1e6:.1f} | {floor * 1e6:.0f} | {100 * floor / tt:.0f}% | "
+                  f"{err:.1e} |", flush=True)
+
+
 if __name__ == "__main__":
-    sys.exit(run_sections(dict(fp8det=sec_fp8det, moe=sec_moe, prefill=sec_prefill, gemv=sec_gemv,
-                               w8a16=lambda r: sec_gemv(r, "w8a16"), w4a16=lambda r: sec_gemv(r, "w4a16"),
-                               w4one=sec_w4one, w4def=sec_w4def, w4planes=sec_w4planes, w4tiled=sec_w4tiled,
-                               rows=sec_rows, mma=sec_mma, mma2=sec_mma2, mma3=sec_mma3, mma4=sec_mma4, mmadef=sec_mmadef,
-                               w8def=sec_w8def, w8split=sec_w8split),
+    sys.exit(run_sections(dict(m1=sec_m1, m1def=sec_m1def, fp8det=sec_fp8det, moe=sec_moe, prefill=sec_prefill,
+                               gemv=sec_gemv, w8a16=lambda r: sec_gemv(r, "w8a16"),
+                               w4a16=lambda r: sec_gemv(r, "w4a16"), w4one=sec_w4one, w4def=sec_w4def,
+                               w4planes=sec_w4planes, w4tiled=sec_w4tiled, rows=sec_rows, mma=sec_mma, mma2=sec_mma2,
+                               mma3=sec_mma3, mma4=sec_mma4, mmadef=sec_mmadef, w8def=sec_w8def, w8split=sec_w8split),
                           "fp8det,moe,gemv",
                           "quant_decode_sweep.json"))
