@@ -133,7 +133,7 @@ class EngineConfig:
                                    "Triton experts), or auto (cuda where NVRTC builds it, else triton: on an H200 at "
                                    "8 rows FP8 14.4 / 15.1 us against Triton's 19.6 / 23.5 us, NVFP4 14.1 / 17.6 "
                                    "against 19.7 / 22.3 us, on 12288 x 4096 / 4096 x 12288, BENCHMARKS.md "
-                                   "twenty-third session; an NVFP4 MoE layer at 8 tokens 260 against 403 us, "
+                                   "twenty-third session; an NVFP4 MoE layer at 8 tokens 254 against 397 us, "
                                    "twenty-fourth)",
                                    switch=True, choices=("auto", "cuda", "triton"))
     moe_route_backend: str = _opt("auto", "MoE routing (sigmoid, bias, top-k, normalise), the experts' "

@@ -312,15 +312,17 @@ def usable(x: torch.Tensor, inter: int) -> bool:
 
 
 def default_config(mode: str, n: int, pairs: int = 1) -> Config:
-    """The H200 sweep's best (bench/quant_decode_sweep.py --sections m1; BENCHMARKS.md, twenty-fourth session), all
-    with the "shift" decode and two stages: dense one row tile a warp, 4 warps where N >= 8192 (12288 x 4096: 12.2
-    us, 54% of the floor), else 8 (4096 x 12288: 12.6 us); experts gate|up one row tile of each part, 4 warps; down
-    one row tile at up to 8 pairs (1 token: 45.9 us for the MoE layer, 57%), two above (8 tokens: 263.7 us, 73%)."""
+    """The H200 sweeps' best (bench/quant_decode_sweep.py --sections m1, m1exp; BENCHMARKS.md, twenty-fourth
+    session), all with the "shift" decode and two stages: dense one row tile a warp, 4 warps where N >= 8192
+    (12288 x 4096: 12.2 us, 54% of the floor), else 8 (4096 x 12288: 12.6 us); experts gate|up one row tile of each
+    part, 2 warps (the MoE layer at 1 token 44.8 us against 46.7 with 4); down one row tile, 4 warps at up to 8
+    pairs (1 token), two row tiles and 2 warps above (8 tokens: 254.7 us against 262.0 with 2 tiles and 4 warps)."""
     if mode == "dense":
         return Config(rows=1, splits=4 if n >= 8192 else 8, stages=2, decode="shift")
-    if mode == "down" and pairs > 8:
-        return Config(rows=2, splits=4, stages=2, decode="shift")
-    return Config(rows=1, splits=4, stages=2, decode="shift")
+    if mode == "down":
+        return Config(rows=2, splits=2, stages=2, decode="shift") if pairs > 8 else Config(rows=1, splits=4,
+                                                                                            stages=2, decode="shift")
+    return Config(rows=1, splits=2, stages=2, decode="shift")
 
 
 def _launch(cfg: Config, mode: str, grid: tuple[int, int], w, s, s2, x, ids, route, y, n: int, k: int,

@@ -21,8 +21,8 @@ from tpserve.kernels import quant_ref as qr
 SMALL_M = 16
 # NVFP4 experts at up to this many tokens run kernels/nvfp4_m1.py (--quant-gemv-backend cuda), one (token, choice)
 # pair a time, each pair reading its expert (the grouped Triton kernels read each chosen expert once). On an H200
-# (BENCHMARKS.md, twenty-fourth session): one MoE layer of 288 experts, top-8, uniformly routed, 48 / 72 us
-# against Triton at 1 token, 260 / 403 at 8, 502 / 714 at 16, 997 / 1,126 at 32; but real-width KKKMKKKM's decode
+# (BENCHMARKS.md, twenty-fourth session): one MoE layer of 288 experts, top-8, uniformly routed, 47 / 71 us
+# against Triton at 1 token, 254 / 397 at 8, 487 / 726 at 16, 979 / 1,161 at 32; but real-width KKKMKKKM's decode
 # step (random weights, so the router's choices are its own) 2.221 / 2.396 ms at batch 1, 3.799 / 4.248 at 8 and
 # 8.236 / 7.297 at 32 (nvfp4_m1 then taking up to 32 tokens): the limit is the largest batch measured faster there
 M1_MAX_TOKENS = 8
