@@ -34,6 +34,7 @@ tile. Sections:
            fp32 math, then over configs beside the Triton experts; device time by kernel for the best)
   m1def    the defaults: the NVFP4 GEMV at one row (nvfp4_m1) beside mma_gemv and Triton, both shapes; the MoE
            experts (nvfp4_m1 defaults) beside the Triton experts at 1, 8, 16 and 32 tokens
+  m1exp    nvfp4_m1's experts at 1 and 8 tokens: gate|up's config swept with down's default, then down's
 Usage: PYTHONPATH=src python bench/quant_decode_sweep.py [--sections fp8det,moe,gemv] [--out DIR]
 """
 
@@ -811,9 +812,45 @@ def sec_m1def(res):
                   f"{err:.1e} |", flush=True)
 
 
+def sec_m1exp(res):
+    """nvfp4_m1's experts at 1 and 8 tokens: the gate|up config swept with down at its default, then down's with
+    gate|up at its default (whole MoE layer timed, 8 routings in turn; each config against fp32 math first)."""
+    from tpserve.kernels import moe
+    from tpserve.kernels import nvfp4_m1 as m1
+    from tpserve.kernels import quant_ref as qr
+
+    P, e, d, i = _experts_setup()
+    d2 = P["d2"].reshape(e, 1).contiguous()
+    shapes = [m1.Config(r, sp, st, 256, "shift") for r in (1, 2) for sp in (2, 4, 8, 16) for st in (2, 3)]
+    per_expert = 3 * i * d * (0.5 + 1 / 16)
+    for t in (1, 8):
+        routes = [(torch.stack([torch.randperm(e, device="cuda")[:8] for _ in range(t)]),
+                   torch.rand(t, 8, device="cuda"), torch.randn(t, d, device="cuda").bfloat16()) for _ in range(8)]
+        touched = sum(r[0].unique().numel() for r in routes) / len(routes)
+        floor = touched * per_expert / HBM
+        ids, w, x = routes[0]
+        ref = moe.experts_loop_fn(
+            x.float(), w, ids, e,
+            lambda j: qr.nvfp4_dequantize(P["gp"][j], P["gb"][j], P["g2rows"][j], torch.float32),
+            lambda j: qr.nvfp4_dequantize(P["dp"][j], P["db"][j], P["d2"][j], torch.float32), 10.0)
+
+        def run(r, c):
+            return m1.experts(r[2], r[1], r[0], P["gp"], P["gb"], P["g2"], P["dp"], P["db"], d2, 10.0, *c)
+
+        for which in ("gate_up", "down"):
+            cfgs = ["default"] + [(c, None) if which == "gate_up" else (None, c) for c in shapes]
+            call = lambda r, c: run(r, (None, None) if c == "default" else c)  # noqa: E731
+            best = sweep(cfgs, lambda c: [(lambda r=r: call(r, c)) for r in routes],
+                         lambda c: rel(call(routes[0], c), ref), top=6)
+            print(f"\nMoE nvfp4_m1 {t} token(s), {which} swept (floor {floor * 1e6:.0f} us):", flush=True)
+            for s_, c in best:
+                print(f"  {s_ * 1e6:6.1f} us  {100 * floor / s_:3.0f}% of floor  {c}", flush=True)
+            res[f"m1exp t={t} {which}"] = dict(floor_us=floor * 1e6, best=[(str(c), s_ * 1e6) for s_, c in best])
+
+
 if __name__ == "__main__":
-    sys.exit(run_sections(dict(m1=sec_m1, m1def=sec_m1def, fp8det=sec_fp8det, moe=sec_moe, prefill=sec_prefill,
-                               gemv=sec_gemv, w8a16=lambda r: sec_gemv(r, "w8a16"),
+    sys.exit(run_sections(dict(m1=sec_m1, m1def=sec_m1def, m1exp=sec_m1exp, fp8det=sec_fp8det, moe=sec_moe,
+                               prefill=sec_prefill, gemv=sec_gemv, w8a16=lambda r: sec_gemv(r, "w8a16"),
                                w4a16=lambda r: sec_gemv(r, "w4a16"), w4one=sec_w4one, w4def=sec_w4def,
                                w4planes=sec_w4planes, w4tiled=sec_w4tiled, rows=sec_rows, mma=sec_mma, mma2=sec_mma2,
                                mma3=sec_mma3, mma4=sec_mma4, mmadef=sec_mmadef, w8def=sec_w8def, w8split=sec_w8split),
