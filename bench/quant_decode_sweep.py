@@ -654,10 +654,25 @@ def sec_prefill(res):
         print("  by kernel: " + "; ".join(f"{k_} {us / 1e3:.2f} ms" for k_, us in list(prof.items())[:8]), flush=True)
 
 
-def sec_m1(res):
+def _nvfp4_moe_case(P, e, d, i, t):
+    """8 uniform routings of t tokens (ids, weights, x), the mean experts each touches, the floor (s: those experts'
+    NVFP4 bytes once) and the first routing's fp32 reference (kernels.moe's loop on dequantized weights)."""
     from tpserve.kernels import moe
-    from tpserve.kernels import nvfp4_m1 as m1
     from tpserve.kernels import quant_ref as qr
+
+    routes = [(torch.stack([torch.randperm(e, device="cuda")[:8] for _ in range(t)]),
+               torch.rand(t, 8, device="cuda"), torch.randn(t, d, device="cuda").bfloat16()) for _ in range(8)]
+    touched = sum(r[0].unique().numel() for r in routes) / len(routes)
+    ids, w, x = routes[0]
+    ref = moe.experts_loop_fn(
+        x.float(), w, ids, e,
+        lambda j: qr.nvfp4_dequantize(P["gp"][j], P["gb"][j], P["g2rows"][j], torch.float32),
+        lambda j: qr.nvfp4_dequantize(P["dp"][j], P["db"][j], P["d2"][j], torch.float32), 10.0)
+    return routes, touched, touched * 3 * i * d * (0.5 + 1 / 16) / HBM, ref
+
+
+def sec_m1(res):
+    from tpserve.kernels import nvfp4_m1 as m1
     from tpserve.kernels.quant_gemv import w4a16_gemv
     from tpserve.kernels.quant_triton import experts_nvfp4_triton
 
@@ -718,17 +733,8 @@ def sec_m1(res):
     ecfgs = [(m1.Config(r, sp, st, 256, dec), m1.Config(r2, sp2, st, 256, dec))
              for r, sp in ((1, 2), (1, 4), (1, 8)) for r2, sp2 in ((1, 4), (2, 4)) for dec in ("lut", "shift")
              for st in ((3,) if dec == "lut" else (2, 3, 4))]
-    per_expert = 3 * i * d * (0.5 + 1 / 16)
     for t in (1, 8):
-        routes = [(torch.stack([torch.randperm(e, device="cuda")[:8] for _ in range(t)]),
-                   torch.rand(t, 8, device="cuda"), torch.randn(t, d, device="cuda").bfloat16()) for _ in range(8)]
-        touched = sum(r[0].unique().numel() for r in routes) / len(routes)
-        floor = touched * per_expert / HBM
-        ids, w, x = routes[0]
-        ref = moe.experts_loop_fn(
-            x.float(), w, ids, e,
-            lambda j: qr.nvfp4_dequantize(P["gp"][j], P["gb"][j], P["g2rows"][j], torch.float32),
-            lambda j: qr.nvfp4_dequantize(P["dp"][j], P["db"][j], P["d2"][j], torch.float32), 10.0)
+        routes, touched, floor, ref = _nvfp4_moe_case(P, e, d, i, t)
         err_t = rel(triton_experts(*routes[0]), ref)
         best = sweep(["triton"] + ecfgs,
                      lambda c: [(lambda r=r: triton_experts(*r) if c == "triton" else m1_experts(*r, c))
@@ -765,9 +771,7 @@ def sec_m1def(res):
     both shapes; the MoE experts (quant_ops.experts_nvfp4's choice: nvfp4_m1 up to M1_MAX_TOKENS) beside the Triton
     experts at 1, 8, 16 and 32 tokens (8 routings in turn), each checked against fp32 math."""
     from tpserve.kernels import mma_gemv as mg
-    from tpserve.kernels import moe
     from tpserve.kernels import nvfp4_m1 as m1
-    from tpserve.kernels import quant_ref as qr
     from tpserve.kernels.quant_gemv import w4a16_gemv
     from tpserve.kernels.quant_triton import experts_nvfp4_triton
 
@@ -791,19 +795,10 @@ def sec_m1def(res):
              "triton (qtile-b)": lambda ids, w, x: experts_nvfp4_triton(x, w, ids, P["gp"], P["gb"], P["g2rows"],
                                                                         P["dp"], P["db"], P["d2rows"], 10.0, ROUTE,
                                                                         qtile=True, qtile_a=False)}
-    per_expert = 3 * i * d * (0.5 + 1 / 16)
     print("\n| MoE decode nvfp4 | tokens | touched | form | us | floor us | % floor | rel err |\n"
           "| --- | --- | --- | --- | --- | --- | --- | --- |", flush=True)
     for t in (1, 8, 16, 32):
-        routes = [(torch.stack([torch.randperm(e, device="cuda")[:8] for _ in range(t)]),
-                   torch.rand(t, 8, device="cuda"), torch.randn(t, d, device="cuda").bfloat16()) for _ in range(8)]
-        touched = sum(r[0].unique().numel() for r in routes) / len(routes)
-        floor = touched * per_expert / HBM
-        ids, w, x = routes[0]
-        ref = moe.experts_loop_fn(
-            x.float(), w, ids, e,
-            lambda j: qr.nvfp4_dequantize(P["gp"][j], P["gb"][j], P["g2rows"][j], torch.float32),
-            lambda j: qr.nvfp4_dequantize(P["dp"][j], P["db"][j], P["d2"][j], torch.float32), 10.0)
+        routes, touched, floor, ref = _nvfp4_moe_case(P, e, d, i, t)
         for name, fn in forms.items():
             err = rel(fn(*routes[0]), ref)
             tt = timed([(lambda r=r, fn=fn: fn(*r)) for r in routes])
@@ -815,24 +810,13 @@ def sec_m1def(res):
 def sec_m1exp(res):
     """nvfp4_m1's experts at 1 and 8 tokens: the gate|up config swept with down at its default, then down's with
     gate|up at its default (whole MoE layer timed, 8 routings in turn; each config against fp32 math first)."""
-    from tpserve.kernels import moe
     from tpserve.kernels import nvfp4_m1 as m1
-    from tpserve.kernels import quant_ref as qr
 
     P, e, d, i = _experts_setup()
     d2 = P["d2"].reshape(e, 1).contiguous()
     shapes = [m1.Config(r, sp, st, 256, "shift") for r in (1, 2) for sp in (2, 4, 8, 16) for st in (2, 3)]
-    per_expert = 3 * i * d * (0.5 + 1 / 16)
     for t in (1, 8):
-        routes = [(torch.stack([torch.randperm(e, device="cuda")[:8] for _ in range(t)]),
-                   torch.rand(t, 8, device="cuda"), torch.randn(t, d, device="cuda").bfloat16()) for _ in range(8)]
-        touched = sum(r[0].unique().numel() for r in routes) / len(routes)
-        floor = touched * per_expert / HBM
-        ids, w, x = routes[0]
-        ref = moe.experts_loop_fn(
-            x.float(), w, ids, e,
-            lambda j: qr.nvfp4_dequantize(P["gp"][j], P["gb"][j], P["g2rows"][j], torch.float32),
-            lambda j: qr.nvfp4_dequantize(P["dp"][j], P["db"][j], P["d2"][j], torch.float32), 10.0)
+        routes, touched, floor, ref = _nvfp4_moe_case(P, e, d, i, t)
 
         def run(r, c):
             return m1.experts(r[2], r[1], r[0], P["gp"], P["gb"], P["g2"], P["dp"], P["db"], d2, 10.0, *c)

@@ -126,9 +126,15 @@ def test_config_and_shape_errors_name_the_field():
     p, bs, s2 = qr.nvfp4_quantize(torch.randn(32, 256))
     with pytest.raises(ValueError, match="x: must be one bf16 CUDA row"):
         m1.gemv(torch.randn(1, 256).bfloat16(), p, bs, s2.expand(32))
+    gu = torch.zeros(2, 512, 128, dtype=torch.uint8)
     with pytest.raises(ValueError, match="x: must be bf16 CUDA"):
-        m1.experts(torch.randn(1, 256), torch.ones(1, 1), torch.zeros(1, 1, dtype=torch.long),
-                   torch.zeros(2, 512, 128, dtype=torch.uint8), None, None, None, None, None, None)
+        m1.experts(torch.randn(1, 256), torch.ones(1, 1), torch.zeros(1, 1, dtype=torch.long), gu, *[None] * 6)
+    with pytest.raises(ValueError, match="x, weights: must have ids' 2 tokens"):
+        m1.experts(torch.randn(1, 256).bfloat16(), torch.ones(2, 1), torch.zeros(2, 1, dtype=torch.long), gu,
+                   *[None] * 6)
+    with pytest.raises(ValueError, match="ids: at most 65535"):
+        m1.experts(torch.randn(8192, 256).bfloat16(), torch.ones(8192, 8), torch.zeros(8192, 8, dtype=torch.long),
+                   gu, *[None] * 6)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the CUDA kernels need a GPU")

@@ -1,7 +1,7 @@
 """NVFP4 decode at one row of x in CUDA (NVRTC): the dense GEMV y [1, N] = x [1, K] @ dequant(W)^T, and the MoE
 experts at decode, one (token, choice) pair at a time (each pair is one row of x against its expert).
 
-Two changes from kernels/mma_gemv.py's NVFP4 GEMV (whose lane layout this keeps):
+Three changes from kernels/mma_gemv.py's NVFP4 GEMV (whose lane layout this keeps):
 
 - **Group sums in the MMA's columns.** With one row of x, seven of the MMA's eight n columns carried zeros there.
   Here column j takes only the k slots of scale group j. A lane-quad c loads groups 2c and 2c + 1 of a 128-value
@@ -277,6 +277,7 @@ class Config:
 
 
 MODES = {"dense": 0, "gate_up": 1, "down": 2}
+MAX_PAIRS = 65535  # a CUDA grid's y dimension: one (token, choice) pair each
 
 
 def source(cfg: Config, mode: str) -> tuple[str, str]:
@@ -374,6 +375,12 @@ def experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: 
     t, top_k = ids.shape
     num_experts, two_i, half_d = gate_up.shape
     inter, d = two_i // 2, x.shape[1]
+    if x.shape[0] != t or tuple(weights.shape) != (t, top_k):
+        raise ValueError(f"x, weights: must have ids' {t} tokens ([{t}, D], [{t}, {top_k}]), got {tuple(x.shape)}, "
+                         f"{tuple(weights.shape)}")
+    if t * top_k > MAX_PAIRS:
+        raise ValueError(f"ids: at most {MAX_PAIRS} (token, choice) pairs (the grid's y dimension), got "
+                         f"{t} x {top_k}; larger batches belong to the grouped experts")
     if not (x.is_cuda and fits(d, x.dtype) and fits(inter, x.dtype)) or 2 * half_d != d:
         raise ValueError(f"x: must be bf16 CUDA [T, {2 * half_d}] with D and I multiples of 256, got "
                          f"{tuple(x.shape)} {x.dtype} on {x.device} (I = {inter})")
