@@ -809,7 +809,10 @@ def sec_m1def(res):
 
 def sec_m1exp(res):
     """nvfp4_m1's experts at 1 and 8 tokens: the gate|up config swept with down at its default, then down's with
-    gate|up at its default (whole MoE layer timed, 8 routings in turn; each config against fp32 math first)."""
+    gate|up at its default (whole MoE layer timed, 8 routings in turn; each config against fp32 math first). (The
+    twenty-fourth session's eighth call also ran the experts with gate|up's blocks asking L2 for their pair's down
+    weights, `prefetch_down`, section m1pf: 1.16-1.21x slower at 1, 2 and 8 tokens, so option and section were
+    removed.)"""
     from tpserve.kernels import nvfp4_m1 as m1
 
     P, e, d, i = _experts_setup()
