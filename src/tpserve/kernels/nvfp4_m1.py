@@ -257,9 +257,9 @@ class Config:
     "lut" (prmt table lookups, mma_gemv's decode_fp4) or "shift" (decode_fp4_shift: shifts and masks)."""
     rows: int = 1
     splits: int = 4
-    stages: int = 3
+    stages: int = 2
     l2_prefetch: int = 256
-    decode: str = "lut"
+    decode: str = "shift"
 
     def __post_init__(self):
         if self.l2_prefetch not in (0, 64, 128, 256):
@@ -319,11 +319,10 @@ def default_config(mode: str, n: int, pairs: int = 1) -> Config:
     part, 2 warps (the MoE layer at 1 token 44.8 us against 46.7 with 4); down one row tile, 4 warps at up to 8
     pairs (1 token), two row tiles and 2 warps above (8 tokens: 254.7 us against 262.0 with 2 tiles and 4 warps)."""
     if mode == "dense":
-        return Config(rows=1, splits=4 if n >= 8192 else 8, stages=2, decode="shift")
+        return Config(splits=4 if n >= 8192 else 8)
     if mode == "down":
-        return Config(rows=2, splits=2, stages=2, decode="shift") if pairs > 8 else Config(rows=1, splits=4,
-                                                                                            stages=2, decode="shift")
-    return Config(rows=1, splits=2, stages=2, decode="shift")
+        return Config(rows=2, splits=2) if pairs > 8 else Config()
+    return Config(splits=2)
 
 
 def _launch(cfg: Config, mode: str, grid: tuple[int, int], w, s, s2, x, ids, route, y, n: int, k: int,
