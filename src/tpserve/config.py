@@ -125,10 +125,10 @@ class EngineConfig:
                                      "token on an H200 took 78 instead of 303 us in NVFP4, 82 instead of 121 us "
                                      "in FP8, BENCHMARKS.md seventeenth session)",
                                      switch=True, choices=("auto", "qtile", "qtile-b", "element"))
-    quant_gemv_backend: str = _opt("auto", "FP8 block-128 and NVFP4 linear layers and NVFP4 experts at decode: "
-                                   "cuda (compiled by NVRTC at first use: kernels/mma_gemv.py at 2-8 bf16 rows, "
-                                   "each lane loading its weights straight into the tensor cores' operands; "
-                                   "kernels/nvfp4_m1.py for one NVFP4 row and for NVFP4 experts at up to 8 tokens, "
+    quant_gemv_backend: str = _opt("auto", "FP8 block-128 and NVFP4 linear layers and NVFP4 experts at decode: cuda "
+                                   "(compiled by NVRTC at first use: kernels/mma_gemv.py at 2-8 bf16 rows, each lane "
+                                   "loading its weights straight into the tensor cores' operands; kernels/nvfp4_m1.py "
+                                   "for one NVFP4 row and, with the Triton MoE, for NVFP4 experts at up to 8 tokens, "
                                    "scale groups in the MMA's columns), triton (kernels/quant_gemv.py and the grouped "
                                    "Triton experts), or auto (cuda where NVRTC builds it, else triton: on an H200 at "
                                    "8 rows FP8 14.4 / 15.1 us against Triton's 19.6 / 23.5 us, NVFP4 14.1 / 17.6 "

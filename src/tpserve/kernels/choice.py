@@ -34,7 +34,7 @@ class Kernels:
     # kernels/qtile.py, the tile as the tensor cores' A / B operand
     quant_decode_fp8: str = "element"  # the same for FP8 experts
     quant_gemv: str = "triton"    # "cuda": FP8 / NVFP4 linears at decode through kernels/mma_gemv.py and
-    # nvfp4_m1.py (NVRTC), NVFP4 experts at up to quant_ops.M1_MAX_TOKENS tokens through nvfp4_m1.py
+    # nvfp4_m1.py (NVRTC); with moe "triton", NVFP4 experts at up to quant_ops.M1_MAX_TOKENS tokens through nvfp4_m1
     indexer: str = "torch"        # "triton": the indexer's pool compression, decode scores, selection: a kernel each
     indexer_topk: str = "torch"   # "triton" (with indexer "triton"): decode top-k over complete pools only
     mla_decode: str = "torch"     # "triton": sparse MLA over the paged latent cache (kernels/mla_triton.py)

@@ -136,7 +136,7 @@ def experts_fp8(x, weights, ids, gate_up, gu_scale, down, dn_scale, block, limit
 
 
 def experts_nvfp4(x, weights, ids, layer, limit, kernels):
-    if kernels.quant_gemv == "cuda" and ids.shape[0] <= M1_MAX_TOKENS:
+    if kernels.quant_gemv == "cuda" and kernels.moe == "triton" and ids.shape[0] <= M1_MAX_TOKENS:
         from tpserve.kernels import nvfp4_m1
 
         if nvfp4_m1.usable(x, layer.down_proj.shape[2] * 2):
