@@ -41,10 +41,14 @@ from tpserve.kernels import mma_gemv as mg
 # "shift": e2m1 bits shifted into a bf16's exponent and mantissa (value times 2^-126, the e = 0 codes as bf16
 # subnormals), x times 2^66, block scales at their value.
 TABLE_LOG2, SHIFT_W_LOG2, SHIFT_X_LOG2 = 60, -126, 66
+# one row tile's chunk in a stage: W's 16 rows x 128 bytes (2 halves x lo|hi rows x 32 lanes x 16 bytes), then the
+# 16 rows' 16 scale bytes
+TILE_W_BYTES = 2 * 2 * 32 * 16
+TILE_STAGE_BYTES = TILE_W_BYTES + 16 * 16
 
 _SOURCE = r"""
 #define HT (R / PARTS)  // row tiles of one part (gate or up) a warp holds
-#define STAGE_BYTES (R * (4 * 32 * 16 + 2 * 8 * 16))  // W [R][2 halves][lo|hi][32 lanes] uint4, then scales
+#define STAGE_BYTES (R * TILE_STAGE_BYTES)  // W [R][2 halves][lo|hi][32 lanes] uint4, then scales [R][lo|hi][8][16]
 #define WARP_SMEM (STAGES * STAGE_BYTES)
 
 __device__ __forceinline__ void cp16(unsigned dst, const void* src) {
@@ -146,7 +150,7 @@ extern "C" __global__ void __launch_bounds__(32 * KS) NAME(
 
   // stage layout: W at [r][h][lo|hi][lane] (16 bytes each), then scales at [r][lo|hi][g][16 bytes]
 #define W_AT(st, r, h, q) ((st) * STAGE_BYTES + ((((r) * 2 + (h)) * 2 + (q)) * 32) * 16)
-#define S_AT(st, r, q, gg) ((st) * STAGE_BYTES + R * 2048 + (((r) * 2 + (q)) * 8 + (gg)) * 16)
+#define S_AT(st, r, q, gg) ((st) * STAGE_BYTES + R * TILE_W_BYTES + (((r) * 2 + (q)) * 8 + (gg)) * 16)
   auto issue = [&](int st, int kb) {
     const long kw = (long)kb << 7, ks = (long)kb << 4;
 #pragma unroll
@@ -273,7 +277,7 @@ class Config:
 
     def smem(self, parts: int, k: int) -> int:
         """Dynamic shared memory bytes a block uses at K = k: the warps' stages, x's row, 32 zero bytes."""
-        return self.splits * self.stages * self.rows * parts * (4 * 32 * 16 + 2 * 8 * 16) + 2 * k + 32
+        return self.splits * self.stages * self.rows * parts * TILE_STAGE_BYTES + 2 * k + 32
 
 
 MODES = {"dense": 0, "gate_up": 1, "down": 2}
@@ -285,6 +289,7 @@ def source(cfg: Config, mode: str) -> tuple[str, str]:
     parts = 2 if mode == "gate_up" else 1
     name = f"tpserve_nvfp4_m1_{mode}_r{cfg.rows}_s{cfg.splits}_st{cfg.stages}_p{cfg.l2_prefetch}_{cfg.decode}"
     defines = dict(R=cfg.rows * parts, PARTS=parts, KS=cfg.splits, STAGES=cfg.stages, MODE=MODES[mode], NAME=name,
+                   TILE_W_BYTES=TILE_W_BYTES, TILE_STAGE_BYTES=TILE_STAGE_BYTES,
                    SHIFT=int(cfg.decode == "shift"), SEL_LO=f"{mg.SEL_LO:#x}u", DECODE_MASK=f"{mg.DECODE_MASK:#x}u",
                    DECODE_SHIFT=mg.DECODE_SHIFT, **{k: f"{v:#010x}u" for k, v in mg.fp4_tables(TABLE_LOG2).items()},
                    W_HINT=f'".L2::{cfg.l2_prefetch}B"' if cfg.l2_prefetch else '""')

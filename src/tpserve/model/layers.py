@@ -35,7 +35,8 @@ class Linear(nn.Module):
     """y = x W^T (+ b); W declared with its full shape [out, in] and a Shard. The weight layout,
     loading and forward belong to `self.quant` (model/quant_methods.py: bf16, fp8, nvfp4, ...).
     `decode_gemv` (set_gemv_backend): 16-bit weights take kernels/gemv_triton.py at 1-16 rows; `quant_gemv_cuda`
-    (set_gemv_backend's `quant`): FP8 / NVFP4 weights take kernels/mma_gemv.py at decode where it is the default."""
+    (set_gemv_backend's `quant`): FP8 / NVFP4 weights take the CUDA GEMVs at decode where they are the default
+    (kernels/mma_gemv.py; one NVFP4 row kernels/nvfp4_m1.py)."""
 
     decode_gemv = False
     quant_gemv_cuda = False
@@ -139,7 +140,8 @@ def norm_triton():
 
 def set_gemv_backend(model: nn.Module, backend: str, quant: str = "triton") -> None:
     """Every Linear of `model` takes the Triton decode GEMV where it fits ("triton") or cuBLAS ("torch"); with
-    quantized weights the CUDA GEMV of kernels/mma_gemv.py (`quant` "cuda") or the Triton one ("triton")."""
+    quantized weights the CUDA GEMVs (`quant` "cuda": kernels/mma_gemv.py, nvfp4_m1.py) or the Triton one
+    ("triton")."""
     if backend not in ("triton", "torch"):
         raise ValueError(f"gemv_backend: expected triton or torch, got {backend!r}")
     if quant not in ("cuda", "triton"):
