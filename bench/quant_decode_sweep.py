@@ -35,6 +35,10 @@ tile. Sections:
   m1def    the defaults: the NVFP4 GEMV at one row (nvfp4_m1) beside mma_gemv and Triton, both shapes; the MoE
            experts (nvfp4_m1 defaults) beside the Triton experts at 1, 8, 16 and 32 tokens
   m1exp    nvfp4_m1's experts at 1 and 8 tokens: gate|up's config swept with down's default, then down's
+  m1sum    nvfp4_m1's experts with down summing a token's choices (down_sum) against down per pair + combine, at
+           1, 2 and 8 tokens, down_sum's config swept; kernels profiled
+  m1par    nvfp4_m1's gate|up and down_sum kernels alone, in sequence, and on two streams with no dependency (a
+           bound on what overlapping them could give), 1 and 8 tokens
 Usage: PYTHONPATH=src python bench/quant_decode_sweep.py [--sections fp8det,moe,gemv] [--out DIR]
 """
 
@@ -835,9 +839,92 @@ def sec_m1exp(res):
             res[f"m1exp t={t} {which}"] = dict(floor_us=floor * 1e6, best=[(str(c), s_ * 1e6) for s_, c in best])
 
 
+def sec_m1sum(res):
+    """nvfp4_m1's experts with the down kernel summing a token's choices ("down_sum": a block a row tile and token,
+    its warps taking the (choice, chunk) items in turn; no fp32 rows, no combine kernel) against down per pair +
+    route_triton.combine_choices, at 1, 2 and 8 tokens; down_sum's config swept (whole MoE layer timed, 8 routings
+    in turn, each form against fp32 math first), then the best's kernels profiled."""
+    from tpserve.kernels import nvfp4_m1 as m1
+
+    P, e, d, i = _experts_setup()
+    d2 = P["d2"].reshape(e, 1).contiguous()
+    shapes = [m1.Config(r, sp, st, 256, "shift") for r in (1, 2) for sp in (4, 8, 16) for st in (2, 3)]
+    for t in (1, 2, 8):
+        routes, touched, floor, ref = _nvfp4_moe_case(P, e, d, i, t)
+
+        def run(r, c):
+            if c == "per pair + combine":
+                return m1.experts(r[2], r[1], r[0], P["gp"], P["gb"], P["g2"], P["dp"], P["db"], d2, 10.0,
+                                  sum_choices=False)
+            return m1.experts(r[2], r[1], r[0], P["gp"], P["gb"], P["g2"], P["dp"], P["db"], d2, 10.0, None,
+                              None if c == "down_sum default" else c, sum_choices=True)
+
+        best = sweep(["per pair + combine", "down_sum default"] + shapes,
+                     lambda c: [(lambda r=r: run(r, c)) for r in routes], lambda c: rel(run(routes[0], c), ref),
+                     top=8)
+        print(f"\nMoE nvfp4_m1 {t} token(s), {touched:.1f} experts touched, floor {floor * 1e6:.0f} us:", flush=True)
+        for s_, c in best:
+            print(f"  {s_ * 1e6:6.1f} us  {100 * floor / s_:3.0f}% of floor  {c}", flush=True)
+        res[f"m1sum t={t}"] = dict(floor_us=floor * 1e6, touched=touched,
+                                   best=[(str(c), s_ * 1e6) for s_, c in best])
+        for c in ("per pair + combine", best[0][1]):
+            prof = profile_kernels(lambda c=c: [run(r, c) for r in routes], len(routes))
+            print(f"  kernels ({c}): " + "; ".join(f"{k_} {us:.1f} us" for k_, us in prof.items()), flush=True)
+            res[f"m1sum t={t} kernels {c}"] = prof
+
+
+def sec_m1par(res):
+    """What a gate|up -> down overlap could win at 1 and 8 tokens: nvfp4_m1's gate|up kernel alone, down_sum alone,
+    the two in sequence (the experts without their allocations), and the two on two streams at once with no
+    dependency (a wrong answer: only a bound on what overlapping their fill and drain could give). Graph replays,
+    8 routings in turn."""
+    from tpserve.kernels import mma_gemv as mg
+    from tpserve.kernels import nvfp4_m1 as m1
+
+    P, e, d, i = _experts_setup()
+    d2 = P["d2"].reshape(e, 1).contiguous()
+    cg, cd = m1.default_config("gate_up", i), m1.default_config("down_sum", d)
+    side = torch.cuda.Stream()
+    for t in (1, 8):
+        routes, touched, floor, _ = _nvfp4_moe_case(P, e, d, i, t)
+        bufs = [(r, r[0].reshape(-1).contiguous(), r[1].reshape(-1).float().contiguous(),
+                 torch.zeros(t * 8, i, dtype=torch.bfloat16, device="cuda"),
+                 torch.empty(t, d, dtype=torch.bfloat16, device="cuda")) for r in routes]
+
+        def gate_up(b):
+            r, flat, _, h, _ = b
+            m1._launch(cg, "gate_up", (i // 16, t * 8), mg._aligned(P["gp"], 16), P["gb"].view(torch.uint8),
+                       P["g2"], r[2].view(torch.int16), flat, None, h.view(torch.int16), i, d, 8, e, 10.0)
+
+        def down(b):
+            _, flat, wt, h, y = b
+            m1._launch(cd, "down_sum", (d // 16, t), mg._aligned(P["dp"], 16), P["db"].view(torch.uint8), d2,
+                       h.view(torch.int16), flat, wt, y.view(torch.int16), d, i, 8, e)
+
+        def both(b):
+            gate_up(b)
+            down(b)
+
+        def concurrent(b):
+            side.wait_stream(torch.cuda.current_stream())
+            gate_up(b)
+            with torch.cuda.stream(side):
+                down(b)
+            torch.cuda.current_stream().wait_stream(side)
+
+        print(f"\nnvfp4_m1 experts, {t} token(s), floor {floor * 1e6:.0f} us (gate|up {floor * 2e6 / 3:.1f}, down "
+              f"{floor * 1e6 / 3:.1f}):", flush=True)
+        for name, fn in (("gate_up alone", gate_up), ("down_sum alone", down), ("sequential", both),
+                         ("concurrent (no dependency)", concurrent)):
+            tt = timed([(lambda b=b, fn=fn: fn(b)) for b in bufs])
+            res[f"m1par t={t} {name}"] = tt * 1e6
+            print(f"  {name}: {tt * 1e6:.1f} us", flush=True)
+
+
 if __name__ == "__main__":
-    sys.exit(run_sections(dict(m1=sec_m1, m1def=sec_m1def, m1exp=sec_m1exp, fp8det=sec_fp8det, moe=sec_moe,
-                               prefill=sec_prefill, gemv=sec_gemv, w8a16=lambda r: sec_gemv(r, "w8a16"),
+    sys.exit(run_sections(dict(m1=sec_m1, m1def=sec_m1def, m1exp=sec_m1exp, m1sum=sec_m1sum, m1par=sec_m1par,
+                               fp8det=sec_fp8det, moe=sec_moe, prefill=sec_prefill, gemv=sec_gemv,
+                               w8a16=lambda r: sec_gemv(r, "w8a16"),
                                w4a16=lambda r: sec_gemv(r, "w4a16"), w4one=sec_w4one, w4def=sec_w4def,
                                w4planes=sec_w4planes, w4tiled=sec_w4tiled, rows=sec_rows, mma=sec_mma, mma2=sec_mma2,
                                mma3=sec_mma3, mma4=sec_mma4, mmadef=sec_mmadef, w8def=sec_w8def, w8split=sec_w8split),

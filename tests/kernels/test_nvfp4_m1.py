@@ -132,6 +132,10 @@ def test_config_and_shape_errors_name_the_field():
     with pytest.raises(ValueError, match="x, weights: must have ids' 2 tokens"):
         m1.experts(torch.randn(1, 256).bfloat16(), torch.ones(2, 1), torch.zeros(2, 1, dtype=torch.long), gu,
                    *[None] * 6)
+    with pytest.raises(ValueError, match="sum_choices: takes at most 16 choices"):
+        m1.experts(torch.randn(1, 256).bfloat16(), torch.ones(1, 17), torch.zeros(1, 17, dtype=torch.long), gu,
+                   *[None] * 6, sum_choices=True)
+    assert m1.Config(splits=2).smem(1, 2048, 8) == 2 * 2 * 2304 + 8 * 4096 + 32
     with pytest.raises(ValueError, match="ids: at most 65535"):
         m1.experts(torch.randn(8192, 256).bfloat16(), torch.ones(8192, 8), torch.zeros(8192, 8, dtype=torch.long),
                    gu, *[None] * 6)
@@ -172,13 +176,15 @@ def test_gpu_gemv_and_experts_match_fp32_math(decode):
     ids = torch.randint(0, e, (t, top_k), device="cuda")
     ids[0, 1] = -1  # a choice outside [0, E): contributes zeros
     weights = torch.rand(t, top_k, device="cuda")
-    got = m1.experts(x, weights, ids, gup, gbs, gs2, dnp, dbs, ds2, 7.0, cfg, cfg).float()
     keep = ids >= 0
     ref = moe_ops.experts_loop_fn(
         x.float(), weights * keep, ids.clamp(min=0), e,
         lambda j: qr.nvfp4_dequantize(gup[j], gbs[j], gs2[j, :1], torch.float32),
         lambda j: qr.nvfp4_dequantize(dnp[j], dbs[j], ds2[j], torch.float32), 7.0)
-    assert ((got - ref).abs().max() / ref.abs().max()).item() < 1e-2
+    for sum_choices in (False, True):  # down per pair + combine_choices; down summing a token's choices
+        for cd in (cfg, m1.Config(rows=2, splits=3, decode=decode)):  # (3 warps: items a warp takes differ)
+            got = m1.experts(x, weights, ids, gup, gbs, gs2, dnp, dbs, ds2, 7.0, cfg, cd, sum_choices).float()
+            assert ((got - ref).abs().max() / ref.abs().max()).item() < 1e-2, (sum_choices, cd)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the CUDA kernels need a GPU")

@@ -24,7 +24,9 @@ Three changes from kernels/mma_gemv.py's NVFP4 GEMV (whose lane layout this keep
 
 Experts: `experts` runs gate|up with SwiGLU (gate and up row tiles side by side in a warp, so a lane holds both
 halves of its outputs) into h [pairs, I], then down times the routing weight into fp32 [pairs, D], then the
-choices summed (route_triton.combine_choices). A pair whose expert id is outside [0, E) contributes zeros.
+choices summed (route_triton.combine_choices); at one token the down kernel sums the choices itself ("down_sum":
+a block a row tile, its warps taking (choice, chunk) items in turn). A pair whose expert id is outside [0, E)
+contributes zeros. Every kernel issues its first W stages before staging x.
 """
 
 from __future__ import annotations
@@ -81,9 +83,11 @@ __device__ __forceinline__ void decode_fp4_shift(unsigned w, unsigned* r) {
 
 // MODE 0: dense, y bf16 [N], s2 [N] per row. MODE 1: gate|up experts (PARTS 2), h bf16 [P, N] =
 // silu(min(gate, limit)) * clamp(up, -limit, limit), W rows [0, N) gate and [N, 2N) up, s2 [E, 2].
-// MODE 2: down experts, y fp32 [P, N] = route[p] * (h[p] @ W^T), s2 [E, 1]. w [E, rows, K/2] u8 codes, s [E, rows,
-// K/16] e4m3; x [*, K] bf16 (MODE 1: row p / top_k; MODE 2: row p; MODE 0: row 0); pair p = blockIdx.y.
-// Dynamic shared memory: KS warps' stages, then x's row as the MMAs take it (K bf16), then 32 zero bytes.
+// MODE 2: down experts, y fp32 [P, N] = route[p] * (h[p] @ W^T), s2 [E, 1]. MODE 3: down experts summed over a
+// token's choices, y bf16 [T, N] = sum_c route[t, c] * (h[t * top_k + c] @ W_c^T): a block's warps take the
+// (choice, chunk) items in turn. w [E, rows, K/2] u8 codes, s [E, rows, K/16] e4m3; x [*, K] bf16 (MODE 1: row
+// p / top_k; MODE 2: row p; MODE 3: rows t * top_k .. + top_k; MODE 0: row 0); blockIdx.y: pair p (token t).
+// Dynamic shared memory: KS warps' stages, then x's rows as the MMAs take them (K bf16 each), then 32 zero bytes.
 extern "C" __global__ void __launch_bounds__(32 * KS) NAME(
     const unsigned char* __restrict__ w, const unsigned char* __restrict__ s, const float* __restrict__ s2,
     const unsigned short* __restrict__ x, const long long* __restrict__ ids, const float* __restrict__ route,
@@ -93,33 +97,74 @@ extern "C" __global__ void __launch_bounds__(32 * KS) NAME(
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ float red[KS > 1 ? KS - 1 : 1][R][2][8];
   __shared__ uint4 tab[32];
+  __shared__ long long ch_e[MODE == 3 ? MAX_TOP_K : 1];  // MODE 3: each choice's expert (0 where out of range)
+  __shared__ float ch_s[MODE == 3 ? MAX_TOP_K : 1];  // and its scale, route * s2 * 2^60 (0 out of range)
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
   const int p = blockIdx.y, row0 = blockIdx.x * 16 * HT;
-  const long long e = MODE == 0 ? 0 : ids[p];
+  const float unit = 1152921504606846976.0f;  // 2^60 (TABLE_LOG2)
+  const long long e = MODE == 0 || MODE == 3 ? 0 : ids[p];
   const bool e_ok = e >= 0 && e < num_experts;
   const long long ee = e_ok ? e : 0;
   const long rows_all = (long)N * PARTS, row_bytes = K / 2, SK = K / 16;
-  const unsigned char* we = w + ee * rows_all * row_bytes;
-  const unsigned char* se = s + ee * rows_all * SK;
-  // this lane's rows g and g + 8 of each row tile (clamped: rows past N load row N - 1 and are not stored)
-  const unsigned char* wlo[R];
-  const unsigned char* whi[R];
-  const unsigned char* slo[R];
-  const unsigned char* shi[R];
+  const long expert_w = rows_all * row_bytes, expert_s = rows_all * SK;
+  if (MODE == 3) {
+    if (threadIdx.x < top_k) {
+      const long long ec = ids[(long)p * top_k + threadIdx.x];
+      const bool ok = ec >= 0 && ec < num_experts;
+      ch_e[threadIdx.x] = ok ? ec : 0;
+      ch_s[threadIdx.x] = ok ? route[(long)p * top_k + threadIdx.x] * s2[ok ? ec : 0] * unit : 0.f;
+    }
+    __syncthreads();
+  }
+  // this lane's rows g and g + 8 of each row tile (clamped: rows past N load row N - 1 and are not stored), as
+  // offsets into an expert's W and scales
+  long wlo[R], whi[R], slo[R], shi[R];
 #pragma unroll
   for (int r = 0; r < R; r++) {
     const long base = (long)(r / HT) * N;
     const int lo = min(row0 + 16 * (r % HT) + g, N - 1), hi = min(row0 + 16 * (r % HT) + g + 8, N - 1);
-    wlo[r] = we + (base + lo) * row_bytes + 16 * c;
-    whi[r] = we + (base + hi) * row_bytes + 16 * c;
-    slo[r] = se + (base + lo) * SK + 4 * c;
-    shi[r] = se + (base + hi) * SK + 4 * c;
+    wlo[r] = (base + lo) * row_bytes + 16 * c;
+    whi[r] = (base + hi) * row_bytes + 16 * c;
+    slo[r] = (base + lo) * SK + 4 * c;
+    shi[r] = (base + hi) * SK + 4 * c;
   }
-  // x's row into shared memory, each 8 values as the decode pairs them: "shift" (0, 4), (1, 5), (2, 6), (3, 7),
+  unsigned char* ws = smem + warp * WARP_SMEM;
+  const unsigned ws_addr = (unsigned)__cvta_generic_to_shared(ws);
+  // 256-value chunks (MODE 3: (choice, chunk) items, choice-major): warp takes items warp, warp + KS, ...
+  const int nkb = K >> 8, items = MODE == 3 ? top_k * nkb : nkb, nk = (items - warp + KS - 1) / KS;
+
+  // stage layout: W at [r][h][lo|hi][lane] (16 bytes each), then scales at [r][lo|hi][g][16 bytes]
+#define W_AT(st, r, h, q) ((st) * STAGE_BYTES + ((((r) * 2 + (h)) * 2 + (q)) * 32) * 16)
+#define S_AT(st, r, q, gg) ((st) * STAGE_BYTES + R * TILE_W_BYTES + (((r) * 2 + (q)) * 8 + (gg)) * 16)
+  auto issue = [&](int st, int it) {
+    const int kb = MODE == 3 ? it % nkb : it;
+    const long long ex = MODE == 3 ? ch_e[it / nkb] : ee;
+    const unsigned char* we = w + ex * expert_w + ((long)kb << 7);
+    const unsigned char* se = s + ex * expert_s + ((long)kb << 4);
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+#pragma unroll
+      for (int h = 0; h < 2; h++) {
+        cp16(ws_addr + W_AT(st, r, h, 0) + 16 * lane, we + wlo[r] + 64 * h);
+        cp16(ws_addr + W_AT(st, r, h, 1) + 16 * lane, we + whi[r] + 64 * h);
+      }
+      cp4(ws_addr + S_AT(st, r, 0, g) + 4 * c, se + slo[r]);
+      cp4(ws_addr + S_AT(st, r, 1, g) + 4 * c, se + shi[r]);
+    }
+  };
+  // W's first stages start loading before x is staged (W does not wait on x)
+#pragma unroll
+  for (int i = 0; i < STAGES - 1; i++) {
+    if (i < nk) issue(i, warp + i * KS);
+    asm volatile("cp.async.commit_group;");
+  }
+  // x's row(s) into shared memory, each 8 values as the decode pairs them: "shift" (0, 4), (1, 5), (2, 6), (3, 7),
   // times 2^66; "lut" in order
+  const int x_rows = MODE == 3 ? top_k : 1;
   unsigned short* xs = (unsigned short*)(smem + KS * WARP_SMEM);
-  const uint4* xg = (const uint4*)(x + (MODE == 1 ? (long)(p / top_k) * K : MODE == 2 ? (long)p * K : 0));
-  for (int i = threadIdx.x; i < K / 8; i += 32 * KS) {
+  const uint4* xg = (const uint4*)(x + (MODE == 1 ? (long)(p / top_k) * K : MODE == 2 ? (long)p * K
+                                        : MODE == 3 ? (long)p * top_k * K : 0));
+  for (int i = threadIdx.x; i < x_rows * (K / 8); i += 32 * KS) {
     uint4 v = xg[i];
     if (SHIFT) {
       const unsigned a = v.x, b = v.y, cc = v.z, d = v.w;
@@ -128,7 +173,8 @@ extern "C" __global__ void __launch_bounds__(32 * KS) NAME(
     }
     ((uint4*)xs)[i] = v;
   }
-  if (threadIdx.x < 2) ((uint4*)(xs + K))[threadIdx.x] = make_uint4(0, 0, 0, 0);
+  unsigned short* xz = xs + (long)x_rows * K;  // 32 zero bytes
+  if (threadIdx.x < 2) ((uint4*)xz)[threadIdx.x] = make_uint4(0, 0, 0, 0);
   if (warp == 0) tab[lane] = make_uint4(FP4_HI0, FP4_HI1, FP4_LO0, FP4_LO1);
   __syncthreads();
   // decode_fp4's tables, each lane reading its own copy back from shared memory so that they sit in its
@@ -139,47 +185,26 @@ extern "C" __global__ void __launch_bounds__(32 * KS) NAME(
   // B operands: x of group 2c where g == 2c (words 0, 1), of group 2c + 1 where g == 2c + 1 (words 2, 3), else
   // the zero bytes (step 0)
   const int sa = g == 2 * c, sb = g == 2 * c + 1;
-  const unsigned short* xa = sa ? xs + 32 * c : xs + K;
-  const unsigned short* xb = sb ? xs + 32 * c + 16 : xs + K;
-  unsigned char* ws = smem + warp * WARP_SMEM;
-  const unsigned ws_addr = (unsigned)__cvta_generic_to_shared(ws);
-  const int nkb = K >> 8, nk = (nkb - warp + KS - 1) / KS;  // 256-value chunks: warp takes warp, warp + KS, ...
+  const unsigned short* xa = sa ? xs + 32 * c : xz;
+  const unsigned short* xb = sb ? xs + 32 * c + 16 : xz;
   float acc[R][2];
 #pragma unroll
   for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = 0.f;
 
-  // stage layout: W at [r][h][lo|hi][lane] (16 bytes each), then scales at [r][lo|hi][g][16 bytes]
-#define W_AT(st, r, h, q) ((st) * STAGE_BYTES + ((((r) * 2 + (h)) * 2 + (q)) * 32) * 16)
-#define S_AT(st, r, q, gg) ((st) * STAGE_BYTES + R * TILE_W_BYTES + (((r) * 2 + (q)) * 8 + (gg)) * 16)
-  auto issue = [&](int st, int kb) {
-    const long kw = (long)kb << 7, ks = (long)kb << 4;
-#pragma unroll
-    for (int r = 0; r < R; r++) {
-#pragma unroll
-      for (int h = 0; h < 2; h++) {
-        cp16(ws_addr + W_AT(st, r, h, 0) + 16 * lane, wlo[r] + kw + 64 * h);
-        cp16(ws_addr + W_AT(st, r, h, 1) + 16 * lane, whi[r] + kw + 64 * h);
-      }
-      cp4(ws_addr + S_AT(st, r, 0, g) + 4 * c, slo[r] + ks);
-      cp4(ws_addr + S_AT(st, r, 1, g) + 4 * c, shi[r] + ks);
-    }
-  };
-#pragma unroll
-  for (int i = 0; i < STAGES - 1; i++) {
-    if (i < nk) issue(i, warp + i * KS);
-    asm volatile("cp.async.commit_group;");
-  }
   for (int i = 0; i < nk; i++) {
     asm volatile("cp.async.wait_group %0;" :: "n"(STAGES - 2));
     __syncwarp();  // the chunk's scales from the other lanes; and every lane is done with the slot refilled next
     const int nx = i + STAGES - 1;
     if (nx < nk) issue(nx % STAGES, warp + nx * KS);
     asm volatile("cp.async.commit_group;");
-    const int st = i % STAGES;
-    const int kx = (warp + i * KS) << 8;
+    const int st = i % STAGES, it = warp + i * KS;
+    // x's offset of the item (MODE 3: in its choice's row, whose scale its group sums take)
+    const long kx = MODE == 3 ? (long)(it / nkb) * K + ((it % nkb) << 8) : (long)it << 8;
+    const float cs = MODE == 3 ? ch_s[it / nkb] : 1.f;
+    if (MODE == 3 && cs == 0.f) continue;  // (warp-uniform) a choice out of range, or routed at weight 0
 #pragma unroll
     for (int h = 0; h < 2; h++) {
-      const int k0 = kx + 128 * h;
+      const long k0 = kx + 128 * h;
       const uint4 xa0 = *(const uint4*)(xa + sa * k0), xa1 = *(const uint4*)(xa + sa * (k0 + 8));
       const uint4 xb0 = *(const uint4*)(xb + sb * k0), xb1 = *(const uint4*)(xb + sb * (k0 + 8));
 #pragma unroll
@@ -204,8 +229,13 @@ extern "C" __global__ void __launch_bounds__(32 * KS) NAME(
         float f0, f1, f2, f3;
         scales2(*(const unsigned short*)(ws + S_AT(st, r, 0, g) + 8 * h + 2 * c), f0, f1);
         scales2(*(const unsigned short*)(ws + S_AT(st, r, 1, g) + 8 * h + 2 * c), f2, f3);
-        acc[r][0] += d[0] * f0 + d[1] * f1;
-        acc[r][1] += d[2] * f2 + d[3] * f3;
+        if (MODE == 3) {
+          acc[r][0] += (d[0] * f0 + d[1] * f1) * cs;
+          acc[r][1] += (d[2] * f2 + d[3] * f3) * cs;
+        } else {
+          acc[r][0] += d[0] * f0 + d[1] * f1;
+          acc[r][1] += d[2] * f2 + d[3] * f3;
+        }
       }
     }
   }
@@ -230,7 +260,6 @@ extern "C" __global__ void __launch_bounds__(32 * KS) NAME(
       for (int r = 0; r < R; r++) acc[r][0] += red[v][r][0][g], acc[r][1] += red[v][r][1][g];
   }
   if (c != 0) return;
-  const float unit = 1152921504606846976.0f;  // 2^60 (TABLE_LOG2)
 #pragma unroll
   for (int r = 0; r < HT; r++) {
 #pragma unroll
@@ -244,8 +273,10 @@ extern "C" __global__ void __launch_bounds__(32 * KS) NAME(
         gt = fminf(gt, limit);
         up = fminf(fmaxf(up, -limit), limit);
         ((unsigned short*)y)[(long)p * N + n] = to_bf16(e_ok ? gt / (1.f + __expf(-gt)) * up : 0.f);
-      } else {
+      } else if (MODE == 2) {
         ((float*)y)[(long)p * N + n] = e_ok ? acc[r][i] * (s2[ee] * unit) * route[p] : 0.f;
+      } else {
+        ((unsigned short*)y)[(long)p * N + n] = to_bf16(acc[r][i]);
       }
     }
   }
@@ -275,13 +306,14 @@ class Config:
             if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
                 raise ValueError(f"Config.{name}: must be an int in {lo}..{hi}, got {v!r}")
 
-    def smem(self, parts: int, k: int) -> int:
-        """Dynamic shared memory bytes a block uses at K = k: the warps' stages, x's row, 32 zero bytes."""
-        return self.splits * self.stages * self.rows * parts * TILE_STAGE_BYTES + 2 * k + 32
+    def smem(self, parts: int, k: int, x_rows: int = 1) -> int:
+        """Dynamic shared memory bytes a block uses at K = k: the warps' stages, x's rows, 32 zero bytes."""
+        return self.splits * self.stages * self.rows * parts * TILE_STAGE_BYTES + 2 * k * x_rows + 32
 
 
-MODES = {"dense": 0, "gate_up": 1, "down": 2}
+MODES = {"dense": 0, "gate_up": 1, "down": 2, "down_sum": 3}
 MAX_PAIRS = 65535  # a CUDA grid's y dimension: one (token, choice) pair each
+MAX_TOP_K = 16  # "down_sum" (a token's choices summed in the down kernel) takes up to this many choices
 
 
 def source(cfg: Config, mode: str) -> tuple[str, str]:
@@ -289,7 +321,7 @@ def source(cfg: Config, mode: str) -> tuple[str, str]:
     parts = 2 if mode == "gate_up" else 1
     name = f"tpserve_nvfp4_m1_{mode}_r{cfg.rows}_s{cfg.splits}_st{cfg.stages}_p{cfg.l2_prefetch}_{cfg.decode}"
     defines = dict(R=cfg.rows * parts, PARTS=parts, KS=cfg.splits, STAGES=cfg.stages, MODE=MODES[mode], NAME=name,
-                   TILE_W_BYTES=TILE_W_BYTES, TILE_STAGE_BYTES=TILE_STAGE_BYTES,
+                   TILE_W_BYTES=TILE_W_BYTES, TILE_STAGE_BYTES=TILE_STAGE_BYTES, MAX_TOP_K=MAX_TOP_K,
                    SHIFT=int(cfg.decode == "shift"), SEL_LO=f"{mg.SEL_LO:#x}u", DECODE_MASK=f"{mg.DECODE_MASK:#x}u",
                    DECODE_SHIFT=mg.DECODE_SHIFT, **{k: f"{v:#010x}u" for k, v in mg.fp4_tables(TABLE_LOG2).items()},
                    W_HINT=f'".L2::{cfg.l2_prefetch}B"' if cfg.l2_prefetch else '""')
@@ -322,11 +354,14 @@ def default_config(mode: str, n: int, pairs: int = 1) -> Config:
     session), all with the "shift" decode and two stages: dense one row tile a warp, 4 warps where N >= 8192
     (12288 x 4096: 12.2 us, 54% of the floor), else 8 (4096 x 12288: 12.6 us); experts gate|up one row tile of each
     part, 2 warps (the MoE layer at 1 token 44.8 us against 46.7 with 4); down one row tile, 4 warps at up to 8
-    pairs (1 token), two row tiles and 2 warps above (8 tokens: 254.7 us against 262.0 with 2 tiles and 4 warps)."""
+    pairs (1 token), two row tiles and 2 warps above (8 tokens: 254.7 us against 262.0 with 2 tiles and 4 warps);
+    down_sum (one token) one row tile, 8 warps (42.4 us, twenty-fifth session, against 42.8 with two tiles)."""
     if mode == "dense":
         return Config(splits=4 if n >= 8192 else 8)
     if mode == "down":
         return Config(rows=2, splits=2) if pairs > 8 else Config()
+    if mode == "down_sum":
+        return Config(splits=8)
     return Config(splits=2)
 
 
@@ -338,7 +373,7 @@ def _launch(cfg: Config, mode: str, grid: tuple[int, int], w, s, s2, x, ids, rou
                          "(call inside `with torch.cuda.device(...)`)")
     major, minor = torch.cuda.get_device_capability(device)
     kernel = _kernel(cfg, mode, f"{major}{minor}", device)
-    smem = cfg.smem(2 if mode == "gate_up" else 1, k)
+    smem = cfg.smem(2 if mode == "gate_up" else 1, k, top_k if mode == "down_sum" else 1)
     if smem >= 48 * 1024 and smem > getattr(kernel, "_max_shared_mem_bytes", 0):
         kernel.set_shared_memory_config(smem)
     kernel(grid=(grid[0], grid[1], 1), block=(32 * cfg.splits, 1, 1), shared_mem=smem,
@@ -371,10 +406,14 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bscale: torch.Tensor, scale2_rows: to
 def experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor,
             gu_bscale: torch.Tensor, gu_scale2: torch.Tensor, down: torch.Tensor, dn_bscale: torch.Tensor,
             dn_scale2: torch.Tensor, limit: float | None, cfg_gate_up: Config | None = None,
-            cfg_down: Config | None = None) -> torch.Tensor:
+            cfg_down: Config | None = None, sum_choices: bool | None = None) -> torch.Tensor:
     """The MoE experts at decode (quant_methods.Nvfp4Experts' layout): x [T, D] bf16, weights / ids [T, top_k];
     gate_up uint8 [E, 2I, D/2] (gate rows, then up), gu_bscale e4m3 [E, 2I, D/16], gu_scale2 float32 [E, 2];
     down uint8 [E, D, I/2], dn_bscale [E, D, I/16], dn_scale2 [E, 1]; limit: SwiGLU's clamp (None: none).
+    sum_choices: the down kernel sums a token's choices itself ("down_sum", a block a row tile and token) rather
+    than writing each pair's fp32 row for route_triton.combine_choices (None: at one token, where it measured
+    faster, 42.4 us against 47.0 for the MoE layer of BENCHMARKS.md's twenty-fifth session; level at 2 tokens,
+    slower at 8).
     -> [T, D] bf16, each token's choices summed in fp32."""
     t, top_k = ids.shape
     num_experts, two_i, half_d = gate_up.shape
@@ -385,6 +424,8 @@ def experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: 
     if t * top_k > MAX_PAIRS:
         raise ValueError(f"ids: at most {MAX_PAIRS} (token, choice) pairs (the grid's y dimension), got "
                          f"{t} x {top_k}; larger batches belong to the grouped experts")
+    if sum_choices and top_k > MAX_TOP_K:
+        raise ValueError(f"sum_choices: takes at most {MAX_TOP_K} choices a token, got top_k {top_k}")
     if not (x.is_cuda and fits(d, x.dtype) and fits(inter, x.dtype)) or 2 * half_d != d:
         raise ValueError(f"x: must be bf16 CUDA [T, {2 * half_d}] with D and I multiples of 256, got "
                          f"{tuple(x.shape)} {x.dtype} on {x.device} (I = {inter})")
@@ -393,21 +434,28 @@ def experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: 
         raise ValueError(f"down / scale2: expected [{num_experts}, {d}, {inter // 2}], [{num_experts}, 2], "
                          f"[{num_experts}, 1]; got {tuple(down.shape)}, {tuple(gu_scale2.shape)}, "
                          f"{tuple(dn_scale2.shape)}")
-    from tpserve.kernels.route_triton import combine_choices  # (Triton: CUDA machines only)
-
+    sum_choices = t == 1 and top_k <= MAX_TOP_K if sum_choices is None else sum_choices
     p = t * top_k
     cg = cfg_gate_up or default_config("gate_up", inter, p)
-    cd = cfg_down or default_config("down", d, p)
+    cd = cfg_down or default_config("down_sum" if sum_choices else "down", d, p)
     flat = ids.reshape(-1).to(torch.int64).contiguous()
     h = torch.empty(p, inter, dtype=torch.bfloat16, device=x.device)
-    y = torch.empty(p, d, dtype=torch.float32, device=x.device)
+    y = torch.empty(t if sum_choices else p, d, dtype=torch.bfloat16 if sum_choices else torch.float32,
+                    device=x.device)
     if p:
         lim = float("inf") if limit is None else float(limit)
         _launch(cg, "gate_up", (-(-inter // (16 * cg.rows)), p), mg._aligned(gate_up, 16),
                 gu_bscale.contiguous().view(torch.uint8), gu_scale2.float().contiguous(),
                 mg._aligned(x, 16).view(torch.int16), flat, None, h.view(torch.int16), inter, d, top_k, num_experts,
                 lim)
-        _launch(cd, "down", (-(-d // (16 * cd.rows)), p), mg._aligned(down, 16),
-                dn_bscale.contiguous().view(torch.uint8), dn_scale2.float().contiguous(), h.view(torch.int16), flat,
-                weights.reshape(-1).float().contiguous(), y, d, inter, top_k, num_experts)
+        _launch(cd, "down_sum" if sum_choices else "down", (-(-d // (16 * cd.rows)), t if sum_choices else p),
+                mg._aligned(down, 16), dn_bscale.contiguous().view(torch.uint8), dn_scale2.float().contiguous(),
+                h.view(torch.int16), flat, weights.reshape(-1).float().contiguous(),
+                y.view(torch.int16) if sum_choices else y, d, inter, top_k, num_experts)
+    elif sum_choices:
+        y.zero_()
+    if sum_choices:
+        return y
+    from tpserve.kernels.route_triton import combine_choices  # (Triton: CUDA machines only)
+
     return combine_choices(y, top_k, x.dtype, "triton")
