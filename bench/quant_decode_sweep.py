@@ -37,6 +37,8 @@ tile. Sections:
   m1exp    nvfp4_m1's experts at 1 and 8 tokens: gate|up's config swept with down's default, then down's
   m1sum    nvfp4_m1's experts with down summing a token's choices (down_sum) against down per pair + combine, at
            1, 2 and 8 tokens, down_sum's config swept; kernels profiled
+  mmasmem  mma_gemv with W through shared memory (cp.async) against register loads: bit for bit, then both shapes
+           at 1, 2, 4, 8 rows over smem configs beside the defaults
   m1par    nvfp4_m1's gate|up and down_sum kernels alone, in sequence, and on two streams with no dependency (a
            bound on what overlapping them could give), 1 and 8 tokens
 Usage: PYTHONPATH=src python bench/quant_decode_sweep.py [--sections fp8det,moe,gemv] [--out DIR]
@@ -921,9 +923,62 @@ def sec_m1par(res):
             print(f"  {name}: {tt * 1e6:.1f} us", flush=True)
 
 
+def sec_mmasmem(res):
+    """kernels/mma_gemv.py with W staged through shared memory (Config.stage "smem": cp.async into a ring of depth
+    chunks a warp) against its register loads: odd shapes bit for bit against the same config's "regs" form, then
+    both shapes at 1 and 8 rows (and the best at 2 and 4) over smem configs, beside w8a16_gemv's / w4a16_gemv's
+    default ("default") and mma_gemv's default config ("mma regs")."""
+    from tpserve.kernels import mma_gemv as mg
+
+    def configs(fmt):
+        return [mg.Config(fmt, r, sp, d, 256, True, 0, "smem") for r in (1, 2) for sp in (2, 4, 8)
+                for d in (2, 3, 4, 6)]
+
+    for fmt, spec in (("fp8", _fp8), ("nvfp4", _fp4)):
+        quantize, call, _, nbytes = spec()
+        cfgs, same = configs(fmt), True
+        for n, k, m in ((1000, 256, 3), (4096, 512, 8), (48, 1024, 1), (12288 + 16, 512, 5)):
+            packed, _ = quantize(torch.randn(n, k, device="cuda") / k**0.5)
+            x = torch.randn(m, k, device="cuda").bfloat16()
+            for c in cfgs:
+                a = _mma_run(fmt, x, packed, c)
+                b = _mma_run(fmt, x, packed, dataclasses.replace(c, stage="regs"))
+                if not torch.equal(a, b):
+                    same = False
+                    print(f"  mma {fmt} {n}x{k} M={m} {c}: smem != regs", flush=True)
+        res[f"mmasmem {fmt} odd shapes smem == regs"] = same
+        print(f"mma {fmt}: odd shapes, {len(cfgs)} smem configs bit for bit the regs form: {same}", flush=True)
+
+        def mcall(x, p, c):
+            if c == "default":
+                return call(x, p, "default")
+            return _mma_run(fmt, x, p, None if c == "mma regs" else c)
+
+        for n, k in ((12288, 4096), (4096, 12288)):
+            packed, packs, wd, floor = _weights(quantize, nbytes, n, k)
+            for m in (1, 8):
+                x = torch.randn(m, k, device="cuda").bfloat16()
+                key = f"mmasmem {fmt} {n}x{k} M={m}"
+                best = _case(res, key, ["default", "mma regs"] + cfgs, mcall, x, packed, packs, x.float() @ wd.T,
+                             floor, top=6)
+                res[key]["best"] = [(str(c), us) for c, us in res[key]["best"]]
+                for name in ("default", "mma regs"):
+                    if all(c != name for _, c in best):
+                        t = timed([(lambda p=p, name=name: mcall(x, p, name)) for p in packs])
+                        res[key][name] = t * 1e6
+                        print(f"  {name}: {t * 1e6:.1f} us ({100 * floor / t:.0f}%)", flush=True)
+                top = next(c for _, c in best if c not in ("default", "mma regs"))
+                for mm in (2, 4):
+                    xm = torch.randn(mm, k, device="cuda").bfloat16()
+                    for c in (top, "mma regs", "default"):
+                        t = timed([(lambda p=p, c=c: mcall(xm, p, c)) for p in packs])
+                        res[f"{key[:-4]} M={mm} {c}"] = dict(us=t * 1e6, pct=100 * floor / t)
+                        print(f"  M={mm} {c}: {t * 1e6:.1f} us ({100 * floor / t:.0f}%)", flush=True)
+
+
 if __name__ == "__main__":
     sys.exit(run_sections(dict(m1=sec_m1, m1def=sec_m1def, m1exp=sec_m1exp, m1sum=sec_m1sum, m1par=sec_m1par,
-                               fp8det=sec_fp8det, moe=sec_moe, prefill=sec_prefill, gemv=sec_gemv,
+                               mmasmem=sec_mmasmem, fp8det=sec_fp8det, moe=sec_moe, prefill=sec_prefill, gemv=sec_gemv,
                                w8a16=lambda r: sec_gemv(r, "w8a16"),
                                w4a16=lambda r: sec_gemv(r, "w4a16"), w4one=sec_w4one, w4def=sec_w4def,
                                w4planes=sec_w4planes, w4tiled=sec_w4tiled, rows=sec_rows, mma=sec_mma, mma2=sec_mma2,

@@ -78,6 +78,12 @@ def test_config_and_shape_errors_name_the_field():
     assert "#define LAUNCH_BOUNDS 32 * KS, 2\n" in mg.source(mg.Config(min_blocks=2))
     with pytest.raises(ValueError, match="Config.fmt"):
         mg.Config("int4")
+    with pytest.raises(ValueError, match="Config.stage"):
+        mg.Config(stage="tma")
+    cfg = mg.Config(rows=2, splits=4, depth=3, stage="smem")
+    assert cfg.smem_bytes == 4 * 3 * 2 * 2048 and mg.Config().smem_bytes == 0
+    assert "#define ASYNC 1\n" in mg.source(cfg) and "#define ASYNC 0\n" in mg.source(mg.Config())
+    assert cfg.name != mg.Config(rows=2, splits=4, depth=3).name
     assert mg.fits(8, 4096, torch.bfloat16, (128, 128)) and mg.fits(8, 4096, torch.bfloat16)
     assert not mg.fits(9, 4096, torch.bfloat16, (128, 128))
     assert not mg.fits(4, 4000, torch.bfloat16, (128, 128))
@@ -106,6 +112,25 @@ def test_gpu_matches_fp32_math():
         ref = x.float() @ qr.nvfp4_dequantize(p, bs, s2).T
         y = mg.nvfp4_gemv(x, p, bs, s2.expand(n)).float()
         assert ((y - ref).abs().max() / ref.abs().max()).item() < 4e-3
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the CUDA kernel needs a GPU")
+def test_gpu_smem_stage_is_bit_for_bit_the_register_loads():
+    """Config.stage "smem" moves W through shared memory and nothing else: the same sums in the same order."""
+    torch.manual_seed(0)
+    for n, k, m in ((1000, 256, 3), (4096, 1024, 8), (48, 2048, 1)):
+        w = torch.randn(n, k, device="cuda") / k**0.5
+        q, s = qr.fp8_block_quantize(w)
+        p, bs, s2 = qr.nvfp4_quantize(w)
+        x = torch.randn(m, k, device="cuda").bfloat16()
+        for rows, splits, depth in ((1, 8, 2), (2, 4, 3), (1, 3, 6)):
+            for fmt in ("fp8", "nvfp4"):
+                cfgs = [mg.Config(fmt, rows, splits, depth, 256, True, 0, stage) for stage in ("regs", "smem")]
+                if fmt == "fp8":
+                    a, b = (mg.fp8_gemv(x, q, s, cfg=c) for c in cfgs)
+                else:
+                    a, b = (mg.nvfp4_gemv(x, p, bs, s2.expand(n), cfg=c) for c in cfgs)
+                assert torch.equal(a, b), (n, k, m, rows, splits, depth, fmt)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the CUDA kernel needs a GPU")

@@ -147,6 +147,37 @@ __device__ __forceinline__ void load(Chunk& ch, const unsigned char* const* wlo,
   }
 }
 
+#if ASYNC
+// STAGE: W through shared memory (cp.async), a warp's ring of DEPTH chunks, [slot][row tile][half][lo|hi][lane]
+// uint4: each lane copies and reads back only its own 16-byte pieces, so no barrier is needed between them
+__device__ __forceinline__ void cp16(unsigned dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global" W_HINT " [%0], [%1], 16;" :: "r"(dst), "l"(src) : "memory");
+}
+
+__device__ __forceinline__ void load_async(unsigned ring, int slot, const unsigned char* const* wlo,
+                                           const unsigned char* const* whi, long k, int lane) {
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+      cp16(ring + (((((slot * R + r) * 2 + h) * 2 + 0) * 32 + lane) << 4), wlo[r] + k + 64 * h);
+      cp16(ring + (((((slot * R + r) * 2 + h) * 2 + 1) * 32 + lane) << 4), whi[r] + k + 64 * h);
+    }
+  }
+}
+
+__device__ __forceinline__ void read_chunk(Chunk& ch, const uint4* ring, int slot, int lane) {
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+      ch.lo[r][h] = ring[(((slot * R + r) * 2 + h) * 2 + 0) * 32 + lane];
+      ch.hi[r][h] = ring[(((slot * R + r) * 2 + h) * 2 + 1) * 32 + lane];
+    }
+  }
+}
+#endif
+
 // one 128-wide scale block: x's 128 values (loaded here: L1 hits after the first warp) against the chunk's W
 __device__ __forceinline__ void compute(const Chunk& ch, float (*acc)[4], const float* const* srow,
                                         const unsigned short* xrow, bool x_ok, long kb) {
@@ -260,6 +291,28 @@ extern "C" __global__ void __launch_bounds__(LAUNCH_BOUNDS) NAME(
   float acc[R][4];
 #pragma unroll
   for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = acc[r][2] = acc[r][3] = 0.f;
+#if ASYNC
+  extern __shared__ __align__(16) uint4 wring[];
+  const uint4* ringp = wring + warp * (DEPTH * R * 128);
+  const unsigned ring = (unsigned)__cvta_generic_to_shared(ringp);
+#pragma unroll
+  for (int d = 0; d < DEPTH - 1; d++) {
+    if (kb0 + d < kb1) load_async(ring, d, wlo, whi, (long)CHUNK(kb0 + d) << 7, lane);
+    asm volatile("cp.async.commit_group;" ::: "memory");
+  }
+  for (int i = 0; kb0 + i < kb1; i++) {
+    const int cur = kb0 + i, nxt = cur + DEPTH - 1;
+    if (nxt < kb1) load_async(ring, (i + DEPTH - 1) % DEPTH, wlo, whi, (long)CHUNK(nxt) << 7, lane);
+    asm volatile("cp.async.commit_group;" ::: "memory");
+    asm volatile("cp.async.wait_group %0;" :: "n"(DEPTH - 1) : "memory");  // chunk cur has landed
+    Chunk ch;
+    read_chunk(ch, ringp, i % DEPTH, lane);
+    if (FP4)
+      compute_fp4(ch, acc, slo, shi, xrow, x_ok, CHUNK(cur));
+    else
+      compute(ch, acc, srow, xrow, x_ok, CHUNK(cur));
+  }
+#else
   Chunk buf[DEPTH];
 #pragma unroll
   for (int d = 0; d < DEPTH - 1; d++)
@@ -277,6 +330,7 @@ extern "C" __global__ void __launch_bounds__(LAUNCH_BOUNDS) NAME(
       }
     }
   }
+#endif
   if (KS > 1) {
     if (warp > 0) {
 #pragma unroll
@@ -313,7 +367,9 @@ class Config:
     depth - 1 of them loading ahead; l2_prefetch: bytes L2 fetches with each W load (0: no hint); interleave: a
     warp takes every splits-th K chunk (else a contiguous share of them); min_blocks: blocks an SM must hold at once
     (`__launch_bounds__`' second argument, ptxas then caps the registers to fit them; 0: not given. Given as 1 it
-    let ptxas use 246 registers for the NVFP4 default, 164 without: slower on an H200, BENCHMARKS.md)."""
+    let ptxas use 246 registers for the NVFP4 default, 164 without: slower on an H200, BENCHMARKS.md); stage: W
+    loads "regs" (straight into registers, depth chunks a warp) or "smem" (`cp.async` into a ring of depth chunks
+    in shared memory, depth x rows x 2 KiB a warp: the bytes in flight then cost no registers)."""
     fmt: str = "fp8"
     rows: int = 1
     splits: int = 2
@@ -321,8 +377,11 @@ class Config:
     l2_prefetch: int = 0
     interleave: bool = False
     min_blocks: int = 0
+    stage: str = "regs"
 
     def __post_init__(self):
+        if self.stage not in ("regs", "smem"):
+            raise ValueError(f"Config.stage: must be 'regs' or 'smem', got {self.stage!r}")
         if not isinstance(self.interleave, bool):
             raise ValueError(f"Config.interleave: must be a bool, got {self.interleave!r}")
         if self.fmt not in ("fp8", "nvfp4"):
@@ -338,13 +397,18 @@ class Config:
     @property
     def name(self) -> str:
         return (f"tpserve_{self.fmt}_mma_gemv_r{self.rows}_s{self.splits}_d{self.depth}_p{self.l2_prefetch}"
-                f"_i{int(self.interleave)}_b{self.min_blocks}")
+                f"_i{int(self.interleave)}_b{self.min_blocks}" + ("_smem" if self.stage == "smem" else ""))
+
+    @property
+    def smem_bytes(self) -> int:
+        """Dynamic shared memory a block uses: the warps' rings (stage "smem"), else none."""
+        return self.splits * self.depth * self.rows * 2048 if self.stage == "smem" else 0
 
 
 def source(cfg: Config) -> str:
     """The CUDA source of one configuration (its kernel is `cfg.name`)."""
     defines = dict(R=cfg.rows, KS=cfg.splits, DEPTH=cfg.depth, NAME=cfg.name, FP4=int(cfg.fmt == "nvfp4"),
-                   INTERLEAVE=int(cfg.interleave),
+                   INTERLEAVE=int(cfg.interleave), ASYNC=int(cfg.stage == "smem"),
                    LAUNCH_BOUNDS=f"32 * KS, {cfg.min_blocks}" if cfg.min_blocks else "32 * KS",
                    SEL_LO=f"{SEL_LO:#x}u", SEL_HI=f"{SEL_HI:#x}u", DECODE_MASK=f"{DECODE_MASK:#x}u",
                    DECODE_SHIFT=DECODE_SHIFT, **{k: f"{v:#010x}u" for k, v in FP4_TABLES.items()},
@@ -436,9 +500,11 @@ def _launch(cfg: Config, w, s, s2, x, n: int, sk: int, bns: int) -> torch.Tensor
         raise ValueError(f"x: on cuda:{device}, but the current device is cuda:{torch.cuda.current_device()} "
                          "(call inside `with torch.cuda.device(...)`)")
     major, minor = torch.cuda.get_device_capability(device)
-    _kernel(cfg, f"{major}{minor}", device)(grid=(-(-n // (16 * cfg.rows)), 1, 1), block=(32 * cfg.splits, 1, 1),
-                                            args=[w.view(torch.uint8), s, s2, x.view(torch.int16),
-                                                  y.view(torch.int16), m, n, k, sk, bns])
+    kernel, smem = _kernel(cfg, f"{major}{minor}", device), cfg.smem_bytes
+    if smem >= 48 * 1024 and smem > getattr(kernel, "_max_shared_mem_bytes", 0):
+        kernel.set_shared_memory_config(smem)
+    kernel(grid=(-(-n // (16 * cfg.rows)), 1, 1), block=(32 * cfg.splits, 1, 1), shared_mem=smem,
+           args=[w.view(torch.uint8), s, s2, x.view(torch.int16), y.view(torch.int16), m, n, k, sk, bns])
     return y
 
 
