@@ -7,8 +7,9 @@ Cases: nvfp4-row / nvfp4-qa / nvfp4-qb / nvfp4-planes (the one-row kernel, qtile
 nibble-planes kernel) and fp8-row / fp8-qb (the FP8 one-row kernel, qtile B), then block_n block_k warps stages
 waves; M rows of x (default 1, fp8-qb takes 8); 12288 x 4096 weights. The weights and calls are
 quant_decode_sweep.py's; each config is checked against fp32 math first (relative error printed).
-The CUDA kernels (kernel names start tpserve_): mma-nvfp4 / mma-fp8 ROWS SPLITS DEPTH M (kernels/mma_gemv.py,
-interleaved, L2 fetching 256 bytes) and m1 ROWS SPLITS STAGES PREFETCH (kernels/nvfp4_m1.py, one row).
+The CUDA kernels (kernel names start tpserve_): mma-nvfp4 / mma-fp8 ROWS SPLITS DEPTH M [SMEM [N K]]
+(kernels/mma_gemv.py, interleaved, L2 fetching 256 bytes; SMEM 1: stage "smem"; N x K weights, default 12288 x
+4096) and m1 ROWS SPLITS STAGES PREFETCH (kernels/nvfp4_m1.py, one row).
 """
 
 from __future__ import annotations
@@ -32,15 +33,17 @@ def cuda_case(case: str, a: list[int]) -> int:
 
     fmt = "fp8" if case == "mma-fp8" else "nvfp4"
     quantize = (_fp8 if fmt == "fp8" else _fp4)()[0]
-    packed, wd = quantize(torch.randn(12288, 4096, device="cuda") / 64)
+    n, k = (a[5], a[6]) if case != "m1" and len(a) >= 7 else (12288, 4096)
+    packed, wd = quantize(torch.randn(n, k, device="cuda") / k**0.5)
     if case == "m1":
         cfg, m = m1.Config(*a[:4]), 1
         run = lambda x: m1.gemv(x, *packed, cfg=cfg)  # noqa: E731
     else:
-        cfg, m = mg.Config(fmt, a[0], a[1], a[2], 256, True), a[3]
+        stage = "smem" if len(a) > 4 and a[4] else "regs"
+        cfg, m = mg.Config(fmt, a[0], a[1], a[2], 256, True, 0, stage), a[3]
         gemv = mg.fp8_gemv if fmt == "fp8" else mg.nvfp4_gemv
         run = lambda x: gemv(x, *packed, cfg=cfg)  # noqa: E731
-    x = torch.randn(m, 4096, device="cuda").bfloat16()
+    x = torch.randn(m, k, device="cuda").bfloat16()
     print(f"{case} {cfg} M={m}: rel err {rel(run(x), x.float() @ wd.T):.2e}", flush=True)
     for _ in range(4):
         run(x)
