@@ -39,6 +39,7 @@ tile. Sections:
            1, 2 and 8 tokens, down_sum's config swept; kernels profiled
   mmasmem  mma_gemv with W through shared memory (cp.async) against register loads: bit for bit, then both shapes
            at 1, 2, 4, 8 rows over smem configs beside the defaults
+  m1pdl    nvfp4_m1's experts with down as a programmatic dependent launch of gate|up against a plain launch
   m1par    nvfp4_m1's gate|up and down_sum kernels alone, in sequence, and on two streams with no dependency (a
            bound on what overlapping them could give), 1 and 8 tokens
 Usage: PYTHONPATH=src python bench/quant_decode_sweep.py [--sections fp8det,moe,gemv] [--out DIR]
@@ -978,9 +979,38 @@ def sec_mmasmem(res):
                         print(f"  M={mm} {c}: {t * 1e6:.1f} us ({100 * floor / t:.0f}%)", flush=True)
 
 
+def sec_m1pdl(res):
+    """nvfp4_m1's experts with down launched as a programmatic dependent of gate|up (kernels/pdl.py) against a
+    plain launch, at 1, 2 and 8 tokens (defaults otherwise; whole MoE layer timed from a CUDA graph, 8 routings in
+    turn, each form checked bit for bit against the other first), each form timed twice in alternation."""
+    from tpserve.kernels import nvfp4_m1 as m1
+
+    P, e, d, i = _experts_setup()
+    d2 = P["d2"].reshape(e, 1).contiguous()
+    for t in (1, 2, 8):
+        routes, touched, floor, ref = _nvfp4_moe_case(P, e, d, i, t)
+
+        def run(r, pdl):
+            return m1.experts(r[2], r[1], r[0], P["gp"], P["gb"], P["g2"], P["dp"], P["db"], d2, 10.0, pdl=pdl)
+
+        same = all(torch.equal(run(r, True), run(r, False)) for r in routes)
+        err = rel(run(routes[0], True), ref)
+        times = {pdl: [] for pdl in (False, True)}
+        for _ in range(2):
+            for pdl in (False, True):
+                times[pdl].append(timed([(lambda r=r, pdl=pdl: run(r, pdl)) for r in routes]) * 1e6)
+        res[f"m1pdl t={t}"] = dict(floor_us=floor * 1e6, same=same, rel_err=err, plain_us=times[False],
+                                   pdl_us=times[True])
+        print(f"MoE nvfp4_m1 {t} token(s), floor {floor * 1e6:.0f} us: plain launch "
+              f"{' / '.join(f'{v:.1f}' for v in times[False])} us, PDL {' / '.join(f'{v:.1f}' for v in times[True])}"
+              f" us ({100 * floor * 1e6 / min(times[True]):.0f}% at best); PDL == plain bit for bit: {same}; rel err "
+              f"{err:.1e}", flush=True)
+
+
 if __name__ == "__main__":
     sys.exit(run_sections(dict(m1=sec_m1, m1def=sec_m1def, m1exp=sec_m1exp, m1sum=sec_m1sum, m1par=sec_m1par,
-                               mmasmem=sec_mmasmem, fp8det=sec_fp8det, moe=sec_moe, prefill=sec_prefill, gemv=sec_gemv,
+                               m1pdl=sec_m1pdl, mmasmem=sec_mmasmem, fp8det=sec_fp8det, moe=sec_moe,
+                               prefill=sec_prefill, gemv=sec_gemv,
                                w8a16=lambda r: sec_gemv(r, "w8a16"),
                                w4a16=lambda r: sec_gemv(r, "w4a16"), w4one=sec_w4one, w4def=sec_w4def,
                                w4planes=sec_w4planes, w4tiled=sec_w4tiled, rows=sec_rows, mma=sec_mma, mma2=sec_mma2,

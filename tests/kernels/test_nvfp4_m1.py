@@ -7,6 +7,7 @@ import torch
 
 from tpserve.kernels import mma_gemv as mg
 from tpserve.kernels import nvfp4_m1 as m1
+from tpserve.kernels import pdl
 from tpserve.kernels import quant_ref as qr
 
 from lanes import bf16, decode_fp4, mma16816, prmt2  # noqa: E402
@@ -136,6 +137,11 @@ def test_config_and_shape_errors_name_the_field():
         m1.experts(torch.randn(1, 256).bfloat16(), torch.ones(1, 17), torch.zeros(1, 17, dtype=torch.long), gu,
                    *[None] * 6, sum_choices=True)
     assert m1.Config(splits=2).smem(1, 2048, 8) == 2 * 2 * 2304 + 8 * 4096 + 32
+    assert pdl.supported(torch.device("cpu")) is False
+    with pytest.raises(ValueError, match="args: tensors must be on a CUDA device"):
+        pdl.launch(None, (1, 1, 1), (32, 1, 1), 0, [torch.zeros(1)])
+    with pytest.raises(TypeError, match="args: tensors, ints and floats only"):
+        pdl.launch(None, (1, 1, 1), (32, 1, 1), 0, ["x"])
     with pytest.raises(ValueError, match="ids: at most 65535"):
         m1.experts(torch.randn(8192, 256).bfloat16(), torch.ones(8192, 8), torch.zeros(8192, 8, dtype=torch.long),
                    gu, *[None] * 6)
@@ -183,8 +189,19 @@ def test_gpu_gemv_and_experts_match_fp32_math(decode):
         lambda j: qr.nvfp4_dequantize(dnp[j], dbs[j], ds2[j], torch.float32), 7.0)
     for sum_choices in (False, True):  # down per pair + combine_choices; down summing a token's choices
         for cd in (cfg, m1.Config(rows=2, splits=3, decode=decode)):  # (3 warps: items a warp takes differ)
-            got = m1.experts(x, weights, ids, gup, gbs, gs2, dnp, dbs, ds2, 7.0, cfg, cd, sum_choices).float()
-            assert ((got - ref).abs().max() / ref.abs().max()).item() < 1e-2, (sum_choices, cd)
+            got = m1.experts(x, weights, ids, gup, gbs, gs2, dnp, dbs, ds2, 7.0, cfg, cd, sum_choices, pdl=False)
+            assert ((got.float() - ref).abs().max() / ref.abs().max()).item() < 1e-2, (sum_choices, cd)
+            if pdl.supported(x.device):  # down as a programmatic dependent of gate|up: the same kernels, bit for bit
+                assert torch.equal(m1.experts(x, weights, ids, gup, gbs, gs2, dnp, dbs, ds2, 7.0, cfg, cd,
+                                              sum_choices, pdl=True), got)
+    if pdl.supported(x.device):  # captured in a CUDA graph (a programmatic edge), replayed
+        graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+        with torch.cuda.stream(stream), torch.cuda.graph(graph):
+            out = m1.experts(x[:1], weights[:1], ids[:1], gup, gbs, gs2, dnp, dbs, ds2, 7.0, cfg, cfg, pdl=True)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, m1.experts(x[:1], weights[:1], ids[:1], gup, gbs, gs2, dnp, dbs, ds2, 7.0, cfg, cfg,
+                                           pdl=False))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the CUDA kernels need a GPU")

@@ -94,6 +94,10 @@ extern "C" __global__ void __launch_bounds__(32 * KS) NAME(
     void* __restrict__ y, int N, int K, int top_k, int num_experts,
     double limit_d) {  // (a double: torch's launcher passes Python floats as doubles)
   const float limit = (float)limit_d;
+#if __CUDA_ARCH__ >= 900
+  // programmatic dependent launch (kernels/pdl.py): gate|up lets down start as soon as all of its blocks run
+  if (MODE == 1) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ float red[KS > 1 ? KS - 1 : 1][R][2][8];
   __shared__ uint4 tab[32];
@@ -158,6 +162,11 @@ extern "C" __global__ void __launch_bounds__(32 * KS) NAME(
     if (i < nk) issue(i, warp + i * KS);
     asm volatile("cp.async.commit_group;");
   }
+#if __CUDA_ARCH__ >= 900
+  // down under PDL: h is gate|up's output, complete and visible once this returns (ids, routes and W were there
+  // before gate|up started); without PDL a no-op
+  if (MODE >= 2) asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
   // x's row(s) into shared memory, each 8 values as the decode pairs them: "shift" (0, 4), (1, 5), (2, 6), (3, 7),
   // times 2^66; "lut" in order
   const int x_rows = MODE == 3 ? top_k : 1;
@@ -165,7 +174,7 @@ extern "C" __global__ void __launch_bounds__(32 * KS) NAME(
   const uint4* xg = (const uint4*)(x + (MODE == 1 ? (long)(p / top_k) * K : MODE == 2 ? (long)p * K
                                         : MODE == 3 ? (long)p * top_k * K : 0));
   for (int i = threadIdx.x; i < x_rows * (K / 8); i += 32 * KS) {
-    uint4 v = xg[i];
+    uint4 v = MODE >= 2 ? __ldcg(xg + i) : xg[i];  // (h through L2: written by the kernel just before)
     if (SHIFT) {
       const unsigned a = v.x, b = v.y, cc = v.z, d = v.w;
       v = make_uint4(scale_x66(prmt(a, cc, 0x5410u)), scale_x66(prmt(a, cc, 0x7632u)),
@@ -366,7 +375,7 @@ def default_config(mode: str, n: int, pairs: int = 1) -> Config:
 
 
 def _launch(cfg: Config, mode: str, grid: tuple[int, int], w, s, s2, x, ids, route, y, n: int, k: int,
-            top_k: int = 1, num_experts: int = 1, limit: float = float("inf")) -> None:
+            top_k: int = 1, num_experts: int = 1, limit: float = float("inf"), pdl: bool = False) -> None:
     device = x.device.index
     if device != torch.cuda.current_device():
         raise ValueError(f"x: on cuda:{device}, but the current device is cuda:{torch.cuda.current_device()} "
@@ -376,9 +385,14 @@ def _launch(cfg: Config, mode: str, grid: tuple[int, int], w, s, s2, x, ids, rou
     smem = cfg.smem(2 if mode == "gate_up" else 1, k, top_k if mode == "down_sum" else 1)
     if smem >= 48 * 1024 and smem > getattr(kernel, "_max_shared_mem_bytes", 0):
         kernel.set_shared_memory_config(smem)
-    kernel(grid=(grid[0], grid[1], 1), block=(32 * cfg.splits, 1, 1), shared_mem=smem,
-           args=[w, s, s2, x, ids if ids is not None else s2, route if route is not None else s2, y, n, k, top_k,
-                 num_experts, float(limit)])
+    args = [w, s, s2, x, ids if ids is not None else s2, route if route is not None else s2, y, n, k, top_k,
+            num_experts, float(limit)]
+    if pdl:
+        from tpserve.kernels import pdl as pdl_launch
+
+        pdl_launch.launch(kernel, (grid[0], grid[1], 1), (32 * cfg.splits, 1, 1), smem, args)
+    else:
+        kernel(grid=(grid[0], grid[1], 1), block=(32 * cfg.splits, 1, 1), shared_mem=smem, args=args)
 
 
 def gemv(x: torch.Tensor, w: torch.Tensor, bscale: torch.Tensor, scale2_rows: torch.Tensor,
@@ -406,14 +420,16 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bscale: torch.Tensor, scale2_rows: to
 def experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor,
             gu_bscale: torch.Tensor, gu_scale2: torch.Tensor, down: torch.Tensor, dn_bscale: torch.Tensor,
             dn_scale2: torch.Tensor, limit: float | None, cfg_gate_up: Config | None = None,
-            cfg_down: Config | None = None, sum_choices: bool | None = None) -> torch.Tensor:
+            cfg_down: Config | None = None, sum_choices: bool | None = None,
+            pdl: bool | None = None) -> torch.Tensor:
     """The MoE experts at decode (quant_methods.Nvfp4Experts' layout): x [T, D] bf16, weights / ids [T, top_k];
     gate_up uint8 [E, 2I, D/2] (gate rows, then up), gu_bscale e4m3 [E, 2I, D/16], gu_scale2 float32 [E, 2];
     down uint8 [E, D, I/2], dn_bscale [E, D, I/16], dn_scale2 [E, 1]; limit: SwiGLU's clamp (None: none).
     sum_choices: the down kernel sums a token's choices itself ("down_sum", a block a row tile and token) rather
     than writing each pair's fp32 row for route_triton.combine_choices (None: at one token, where it measured
     faster, 42.4 us against 47.0 for the MoE layer of BENCHMARKS.md's twenty-fifth session; level at 2 tokens,
-    slower at 8).
+    slower at 8). pdl: down launched as a programmatic dependent of gate|up (kernels/pdl.py: its blocks load their
+    first W stages while gate|up's last blocks run; None: where supported, sm_90+).
     -> [T, D] bf16, each token's choices summed in fp32."""
     t, top_k = ids.shape
     num_experts, two_i, half_d = gate_up.shape
@@ -448,10 +464,14 @@ def experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: 
                 gu_bscale.contiguous().view(torch.uint8), gu_scale2.float().contiguous(),
                 mg._aligned(x, 16).view(torch.int16), flat, None, h.view(torch.int16), inter, d, top_k, num_experts,
                 lim)
+        dn_args = (mg._aligned(down, 16), dn_bscale.contiguous().view(torch.uint8), dn_scale2.float().contiguous(),
+                   h.view(torch.int16), flat, weights.reshape(-1).float().contiguous())
+        if pdl is None:
+            from tpserve.kernels import pdl as pdl_launch
+
+            pdl = pdl_launch.supported(x.device)
         _launch(cd, "down_sum" if sum_choices else "down", (-(-d // (16 * cd.rows)), t if sum_choices else p),
-                mg._aligned(down, 16), dn_bscale.contiguous().view(torch.uint8), dn_scale2.float().contiguous(),
-                h.view(torch.int16), flat, weights.reshape(-1).float().contiguous(),
-                y.view(torch.int16) if sum_choices else y, d, inter, top_k, num_experts)
+                *dn_args, y.view(torch.int16) if sum_choices else y, d, inter, top_k, num_experts, pdl=pdl)
     elif sum_choices:
         y.zero_()
     if sum_choices:
