@@ -14,6 +14,7 @@ doubles) and launches through the driver's cuLaunchKernelEx (ctypes).
 from __future__ import annotations
 
 import ctypes
+import functools
 
 import torch
 
@@ -36,7 +37,12 @@ def supported(device: torch.device) -> bool:
     """PDL needs sm_90+ and a driver with cuLaunchKernelEx."""
     if device.type != "cuda" or not torch.cuda.is_available() or torch.version.cuda is None:
         return False
-    if torch.cuda.get_device_capability(device)[0] < 9:
+    return _supported(torch.cuda.current_device() if device.index is None else device.index)
+
+
+@functools.lru_cache(maxsize=None)
+def _supported(index: int) -> bool:  # (asked at every experts call: the answer is the device's)
+    if torch.cuda.get_device_capability(index)[0] < 9:
         return False
     return hasattr(torch.cuda._utils._get_gpu_runtime_library(), "cuLaunchKernelEx")
 
