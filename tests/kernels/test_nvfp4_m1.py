@@ -7,7 +7,7 @@ import torch
 
 from tpserve.kernels import mma_gemv as mg
 from tpserve.kernels import nvfp4_m1 as m1
-from tpserve.kernels import pdl
+from tpserve.kernels import launch_ex
 from tpserve.kernels import quant_ref as qr
 
 from lanes import bf16, decode_fp4, mma16816, prmt2  # noqa: E402
@@ -137,11 +137,13 @@ def test_config_and_shape_errors_name_the_field():
         m1.experts(torch.randn(1, 256).bfloat16(), torch.ones(1, 17), torch.zeros(1, 17, dtype=torch.long), gu,
                    *[None] * 6, sum_choices=True)
     assert m1.Config(splits=2).smem(1, 2048, 8) == 2 * 2 * 2304 + 8 * 4096 + 32
-    assert pdl.supported(torch.device("cpu")) is False
+    assert launch_ex.supported(torch.device("cpu")) is False
     with pytest.raises(ValueError, match="args: tensors must be on a CUDA device"):
-        pdl.launch(None, (1, 1, 1), (32, 1, 1), 0, [torch.zeros(1)])
+        launch_ex.launch(None, (1, 1, 1), (32, 1, 1), 0, [torch.zeros(1)])
     with pytest.raises(TypeError, match="args: tensors, ints and floats only"):
-        pdl.launch(None, (1, 1, 1), (32, 1, 1), 0, ["x"])
+        launch_ex.launch(None, (1, 1, 1), (32, 1, 1), 0, ["x"])
+    with pytest.raises(ValueError, match="cluster: .* must divide the grid"):
+        launch_ex.launch(None, (3, 1, 1), (32, 1, 1), 0, [], cluster=(2, 1, 1))
     with pytest.raises(ValueError, match="ids: at most 65535"):
         m1.experts(torch.randn(8192, 256).bfloat16(), torch.ones(8192, 8), torch.zeros(8192, 8, dtype=torch.long),
                    gu, *[None] * 6)
@@ -191,10 +193,10 @@ def test_gpu_gemv_and_experts_match_fp32_math(decode):
         for cd in (cfg, m1.Config(rows=2, splits=3, decode=decode)):  # (3 warps: items a warp takes differ)
             got = m1.experts(x, weights, ids, gup, gbs, gs2, dnp, dbs, ds2, 7.0, cfg, cd, sum_choices, pdl=False)
             assert ((got.float() - ref).abs().max() / ref.abs().max()).item() < 1e-2, (sum_choices, cd)
-            if pdl.supported(x.device):  # down as a programmatic dependent of gate|up: the same kernels, bit for bit
+            if launch_ex.supported(x.device):  # down as a programmatic dependent of gate|up: the same kernels, bit for bit
                 assert torch.equal(m1.experts(x, weights, ids, gup, gbs, gs2, dnp, dbs, ds2, 7.0, cfg, cd,
                                               sum_choices, pdl=True), got)
-    if pdl.supported(x.device):  # captured in a CUDA graph (a programmatic edge), replayed
+    if launch_ex.supported(x.device):  # captured in a CUDA graph (a programmatic edge), replayed
         graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
         with torch.cuda.stream(stream), torch.cuda.graph(graph):
             out = m1.experts(x[:1], weights[:1], ids[:1], gup, gbs, gs2, dnp, dbs, ds2, 7.0, cfg, cfg, pdl=True)

@@ -95,7 +95,7 @@ extern "C" __global__ void __launch_bounds__(32 * KS) NAME(
     double limit_d) {  // (a double: torch's launcher passes Python floats as doubles)
   const float limit = (float)limit_d;
 #if __CUDA_ARCH__ >= 900
-  // programmatic dependent launch (kernels/pdl.py): gate|up lets down start as soon as all of its blocks run
+  // programmatic dependent launch (kernels/launch_ex.py): gate|up lets down start as soon as all of its blocks run
   if (MODE == 1) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
   extern __shared__ __align__(16) unsigned char smem[];
@@ -388,9 +388,9 @@ def _launch(cfg: Config, mode: str, grid: tuple[int, int], w, s, s2, x, ids, rou
     args = [w, s, s2, x, ids if ids is not None else s2, route if route is not None else s2, y, n, k, top_k,
             num_experts, float(limit)]
     if pdl:
-        from tpserve.kernels import pdl as pdl_launch
+        from tpserve.kernels import launch_ex
 
-        pdl_launch.launch(kernel, (grid[0], grid[1], 1), (32 * cfg.splits, 1, 1), smem, args)
+        launch_ex.launch(kernel, (grid[0], grid[1], 1), (32 * cfg.splits, 1, 1), smem, args, pdl=True)
     else:
         kernel(grid=(grid[0], grid[1], 1), block=(32 * cfg.splits, 1, 1), shared_mem=smem, args=args)
 
@@ -428,7 +428,7 @@ def experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: 
     sum_choices: the down kernel sums a token's choices itself ("down_sum", a block a row tile and token) rather
     than writing each pair's fp32 row for route_triton.combine_choices (None: at one token, where it measured
     faster, 42.4 us against 47.0 for the MoE layer of BENCHMARKS.md's twenty-fifth session; level at 2 tokens,
-    slower at 8). pdl: down launched as a programmatic dependent of gate|up (kernels/pdl.py: its blocks load their
+    slower at 8). pdl: down launched as a programmatic dependent of gate|up (kernels/launch_ex.py: its blocks load their
     first W stages while gate|up's last blocks run; None: where supported, sm_90+).
     -> [T, D] bf16, each token's choices summed in fp32."""
     t, top_k = ids.shape
@@ -467,9 +467,9 @@ def experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: 
         dn_args = (mg._aligned(down, 16), dn_bscale.contiguous().view(torch.uint8), dn_scale2.float().contiguous(),
                    h.view(torch.int16), flat, weights.reshape(-1).float().contiguous())
         if pdl is None:
-            from tpserve.kernels import pdl as pdl_launch
+            from tpserve.kernels import launch_ex
 
-            pdl = pdl_launch.supported(x.device)
+            pdl = launch_ex.supported(x.device)
         _launch(cd, "down_sum" if sum_choices else "down", (-(-d // (16 * cd.rows)), t if sum_choices else p),
                 *dn_args, y.view(torch.int16) if sum_choices else y, d, inter, top_k, num_experts, pdl=pdl)
     elif sum_choices:

@@ -1,14 +1,17 @@
-"""Programmatic dependent launch (PDL, sm_90+) for the NVRTC kernels that `torch.cuda._compile_kernel` builds.
+"""Launches of the NVRTC kernels that `torch.cuda._compile_kernel` builds through the driver's cuLaunchKernelEx
+(ctypes), for the two launch attributes its own launcher cannot give (sm_90+):
 
-A kernel launched with CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION may start before the kernel ahead
-of it in the stream has finished: once every block of that one has run `griddepcontrol.launch_dependents` (or
-exited). It must run `griddepcontrol.wait` before it reads what that kernel writes; the wait returns once that
-kernel has finished and its writes are visible. Work before the wait (loads of weights the kernel ahead does not
-write) then overlaps that kernel's last blocks. Both instructions are no-ops in a kernel launched without the
-attribute, so a kernel that has them runs either way. CUDA graphs keep the dependency as a programmatic edge.
+- **Programmatic dependent launch (PDL).** A kernel launched with programmatic stream serialization may start
+  before the kernel ahead of it in the stream has finished: once every block of that one has run
+  `griddepcontrol.launch_dependents` (or exited). It must run `griddepcontrol.wait` before it reads what that
+  kernel writes; the wait returns once that kernel has finished and its writes are visible. Work before the wait
+  (loads of weights the kernel ahead does not write) then overlaps that kernel's last blocks. Both instructions
+  are no-ops in a kernel launched without the attribute. CUDA graphs keep the dependency as a programmatic edge.
+- **Thread-block clusters.** Consecutive blocks (cluster[0] along x) are scheduled together and may read each
+  other's shared memory (`mapa` / `ld.shared::cluster`) between cluster barriers.
 
 `launch` takes the arguments as `_CudaKernel.__call__` does (tensors as pointers, ints as C ints, floats as C
-doubles) and launches through the driver's cuLaunchKernelEx (ctypes).
+doubles).
 """
 
 from __future__ import annotations
@@ -18,12 +21,12 @@ import functools
 
 import torch
 
-PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CUlaunchAttributeID
+CLUSTER_DIMENSION, PROGRAMMATIC_STREAM_SERIALIZATION = 4, 6  # CUlaunchAttributeID
 
 
 class _Attribute(ctypes.Structure):  # CUlaunchAttribute: the id, padding to 8 bytes, a 64-byte value union
-    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int),
-                ("value_rest", ctypes.c_char * 60)]
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_uint * 3),
+                ("value_rest", ctypes.c_char * 52)]
 
 
 class _Config(ctypes.Structure):  # CUlaunchConfig
@@ -34,7 +37,7 @@ class _Config(ctypes.Structure):  # CUlaunchConfig
 
 
 def supported(device: torch.device) -> bool:
-    """PDL needs sm_90+ and a driver with cuLaunchKernelEx."""
+    """These launches need sm_90+ and a driver with cuLaunchKernelEx."""
     if device.type != "cuda" or not torch.cuda.is_available() or torch.version.cuda is None:
         return False
     return _supported(torch.cuda.current_device() if device.index is None else device.index)
@@ -47,9 +50,10 @@ def _supported(index: int) -> bool:  # (asked at every experts call: the answer 
     return hasattr(torch.cuda._utils._get_gpu_runtime_library(), "cuLaunchKernelEx")
 
 
-def launch(kernel, grid: tuple[int, int, int], block: tuple[int, int, int], shared_mem: int, args: list) -> None:
-    """Launch `kernel` (a `_CudaKernel`) on the current stream, allowed to start before the kernel ahead of it
-    finishes (see the module docstring)."""
+def launch(kernel, grid: tuple[int, int, int], block: tuple[int, int, int], shared_mem: int, args: list,
+           pdl: bool = False, cluster: tuple[int, int, int] | None = None) -> None:
+    """Launch `kernel` (a `_CudaKernel`) on the current stream: pdl, allowed to start before the kernel ahead of
+    it finishes; cluster, in thread-block clusters of these dimensions (see the module docstring)."""
     keep = []  # the C values the pointers below point into
     for a in args:
         if isinstance(a, torch.Tensor):
@@ -60,10 +64,14 @@ def launch(kernel, grid: tuple[int, int, int], block: tuple[int, int, int], shar
             raise TypeError(f"args: tensors, ints and floats only, got {type(a).__name__}")
         else:
             keep.append(ctypes.c_int(a) if isinstance(a, int) else ctypes.c_double(a))
+    if cluster is not None and any(g % c for g, c in zip(grid, cluster)):
+        raise ValueError(f"cluster: {cluster} must divide the grid {grid}")
+    attrs = ([_Attribute(id=PROGRAMMATIC_STREAM_SERIALIZATION, value=(1, 0, 0))] if pdl else []) + \
+        ([_Attribute(id=CLUSTER_DIMENSION, value=tuple(cluster))] if cluster is not None else [])
     libcuda = torch.cuda._utils._get_gpu_runtime_library()
     params = (ctypes.c_void_p * len(keep))(*[ctypes.cast(ctypes.byref(v), ctypes.c_void_p) for v in keep])
-    attr = _Attribute(id=PROGRAMMATIC_STREAM_SERIALIZATION, value=1)
-    cfg = _Config(*grid, *block, shared_mem, torch.cuda.current_stream().cuda_stream, ctypes.pointer(attr), 1)
+    array = (_Attribute * max(len(attrs), 1))(*attrs)
+    cfg = _Config(*grid, *block, shared_mem, torch.cuda.current_stream().cuda_stream, array, len(attrs))
     err = libcuda.cuLaunchKernelEx(ctypes.byref(cfg), kernel.func, params, None)
     if err != 0:
         name = ctypes.c_char_p()
