@@ -39,7 +39,6 @@ tile. Sections:
            1, 2 and 8 tokens, down_sum's config swept; kernels profiled
   mmasmem  mma_gemv with W through shared memory (cp.async) against register loads: bit for bit, then both shapes
            at 1, 2, 4, 8 rows over smem configs beside the defaults
-  mmaksplit mma_gemv with two blocks a row tile (a cluster over K) against the defaults, both shapes, 1-8 rows
   m1pdl    nvfp4_m1's experts with down as a programmatic dependent launch of gate|up against a plain launch
   m1par    nvfp4_m1's gate|up and down_sum kernels alone, in sequence, and on two streams with no dependency (a
            bound on what overlapping them could give), 1 and 8 tokens
@@ -980,40 +979,6 @@ def sec_mmasmem(res):
                         print(f"  M={mm} {c}: {t * 1e6:.1f} us ({100 * floor / t:.0f}%)", flush=True)
 
 
-def sec_mmaksplit(res):
-    """kernels/mma_gemv.py with two blocks a row tile (Config.ksplit 2: a thread-block cluster over K, sums added
-    through distributed shared memory; the fifth call's Nsight Compute found 4096 x 12288's grid holding ~15 warps
-    an SM) against the register-load defaults: both shapes, 1 and 8 rows (and the best at 2 and 4), each config
-    against fp32 math first, beside w8a16_gemv's / w4a16_gemv's default ("default") and mma_gemv's ("mma regs")."""
-    from tpserve.kernels import mma_gemv as mg
-
-    for fmt, spec in (("fp8", _fp8), ("nvfp4", _fp4)):
-        quantize, call, _, nbytes = spec()
-        cfgs = [mg.Config(fmt, r, sp, d, 256, True, 0, "regs", 2) for r in (1, 2) for sp in (2, 4, 8)
-                for d in (2, 3, 4)]
-
-        def mcall(x, p, c):
-            if c == "default":
-                return call(x, p, "default")
-            return _mma_run(fmt, x, p, None if c == "mma regs" else c)
-
-        for n, k in ((4096, 12288), (12288, 4096)):
-            packed, packs, wd, floor = _weights(quantize, nbytes, n, k)
-            for m in (1, 8):
-                x = torch.randn(m, k, device="cuda").bfloat16()
-                key = f"mmaksplit {fmt} {n}x{k} M={m}"
-                best = _case(res, key, ["default", "mma regs"] + cfgs, mcall, x, packed, packs, x.float() @ wd.T,
-                             floor, top=6)
-                res[key]["best"] = [(str(c), us) for c, us in res[key]["best"]]
-                top = next((c for _, c in best if c not in ("default", "mma regs")), None)
-                for mm in (2, 4) if top is not None else ():
-                    xm = torch.randn(mm, k, device="cuda").bfloat16()
-                    for c in (top, "mma regs"):
-                        t = timed([(lambda p=p, c=c: mcall(xm, p, c)) for p in packs])
-                        res[f"{key[:-4]} M={mm} {c}"] = dict(us=t * 1e6, pct=100 * floor / t)
-                        print(f"  M={mm} {c}: {t * 1e6:.1f} us ({100 * floor / t:.0f}%)", flush=True)
-
-
 def sec_m1pdl(res):
     """nvfp4_m1's experts with down launched as a programmatic dependent of gate|up (kernels/launch_ex.py) against a
     plain launch, at 1, 2 and 8 tokens (defaults otherwise; whole MoE layer timed from a CUDA graph, 8 routings in
@@ -1044,7 +1009,7 @@ def sec_m1pdl(res):
 
 if __name__ == "__main__":
     sys.exit(run_sections(dict(m1=sec_m1, m1def=sec_m1def, m1exp=sec_m1exp, m1sum=sec_m1sum, m1par=sec_m1par,
-                               m1pdl=sec_m1pdl, mmasmem=sec_mmasmem, mmaksplit=sec_mmaksplit, fp8det=sec_fp8det,
+                               m1pdl=sec_m1pdl, mmasmem=sec_mmasmem, fp8det=sec_fp8det,
                                moe=sec_moe,
                                prefill=sec_prefill, gemv=sec_gemv,
                                w8a16=lambda r: sec_gemv(r, "w8a16"),

@@ -84,9 +84,6 @@ def test_config_and_shape_errors_name_the_field():
     assert cfg.smem_bytes == 4 * 3 * 2 * 2048 and mg.Config().smem_bytes == 0
     assert "#define ASYNC 1\n" in mg.source(cfg) and "#define ASYNC 0\n" in mg.source(mg.Config())
     assert cfg.name != mg.Config(rows=2, splits=4, depth=3).name
-    with pytest.raises(ValueError, match="Config.ksplit"):
-        mg.Config(ksplit=3)
-    assert "#define KSPLIT 2\n" in mg.source(mg.Config(ksplit=2)) and mg.Config(ksplit=2).name.endswith("_k2")
     assert mg.fits(8, 4096, torch.bfloat16, (128, 128)) and mg.fits(8, 4096, torch.bfloat16)
     assert not mg.fits(9, 4096, torch.bfloat16, (128, 128))
     assert not mg.fits(4, 4000, torch.bfloat16, (128, 128))
@@ -134,35 +131,6 @@ def test_gpu_smem_stage_is_bit_for_bit_the_register_loads():
                 else:
                     a, b = (mg.nvfp4_gemv(x, p, bs, s2.expand(n), cfg=c) for c in cfgs)
                 assert torch.equal(a, b), (n, k, m, rows, splits, depth, fmt)
-
-
-@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
-                    reason="thread-block clusters need an sm_90 GPU")
-def test_gpu_ksplit_clusters_match_fp32_math_and_the_one_block_sums():
-    """Config.ksplit 2: two blocks of a cluster each over half of the K chunks, added through distributed shared
-    memory; odd shapes (fewer chunks than warps, N not a multiple of 16), both formats, eager and in a graph."""
-    torch.manual_seed(0)
-    for n, k, m in ((1000, 256, 3), (4096, 1024, 8), (40, 2048, 1)):
-        w = torch.randn(n, k, device="cuda") / k**0.5
-        q, s = qr.fp8_block_quantize(w)
-        p, bs, s2 = qr.nvfp4_quantize(w)
-        x = torch.randn(m, k, device="cuda").bfloat16()
-        refs = {"fp8": x.float() @ qr.fp8_block_dequantize(q, s).T,
-                "nvfp4": x.float() @ qr.nvfp4_dequantize(p, bs, s2).T}
-        for rows, splits, depth, stage in ((1, 8, 2, "regs"), (2, 4, 3, "regs"), (1, 3, 2, "smem")):
-            for fmt in ("fp8", "nvfp4"):
-                cfg = mg.Config(fmt, rows, splits, depth, 256, True, 0, stage, 2)
-                y = (mg.fp8_gemv(x, q, s, cfg=cfg) if fmt == "fp8" else mg.nvfp4_gemv(x, p, bs, s2.expand(n), cfg=cfg))
-                err = ((y.float() - refs[fmt]).abs().max() / refs[fmt].abs().max()).item()
-                assert err < 4e-3, (n, k, m, rows, splits, depth, stage, fmt, err)
-    cfg = mg.Config("fp8", 1, 8, 2, 256, True, 0, "regs", 2)
-    eager = mg.fp8_gemv(x, q, s, cfg=cfg)
-    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
-    with torch.cuda.stream(stream), torch.cuda.graph(graph):
-        out = mg.fp8_gemv(x, q, s, cfg=cfg)
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(out, eager)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the CUDA kernel needs a GPU")

@@ -1,14 +1,13 @@
 """Launches of the NVRTC kernels that `torch.cuda._compile_kernel` builds through the driver's cuLaunchKernelEx
-(ctypes), for the two launch attributes its own launcher cannot give (sm_90+):
+(ctypes), for what its own launcher cannot give (sm_90+): programmatic dependent launch (PDL).
 
-- **Programmatic dependent launch (PDL).** A kernel launched with programmatic stream serialization may start
-  before the kernel ahead of it in the stream has finished: once every block of that one has run
-  `griddepcontrol.launch_dependents` (or exited). It must run `griddepcontrol.wait` before it reads what that
-  kernel writes; the wait returns once that kernel has finished and its writes are visible. Work before the wait
-  (loads of weights the kernel ahead does not write) then overlaps that kernel's last blocks. Both instructions
-  are no-ops in a kernel launched without the attribute. CUDA graphs keep the dependency as a programmatic edge.
-- **Thread-block clusters.** Consecutive blocks (cluster[0] along x) are scheduled together and may read each
-  other's shared memory (`mapa` / `ld.shared::cluster`) between cluster barriers.
+A kernel launched with programmatic stream serialization may start before the kernel ahead of it in the stream has
+finished: once every block of that one has run `griddepcontrol.launch_dependents` (or exited). It must run
+`griddepcontrol.wait` before it reads what that kernel writes; the wait returns once that kernel has finished and
+its writes are visible. Work before the wait (loads of weights the kernel ahead does not write) then overlaps that
+kernel's last blocks. Both instructions are no-ops in a kernel launched without the attribute. CUDA graphs keep the
+dependency as a programmatic edge. (Thread-block clusters, CUlaunchAttributeID 4, were launched from here for
+mma_gemv's two-block K split until it measured slower: BENCHMARKS.md, twenty-fifth session.)
 
 `launch` takes the arguments as `_CudaKernel.__call__` does (tensors as pointers, ints as C ints, floats as C
 doubles).
@@ -21,7 +20,7 @@ import functools
 
 import torch
 
-CLUSTER_DIMENSION, PROGRAMMATIC_STREAM_SERIALIZATION = 4, 6  # CUlaunchAttributeID
+PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CUlaunchAttributeID
 
 
 class _Attribute(ctypes.Structure):  # CUlaunchAttribute: the id, padding to 8 bytes, a 64-byte value union
@@ -51,9 +50,9 @@ def _supported(index: int) -> bool:  # (asked at every experts call: the answer 
 
 
 def launch(kernel, grid: tuple[int, int, int], block: tuple[int, int, int], shared_mem: int, args: list,
-           pdl: bool = False, cluster: tuple[int, int, int] | None = None) -> None:
-    """Launch `kernel` (a `_CudaKernel`) on the current stream: pdl, allowed to start before the kernel ahead of
-    it finishes; cluster, in thread-block clusters of these dimensions (see the module docstring)."""
+           pdl: bool = True) -> None:
+    """Launch `kernel` (a `_CudaKernel`) on the current stream; pdl: allowed to start before the kernel ahead of it
+    finishes (see the module docstring)."""
     keep = []  # the C values the pointers below point into
     for a in args:
         if isinstance(a, torch.Tensor):
@@ -64,10 +63,7 @@ def launch(kernel, grid: tuple[int, int, int], block: tuple[int, int, int], shar
             raise TypeError(f"args: tensors, ints and floats only, got {type(a).__name__}")
         else:
             keep.append(ctypes.c_int(a) if isinstance(a, int) else ctypes.c_double(a))
-    if cluster is not None and any(g % c for g, c in zip(grid, cluster)):
-        raise ValueError(f"cluster: {cluster} must divide the grid {grid}")
-    attrs = ([_Attribute(id=PROGRAMMATIC_STREAM_SERIALIZATION, value=(1, 0, 0))] if pdl else []) + \
-        ([_Attribute(id=CLUSTER_DIMENSION, value=tuple(cluster))] if cluster is not None else [])
+    attrs = [_Attribute(id=PROGRAMMATIC_STREAM_SERIALIZATION, value=(1, 0, 0))] if pdl else []
     libcuda = torch.cuda._utils._get_gpu_runtime_library()
     params = (ctypes.c_void_p * len(keep))(*[ctypes.cast(ctypes.byref(v), ctypes.c_void_p) for v in keep])
     array = (_Attribute * max(len(attrs), 1))(*attrs)

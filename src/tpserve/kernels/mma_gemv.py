@@ -122,8 +122,7 @@ __device__ __forceinline__ unsigned short to_bf16(float f) {
 
 _SOURCE = r"""
 #define ROWS_PER_WARP (16 * R)
-#define KSW (KS * KSPLIT)  // warps over K: the block's, times the blocks of a cluster (KSPLIT)
-#define CHUNK(i) (INTERLEAVE ? (i) * KSW + kwarp : (i))  // the i-th of a warp's K chunks
+#define CHUNK(i) (INTERLEAVE ? (i) * KS + warp : (i))  // the i-th of a warp's K chunks
 
 struct Chunk { uint4 lo[R][2], hi[R][2]; };  // W only: [row tile][64-wide half of the 128 block]
 
@@ -266,10 +265,7 @@ extern "C" __global__ void __launch_bounds__(LAUNCH_BOUNDS) NAME(
     const unsigned short* __restrict__ x, unsigned short* __restrict__ y, int M, int N, int K, int SK, int BNS) {
   __shared__ float red[KS > 1 ? KS - 1 : 1][R][4][32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
-  // KSPLIT > 1: a cluster of KSPLIT consecutive blocks shares a row tile, each over its share of K; their sums
-  // meet through distributed shared memory at the end (sm_90)
-  const int kpart = KSPLIT > 1 ? blockIdx.x % KSPLIT : 0, kwarp = kpart * KS + warp;
-  const int row0 = blockIdx.x / KSPLIT * ROWS_PER_WARP;
+  const int row0 = blockIdx.x * ROWS_PER_WARP;
   const long row_bytes = FP4 ? K / 2 : K;  // a K chunk is 128 bytes of a row: 128 FP8 or 256 NVFP4 values
   const unsigned char* wlo[R];
   const unsigned char* whi[R];
@@ -290,8 +286,8 @@ extern "C" __global__ void __launch_bounds__(LAUNCH_BOUNDS) NAME(
   // a warp's K chunks: a contiguous share (INTERLEAVE 0), or every KS-th chunk from its own (the block's warps
   // then read KS adjacent chunks of each row at about the same time: longer runs for DRAM)
   const int nkb = (int)(row_bytes >> 7);
-  const int kb0 = INTERLEAVE ? 0 : kwarp * nkb / KSW, kb1 = INTERLEAVE ? (nkb - kwarp + KSW - 1) / KSW
-                                                                       : (kwarp + 1) * nkb / KSW;
+  const int kb0 = INTERLEAVE ? 0 : warp * nkb / KS, kb1 = INTERLEAVE ? (nkb - warp + KS - 1) / KS
+                                                                      : (warp + 1) * nkb / KS;
   float acc[R][4];
 #pragma unroll
   for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = acc[r][2] = acc[r][3] = 0.f;
@@ -343,7 +339,7 @@ extern "C" __global__ void __launch_bounds__(LAUNCH_BOUNDS) NAME(
         for (int i = 0; i < 4; i++) red[warp - 1][r][i][lane] = acc[r][i];
     }
     __syncthreads();
-    if (KSPLIT == 1 && warp > 0) return;
+    if (warp > 0) return;
 #pragma unroll
     for (int v = 0; v < KS - 1; v++)
 #pragma unroll
@@ -351,34 +347,6 @@ extern "C" __global__ void __launch_bounds__(LAUNCH_BOUNDS) NAME(
 #pragma unroll
         for (int i = 0; i < 4; i++) acc[r][i] += red[v][r][i][lane];
   }
-#if KSPLIT > 1
-  {  // block 1 of the cluster hands its sums to block 0 (every thread of both takes the cluster barriers)
-    __shared__ float cred[R][4][32];
-    if (kpart == 1 && warp == 0) {
-#pragma unroll
-      for (int r = 0; r < R; r++)
-#pragma unroll
-        for (int i = 0; i < 4; i++) cred[r][i][lane] = acc[r][i];
-    }
-    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-    if (kpart == 0 && warp == 0) {
-      unsigned remote;
-      asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote)
-                   : "r"((unsigned)__cvta_generic_to_shared(&cred[0][0][lane])), "r"(1u));
-#pragma unroll
-      for (int r = 0; r < R; r++)
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-          float v;
-          asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote + (unsigned)((r * 4 + i) * 128)));
-          acc[r][i] += v;
-        }
-    }
-    // block 1 keeps its shared memory until block 0 has read it
-    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-    if (kpart != 0 || warp > 0) return;
-  }
-#endif
   // acc[r]: rows (row0 + 16 r + g, + 8) x columns (x rows 2c, 2c + 1)
 #pragma unroll
   for (int r = 0; r < R; r++) {
@@ -401,9 +369,7 @@ class Config:
     (`__launch_bounds__`' second argument, ptxas then caps the registers to fit them; 0: not given. Given as 1 it
     let ptxas use 246 registers for the NVFP4 default, 164 without: slower on an H200, BENCHMARKS.md); stage: W
     loads "regs" (straight into registers, depth chunks a warp) or "smem" (`cp.async` into a ring of depth chunks
-    in shared memory, depth x rows x 2 KiB a warp: the bytes in flight then cost no registers); ksplit: 2 puts
-    two blocks on each row tile, a thread-block cluster (sm_90), each over half of the K chunks, their sums added
-    through distributed shared memory (twice the warps where the row tiles alone leave SMs short of them)."""
+    in shared memory, depth x rows x 2 KiB a warp: the bytes in flight then cost no registers)."""
     fmt: str = "fp8"
     rows: int = 1
     splits: int = 2
@@ -412,11 +378,8 @@ class Config:
     interleave: bool = False
     min_blocks: int = 0
     stage: str = "regs"
-    ksplit: int = 1
 
     def __post_init__(self):
-        if self.ksplit not in (1, 2) or isinstance(self.ksplit, bool):
-            raise ValueError(f"Config.ksplit: must be 1 or 2 (blocks of a cluster over K), got {self.ksplit!r}")
         if self.stage not in ("regs", "smem"):
             raise ValueError(f"Config.stage: must be 'regs' or 'smem', got {self.stage!r}")
         if not isinstance(self.interleave, bool):
@@ -434,8 +397,7 @@ class Config:
     @property
     def name(self) -> str:
         return (f"tpserve_{self.fmt}_mma_gemv_r{self.rows}_s{self.splits}_d{self.depth}_p{self.l2_prefetch}"
-                f"_i{int(self.interleave)}_b{self.min_blocks}" + ("_smem" if self.stage == "smem" else "")
-                + (f"_k{self.ksplit}" if self.ksplit > 1 else ""))
+                f"_i{int(self.interleave)}_b{self.min_blocks}" + ("_smem" if self.stage == "smem" else ""))
 
     @property
     def smem_bytes(self) -> int:
@@ -446,7 +408,7 @@ class Config:
 def source(cfg: Config) -> str:
     """The CUDA source of one configuration (its kernel is `cfg.name`)."""
     defines = dict(R=cfg.rows, KS=cfg.splits, DEPTH=cfg.depth, NAME=cfg.name, FP4=int(cfg.fmt == "nvfp4"),
-                   INTERLEAVE=int(cfg.interleave), ASYNC=int(cfg.stage == "smem"), KSPLIT=cfg.ksplit,
+                   INTERLEAVE=int(cfg.interleave), ASYNC=int(cfg.stage == "smem"),
                    LAUNCH_BOUNDS=f"32 * KS, {cfg.min_blocks}" if cfg.min_blocks else "32 * KS",
                    SEL_LO=f"{SEL_LO:#x}u", SEL_HI=f"{SEL_HI:#x}u", DECODE_MASK=f"{DECODE_MASK:#x}u",
                    DECODE_SHIFT=DECODE_SHIFT, **{k: f"{v:#010x}u" for k, v in FP4_TABLES.items()},
@@ -541,14 +503,8 @@ def _launch(cfg: Config, w, s, s2, x, n: int, sk: int, bns: int) -> torch.Tensor
     kernel, smem = _kernel(cfg, f"{major}{minor}", device), cfg.smem_bytes
     if smem >= 48 * 1024 and smem > getattr(kernel, "_max_shared_mem_bytes", 0):
         kernel.set_shared_memory_config(smem)
-    grid, block = (-(-n // (16 * cfg.rows)) * cfg.ksplit, 1, 1), (32 * cfg.splits, 1, 1)
-    args = [w.view(torch.uint8), s, s2, x.view(torch.int16), y.view(torch.int16), m, n, k, sk, bns]
-    if cfg.ksplit > 1:
-        from tpserve.kernels import launch_ex
-
-        launch_ex.launch(kernel, grid, block, smem, args, cluster=(cfg.ksplit, 1, 1))
-    else:
-        kernel(grid=grid, block=block, shared_mem=smem, args=args)
+    kernel(grid=(-(-n // (16 * cfg.rows)), 1, 1), block=(32 * cfg.splits, 1, 1), shared_mem=smem,
+           args=[w.view(torch.uint8), s, s2, x.view(torch.int16), y.view(torch.int16), m, n, k, sk, bns])
     return y
 
 
