@@ -460,16 +460,17 @@ def experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: 
                     device=x.device)
     if p:
         lim = float("inf") if limit is None else float(limit)
-        _launch(cg, "gate_up", (-(-inter // (16 * cg.rows)), p), mg._aligned(gate_up, 16),
-                gu_bscale.contiguous().view(torch.uint8), gu_scale2.float().contiguous(),
-                mg._aligned(x, 16).view(torch.int16), flat, None, h.view(torch.int16), inter, d, top_k, num_experts,
-                lim)
+        # down's arguments first: a copy or cast among them would launch a kernel between gate|up and down
         dn_args = (mg._aligned(down, 16), dn_bscale.contiguous().view(torch.uint8), dn_scale2.float().contiguous(),
                    h.view(torch.int16), flat, weights.reshape(-1).float().contiguous())
         if pdl is None:
             from tpserve.kernels import launch_ex
 
             pdl = launch_ex.supported(x.device)
+        _launch(cg, "gate_up", (-(-inter // (16 * cg.rows)), p), mg._aligned(gate_up, 16),
+                gu_bscale.contiguous().view(torch.uint8), gu_scale2.float().contiguous(),
+                mg._aligned(x, 16).view(torch.int16), flat, None, h.view(torch.int16), inter, d, top_k, num_experts,
+                lim)
         _launch(cd, "down_sum" if sum_choices else "down", (-(-d // (16 * cd.rows)), t if sum_choices else p),
                 *dn_args, y.view(torch.int16) if sum_choices else y, d, inter, top_k, num_experts, pdl=pdl)
     elif sum_choices:
