@@ -139,9 +139,9 @@ def test_config_and_shape_errors_name_the_field():
     assert m1.Config(splits=2).smem(1, 2048, 8) == 2 * 2 * 2304 + 8 * 4096 + 32
     assert launch_ex.supported(torch.device("cpu")) is False
     with pytest.raises(ValueError, match="args: tensors must be on a CUDA device"):
-        launch_ex.launch(None, (1, 1, 1), (32, 1, 1), 0, [torch.zeros(1)])
+        launch_ex.launch_pdl(None, (1, 1, 1), (32, 1, 1), 0, [torch.zeros(1)])
     with pytest.raises(TypeError, match="args: tensors, ints and floats only"):
-        launch_ex.launch(None, (1, 1, 1), (32, 1, 1), 0, ["x"])
+        launch_ex.launch_pdl(None, (1, 1, 1), (32, 1, 1), 0, ["x"])
     with pytest.raises(ValueError, match="ids: at most 65535"):
         m1.experts(torch.randn(8192, 256).bfloat16(), torch.ones(8192, 8), torch.zeros(8192, 8, dtype=torch.long),
                    gu, *[None] * 6)

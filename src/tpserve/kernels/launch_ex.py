@@ -6,10 +6,9 @@ finished: once every block of that one has run `griddepcontrol.launch_dependents
 `griddepcontrol.wait` before it reads what that kernel writes; the wait returns once that kernel has finished and
 its writes are visible. Work before the wait (loads of weights the kernel ahead does not write) then overlaps that
 kernel's last blocks. Both instructions are no-ops in a kernel launched without the attribute. CUDA graphs keep the
-dependency as a programmatic edge. (Thread-block clusters, CUlaunchAttributeID 4, were launched from here for
-mma_gemv's two-block K split until it measured slower: BENCHMARKS.md, twenty-fifth session.)
+dependency as a programmatic edge.
 
-`launch` takes the arguments as `_CudaKernel.__call__` does (tensors as pointers, ints as C ints, floats as C
+`launch_pdl` takes the arguments as `_CudaKernel.__call__` does (tensors as pointers, ints as C ints, floats as C
 doubles).
 """
 
@@ -24,8 +23,8 @@ PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CUlaunchAttributeID
 
 
 class _Attribute(ctypes.Structure):  # CUlaunchAttribute: the id, padding to 8 bytes, a 64-byte value union
-    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_uint * 3),
-                ("value_rest", ctypes.c_char * 52)]
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int),
+                ("value_rest", ctypes.c_char * 60)]
 
 
 class _Config(ctypes.Structure):  # CUlaunchConfig
@@ -36,7 +35,7 @@ class _Config(ctypes.Structure):  # CUlaunchConfig
 
 
 def supported(device: torch.device) -> bool:
-    """These launches need sm_90+ and a driver with cuLaunchKernelEx."""
+    """PDL needs sm_90+ and a driver with cuLaunchKernelEx."""
     if device.type != "cuda" or not torch.cuda.is_available() or torch.version.cuda is None:
         return False
     return _supported(torch.cuda.current_device() if device.index is None else device.index)
@@ -49,9 +48,8 @@ def _supported(index: int) -> bool:  # (asked at every experts call: the answer 
     return hasattr(torch.cuda._utils._get_gpu_runtime_library(), "cuLaunchKernelEx")
 
 
-def launch(kernel, grid: tuple[int, int, int], block: tuple[int, int, int], shared_mem: int, args: list,
-           pdl: bool = True) -> None:
-    """Launch `kernel` (a `_CudaKernel`) on the current stream; pdl: allowed to start before the kernel ahead of it
+def launch_pdl(kernel, grid: tuple[int, int, int], block: tuple[int, int, int], shared_mem: int, args: list) -> None:
+    """Launch `kernel` (a `_CudaKernel`) on the current stream, allowed to start before the kernel ahead of it
     finishes (see the module docstring)."""
     keep = []  # the C values the pointers below point into
     for a in args:
@@ -63,11 +61,10 @@ def launch(kernel, grid: tuple[int, int, int], block: tuple[int, int, int], shar
             raise TypeError(f"args: tensors, ints and floats only, got {type(a).__name__}")
         else:
             keep.append(ctypes.c_int(a) if isinstance(a, int) else ctypes.c_double(a))
-    attrs = [_Attribute(id=PROGRAMMATIC_STREAM_SERIALIZATION, value=(1, 0, 0))] if pdl else []
     libcuda = torch.cuda._utils._get_gpu_runtime_library()
     params = (ctypes.c_void_p * len(keep))(*[ctypes.cast(ctypes.byref(v), ctypes.c_void_p) for v in keep])
-    array = (_Attribute * max(len(attrs), 1))(*attrs)
-    cfg = _Config(*grid, *block, shared_mem, torch.cuda.current_stream().cuda_stream, array, len(attrs))
+    attr = _Attribute(id=PROGRAMMATIC_STREAM_SERIALIZATION, value=1)
+    cfg = _Config(*grid, *block, shared_mem, torch.cuda.current_stream().cuda_stream, ctypes.pointer(attr), 1)
     err = libcuda.cuLaunchKernelEx(ctypes.byref(cfg), kernel.func, params, None)
     if err != 0:
         name = ctypes.c_char_p()

@@ -489,6 +489,13 @@ def _aligned(t: torch.Tensor, boundary: int) -> torch.Tensor:
     return t if t.data_ptr() % boundary == 0 else t.clone()
 
 
+def reserve_smem(kernel, nbytes: int) -> None:
+    """Opt a compiled kernel in to `nbytes` of dynamic shared memory where that is past the 48 KiB a launch gets
+    unasked (torch's launcher refuses the launch otherwise)."""
+    if nbytes >= 48 * 1024 and nbytes > getattr(kernel, "_max_shared_mem_bytes", 0):
+        kernel.set_shared_memory_config(nbytes)
+
+
 def _launch(cfg: Config, w, s, s2, x, n: int, sk: int, bns: int) -> torch.Tensor:
     m, k = x.shape
     y = torch.empty(m, n, dtype=torch.bfloat16, device=x.device)
@@ -501,8 +508,7 @@ def _launch(cfg: Config, w, s, s2, x, n: int, sk: int, bns: int) -> torch.Tensor
                          "(call inside `with torch.cuda.device(...)`)")
     major, minor = torch.cuda.get_device_capability(device)
     kernel, smem = _kernel(cfg, f"{major}{minor}", device), cfg.smem_bytes
-    if smem >= 48 * 1024 and smem > getattr(kernel, "_max_shared_mem_bytes", 0):
-        kernel.set_shared_memory_config(smem)
+    reserve_smem(kernel, smem)
     kernel(grid=(-(-n // (16 * cfg.rows)), 1, 1), block=(32 * cfg.splits, 1, 1), shared_mem=smem,
            args=[w.view(torch.uint8), s, s2, x.view(torch.int16), y.view(torch.int16), m, n, k, sk, bns])
     return y

@@ -383,14 +383,13 @@ def _launch(cfg: Config, mode: str, grid: tuple[int, int], w, s, s2, x, ids, rou
     major, minor = torch.cuda.get_device_capability(device)
     kernel = _kernel(cfg, mode, f"{major}{minor}", device)
     smem = cfg.smem(2 if mode == "gate_up" else 1, k, top_k if mode == "down_sum" else 1)
-    if smem >= 48 * 1024 and smem > getattr(kernel, "_max_shared_mem_bytes", 0):
-        kernel.set_shared_memory_config(smem)
+    mg.reserve_smem(kernel, smem)
     args = [w, s, s2, x, ids if ids is not None else s2, route if route is not None else s2, y, n, k, top_k,
             num_experts, float(limit)]
     if pdl:
         from tpserve.kernels import launch_ex
 
-        launch_ex.launch(kernel, (grid[0], grid[1], 1), (32 * cfg.splits, 1, 1), smem, args, pdl=True)
+        launch_ex.launch_pdl(kernel, (grid[0], grid[1], 1), (32 * cfg.splits, 1, 1), smem, args)
     else:
         kernel(grid=(grid[0], grid[1], 1), block=(32 * cfg.splits, 1, 1), shared_mem=smem, args=args)
 
