@@ -129,6 +129,7 @@ def resolve_runtime(ecfg: EngineConfig) -> Runtime:
                       mla_decode=_triton_or_torch("mla_decode_backend", ecfg.mla_decode_backend, device),
                       mla_prefill=ecfg.mla_prefill,
                       argmax=_triton_or_torch("argmax_backend", ecfg.argmax_backend, device),
+                      pdl=pdl(ecfg.pdl, device),
                       fused_collectives=ecfg.fused_collectives, weights=weight_options(ecfg, device))
     if kernels.indexer_topk == "triton" and kernels.indexer != "triton":
         raise ValueError("indexer_topk_backend: triton works on the Triton decode scores; it needs "
@@ -154,6 +155,19 @@ def quant_gemv(value: str, device: torch.device) -> str:
     if value == "cuda" and device.type != "cuda":
         raise ValueError("quant_gemv_backend: cuda needs a CUDA device (use triton, or auto)")
     return ("cuda" if device.type == "cuda" else "triton") if value == "auto" else value
+
+
+def pdl(value: str, device: torch.device) -> bool:
+    """--pdl resolved: programmatic dependent launch needs a CUDA device of sm_90 or later and Triton (auto: on
+    exactly there)."""
+    supported = (device.type == "cuda" and torch.cuda.get_device_capability(device) >= (9, 0)
+                 and _has_triton())
+    if value == "on" and not supported:
+        raise ValueError(f"pdl: on needs a CUDA device of compute capability 9.0 or later and Triton (device "
+                         f"{device}); use auto or off")
+    if value not in ("auto", "on", "off"):
+        raise ValueError(f"pdl: expected auto, on or off, got {value!r}")
+    return supported if value == "auto" else value == "on"
 
 
 def _triton_or_torch(name: str, choice: str, device: torch.device) -> str:

@@ -15,9 +15,12 @@ import torch
 import triton
 import triton.language as tl
 
+from tpserve.kernels import pdl_triton
+
 
 @triton.jit
-def _swiglu_kernel(g_ptr, stride_g, u_ptr, stride_u, out_ptr, N, limit, BLOCK: tl.constexpr):
+def _swiglu_kernel(g_ptr, stride_g, u_ptr, stride_u, out_ptr, N, limit, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl_triton.start(PDL)  # (kernels/pdl_triton.py)
     t = tl.program_id(0).to(tl.int64)
     n = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = n < N
@@ -28,8 +31,9 @@ def _swiglu_kernel(g_ptr, stride_g, u_ptr, stride_u, out_ptr, N, limit, BLOCK: t
     tl.store(out_ptr + t * N + n, (act.to(tl.float32) * u.to(tl.float32)).to(out_ptr.dtype.element_ty), mask=ok)
 
 
-def clamped_swiglu_triton(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.Tensor:
-    """Same contract as kernels.moe.clamped_swiglu for 2-D gate, up [T, N] (rows may be strided)."""
+def clamped_swiglu_triton(gate: torch.Tensor, up: torch.Tensor, limit: float, pdl: bool = False) -> torch.Tensor:
+    """Same contract as kernels.moe.clamped_swiglu for 2-D gate, up [T, N] (rows may be strided). pdl: launched
+    as a programmatic dependent of the kernel before (kernels/pdl_triton.py; sm_90+)."""
     if gate.shape != up.shape or gate.dim() != 2 or gate.stride(1) != 1 or up.stride(1) != 1:
         raise ValueError(f"clamped_swiglu_triton: gate {tuple(gate.shape)} and up {tuple(up.shape)} must be "
                          "equal 2-D shapes with unit-stride rows")
@@ -38,5 +42,5 @@ def clamped_swiglu_triton(gate: torch.Tensor, up: torch.Tensor, limit: float) ->
     if t and n:
         block = min(2048, triton.next_power_of_2(n))
         _swiglu_kernel[(t, triton.cdiv(n, block))](gate, gate.stride(0), up, up.stride(0), out, n, float(limit),
-                                                    BLOCK=block, num_warps=4)
+                                                    BLOCK=block, num_warps=4, PDL=pdl, launch_pdl=pdl)
     return out

@@ -41,6 +41,7 @@ class Kernels:
     mla_prefill: str = "auto"     # "sparse": each query attends its selected rows only; "dense": masked SDPA; "auto":
     # sparse from model/mla.SPARSE_PREFILL_FROM positions
     argmax: str = "torch"         # "triton": the drafter's argmax and its probability in one kernel per call
+    pdl: bool = False             # programmatic dependent launch between our Triton kernels (kernels/pdl_triton.py)
     fused_collectives: bool = True  # TP > 1: all-reduce + mHC expand as one Communicator call; with SP, the
     # MoE combine inside the reduce-scatter (Communicator.reduce_scatter_moe_combine)
     weights: WeightOptions = WeightOptions()
@@ -52,4 +53,5 @@ class Kernels:
                 f"gemv={self.gemv}, moe={moe}, moe_route={self.moe_route}, quant_decode={self.quant_decode} "
                 f"(fp8 {self.quant_decode_fp8}), quant_gemv={self.quant_gemv}, "
                 f"indexer={self.indexer}, "
-                f"indexer_topk={self.indexer_topk}, mla_decode={self.mla_decode}, mla_prefill={self.mla_prefill}")
+                f"indexer_topk={self.indexer_topk}, mla_decode={self.mla_decode}, mla_prefill={self.mla_prefill}, "
+                f"pdl={'on' if self.pdl else 'off'}")

@@ -24,6 +24,8 @@ import torch
 import triton
 import triton.language as tl
 
+from tpserve.kernels import pdl_triton
+
 MAX_M = 16
 MIN_N = 2048  # below: too few programs to stream at full bandwidth without split-K
 
@@ -42,26 +44,47 @@ def _prune(configs, named_args, **kwargs):
     return configs
 
 
-@triton.autotune(configs=_configs(), key=["N", "K", "BLOCK_M"], prune_configs_by={"early_config_prune": _prune})
+@triton.jit
+def _tile(acc, x_ptr, w, k, k_ok, m, m_ok, stride_xm, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr):
+    """acc + x[:, k] w^T for one K tile w [BLOCK_N, BLOCK_K] (already loaded)."""
+    if BLOCK_M == 1:
+        xk = tl.load(x_ptr + k, mask=k_ok, other=0.0).to(tl.float32)
+        acc += tl.sum(w.to(tl.float32) * xk[None, :], axis=1)[None, :]
+    else:
+        xa = tl.load(x_ptr + m[:, None] * stride_xm + k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        acc = tl.dot(xa, tl.trans(w), acc, input_precision=PRECISION)
+    return acc
+
+
+@triton.autotune(configs=_configs(), key=["N", "K", "BLOCK_M", "PDL"],
+                 prune_configs_by={"early_config_prune": _prune})
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym, PRECISION: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
     rows = w_ptr + n.to(tl.int64)[:, None] * stride_wn
     m = tl.arange(0, BLOCK_M)
     m_ok = m < M
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    k_lo = 0
+    # programmatic dependent launch (kernels/pdl_triton.py): the next kernel may launch now; at one row W's first
+    # tile loads (weights: no kernel writes them) before the wait for the kernel before (x is its output)
+    pdl_triton.release(PDL)
+    if BLOCK_M > 1:
+        pdl_triton.wait(PDL)  # (`gemv` launches these plainly: 1.4-1.5x slower at 8 rows with PDL)
+    if PDL and BLOCK_M == 1:
+        k = tl.arange(0, BLOCK_K)
+        k_ok = k < K
+        w = tl.load(rows + k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        pdl_triton.wait(PDL)
+        acc = _tile(acc, x_ptr, w, k, k_ok, m, m_ok, stride_xm, PRECISION, BLOCK_M)
+        k_lo = BLOCK_K
+    for k0 in range(k_lo, K, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
         k_ok = k < K
         w = tl.load(rows + k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-        if BLOCK_M == 1:
-            xk = tl.load(x_ptr + k, mask=k_ok, other=0.0).to(tl.float32)
-            acc += tl.sum(w.to(tl.float32) * xk[None, :], axis=1)[None, :]
-        else:
-            xa = tl.load(x_ptr + m[:, None] * stride_xm + k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-            acc = tl.dot(xa, tl.trans(w), acc, input_precision=PRECISION)
+        acc = _tile(acc, x_ptr, w, k, k_ok, m, m_ok, stride_xm, PRECISION, BLOCK_M)
     tl.store(y_ptr + m[:, None].to(tl.int64) * stride_ym + n[None, :], acc.to(y_ptr.dtype.element_ty),
              mask=m_ok[:, None] & n_ok[None, :])
 
@@ -73,8 +96,10 @@ def fits(x: torch.Tensor, w: torch.Tensor) -> bool:
             and w.shape[0] >= MIN_N and w.shape[1] == x.shape[1] and w.stride(1) == 1 and x.stride(1) == 1)
 
 
-def gemv(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x [M <= 16, K] @ w [N, K]^T -> [M, N] in x.dtype (F.linear without bias)."""
+def gemv(x: torch.Tensor, w: torch.Tensor, pdl: bool = False) -> torch.Tensor:
+    """x [M <= 16, K] @ w [N, K]^T -> [M, N] in x.dtype (F.linear without bias). pdl: launched as a programmatic
+    dependent of the kernel before (sm_90+; kernels/pdl_triton.py) at one row: W's first tile loads before that
+    kernel ends (more rows launch plainly)."""
     if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1] or not 0 < x.shape[0] <= MAX_M:
         raise ValueError(f"gemv: x {tuple(x.shape)} and w {tuple(w.shape)} must be [1..{MAX_M}, K] and [N, K]")
     if w.dtype != x.dtype or w.stride(1) != 1 or x.stride(1) != 1:
@@ -83,7 +108,10 @@ def gemv(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     n = w.shape[0]
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     block_m = 1 if m == 1 else MAX_M
+    # PDL at one row only: at 8 rows the PDL-compiled kernel ran a 32-GEMV chain 1.40x slower (the first tile
+    # hoisted or not; BENCHMARKS.md, twenty-sixth session), and the engine gained nothing at batch 2 / 8
+    pdl = pdl and m == 1
     _gemv_kernel[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](
         x, w, y, m, n, k, x.stride(0), w.stride(0), y.stride(0),
-        PRECISION="ieee" if x.dtype == torch.float32 else "tf32", BLOCK_M=block_m)
+        PRECISION="ieee" if x.dtype == torch.float32 else "tf32", BLOCK_M=block_m, PDL=pdl, launch_pdl=pdl)
     return y

@@ -30,10 +30,14 @@ import torch
 import triton
 import triton.language as tl
 
+from tpserve.kernels import pdl_triton
+
 
 @triton.jit
 def _conv_rows_kernel(x_ptr, stride_x, pool_ptr, slots_ptr, w_ptr, out_ptr, stride_part, stride_row, C, PART,
-                      N: tl.constexpr, KW: tl.constexpr, UPDATE: tl.constexpr, BLOCK_C: tl.constexpr):
+                      N: tl.constexpr, KW: tl.constexpr, UPDATE: tl.constexpr, BLOCK_C: tl.constexpr,
+                      PDL: tl.constexpr):
+    pdl_triton.start(PDL)  # (kernels/pdl_triton.py)
     b = tl.program_id(0)
     c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     ok = c < C
@@ -66,11 +70,12 @@ def _conv_rows_kernel(x_ptr, stride_x, pool_ptr, slots_ptr, w_ptr, out_ptr, stri
 
 
 def conv_rows(x: torch.Tensor, pool: torch.Tensor, slots: torch.Tensor, weight: torch.Tensor, n: int,
-              update: bool, out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+              update: bool, out: torch.Tensor | None = None,
+              pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x [B * n, C] (C = q|k|v channels, rows sequence-major); pool [S, C, k-1] conv states; slots [B];
     weight [C, k] fp32 -> (q, k, v) [B * n, C/3] each, in x.dtype: views of `out` [B * n, C] when given
     (written in place), else of one new [3, B * n, C/3] buffer. update (n == 1 only): the slots' states
-    advance by the row."""
+    advance by the row. pdl: launched as a programmatic dependent of the kernel before (kernels/pdl_triton.py)."""
     t, c = x.shape
     if update and n != 1:
         raise ValueError("conv_rows: update needs one row per sequence")
@@ -88,7 +93,7 @@ def conv_rows(x: torch.Tensor, pool: torch.Tensor, slots: torch.Tensor, weight: 
         block = min(1024, triton.next_power_of_2(c))
         _conv_rows_kernel[(b, triton.cdiv(c, block))](
             x, x.stride(0), pool, slots, weight.contiguous(), buf, stride_part, stride_row, c, part, N=n,
-            KW=weight.shape[1], UPDATE=update, BLOCK_C=block, num_warps=4)
+            KW=weight.shape[1], UPDATE=update, BLOCK_C=block, num_warps=4, PDL=pdl, launch_pdl=pdl)
     return parts
 
 
@@ -145,7 +150,8 @@ def conv_chunk(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, out: 
 
 @triton.jit
 def _gate_beta_kernel(f_ptr, stride_f, dt_ptr, alog_ptr, b_ptr, stride_b, g_ptr, beta_ptr, C, H, lower,
-                      K: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_H: tl.constexpr):
+                      K: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr):
+    pdl_triton.start(PDL)  # (kernels/pdl_triton.py)
     t = tl.program_id(0).to(tl.int64)
     blk = tl.program_id(1)
     c = blk * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -162,10 +168,10 @@ def _gate_beta_kernel(f_ptr, stride_f, dt_ptr, alog_ptr, b_ptr, stride_b, g_ptr,
 
 
 def gate_beta(f: torch.Tensor, dt_bias: torch.Tensor, a_log: torch.Tensor, b: torch.Tensor, head_dim: int,
-              lower_bound: float) -> tuple[torch.Tensor, torch.Tensor]:
+              lower_bound: float, pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """f [T, H*K] (f_b_proj output), dt_bias [H*K], A_log [H] (fp32), b [T, H] (b_proj output) ->
     (g [T, H, K] fp32 log decay, beta [T, H] in b.dtype), as model/kda.py's torch forms (the lower-bound
-    form of the gate: lower_bound * sigmoid(exp(A_log) * (f + dt_bias)))."""
+    form of the gate: lower_bound * sigmoid(exp(A_log) * (f + dt_bias))). pdl: as conv_rows."""
     if lower_bound is None:
         raise ValueError("gate_beta: needs a lower bound (the softplus gate keeps torch)")
     t, c = f.shape
@@ -177,5 +183,5 @@ def gate_beta(f: torch.Tensor, dt_bias: torch.Tensor, a_log: torch.Tensor, b: to
         _gate_beta_kernel[(t, triton.cdiv(c, block))](
             f, f.stride(0), dt_bias.float().contiguous(), a_log.float().contiguous(), b, b.stride(0), g, beta, c, h,
             float(lower_bound), K=head_dim, BLOCK_C=block,
-            BLOCK_H=triton.next_power_of_2(h), num_warps=4)
+            BLOCK_H=triton.next_power_of_2(h), num_warps=4, PDL=pdl, launch_pdl=pdl)
     return g, beta

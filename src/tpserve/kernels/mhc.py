@@ -28,11 +28,11 @@ def hc_weights_torch(mixed: torch.Tensor, base: torch.Tensor, scale: torch.Tenso
 
 
 def hc_weights(mixed: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, n: int, iters: int, eps: float,
-               backend: str = "torch") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+               backend: str = "torch", pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     if backend == "triton":
         from tpserve.kernels.mhc_triton import hc_weights_triton
 
-        return hc_weights_triton(mixed, base, scale, n, iters, eps)
+        return hc_weights_triton(mixed, base, scale, n, iters, eps, pdl)
     return hc_weights_torch(mixed, base, scale, n, iters, eps)
 
 

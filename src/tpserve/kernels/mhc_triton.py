@@ -16,10 +16,14 @@ import torch
 import triton
 import triton.language as tl
 
+from tpserve.kernels import pdl_triton
+
 
 @triton.jit
 def _hc_weights_kernel(mixed_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, T, eps,
-                       N: tl.constexpr, NP: tl.constexpr, ITERS: tl.constexpr, BLOCK_T: tl.constexpr):
+                       N: tl.constexpr, NP: tl.constexpr, ITERS: tl.constexpr, BLOCK_T: tl.constexpr,
+                       PDL: tl.constexpr):
+    pdl_triton.start(PDL)  # (kernels/pdl_triton.py)
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     t_ok = t < T
     i = tl.arange(0, NP)
@@ -57,8 +61,9 @@ def _hc_weights_kernel(mixed_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_p
 
 
 def hc_weights_triton(mixed: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, n: int, iters: int,
-                      eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Same contract as hc_weights_torch: mixed [T, (2+n)*n] fp32 -> pre, post [T, n], comb [T, n, n]."""
+                      eps: float, pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Same contract as hc_weights_torch: mixed [T, (2+n)*n] fp32 -> pre, post [T, n], comb [T, n, n]. pdl:
+    launched as a programmatic dependent of the kernel before (kernels/pdl_triton.py; sm_90+)."""
     mixed, base, scale = mixed.float().contiguous(), base.float().contiguous(), scale.float().contiguous()
     t = mixed.shape[0]
     pre = torch.empty(t, n, dtype=torch.float32, device=mixed.device)
@@ -68,5 +73,5 @@ def hc_weights_triton(mixed: torch.Tensor, base: torch.Tensor, scale: torch.Tens
         block = 32  # one warp, a token per lane
         _hc_weights_kernel[(triton.cdiv(t, block),)](mixed, base, scale, pre, post, comb, t, eps, N=n,
                                                      NP=triton.next_power_of_2(n), ITERS=iters, BLOCK_T=block,
-                                                     num_warps=1)
+                                                     num_warps=1, PDL=pdl, launch_pdl=pdl)
     return pre, post, comb

@@ -22,6 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
+from tpserve.kernels import pdl_triton
+
 _TL = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
 
@@ -38,9 +40,11 @@ def _inv_rms(row_ptr, D, eps, BLOCK: tl.constexpr):
 
 @triton.jit
 def _rms_norm_kernel(x_ptr, w_ptr, g_ptr, out_ptr, D, x_stride, g_stride, out_stride, eps,
-                     MODE: tl.constexpr, DT: tl.constexpr, OUT_DT: tl.constexpr, BLOCK: tl.constexpr):
+                     MODE: tl.constexpr, DT: tl.constexpr, OUT_DT: tl.constexpr, BLOCK: tl.constexpr,
+                     PDL: tl.constexpr):
     """MODE 0: w * (h r).to(DT) (model RMSNorm); 1: h r in fp32 (mHC stream norm);
     2: (w.float() * h r * sigmoid(g.float())).to(DT) (KDA gated norm); h = x.float()."""
+    pdl_triton.start(PDL)
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * x_stride
     r = _inv_rms(x_row, D, eps, BLOCK)
@@ -66,7 +70,7 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
     return x2 if x2.stride(-1) == 1 else x2.contiguous()
 
 
-def _launch_norm(x, weight, gate, eps: float, mode: int, out_dtype: torch.dtype) -> torch.Tensor:
+def _launch_norm(x, weight, gate, eps: float, mode: int, out_dtype: torch.dtype, pdl: bool) -> torch.Tensor:
     d = x.shape[-1]
     x2 = _rows(x)
     g2 = _rows(gate) if gate is not None else x2
@@ -75,30 +79,35 @@ def _launch_norm(x, weight, gate, eps: float, mode: int, out_dtype: torch.dtype)
         block = min(triton.next_power_of_2(d), 4096)
         _rms_norm_kernel[(x2.shape[0],)](
             x2, weight if weight is not None else x2, g2, out, d, x2.stride(0), g2.stride(0), out.stride(0), eps,
-            MODE=mode, DT=_TL[x.dtype], OUT_DT=_TL[out_dtype], BLOCK=block, num_warps=4 if block <= 1024 else 8)
+            MODE=mode, DT=_TL[x.dtype], OUT_DT=_TL[out_dtype], BLOCK=block, num_warps=4 if block <= 1024 else 8,
+            PDL=pdl, launch_pdl=pdl)
     return out.view(*x.shape[:-1], d)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """model/layers.RMSNorm: weight * (h * rsqrt(mean(h^2) + eps)).to(x.dtype), h = x.float()."""
-    return _launch_norm(x, weight, None, eps, 0, torch.promote_types(x.dtype, weight.dtype))
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, pdl: bool = False) -> torch.Tensor:
+    """model/layers.RMSNorm: weight * (h * rsqrt(mean(h^2) + eps)).to(x.dtype), h = x.float(). pdl (here and
+    below): launched as a programmatic dependent of the kernel before (kernels/pdl_triton.py; sm_90+)."""
+    return _launch_norm(x, weight, None, eps, 0, torch.promote_types(x.dtype, weight.dtype), pdl)
 
 
-def rms_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
+def rms_normalize(x: torch.Tensor, eps: float, pdl: bool = False) -> torch.Tensor:
     """h * rsqrt(mean(h^2) + eps) in fp32, h = x.float() (the mHC stream norm, no weight)."""
-    return _launch_norm(x, None, None, eps, 1, torch.float32)
+    return _launch_norm(x, None, None, eps, 1, torch.float32, pdl)
 
 
-def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float,
+                   pdl: bool = False) -> torch.Tensor:
     """model/layers.GatedRMSNorm: (weight.float() * h * rsqrt(mean(h^2) + eps) * sigmoid(gate.float())).to(x.dtype)."""
     if gate.shape != x.shape:
         raise ValueError(f"gated_rms_norm: gate shape {tuple(gate.shape)} != x shape {tuple(x.shape)}")
-    return _launch_norm(x, weight, gate, eps, 2, x.dtype)
+    return _launch_norm(x, weight, gate, eps, 2, x.dtype, pdl)
 
 
 @triton.jit
-def _hc_collapse_kernel(pre_ptr, s_ptr, out_ptr, D, s_stride_t, s_stride_n, N: tl.constexpr, BLOCK: tl.constexpr):
+def _hc_collapse_kernel(pre_ptr, s_ptr, out_ptr, D, s_stride_t, s_stride_n, N: tl.constexpr, BLOCK: tl.constexpr,
+                        PDL: tl.constexpr):
     """out[t, d] = sum_n pre[t, n] * streams[t, n, d] (fp32, n in order), rounded to the streams' dtype."""
+    pdl_triton.start(PDL)
     t = tl.program_id(0).to(tl.int64)
     d = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = d < D
@@ -109,7 +118,7 @@ def _hc_collapse_kernel(pre_ptr, s_ptr, out_ptr, D, s_stride_t, s_stride_n, N: t
     tl.store(out_ptr + t * D + d, acc.to(out_ptr.dtype.element_ty), mask=ok)
 
 
-def hc_collapse(pre: torch.Tensor, streams: torch.Tensor) -> torch.Tensor:
+def hc_collapse(pre: torch.Tensor, streams: torch.Tensor, pdl: bool = False) -> torch.Tensor:
     """(pre.unsqueeze(-1) * streams).sum(dim=1).to(streams.dtype): pre [T, N] fp32, streams [T, N, D]."""
     t, n, d = streams.shape
     if streams.stride(-1) != 1:
@@ -119,15 +128,16 @@ def hc_collapse(pre: torch.Tensor, streams: torch.Tensor) -> torch.Tensor:
     if t:
         block = min(triton.next_power_of_2(d), 1024)
         _hc_collapse_kernel[(t, triton.cdiv(d, block))](pre, streams, out, d, streams.stride(0), streams.stride(1),
-                                                        N=n, BLOCK=block)
+                                                        N=n, BLOCK=block, PDL=pdl, launch_pdl=pdl)
     return out
 
 
 @triton.jit
 def _hc_expand_kernel(x_ptr, s_ptr, post_ptr, comb_ptr, out_ptr, D, x_stride, s_stride_t, s_stride_n,
-                      N: tl.constexpr, DT: tl.constexpr, BLOCK: tl.constexpr):
+                      N: tl.constexpr, DT: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
     """out[t, n, d] = post[t, n] x[t, d] + sum_m comb[t, m, n] s[t, m, d]; post / comb rounded to DT
     first (as the torch form casts them), the sum in fp32, one rounding to DT."""
+    pdl_triton.start(PDL)
     t = tl.program_id(0).to(tl.int64)
     d = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = d < D
@@ -141,7 +151,8 @@ def _hc_expand_kernel(x_ptr, s_ptr, post_ptr, comb_ptr, out_ptr, D, x_stride, s_
         tl.store(out_ptr + (t * N + n) * D + d, acc.to(DT), mask=ok)
 
 
-def hc_expand(total: torch.Tensor, streams: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
+def hc_expand(total: torch.Tensor, streams: torch.Tensor, post: torch.Tensor, comb: torch.Tensor,
+              pdl: bool = False) -> torch.Tensor:
     """dist/fused.hc_expand in one kernel: post (x) total + comb^T @ streams -> [T, N, D] in streams' dtype."""
     t, n, d = streams.shape
     if streams.stride(-1) != 1:
@@ -153,5 +164,6 @@ def hc_expand(total: torch.Tensor, streams: torch.Tensor, post: torch.Tensor, co
         block = min(triton.next_power_of_2(d), 1024)
         _hc_expand_kernel[(t, triton.cdiv(d, block))](total, streams, post, comb, out, d, total.stride(0),
                                                       streams.stride(0), streams.stride(1), N=n,
-                                                      DT=_TL[streams.dtype], BLOCK=block)
+                                                      DT=_TL[streams.dtype], BLOCK=block, PDL=pdl,
+                                                      launch_pdl=pdl)
     return out

@@ -29,6 +29,8 @@ import torch
 import triton
 import triton.language as tl
 
+from tpserve.kernels import pdl_triton
+
 from tpserve.kernels.moe_align import align_by_expert, max_blocks
 
 ALIGN_CHUNK = 256
@@ -37,7 +39,8 @@ ALIGN_BLOCK_CHUNK = 16
 
 @triton.jit
 def _router_kernel(logits_ptr, bias_ptr, w_ptr, ids_ptr, E, scaling, TOP_K: tl.constexpr, NORM: tl.constexpr,
-                   E_PAD: tl.constexpr, K_PAD: tl.constexpr):
+                   E_PAD: tl.constexpr, K_PAD: tl.constexpr, PDL: tl.constexpr):
+    pdl_triton.start(PDL)  # (kernels/pdl_triton.py)
     t = tl.program_id(0).to(tl.int64)
     e = tl.arange(0, E_PAD)
     ok = e < E
@@ -61,9 +64,10 @@ def _router_kernel(logits_ptr, bias_ptr, w_ptr, ids_ptr, E, scaling, TOP_K: tl.c
 
 
 def route_topk(logits: torch.Tensor, bias: torch.Tensor, top_k: int, norm: bool,
-               scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
+               scaling: float, pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """logits [T, E] fp32 (router GEMV) -> (weights [T, top_k] fp32, ids [T, top_k] int64), as
-    model/moe.Router's torch form with n_group == 1 (the order of the k choices may differ)."""
+    model/moe.Router's torch form with n_group == 1 (the order of the k choices may differ). pdl: launched as a
+    programmatic dependent of the kernel before (kernels/pdl_triton.py)."""
     t, e = logits.shape
     logits = logits.float().contiguous()
     weights = torch.empty(t, top_k, dtype=torch.float32, device=logits.device)
@@ -71,7 +75,7 @@ def route_topk(logits: torch.Tensor, bias: torch.Tensor, top_k: int, norm: bool,
     if t:
         _router_kernel[(t,)](logits, bias.float().contiguous(), weights, ids, e, float(scaling), TOP_K=top_k,
                              NORM=bool(norm), E_PAD=triton.next_power_of_2(e),
-                             K_PAD=triton.next_power_of_2(top_k), num_warps=4)
+                             K_PAD=triton.next_power_of_2(top_k), num_warps=4, PDL=pdl, launch_pdl=pdl)
     return weights, ids
 
 

@@ -16,7 +16,7 @@ from torch import nn
 
 from tpserve.kernels.choice import Kernels
 from tpserve.model.config import ModelConfig
-from tpserve.model.layers import ShardContext, set_gemv_backend, set_norm_backend
+from tpserve.model.layers import ShardContext, set_gemv_backend, set_norm_backend, set_pdl
 from tpserve.model.quant import QuantConfig, apply_plan, plan_for_dummy, plan_from_checkpoint, read_quant_config
 
 log = logging.getLogger("tpserve.build")
@@ -45,6 +45,7 @@ def plan_model(model_dir: str | Path, cfg: ModelConfig, ctx: ShardContext, kerne
             model.mtp = MtpLayer(ctx, cfg, kernels)
     set_norm_backend(model, kernels.norm)
     set_gemv_backend(model, kernels.gemv, kernels.quant_gemv)
+    set_pdl(model, kernels.pdl)
     if load_format == "dummy":
         plan = plan_for_dummy(model, qc)
     else:

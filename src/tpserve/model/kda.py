@@ -23,6 +23,7 @@ from tpserve.model.weights import Shard, add_source, declare
 
 class KdaAttention(nn.Module):
     merged_linears = {"qkv": ("q_proj", "k_proj", "v_proj"), "fgb_a": ("f_a_proj", "g_a_proj", "b_proj")}
+    pdl = False  # layers.set_pdl: the Triton conv and gate kernels launched as programmatic dependents
 
     def __init__(self, ctx: ShardContext, cfg: ModelConfig, layer: int, backend: str, prep: str = "torch"):
         super().__init__()
@@ -64,7 +65,7 @@ class KdaAttention(nn.Module):
             from tpserve.kernels.kda_prep_triton import gate_beta
 
             g, beta = gate_beta(self.f_b_proj(fa), self.dt_bias, self.A_log, b, dh,
-                                self.lower_bound)
+                                self.lower_bound, self.pdl)
         else:
             g = self._forget_gate(fa)
             beta = torch.sigmoid(b)
@@ -129,10 +130,11 @@ class KdaAttention(nn.Module):
 
         weight = self.conv_weight.squeeze(1)
         if batch.fixed_shapes and batch.query_len > 1:  # a graph verify step: every sequence verifies
-            return conv_rows(mixed, conv_states, batch.slots[:batch.decode_seqs], weight, batch.query_len, False)
+            return conv_rows(mixed, conv_states, batch.slots[:batch.decode_seqs], weight, batch.query_len, False,
+                             pdl=self.pdl)
         nd = batch.single_token_seqs
         if nd == mixed.shape[0]:
-            return conv_rows(mixed, conv_states, batch.slots[:nd], weight, 1, True)
+            return conv_rows(mixed, conv_states, batch.slots[:nd], weight, 1, True, pdl=self.pdl)
         out = torch.empty_like(mixed)
         if nd:
             conv_rows(mixed[:nd], conv_states, batch.slots[:nd], weight, 1, True, out=out[:nd])

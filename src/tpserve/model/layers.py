@@ -40,6 +40,7 @@ class Linear(nn.Module):
 
     decode_gemv = False
     quant_gemv_cuda = False
+    pdl = False  # set_pdl: the Triton GEMV launched as a programmatic dependent (kernels/pdl_triton.py)
 
     def __init__(self, ctx: ShardContext, in_features: int, out_features: int, shard: Shard = REPLICATED,
                  bias: bool = False):
@@ -96,6 +97,7 @@ class RMSNorm(nn.Module):
     "triton": one fused kernel (kernels/norm_triton.py; set_norm_backend sets a whole model's)."""
 
     norm_backend = "torch"
+    pdl = False  # set_pdl
 
     def __init__(self, ctx: ShardContext, dim: int, eps: float):
         super().__init__()
@@ -104,7 +106,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.norm_backend == "triton":
-            return norm_triton().rms_norm(x, self.weight, self.eps)
+            return norm_triton().rms_norm(x, self.weight, self.eps, self.pdl)
         dtype = x.dtype
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -115,6 +117,7 @@ class GatedRMSNorm(nn.Module):
     """KDA output norm: fp32 RMSNorm over the head dim, scaled, times sigmoid(gate)."""
 
     norm_backend = "torch"
+    pdl = False  # set_pdl
 
     def __init__(self, ctx: ShardContext, dim: int, eps: float):
         super().__init__()
@@ -123,7 +126,7 @@ class GatedRMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
         if self.norm_backend == "triton":
-            return norm_triton().gated_rms_norm(x, gate, self.weight, self.eps)
+            return norm_triton().gated_rms_norm(x, gate, self.weight, self.eps, self.pdl)
         dtype = x.dtype
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -149,6 +152,15 @@ def set_gemv_backend(model: nn.Module, backend: str, quant: str = "triton") -> N
     for m in model.modules():
         if isinstance(m, Linear):
             m.decode_gemv, m.quant_gemv_cuda = backend == "triton", quant == "cuda"
+
+
+def set_pdl(model: nn.Module, on: bool) -> None:
+    """Every module of `model` with a `pdl` switch (Linear's Triton GEMV, the norms, the mHC's kernels, the dense
+    MLPs' SwiGLU) launches its Triton kernels as programmatic dependents of the kernel before (kernels/pdl_triton.py;
+    sm_90+: engine/setup.pdl decides)."""
+    for m in model.modules():
+        if hasattr(type(m), "pdl"):
+            m.pdl = bool(on)
 
 
 def set_norm_backend(model: nn.Module, backend: str) -> None:

@@ -92,5 +92,5 @@ def stacked_linear(first: nn.Module, x: torch.Tensor, w: torch.Tensor) -> torch.
         from tpserve.kernels import gemv_triton
 
         if gemv_triton.fits(x, w):
-            return gemv_triton.gemv(x, w)
+            return gemv_triton.gemv(x, w, first.pdl)
     return F.linear(x, w)

@@ -24,6 +24,7 @@ from tpserve.model.weights import REPLICATED, declare
 
 class HyperConnection(nn.Module):
     norm_backend = "torch"  # "triton": the stream norm, collapse and expand as one kernel each (norm_triton.py)
+    pdl = False  # layers.set_pdl: those kernels and the Triton mHC weights launched as programmatic dependents
 
     def __init__(self, ctx: ShardContext, cfg: ModelConfig, backend: str = "torch", project: str = "torch"):
         super().__init__()
@@ -64,14 +65,15 @@ class HyperConnection(nn.Module):
 
             mixed = hc_project(streams.reshape(streams.shape[0], -1), self.project_parts, self.norm_eps)
         elif fused:
-            mixed = F.linear(norm_triton().rms_normalize(streams.reshape(streams.shape[0], -1), self.norm_eps),
-                             self.fn)
+            mixed = F.linear(norm_triton().rms_normalize(streams.reshape(streams.shape[0], -1), self.norm_eps,
+                                                         self.pdl), self.fn)
         else:
             flat = streams.reshape(streams.shape[0], -1).float()
             mixed = F.linear(flat * torch.rsqrt(flat.square().mean(-1, keepdim=True) + self.norm_eps), self.fn)
-        pre, post, comb = hc_weights(mixed, self.base, self.scale, n, self.iters, self.hc_eps, self.backend)
+        pre, post, comb = hc_weights(mixed, self.base, self.scale, n, self.iters, self.hc_eps, self.backend,
+                                     self.pdl)
         if fused:
-            return post, comb, norm_triton().hc_collapse(pre, streams)
+            return post, comb, norm_triton().hc_collapse(pre, streams, self.pdl)
         collapsed = (pre.unsqueeze(-1) * streams).sum(dim=1).to(streams.dtype)
         return post, comb, collapsed
 
@@ -79,7 +81,7 @@ class HyperConnection(nn.Module):
             comb: torch.Tensor) -> torch.Tensor:
         """`expand` on this block's backend (one kernel with norm_backend triton)."""
         if self.norm_backend == "triton":
-            return norm_triton().hc_expand(block_out, residual, post, comb)
+            return norm_triton().hc_expand(block_out, residual, post, comb, self.pdl)
         return hc_expand(block_out, residual, post, comb)
 
     @staticmethod

@@ -12,6 +12,7 @@ from tpserve.model.layers import ShardContext, column, row
 
 class DenseMLP(nn.Module):
     merged_linears = {"gate_up": ("gate_proj", "up_proj")}  # model/merged.py
+    pdl = False  # layers.set_pdl: the Triton SwiGLU launched as a programmatic dependent
 
     def __init__(self, ctx: ShardContext, hidden: int, intermediate: int, limit: float, act: str = "torch"):
         super().__init__()
@@ -27,5 +28,5 @@ class DenseMLP(nn.Module):
         if self.act == "triton" and gate.dim() == 2:
             from tpserve.kernels.act_triton import clamped_swiglu_triton
 
-            return self.down_proj(clamped_swiglu_triton(gate, up, self.limit))
+            return self.down_proj(clamped_swiglu_triton(gate, up, self.limit, self.pdl))
         return self.down_proj(clamped_swiglu(gate, up, self.limit))

@@ -24,6 +24,8 @@ from tpserve.model.weights import REPLICATED, declare
 
 
 class Router(nn.Module):
+    pdl = False  # layers.set_pdl: the Triton routing kernel launched as a programmatic dependent
+
     def __init__(self, ctx: ShardContext, cfg: ModelConfig, kernels: Kernels = Kernels()):
         super().__init__()
         # kernels/route_triton.py: sigmoid, bias, top-k and normalisation in one kernel (n_group 1 only)
@@ -41,7 +43,7 @@ class Router(nn.Module):
             from tpserve.kernels.route_triton import route_topk
 
             return route_topk(router_logits(x, self.weight), self.e_score_correction_bias, self.top_k, self.norm,
-                              self.scaling)
+                              self.scaling, self.pdl)
         scores = F.linear(x.float(), self.weight.float()).sigmoid()
         choice = scores + self.e_score_correction_bias
         if self.n_group > 1:

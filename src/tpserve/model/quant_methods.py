@@ -53,7 +53,7 @@ class Bf16Linear:
             from tpserve.kernels import gemv_triton
 
             if gemv_triton.fits(x, layer.weight):
-                return gemv_triton.gemv(x, layer.weight)
+                return gemv_triton.gemv(x, layer.weight, layer.pdl)
         return F.linear(x, layer.weight, bias)
 
     def dense_weight(self, layer: nn.Module, dtype: torch.dtype) -> torch.Tensor:
