@@ -42,6 +42,9 @@ tile. Sections:
   m1pdl    nvfp4_m1's experts with down as a programmatic dependent launch of gate|up against a plain launch
   m1par    nvfp4_m1's gate|up and down_sum kernels alone, in sequence, and on two streams with no dependency (a
            bound on what overlapping them could give), 1 and 8 tokens
+  mmapdl   w8a16_gemv / w4a16_gemv's mma_gemv at 2, 4, 8 rows, both shapes: calls in a graph (weight copies in turn)
+           launched plainly against each a programmatic dependent of the call before (its first W chunks load
+           while that one finishes); bit for bit, each form timed twice in alternation
 Usage: PYTHONPATH=src python bench/quant_decode_sweep.py [--sections fp8det,moe,gemv] [--out DIR]
 """
 
@@ -1007,9 +1010,41 @@ def sec_m1pdl(res):
               f"{err:.1e}", flush=True)
 
 
+def sec_mmapdl(res):
+    """mma_gemv (the W8A16 / W4A16 default at 2-8 rows) launched plainly against as programmatic dependents: a run of
+    calls captured in one graph (quant_kernels.timed: the weight copies in turn, so no call finds its W in L2), each
+    call's kernel a dependent of the one before where PDL is on. The floor is one call's weight bytes / 4.3 TB/s."""
+    from tpserve.kernels.quant_gemv import w4a16_gemv, w8a16_gemv
+
+    forms = {"fp8": (_fp8, lambda x, p, pdl: w8a16_gemv(x, *p, (128, 128), pdl=pdl)),
+             "nvfp4": (_fp4, lambda x, p, pdl: w4a16_gemv(x, *p, pdl=pdl))}
+    print("| format | N x K | M | floor us | plain us (twice) | PDL us (twice) | % floor plain / PDL (best) | "
+          "bit for bit |\n| --- | --- | --- | --- | --- | --- | --- | --- |", flush=True)
+    for fmt, (spec, fn) in forms.items():
+        quantize, _, _, nbytes = spec()
+        for n, k in ((12288, 4096), (4096, 12288)):
+            packed, packs, wd, floor = _weights(quantize, nbytes, n, k)
+            for m in (2, 4, 8):
+                x = torch.randn(m, k, device="cuda").bfloat16()
+                same = torch.equal(fn(x, packed, False), fn(x, packed, True))
+                err = rel(fn(x, packed, True), x.float() @ wd.T)
+                times = {False: [], True: []}
+                for _ in range(2):
+                    for pdl in (False, True):
+                        times[pdl].append(timed([(lambda p=p, pdl=pdl: fn(x, p, pdl)) for p in packs]))
+                best = {pdl: min(t) for pdl, t in times.items()}
+                res[f"mmapdl {fmt} {n}x{k} M={m}"] = dict(plain_us=[t * 1e6 for t in times[False]],
+                                                          pdl_us=[t * 1e6 for t in times[True]],
+                                                          floor_us=floor * 1e6, equal=same, rel_err=err)
+                print(f"| {fmt} | {n} x {k} | {m} | {floor * 1e6:.1f} | "
+                      f"{' / '.join(f'{t * 1e6:.1f}' for t in times[False])} | "
+                      f"{' / '.join(f'{t * 1e6:.1f}' for t in times[True])} | {100 * floor / best[False]:.0f}% / "
+                      f"**{100 * floor / best[True]:.0f}%** | {same} |", flush=True)
+
+
 if __name__ == "__main__":
     sys.exit(run_sections(dict(m1=sec_m1, m1def=sec_m1def, m1exp=sec_m1exp, m1sum=sec_m1sum, m1par=sec_m1par,
-                               m1pdl=sec_m1pdl, mmasmem=sec_mmasmem, fp8det=sec_fp8det,
+                               m1pdl=sec_m1pdl, mmasmem=sec_mmasmem, mmapdl=sec_mmapdl, fp8det=sec_fp8det,
                                moe=sec_moe,
                                prefill=sec_prefill, gemv=sec_gemv,
                                w8a16=lambda r: sec_gemv(r, "w8a16"),

@@ -109,13 +109,14 @@ class EngineConfig:
                              "linears the real-width KKKM decode step took 1.510 / 3.81 / 5.52 ms at batch 1 / 8 / "
                              "16 against cuBLAS's 1.549 / 3.83 / 5.54 ms on an H200, BENCHMARKS.md fourteenth "
                              "session)", switch=True, choices=("auto", "triton", "torch"))
-    pdl: str = _opt("auto", "programmatic dependent launch between our Triton kernels of a step (the one-row "
-                    "GEMV, the norms, the mHC weights / collapse / expand, the SwiGLU, the KDA conv and gate, the "
-                    "MoE routing; kernels/pdl_triton.py): a kernel's blocks are scheduled, and the GEMV's first "
-                    "weight tile loads, while the kernel before it finishes; outputs unchanged. on (a CUDA device "
-                    "of sm_90 or later, with Triton), off, or auto (on where supported: real-width KKKMKKKM with "
-                    "NVFP4 experts decoded a batch of 1 in 2.084-2.088 instead of 2.178-2.185 ms a step on an "
-                    "H200, batches of 2 and 8 0.4-0.9% faster, BENCHMARKS.md twenty-sixth session)",
+    pdl: str = _opt("auto", "programmatic dependent launch between our kernels of a step (the Triton one-row GEMV, "
+                    "norms, mHC weights / collapse / expand, SwiGLU, KDA conv and gate, MoE routing: "
+                    "kernels/pdl_triton.py; the FP8 / NVFP4 GEMV at 2-8 rows: kernels/mma_gemv.py): a kernel's "
+                    "blocks are scheduled, and the GEMVs' first weight tiles load, while the kernel before it "
+                    "finishes; outputs unchanged. on (a CUDA device of sm_90 or later, with Triton), off, or auto "
+                    "(on where supported: on an H200 real-width KKKMKKKM decoded a batch of 1 in 2.084-2.088 "
+                    "instead of 2.178-2.185 ms a step with NVFP4 experts, a batch of 2 in 2.400-2.403 instead of "
+                    "2.511-2.512 ms with FP8 linears, BENCHMARKS.md twenty-sixth session)",
                     switch=True, choices=("auto", "on", "off"))
     act_backend: str = _opt("auto", "the clamped SwiGLU of the dense MLPs, shared experts and grouped routed "
                             "experts: triton (one kernel, cuda only), torch (four ops), or auto (triton on cuda)",

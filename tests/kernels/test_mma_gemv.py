@@ -84,6 +84,10 @@ def test_config_and_shape_errors_name_the_field():
     assert cfg.smem_bytes == 4 * 3 * 2 * 2048 and mg.Config().smem_bytes == 0
     assert "#define ASYNC 1\n" in mg.source(cfg) and "#define ASYNC 0\n" in mg.source(mg.Config())
     assert cfg.name != mg.Config(rows=2, splits=4, depth=3).name
+    for c in (cfg, mg.Config()):  # PDL: its own kernel; the wait comes after W's first loads are issued
+        text = mg.source(c, pdl=True)
+        assert "#define PDL 1\n" in text and "#define PDL 0\n" in mg.source(c)
+        assert f"#define NAME {mg.kernel_name(c, True)}\n" in text and mg.kernel_name(c, True) != c.name
     assert mg.fits(8, 4096, torch.bfloat16, (128, 128)) and mg.fits(8, 4096, torch.bfloat16)
     assert not mg.fits(9, 4096, torch.bfloat16, (128, 128))
     assert not mg.fits(4, 4000, torch.bfloat16, (128, 128))
@@ -131,6 +135,40 @@ def test_gpu_smem_stage_is_bit_for_bit_the_register_loads():
                 else:
                     a, b = (mg.nvfp4_gemv(x, p, bs, s2.expand(n), cfg=c) for c in cfgs)
                 assert torch.equal(a, b), (n, k, m, rows, splits, depth, fmt)
+
+
+@pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0)),
+                    reason="programmatic dependent launch needs an sm_90+ GPU")
+def test_gpu_pdl_launch_is_bit_for_bit_the_plain_one_eager_and_in_a_graph():
+    """pdl: the same kernel but for griddepcontrol: the same sums; a chain of dependent launches captured in a graph
+    (each call reading the output of the one before) replays to the plain chain's output."""
+    torch.manual_seed(0)
+    n = k = 1024
+    w = torch.randn(n, k, device="cuda") / k**0.5
+    q, s = qr.fp8_block_quantize(w)
+    p, bs, s2 = qr.nvfp4_quantize(w)
+    x = torch.randn(8, k, device="cuda").bfloat16()
+    for stage in ("regs", "smem"):
+        for fmt, fn in (("fp8", lambda x, c, pdl: mg.fp8_gemv(x, q, s, cfg=c, pdl=pdl)),
+                        ("nvfp4", lambda x, c, pdl: mg.nvfp4_gemv(x, p, bs, s2.expand(n), cfg=c, pdl=pdl))):
+            cfg = mg.Config(fmt, 1, 4, 3, 0, True, 0, stage)
+            for m in (2, 8):
+                assert torch.equal(fn(x[:m], cfg, True), fn(x[:m], cfg, False)), (fmt, stage, m)
+
+            def chain(pdl, fn=fn, cfg=cfg):
+                y = x
+                for _ in range(5):
+                    y = fn(y, cfg, pdl)
+                return y
+
+            want = chain(False)
+            graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+            with torch.cuda.stream(stream), torch.cuda.graph(graph):
+                out = chain(True)
+            out.zero_()
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(out, want), (fmt, stage)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the CUDA kernel needs a GPU")

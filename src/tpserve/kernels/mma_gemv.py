@@ -264,6 +264,11 @@ extern "C" __global__ void __launch_bounds__(LAUNCH_BOUNDS) NAME(
     const unsigned char* __restrict__ w, const void* __restrict__ s, const float* __restrict__ s2,
     const unsigned short* __restrict__ x, unsigned short* __restrict__ y, int M, int N, int K, int SK, int BNS) {
   __shared__ float red[KS > 1 ? KS - 1 : 1][R][4][32];
+#if PDL && __CUDA_ARCH__ >= 900
+  // programmatic dependent launch (kernels/launch_ex.py): the next kernel may launch now; W's first chunks load
+  // (weights: no kernel writes them) before the wait for the kernel before, whose output x may be
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
   const int row0 = blockIdx.x * ROWS_PER_WARP;
   const long row_bytes = FP4 ? K / 2 : K;  // a K chunk is 128 bytes of a row: 128 FP8 or 256 NVFP4 values
@@ -300,6 +305,9 @@ extern "C" __global__ void __launch_bounds__(LAUNCH_BOUNDS) NAME(
     if (kb0 + d < kb1) load_async(ring, d, wlo, whi, (long)CHUNK(kb0 + d) << 7, lane);
     asm volatile("cp.async.commit_group;" ::: "memory");
   }
+#if PDL && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
   for (int i = 0; kb0 + i < kb1; i++) {
     const int cur = kb0 + i, nxt = cur + DEPTH - 1;
     if (nxt < kb1) load_async(ring, (i + DEPTH - 1) % DEPTH, wlo, whi, (long)CHUNK(nxt) << 7, lane);
@@ -317,6 +325,9 @@ extern "C" __global__ void __launch_bounds__(LAUNCH_BOUNDS) NAME(
 #pragma unroll
   for (int d = 0; d < DEPTH - 1; d++)
     if (kb0 + d < kb1) load(buf[d], wlo, whi, (long)CHUNK(kb0 + d) << 7);
+#if PDL && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
   for (int kb = kb0; kb < kb1; kb += DEPTH) {
 #pragma unroll
     for (int d = 0; d < DEPTH; d++) {
@@ -405,9 +416,17 @@ class Config:
         return self.splits * self.depth * self.rows * 2048 if self.stage == "smem" else 0
 
 
-def source(cfg: Config) -> str:
-    """The CUDA source of one configuration (its kernel is `cfg.name`)."""
-    defines = dict(R=cfg.rows, KS=cfg.splits, DEPTH=cfg.depth, NAME=cfg.name, FP4=int(cfg.fmt == "nvfp4"),
+def kernel_name(cfg: Config, pdl: bool = False) -> str:
+    """The kernel's name in `source(cfg, pdl)`."""
+    return cfg.name + ("_pdl" if pdl else "")
+
+
+def source(cfg: Config, pdl: bool = False) -> str:
+    """The CUDA source of one configuration (its kernel is `kernel_name(cfg, pdl)`); pdl: the kernel signals
+    `griddepcontrol.launch_dependents` first and waits (`griddepcontrol.wait`) after W's first chunks are issued,
+    before it reads x (sm_90+; launched by kernels/launch_ex.launch_pdl)."""
+    defines = dict(R=cfg.rows, KS=cfg.splits, DEPTH=cfg.depth, NAME=kernel_name(cfg, pdl), PDL=int(pdl),
+                   FP4=int(cfg.fmt == "nvfp4"),
                    INTERLEAVE=int(cfg.interleave), ASYNC=int(cfg.stage == "smem"),
                    LAUNCH_BOUNDS=f"32 * KS, {cfg.min_blocks}" if cfg.min_blocks else "32 * KS",
                    SEL_LO=f"{SEL_LO:#x}u", SEL_HI=f"{SEL_HI:#x}u", DECODE_MASK=f"{DECODE_MASK:#x}u",
@@ -417,12 +436,12 @@ def source(cfg: Config) -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def _kernel(cfg: Config, arch: str, device: int):
+def _kernel(cfg: Config, arch: str, device: int, pdl: bool = False):
     """The compiled kernel, loaded into `device`'s context (a module belongs to the context it was loaded in)."""
     from torch.cuda import _compile_kernel  # NVRTC: PyTorch's own runtime compiler binding
 
     with torch.cuda.device(device):
-        return _compile_kernel(source(cfg), cfg.name, compute_capability=arch)
+        return _compile_kernel(source(cfg, pdl), kernel_name(cfg, pdl), compute_capability=arch)
 
 
 def available(x: torch.Tensor) -> bool:
@@ -496,7 +515,7 @@ def reserve_smem(kernel, nbytes: int) -> None:
         kernel.set_shared_memory_config(nbytes)
 
 
-def _launch(cfg: Config, w, s, s2, x, n: int, sk: int, bns: int) -> torch.Tensor:
+def _launch(cfg: Config, w, s, s2, x, n: int, sk: int, bns: int, pdl: bool = False) -> torch.Tensor:
     m, k = x.shape
     y = torch.empty(m, n, dtype=torch.bfloat16, device=x.device)
     if n == 0:
@@ -507,17 +526,26 @@ def _launch(cfg: Config, w, s, s2, x, n: int, sk: int, bns: int) -> torch.Tensor
         raise ValueError(f"x: on cuda:{device}, but the current device is cuda:{torch.cuda.current_device()} "
                          "(call inside `with torch.cuda.device(...)`)")
     major, minor = torch.cuda.get_device_capability(device)
-    kernel, smem = _kernel(cfg, f"{major}{minor}", device), cfg.smem_bytes
+    if pdl:
+        from tpserve.kernels import launch_ex
+
+        pdl = launch_ex.supported(x.device)
+    kernel, smem = _kernel(cfg, f"{major}{minor}", device, pdl), cfg.smem_bytes
     reserve_smem(kernel, smem)
-    kernel(grid=(-(-n // (16 * cfg.rows)), 1, 1), block=(32 * cfg.splits, 1, 1), shared_mem=smem,
-           args=[w.view(torch.uint8), s, s2, x.view(torch.int16), y.view(torch.int16), m, n, k, sk, bns])
+    grid, block = (-(-n // (16 * cfg.rows)), 1, 1), (32 * cfg.splits, 1, 1)
+    args = [w.view(torch.uint8), s, s2, x.view(torch.int16), y.view(torch.int16), m, n, k, sk, bns]
+    if pdl:
+        launch_ex.launch_pdl(kernel, grid, block, smem, args)
+    else:
+        kernel(grid=grid, block=block, shared_mem=smem, args=args)
     return y
 
 
 def fp8_gemv(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, block: tuple[int, int] = (128, 128),
-             cfg: Config | None = None) -> torch.Tensor:
+             cfg: Config | None = None, pdl: bool = False) -> torch.Tensor:
     """x [M <= 8, K] bf16 (CUDA) @ dequant(w float8_e4m3fn [N, K], s float32 [ceil(N / block[0]), K / 128])^T
-    -> y [M, N] bf16."""
+    -> y [M, N] bf16. pdl: launched as a programmatic dependent of the kernel before (sm_90+; else plainly): W's
+    first chunks load before that kernel ends (`source`)."""
     n, k = w.shape
     _check(x, w, k, "fp8", block)
     if w.dtype != torch.float8_e4m3fn:
@@ -527,13 +555,13 @@ def fp8_gemv(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, block: tuple[int
     cfg = cfg or default_config("fp8", n, k)
     if cfg.fmt != "fp8":
         raise ValueError(f"cfg: an fp8 config, got {cfg.fmt!r}")
-    return _launch(cfg, w, s, s, x, n, s.shape[1], block[0])
+    return _launch(cfg, w, s, s, x, n, s.shape[1], block[0], pdl)
 
 
 def nvfp4_gemv(x: torch.Tensor, w: torch.Tensor, bscale: torch.Tensor, scale2_rows: torch.Tensor,
-               cfg: Config | None = None) -> torch.Tensor:
+               cfg: Config | None = None, pdl: bool = False) -> torch.Tensor:
     """x [M <= 8, K] bf16 (CUDA) @ dequant(w uint8 [N, K/2] (low nibble = even k), bscale float8_e4m3fn
-    [N, K/16], scale2_rows float32 [N])^T -> y [M, N] bf16."""
+    [N, K/16], scale2_rows float32 [N])^T -> y [M, N] bf16. pdl: as fp8_gemv."""
     n, k = w.shape[0], 2 * w.shape[1]
     _check(x, w, k, "nvfp4", None)
     if w.dtype != torch.uint8:
@@ -545,4 +573,4 @@ def nvfp4_gemv(x: torch.Tensor, w: torch.Tensor, bscale: torch.Tensor, scale2_ro
     cfg = cfg or default_config("nvfp4", n, k)
     if cfg.fmt != "nvfp4":
         raise ValueError(f"cfg: an nvfp4 config, got {cfg.fmt!r}")
-    return _launch(cfg, w, bscale.contiguous().view(torch.uint8), scale2_rows.float(), x, n, k // 16, 1)
+    return _launch(cfg, w, bscale.contiguous().view(torch.uint8), scale2_rows.float(), x, n, k // 16, 1, pdl)

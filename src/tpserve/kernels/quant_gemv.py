@@ -360,7 +360,7 @@ def fp8_gemv_fits(k: int, block: tuple[int, int], block_k: int = 128, one_row: b
 def w8a16_gemv(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, block: tuple[int, int], block_n: int | None = None,
                block_k: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
                waves: int | None = None, qtile: bool | None = None, asm: bool | None = None, qtile_a: bool = False,
-               prefetch: bool = False, mma: bool | None = None) -> torch.Tensor:
+               prefetch: bool = False, mma: bool | None = None, pdl: bool = False) -> torch.Tensor:
     """x [M <= 16, K] @ dequant(w fp8 [N, K], s [ceil(N/bn), K/bk])^T -> [M, N] in x.dtype. `qtile`: the
     weight tile decoded by qtile.fp8_tile on the tensor cores (any M; x bf16 or float32), as their A
     operand (W @ X^T, `qtile_a`) or B, instead of FMAs (M = 1) or a per-value conversion; `asm` as in
@@ -374,12 +374,13 @@ def w8a16_gemv(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, block: tuple[i
     qtile as the B operand, 32 x 128 tiles, 4 warps, 4 stages, split over 2 waves (20.3 / 23.6 us against
     25.7 / 26.2 for the per-value path); an fp16 x takes the per-value path (32 x 128, split over 4 waves).
     `mma`: the CUDA kernel of kernels/mma_gemv.py (bf16 x, 1-8 rows, 128-wide K scale blocks); by default at 2-8
-    rows where it can run and no Triton tile is asked for (H200: BENCHMARKS.md, twenty-third session)."""
+    rows where it can run and no Triton tile is asked for (H200: BENCHMARKS.md, twenty-third session); `pdl`: that
+    kernel launched as a programmatic dependent of the kernel before (mma_gemv.fp8_gemv)."""
     tiles = (block_n, block_k, num_warps, num_stages, waves, qtile)
     if mma is None:
         mma = 2 <= x.shape[0] and all(t is None for t in tiles) and mma_gemv.usable(x, block)
     if mma:
-        return mma_gemv.fp8_gemv(x, w, s, block)
+        return mma_gemv.fp8_gemv(x, w, s, block, pdl=pdl)
     if qtile and x.dtype == torch.float16:
         raise ValueError("qtile: takes a bf16 or float32 x, got float16")
     if qtile is None:
@@ -418,7 +419,7 @@ def w4a16_gemv(x: torch.Tensor, w: torch.Tensor, bscale: torch.Tensor, scale2_ro
                num_stages: int | None = None, waves: int | None = None, fp32_decode: bool | None = None,
                qtile: bool = False, asm: bool | None = None, qtile_a: bool = True, row: bool | None = None,
                row_f16: bool = True, planes: bool | None = None, tiled: bool = False,
-               mma: bool | None = None) -> torch.Tensor:
+               mma: bool | None = None, pdl: bool = False) -> torch.Tensor:
     """x [M <= 16, K] @ dequant(nvfp4 w [N, K/2], bscale [N, K/16], scale2_rows [N])^T -> [M, N].
     `row` (one row of x): _nvfp4_row_kernel, the codes decoded two per 32-bit operation by qtile.nvfp4_codes
     (to float16 with `row_f16`, else bf16) and FMAs, no dot. `qtile`: decode with qtile.nvfp4_tile and
@@ -438,7 +439,8 @@ def w4a16_gemv(x: torch.Tensor, w: torch.Tensor, bscale: torch.Tensor, scale2_ro
     `mma`: the CUDA kernels (bf16 x, K a multiple of 256): at one row kernels/nvfp4_m1.py, at 2-8 rows
     kernels/mma_gemv.py; by default wherever they can run and no Triton kernel, tile or decode is asked for (H200:
     BENCHMARKS.md, twenty-third and twenty-fourth sessions: one row 12.2 / 12.6 us against mma_gemv's 13.6 /
-    16.5 on 12288 x 4096 / 4096 x 12288)."""
+    16.5 on 12288 x 4096 / 4096 x 12288). `pdl`: mma_gemv at 2-8 rows launched as a programmatic dependent of the
+    kernel before (the one-row kernel launches plainly)."""
     if x.dim() != 2 or x.shape[0] > 16:
         raise ValueError(f"x: quantized GEMV takes [M <= 16, K], got {tuple(x.shape)}")
     if mma is None:
@@ -449,7 +451,7 @@ def w4a16_gemv(x: torch.Tensor, w: torch.Tensor, bscale: torch.Tensor, scale2_ro
             from tpserve.kernels import nvfp4_m1
 
             return nvfp4_m1.gemv(x, w, bscale, scale2_rows)
-        return mma_gemv.nvfp4_gemv(x, w, bscale, scale2_rows)
+        return mma_gemv.nvfp4_gemv(x, w, bscale, scale2_rows, pdl=pdl)
     if tiled:  # nvfp4_tiled's layout, for the planes kernel at its (block_n, block_k)
         if not planes or w.dim() != 4 or (block_n, block_k) != (w.shape[2], w.shape[3] * 4):
             raise ValueError(f"tiled: the planes kernel's weights from nvfp4_tiled at (block_n, block_k); got "

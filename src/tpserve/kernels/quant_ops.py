@@ -43,15 +43,16 @@ def _sm90(x: torch.Tensor) -> bool:
 
 
 def fp8_block_linear(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, block: tuple[int, int],
-                     bias: torch.Tensor | None = None, mma: bool | None = None) -> torch.Tensor:
-    """mma: the decode GEMV of kernels/mma_gemv.py (None: where it is quant_gemv's default; False: never)."""
+                     bias: torch.Tensor | None = None, mma: bool | None = None, pdl: bool = False) -> torch.Tensor:
+    """mma: the decode GEMV of kernels/mma_gemv.py (None: where it is quant_gemv's default; False: never); pdl:
+    that GEMV launched as a programmatic dependent of the kernel before (mma_gemv.fp8_gemv)."""
     lead, k = x.shape[:-1], x.shape[-1]
     x2 = x.reshape(-1, k)
     m = x2.shape[0]
     if _triton_ok(x) and m <= SMALL_M:
         from tpserve.kernels.quant_triton import w8a16_gemm
 
-        y = w8a16_gemm(x2, w, s, block, mma=mma)
+        y = w8a16_gemm(x2, w, s, block, mma=mma, pdl=pdl)
     elif _sm90(x) and tuple(block) == (128, 128) and k % 128 == 0 and w.shape[0] % 128 == 0:
         try:
             y = w8a8_block_scaled_mm(x2, w, s)
@@ -82,14 +83,14 @@ def fp8_channel_linear(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor,
 
 
 def nvfp4_linear(x: torch.Tensor, w: torch.Tensor, bscale: torch.Tensor, scale2: torch.Tensor,
-                 bias: torch.Tensor | None = None, mma: bool | None = None) -> torch.Tensor:
-    """mma as in fp8_block_linear."""
+                 bias: torch.Tensor | None = None, mma: bool | None = None, pdl: bool = False) -> torch.Tensor:
+    """mma and pdl as in fp8_block_linear (pdl at 2-8 rows: the one-row NVFP4 kernel launches plainly)."""
     lead, k = x.shape[:-1], x.shape[-1]
     x2 = x.reshape(-1, k)
     if _triton_ok(x):
         from tpserve.kernels.quant_triton import w4a16_gemm
 
-        y = w4a16_gemm(x2, w, bscale, scale2.reshape(1).expand(w.shape[0]).contiguous(), mma=mma)
+        y = w4a16_gemm(x2, w, bscale, scale2.reshape(1).expand(w.shape[0]).contiguous(), mma=mma, pdl=pdl)
     else:
         y = F.linear(x2, qr.nvfp4_dequantize(w, bscale, scale2, x.dtype))
     if bias is not None:

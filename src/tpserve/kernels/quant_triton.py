@@ -145,25 +145,26 @@ def _gemm(x, w, s, s2, fmt: int, k: int, sk: int, bns: int, bks: int, block_n: i
 
 
 def w8a16_gemm(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, block: tuple[int, int], kernel: str = "auto",
-               mma: bool | None = None, **tiles) -> torch.Tensor:
+               mma: bool | None = None, pdl: bool = False, **tiles) -> torch.Tensor:
     """x [M, K] (16-bit or fp32) @ dequant(w fp8 [N, K], s [ceil(N/bn), ceil(K/bk)])^T -> [M, N] in x.dtype.
     kernel: "auto" (the decode GEMV of quant_gemv.py for M <= 16 where its K tile fits the scale
     blocks, else the tiled kernel), "gemv" or "tiled"; tiles: block_n / block_k overrides (benchmarks); mma: the
-    GEMV's CUDA kernel (kernels/mma_gemv.py) where it is the default (None) or not at all (False)."""
+    GEMV's CUDA kernel (kernels/mma_gemv.py) where it is the default (None) or not at all (False); pdl: that
+    kernel launched as a programmatic dependent of the kernel before."""
     k = w.shape[1]
     s = s.contiguous()
     if kernel == "gemv" or kernel == "auto" and x.shape[0] <= GEMV_MAX_M and fp8_gemv_fits(k, block) and not tiles:
-        return w8a16_gemv(x, w, s, block, mma=mma, **tiles)
+        return w8a16_gemv(x, w, s, block, mma=mma, pdl=pdl, **tiles)
     return _gemm(x, w, s, s, 0, k, s.shape[1], block[0], block[1], **tiles)
 
 
 def w4a16_gemm(x: torch.Tensor, w: torch.Tensor, bscale: torch.Tensor, scale2_rows: torch.Tensor,
-               kernel: str = "auto", mma: bool | None = None, **tiles) -> torch.Tensor:
+               kernel: str = "auto", mma: bool | None = None, pdl: bool = False, **tiles) -> torch.Tensor:
     """x [M, K] @ dequant(nvfp4 w [N, K/2], bscale [N, K/16], scale2_rows [N])^T -> [M, N] in x.dtype.
-    kernel and mma as in w8a16_gemm (the GEMV needs K a multiple of its 256-wide tile)."""
+    kernel, mma and pdl as in w8a16_gemm (the GEMV needs K a multiple of its 256-wide tile)."""
     k = w.shape[1] * 2
     if kernel == "gemv" or kernel == "auto" and x.shape[0] <= GEMV_MAX_M and k % 256 == 0 and not tiles:
-        return w4a16_gemv(x, w, bscale, scale2_rows, mma=mma, **tiles)
+        return w4a16_gemv(x, w, bscale, scale2_rows, mma=mma, pdl=pdl, **tiles)
     return _gemm(x, w, bscale.contiguous(), scale2_rows.float().contiguous(), 1, k, k // 16, 1, 16, **tiles)
 
 

@@ -86,7 +86,7 @@ class Fp8BlockLinear(Bf16Linear):
 
     def forward(self, layer, x, bias):
         return quant_ops.fp8_block_linear(x, layer.weight, layer.weight_scale_inv, self.block, bias,
-                                          None if layer.quant_gemv_cuda else False)
+                                          None if layer.quant_gemv_cuda else False, layer.pdl)
 
     def dense_weight(self, layer, dtype):
         return qr.fp8_block_dequantize(layer.weight, layer.weight_scale_inv, self.block, dtype)
@@ -119,7 +119,7 @@ class Nvfp4Linear(Bf16Linear):
 
     def forward(self, layer, x, bias):
         return quant_ops.nvfp4_linear(x, layer.weight, layer.weight_scale, layer.weight_scale_2, bias,
-                                      None if layer.quant_gemv_cuda else False)
+                                      None if layer.quant_gemv_cuda else False, layer.pdl)
 
     def dense_weight(self, layer, dtype):
         return qr.nvfp4_dequantize(layer.weight, layer.weight_scale, layer.weight_scale_2, dtype)
