@@ -49,3 +49,44 @@ def test_gemv_against_float64():
     assert "must be [1..16, K]" in out.pop("17 rows")
     assert out.pop("fits small N") is False
     assert all(excess <= 0 for excess in out.values()), out
+
+
+def test_gemv_split_against_float64():
+    """gemv_split (one row, few outputs, K cut into slices summed in order) within the same bound, for bf16-like
+    16-bit and float32 inputs, float32 or the input's dtype out; every element written; its plan covers K."""
+    out = run_interpreted("""
+        import json, torch, triton
+        from tpserve.kernels import gemv_triton as G
+        res = {}
+        for n, k in ((288, 4096), (24, 16384), (2047, 64), (1, 8)):
+            for sms in (1, 132):
+                bn, bk, k_per, slices = G.split_plan(n, k, sms)
+                ok = k_per % bk == 0 and (slices - 1) * k_per < k <= slices * k_per and bn >= min(n, 32)
+                res[f"plan {n}x{k} sms={sms}"] = bool(ok)
+        cases = [(24, 2048, torch.float32, torch.float32, torch.float32), (288, 1000, torch.float16, torch.float16,
+                 torch.float32), (37, 300, torch.float16, torch.float16, torch.float16), (5, 96, torch.float32,
+                 torch.float32, torch.float32)]
+        for n, k, xd, wd, od in cases:
+            g = torch.Generator().manual_seed(n + k)
+            x = torch.randn(1, k, generator=g).to(xd)
+            w = (torch.randn(n, k, generator=g) / k ** 0.5).to(wd)
+            want = x.double() @ w.double().T
+            mag = x.double().abs() @ w.double().abs().T
+            eps_out = torch.finfo(od).eps
+            bound = k * torch.finfo(torch.float32).eps * mag + 0.5 * eps_out * want.abs() + eps_out * 2.0**-14
+            # (the interpreter's tensors are on the CPU: 4 SMs stand in for a GPU's, so K is cut into slices)
+            torch.cuda.get_device_properties = lambda dev: type("P", (), {"multi_processor_count": 4})()
+            y = G.gemv_split(x, w, od)
+            res[f"{n}x{k} {xd} -> {od}"] = float(((y.double() - want).abs() - bound).max())
+            res[f"{n}x{k} dtype"] = str(y.dtype) == str(od)
+        try:
+            G.gemv_split(torch.randn(2, 8), torch.randn(4, 8))
+            res["2 rows"] = "no error"
+        except ValueError as e:
+            res["2 rows"] = str(e)
+        print(json.dumps(res))
+    """)
+    assert "must be [1, K] and [N, K]" in out.pop("2 rows")
+    for key in [k for k in out if k.startswith("plan") or k.endswith("dtype")]:
+        assert out.pop(key) is True, key
+    assert all(excess <= 0 for excess in out.values()), out

@@ -89,6 +89,86 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym, 
              mask=m_ok[:, None] & n_ok[None, :])
 
 
+@triton.jit
+def _gemv_split_kernel(x_ptr, w_ptr, part_ptr, N, K, K_PER, stride_wn, BLOCK_N: tl.constexpr,
+                       BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+    """One row of x against BLOCK_N rows of W over one K_PER-wide slice of K (program axis 1): fp32 partial sums
+    into part [slices, N]."""
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = n < N
+    rows = w_ptr + n.to(tl.int64)[:, None] * stride_wn
+    k_lo = tl.program_id(1) * K_PER
+    k_hi = tl.minimum(k_lo + K_PER, K)
+    pdl_triton.release(PDL)
+    k = k_lo + tl.arange(0, BLOCK_K)  # the first tile loads before the wait (weights: no kernel writes them)
+    k_ok = k < k_hi
+    w = tl.load(rows + k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+    pdl_triton.wait(PDL)
+    acc = tl.sum(w.to(tl.float32) * tl.load(x_ptr + k, mask=k_ok, other=0.0).to(tl.float32)[None, :], axis=1)
+    for k0 in range(k_lo + BLOCK_K, k_hi, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        k_ok = k < k_hi
+        w = tl.load(rows + k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        acc += tl.sum(w.to(tl.float32) * tl.load(x_ptr + k, mask=k_ok, other=0.0).to(tl.float32)[None, :], axis=1)
+    tl.store(part_ptr + tl.program_id(1).to(tl.int64) * N + n, acc, mask=n_ok)
+
+
+@triton.jit
+def _sum_slices_kernel(part_ptr, y_ptr, N, S, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    """y[n] = sum over the slices s = 0, 1, ... of part[s, n] (fp32, in that order), in y's dtype."""
+    pdl_triton.start(PDL)
+    n = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = n < N
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for s in range(S):
+        acc += tl.load(part_ptr + s * N + n, mask=ok, other=0.0)
+    tl.store(y_ptr + n, acc.to(y_ptr.dtype.element_ty), mask=ok)
+
+
+def split_plan(n: int, k: int, sms: int) -> tuple[int, int, int, int]:
+    """(BLOCK_N, BLOCK_K, K_PER, slices) of `gemv_split` for W [n, k] on `sms` SMs: row tiles of up to 32 rows,
+    K cut into slices (whole 256-wide tiles) until there are about two programs an SM."""
+    block_n, block_k = min(32, triton.next_power_of_2(max(n, 1))), 256
+    tiles = triton.cdiv(n, block_n)
+    want = max(1, min(triton.cdiv(k, block_k), triton.cdiv(2 * sms, tiles)))
+    k_per = triton.cdiv(triton.cdiv(k, want), block_k) * block_k
+    return block_n, block_k, k_per, triton.cdiv(k, k_per)
+
+
+def gemv_split(x: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype | None = None,
+               pdl: bool = False) -> torch.Tensor:
+    """One row: x [1, K] @ w [N, K]^T -> [1, N] in out_dtype (default x's), for the few-output linears `gemv`
+    cannot spread over the SMs (N < MIN_N: the KDA f_a | g_a | b projections, the router, the mHC projection):
+    K is cut into slices, each program summing one row tile over one slice (fp32), then a second kernel sums the
+    slices in order (deterministic; no atomics, no zero fill). x and w may differ in dtype (the mHC projection: a
+    float32 x against float32 w; bf16 against bf16 elsewhere). pdl: both kernels launched as programmatic
+    dependents (kernels/pdl_triton.py), the first loading its first W tile before its wait."""
+    if x.dim() != 2 or x.shape[0] != 1 or w.dim() != 2 or x.shape[1] != w.shape[1]:
+        raise ValueError(f"gemv_split: x {tuple(x.shape)} and w {tuple(w.shape)} must be [1, K] and [N, K]")
+    if w.stride(1) != 1 or x.stride(1) != 1:
+        raise ValueError("gemv_split: x and w must have unit-stride rows")
+    n, k = w.shape
+    y = torch.empty(1, n, dtype=out_dtype or x.dtype, device=x.device)
+    if n == 0:
+        return y
+    sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+    block_n, block_k, k_per, slices = split_plan(n, k, sms)
+    part = torch.empty(slices, n, dtype=torch.float32, device=x.device)
+    _gemv_split_kernel[(triton.cdiv(n, block_n), slices)](x, w, part, n, k, k_per, w.stride(0), BLOCK_N=block_n,
+                                                          BLOCK_K=block_k, PDL=pdl, num_warps=4, launch_pdl=pdl)
+    block = min(1024, triton.next_power_of_2(n))
+    _sum_slices_kernel[(triton.cdiv(n, block),)](part, y, n, slices, BLOCK=block, PDL=pdl, num_warps=4,
+                                                 launch_pdl=pdl)
+    return y
+
+
+def fits_split(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """Whether `gemv_split` serves x @ w^T where `fits` does not: one row of x, w [1 <= N < MIN_N, K] with unit-stride
+    rows, on a GPU."""
+    return (x.dim() == 2 and x.shape[0] == 1 and x.is_cuda and w.dim() == 2 and 0 < w.shape[0] < MIN_N
+            and w.shape[1] == x.shape[1] and w.stride(1) == 1 and x.stride(1) == 1)
+
+
 def fits(x: torch.Tensor, w: torch.Tensor) -> bool:
     """Whether the GEMV serves x @ w^T: 2-D x of 1..16 rows, w [N >= MIN_N, K] of x's dtype with unit-stride
     rows, on a GPU."""
