@@ -109,12 +109,6 @@ class EngineConfig:
                              "linears the real-width KKKM decode step took 1.510 / 3.81 / 5.52 ms at batch 1 / 8 / "
                              "16 against cuBLAS's 1.549 / 3.83 / 5.54 ms on an H200, BENCHMARKS.md fourteenth "
                              "session)", switch=True, choices=("auto", "triton", "torch"))
-    gemv_split: bool = _opt(False, "with --gemv-backend triton, one-row linears of fewer than 2048 outputs (the KDA "
-                            "f_a | g_a | b projections, the MoE router, the mHC projection) also take a Triton "
-                            "GEMV, K cut into slices over the SMs and the slices summed by a second kernel "
-                            "(kernels/gemv_triton.gemv_split), instead of cuBLAS (off: on an H200 real-width "
-                            "KKKMKKKM decoded a batch of 1 in 2.077-2.079 against 2.062-2.064 ms without it, "
-                            "BENCHMARKS.md twenty-sixth session)", switch=True)
     pdl: str = _opt("auto", "programmatic dependent launch between our kernels of a step (the Triton one-row GEMV, "
                     "norms, mHC weights / collapse / expand, SwiGLU, KDA conv and gate, MoE routing: "
                     "kernels/pdl_triton.py; the FP8 / NVFP4 GEMV at 2-8 rows: kernels/mma_gemv.py): a kernel's "

@@ -22,24 +22,6 @@ def test_pdl_switch_resolves_off_on_cpu_and_refuses_on():
         resolve_pdl("yes", torch.device("cpu"))
 
 
-def test_set_gemv_backend_gives_the_split_gemv_to_linears_router_and_mhc():
-    from tpserve.model.config import ModelConfig
-    from tpserve.model.glm5_next import Glm5NextModel
-    from tpserve.model.layers import Linear, ShardContext, set_gemv_backend
-    from tpserve.model.mhc import HyperConnection
-    from tpserve.model.moe import Router
-    from tpserve.model.tiny import tiny_config_dict
-
-    with torch.device("meta"):
-        model = Glm5NextModel(ShardContext.single(torch.float32), ModelConfig.from_dict(tiny_config_dict()))
-    mods = [m for m in model.modules() if isinstance(m, (Linear, Router, HyperConnection))]
-    assert {type(m) for m in mods} == {Linear, Router, HyperConnection} and not any(m.gemv_split for m in mods)
-    set_gemv_backend(model, "triton", "triton", True)
-    assert all(m.gemv_split for m in mods)
-    set_gemv_backend(model, "torch", "triton", True)  # (cuBLAS: no Triton GEMV of any kind)
-    assert not any(m.gemv_split for m in mods)
-
-
 def test_set_pdl_reaches_every_module_with_triton_kernels():
     from tpserve.model.glm5_next import Glm5NextModel
     from tpserve.model.kda import KdaAttention
@@ -71,11 +53,6 @@ def _ptx_cases():
                        dict(x_ptr=bf16, w_ptr=bf16, y_ptr=bf16, M="i32", N="i32", K="i32", stride_xm="i32",
                             stride_wn="i32", stride_ym="i32"),
                        dict(PRECISION="tf32", BLOCK_M=1, BLOCK_N=16, BLOCK_K=512), True),
-        "gemv_split": (gemv_triton._gemv_split_kernel,
-                       dict(x_ptr=bf16, w_ptr=bf16, part_ptr=f32, N="i32", K="i32", K_PER="i32", stride_wn="i32"),
-                       dict(BLOCK_N=32, BLOCK_K=256), True),
-        "sum_slices": (gemv_triton._sum_slices_kernel, dict(part_ptr=f32, y_ptr=f32, N="i32", S="i32"),
-                       dict(BLOCK=512), False),
         "gemv 16 rows": (gemv_triton._gemv_kernel.fn,
                          dict(x_ptr=bf16, w_ptr=bf16, y_ptr=bf16, M="i32", N="i32", K="i32", stride_xm="i32",
                               stride_wn="i32", stride_ym="i32"),
@@ -112,7 +89,7 @@ def _ptx_cases():
     }
 
 
-@pytest.mark.parametrize("name", ["gemv 1 row", "gemv_split", "sum_slices", "gemv 16 rows", "rms_norm", "hc_collapse", "hc_expand",
+@pytest.mark.parametrize("name", ["gemv 1 row", "gemv 16 rows", "rms_norm", "hc_collapse", "hc_expand",
                                   "hc_weights", "swiglu", "conv_rows", "gate_beta", "router"])
 def test_pdl_ptx_signals_then_waits_before_reading_inputs(name, tmp_path, monkeypatch):
     """With PDL the kernel signals first; nothing but weight loads (the one-row GEMV's first tile) comes before its
@@ -160,7 +137,6 @@ def _kernel_calls(dev):
     bf = dict(device=dev, dtype=torch.bfloat16)
     x1, x8 = torch.randn(1, 4096, generator=g, **bf), torch.randn(8, 4096, generator=g, **bf)
     w = torch.randn(4096, 4096, generator=g, **bf) / 64
-    wf = torch.randn(24, 4 * 4096, generator=g, device=dev) / 128
     nw = torch.rand(4096, generator=g, **bf)
     gate = torch.randn(8, 4096, generator=g, **bf)
     streams = torch.randn(8, 4, 4096, generator=g, **bf)
@@ -177,8 +153,6 @@ def _kernel_calls(dev):
     return {
         "gemv 1 row": lambda p: gemv_triton.gemv(x1, w, pdl=p),
         "gemv 8 rows": lambda p: gemv_triton.gemv(x8, w, pdl=p),
-        "gemv_split": lambda p: gemv_triton.gemv_split(x1, w[:288], pdl=p),
-        "gemv_split fp32": lambda p: gemv_triton.gemv_split(streams.view(8, -1)[:1].float(), wf, torch.float32, pdl=p),
         "rms_norm": lambda p: norm_triton.rms_norm(x8, nw, 1e-6, pdl=p),
         "rms_normalize": lambda p: norm_triton.rms_normalize(streams.view(8, -1), 1e-6, pdl=p),
         "gated_rms_norm": lambda p: norm_triton.gated_rms_norm(x8, gate, nw, 1e-6, pdl=p),
@@ -250,19 +224,3 @@ def test_gpu_greedy_tokens_equal_with_pdl_on_and_off():
         torch.cuda.empty_cache()
     assert outs["on"] == outs["off"]
 
-
-@pytest.mark.skipif(not SM90, reason="the Triton GEMVs run on a GPU")
-def test_gpu_greedy_tokens_equal_with_the_split_gemv_on_and_off():
-    """gemv_split sums in another order than cuBLAS (float32 either way): the built-in model's greedy tokens
-    stay the same."""
-    from tpserve import LLM, SamplingParams
-
-    prompts = ["The capital of France is", "def fib(n):", "1, 2, 3, 5, 8,"]
-    sp = SamplingParams(temperature=0.0, max_tokens=24)
-    outs = {}
-    for split in (False, True):
-        llm = LLM(device="cuda", gemv_split=split, kv_cache_memory=2**28)
-        outs[split] = [o.outputs[0].token_ids for o in llm.generate(prompts, sp)]
-        del llm
-        torch.cuda.empty_cache()
-    assert outs[True] == outs[False]

@@ -129,7 +129,7 @@ def resolve_runtime(ecfg: EngineConfig) -> Runtime:
                       mla_decode=_triton_or_torch("mla_decode_backend", ecfg.mla_decode_backend, device),
                       mla_prefill=ecfg.mla_prefill,
                       argmax=_triton_or_torch("argmax_backend", ecfg.argmax_backend, device),
-                      pdl=pdl(ecfg.pdl, device), gemv_split=ecfg.gemv_split,
+                      pdl=pdl(ecfg.pdl, device),
                       fused_collectives=ecfg.fused_collectives, weights=weight_options(ecfg, device))
     if kernels.indexer_topk == "triton" and kernels.indexer != "triton":
         raise ValueError("indexer_topk_backend: triton works on the Triton decode scores; it needs "

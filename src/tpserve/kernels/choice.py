@@ -41,7 +41,6 @@ class Kernels:
     mla_prefill: str = "auto"     # "sparse": each query attends its selected rows only; "dense": masked SDPA; "auto":
     # sparse from model/mla.SPARSE_PREFILL_FROM positions
     argmax: str = "torch"         # "triton": the drafter's argmax and its probability in one kernel per call
-    gemv_split: bool = False      # with gemv "triton": one-row linears of < 2048 outputs split over K (gemv_split)
     pdl: bool = False             # programmatic dependent launch between our Triton kernels (kernels/pdl_triton.py)
     fused_collectives: bool = True  # TP > 1: all-reduce + mHC expand as one Communicator call; with SP, the
     # MoE combine inside the reduce-scatter (Communicator.reduce_scatter_moe_combine)
@@ -55,4 +54,4 @@ class Kernels:
                 f"(fp8 {self.quant_decode_fp8}), quant_gemv={self.quant_gemv}, "
                 f"indexer={self.indexer}, "
                 f"indexer_topk={self.indexer_topk}, mla_decode={self.mla_decode}, mla_prefill={self.mla_prefill}, "
-                f"gemv_split={'on' if self.gemv_split else 'off'}, pdl={'on' if self.pdl else 'off'}")
+                f"pdl={'on' if self.pdl else 'off'}")

@@ -44,7 +44,7 @@ def plan_model(model_dir: str | Path, cfg: ModelConfig, ctx: ShardContext, kerne
 
             model.mtp = MtpLayer(ctx, cfg, kernels)
     set_norm_backend(model, kernels.norm)
-    set_gemv_backend(model, kernels.gemv, kernels.quant_gemv, kernels.gemv_split)
+    set_gemv_backend(model, kernels.gemv, kernels.quant_gemv)
     set_pdl(model, kernels.pdl)
     if load_format == "dummy":
         plan = plan_for_dummy(model, qc)

@@ -40,7 +40,6 @@ class Linear(nn.Module):
 
     decode_gemv = False
     quant_gemv_cuda = False
-    gemv_split = False  # set_gemv_backend: one row, fewer than 2048 outputs: gemv_triton.gemv_split
     pdl = False  # set_pdl: the Triton GEMV launched as a programmatic dependent (kernels/pdl_triton.py)
 
     def __init__(self, ctx: ShardContext, in_features: int, out_features: int, shard: Shard = REPLICATED,
@@ -135,13 +134,6 @@ class GatedRMSNorm(nn.Module):
         return (h * torch.sigmoid(gate.float())).to(dtype)
 
 
-def gemv_triton():
-    """kernels/gemv_triton.py, imported on first use (as norm_triton)."""
-    from tpserve.kernels import gemv_triton as module
-
-    return module
-
-
 def norm_triton():
     """kernels/norm_triton.py, imported on first use (Triton is there only where the backend is triton)."""
     from tpserve.kernels import norm_triton as module
@@ -149,11 +141,10 @@ def norm_triton():
     return module
 
 
-def set_gemv_backend(model: nn.Module, backend: str, quant: str = "triton", split: bool = False) -> None:
+def set_gemv_backend(model: nn.Module, backend: str, quant: str = "triton") -> None:
     """Every Linear of `model` takes the Triton decode GEMV where it fits ("triton") or cuBLAS ("torch"); with
     quantized weights the CUDA GEMVs (`quant` "cuda": kernels/mma_gemv.py, nvfp4_m1.py) or the Triton one
-    ("triton"). split (with "triton"): one-row linears of fewer than 2048 outputs, the Linears' and the router's
-    and mHC projection's, take gemv_triton.gemv_split (`gemv_split` on every module that has it)."""
+    ("triton")."""
     if backend not in ("triton", "torch"):
         raise ValueError(f"gemv_backend: expected triton or torch, got {backend!r}")
     if quant not in ("cuda", "triton"):
@@ -161,8 +152,6 @@ def set_gemv_backend(model: nn.Module, backend: str, quant: str = "triton", spli
     for m in model.modules():
         if isinstance(m, Linear):
             m.decode_gemv, m.quant_gemv_cuda = backend == "triton", quant == "cuda"
-        if hasattr(type(m), "gemv_split"):
-            m.gemv_split = backend == "triton" and bool(split)
 
 
 def set_pdl(model: nn.Module, on: bool) -> None:

@@ -93,6 +93,4 @@ def stacked_linear(first: nn.Module, x: torch.Tensor, w: torch.Tensor) -> torch.
 
         if gemv_triton.fits(x, w):
             return gemv_triton.gemv(x, w, first.pdl)
-        if first.gemv_split and gemv_triton.fits_split(x, w):
-            return gemv_triton.gemv_split(x, w, pdl=first.pdl)
     return F.linear(x, w)

@@ -18,14 +18,13 @@ from torch import nn
 from tpserve.dist.fused import hc_expand
 from tpserve.kernels.mhc import hc_weights
 from tpserve.model.config import ModelConfig
-from tpserve.model.layers import ShardContext, gemv_triton, norm_triton
+from tpserve.model.layers import ShardContext, norm_triton
 from tpserve.model.weights import REPLICATED, declare
 
 
 class HyperConnection(nn.Module):
     norm_backend = "torch"  # "triton": the stream norm, collapse and expand as one kernel each (norm_triton.py)
     pdl = False  # layers.set_pdl: those kernels and the Triton mHC weights launched as programmatic dependents
-    gemv_split = False  # layers.set_gemv_backend: the projection of one row through gemv_triton.gemv_split
 
     def __init__(self, ctx: ShardContext, cfg: ModelConfig, backend: str = "torch", project: str = "torch"):
         super().__init__()
@@ -66,11 +65,8 @@ class HyperConnection(nn.Module):
 
             mixed = hc_project(streams.reshape(streams.shape[0], -1), self.project_parts, self.norm_eps)
         elif fused:
-            normed = norm_triton().rms_normalize(streams.reshape(streams.shape[0], -1), self.norm_eps, self.pdl)
-            if self.gemv_split and gemv_triton().fits_split(normed, self.fn):
-                mixed = gemv_triton().gemv_split(normed, self.fn, torch.float32, self.pdl)
-            else:
-                mixed = F.linear(normed, self.fn)
+            mixed = F.linear(norm_triton().rms_normalize(streams.reshape(streams.shape[0], -1), self.norm_eps,
+                                                         self.pdl), self.fn)
         else:
             flat = streams.reshape(streams.shape[0], -1).float()
             mixed = F.linear(flat * torch.rsqrt(flat.square().mean(-1, keepdim=True) + self.norm_eps), self.fn)

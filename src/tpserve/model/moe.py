@@ -17,7 +17,7 @@ from torch import nn
 from tpserve.kernels import moe as moe_ops
 from tpserve.kernels.choice import Kernels
 from tpserve.model.config import ModelConfig
-from tpserve.model.layers import ShardContext, gemv_triton
+from tpserve.model.layers import ShardContext
 from tpserve.model.mlp import DenseMLP
 from tpserve.model.quant_methods import Bf16Experts
 from tpserve.model.weights import REPLICATED, declare
@@ -25,7 +25,6 @@ from tpserve.model.weights import REPLICATED, declare
 
 class Router(nn.Module):
     pdl = False  # layers.set_pdl: the Triton routing kernel launched as a programmatic dependent
-    gemv_split = False  # layers.set_gemv_backend: the logits of one row through gemv_triton.gemv_split
 
     def __init__(self, ctx: ShardContext, cfg: ModelConfig, kernels: Kernels = Kernels()):
         super().__init__()
@@ -43,11 +42,8 @@ class Router(nn.Module):
         if self.fused:
             from tpserve.kernels.route_triton import route_topk
 
-            if self.gemv_split and x.dtype == self.weight.dtype and gemv_triton().fits_split(x, self.weight):
-                logits = gemv_triton().gemv_split(x, self.weight, torch.float32, self.pdl)
-            else:
-                logits = router_logits(x, self.weight)
-            return route_topk(logits, self.e_score_correction_bias, self.top_k, self.norm, self.scaling, self.pdl)
+            return route_topk(router_logits(x, self.weight), self.e_score_correction_bias, self.top_k, self.norm,
+                              self.scaling, self.pdl)
         scores = F.linear(x.float(), self.weight.float()).sigmoid()
         choice = scores + self.e_score_correction_bias
         if self.n_group > 1:

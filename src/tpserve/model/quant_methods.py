@@ -54,8 +54,6 @@ class Bf16Linear:
 
             if gemv_triton.fits(x, layer.weight):
                 return gemv_triton.gemv(x, layer.weight, layer.pdl)
-            if layer.gemv_split and gemv_triton.fits_split(x, layer.weight):
-                return gemv_triton.gemv_split(x, layer.weight, pdl=layer.pdl)
         return F.linear(x, layer.weight, bias)
 
     def dense_weight(self, layer: nn.Module, dtype: torch.dtype) -> torch.Tensor:
