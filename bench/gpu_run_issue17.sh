@@ -9,7 +9,8 @@
 # step         1. tiny checkpoints: greedy tokens TP=1 / TP=2 (NCCL, with and without SP) against CPU float32, then
 #                 decode CUDA graphs against eager (bench/gpu_check_tiny.py --tp, --graphs);
 #              2. real-width KKKM, graphs on, prefill 4096 and decode batch 1 / 32 / 64 at TP=1 (GPU 0) and TP=2,
-#                 in this one call (goal: TP=2 batch-1 step <= 0.6x TP=1).
+#                 in this one call (goal: TP=2 batch-1 step <= 0.6x TP=1); then TP=2 batch 1 with --pdl off
+#                 (twenty-sixth session: PDL next to the collectives is untested on two GPUs).
 # collectives  1. bench/collectives_gpu.sh (every backend checked against a plain sum, then timed eager and inside
 #                 graphs against NCCL, 1 KiB .. 256 MiB, and the tuned size tables);
 #              2. prefill 16k at TP=2 with SP and the workspace collectives against NCCL only (A/B in one call), and
@@ -43,6 +44,9 @@ case "$PART" in
       CUDA_VISIBLE_DEVICES=$dev timeout 200 "${MODEL[@]}" --layers KKKM --tp $tp --prefill 4096 --repeats 1 \
         --decode-steps 16 --batch 1 32 64 --json "$OUT/i17_kkkm_tp$tp.json" 2>&1 | grep -E "^\||^layers|rror"
     done
+    step "real-width KKKM, TP=2, --pdl off (the runs above: on, the default)"
+    timeout 150 "${MODEL[@]}" --layers KKKM --tp 2 --pdl off --prefill 4096 --repeats 1 --decode-steps 16 --batch 1 \
+      --json "$OUT/i17_kkkm_tp2_pdl_off.json" 2>&1 | grep -E "decode step|rror"
     ;;
   collectives)
     step "collectives (bench/collectives_gpu.sh)"
