@@ -155,9 +155,9 @@ def set_gemv_backend(model: nn.Module, backend: str, quant: str = "triton") -> N
 
 
 def set_pdl(model: nn.Module, on: bool) -> None:
-    """Every module of `model` with a `pdl` switch (Linear's Triton GEMV, the norms, the mHC's kernels, the dense
-    MLPs' SwiGLU) launches its Triton kernels as programmatic dependents of the kernel before (kernels/pdl_triton.py;
-    sm_90+: engine/setup.pdl decides)."""
+    """Every module of `model` with a `pdl` switch (Linear's GEMVs, the norms, the mHC's kernels, the dense MLPs'
+    SwiGLU, KDA's conv and gate, the router's top-k) launches its kernels as programmatic dependents of the kernel
+    before (kernels/pdl_triton.py; mma_gemv through kernels/launch_ex.py; sm_90+: engine/setup.pdl decides)."""
     for m in model.modules():
         if hasattr(type(m), "pdl"):
             m.pdl = bool(on)
