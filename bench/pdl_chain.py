@@ -7,7 +7,8 @@ The chain cycles through the real-width KKKM model's dense shapes so that each o
 x [M, 4096] -> 2048 x 4096 -> 4096 x 2048 -> 8192 x 4096 -> 4096 x 8192 -> ..., `--repeats` times, every
 weight its own copy (1.3 GB at 8 repeats: L2 holds none of it). Each form is captured once and replayed; the
 median replay over the number of kernels is the time a kernel; the floor is the weights' bytes / 4.3 TB/s. The
-outputs of the forms must be bit for bit equal (the same tiles, the same sums). CUDA only (sm_90+ for PDL).
+outputs of the forms must be bit for bit equal (the same tiles, the same sums). At more than one row `gemv`
+launches plainly with or without `pdl` (a control: both forms run the same kernel). CUDA only (sm_90+ for PDL).
 """
 
 from __future__ import annotations
@@ -30,8 +31,10 @@ def chain(x: torch.Tensor, weights: list[torch.Tensor], pdl: bool) -> torch.Tens
     return x
 
 
-def timed(fn, replays: int) -> float:
-    """Median seconds of one replay of fn's graph."""
+def timed(fn, replays: int) -> tuple[float, torch.Tensor]:
+    """(median seconds of one replay of fn's graph, the graph's output): the output is what the PDL edges
+    produced, compared bit for bit below (quant_kernels.timed times eagerly where capture fails and keeps no
+    output)."""
     fn()  # (autotune, compile) outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()

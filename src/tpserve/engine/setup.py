@@ -160,13 +160,13 @@ def quant_gemv(value: str, device: torch.device) -> str:
 def pdl(value: str, device: torch.device) -> bool:
     """--pdl resolved: programmatic dependent launch needs a CUDA device of sm_90 or later and Triton (auto: on
     exactly there)."""
+    if value not in ("auto", "on", "off"):
+        raise ValueError(f"pdl: expected auto, on or off, got {value!r}")
     supported = (device.type == "cuda" and torch.cuda.get_device_capability(device) >= (9, 0)
                  and _has_triton())
     if value == "on" and not supported:
         raise ValueError(f"pdl: on needs a CUDA device of compute capability 9.0 or later and Triton (device "
                          f"{device}); use auto or off")
-    if value not in ("auto", "on", "off"):
-        raise ValueError(f"pdl: expected auto, on or off, got {value!r}")
     return supported if value == "auto" else value == "on"
 
 
