@@ -6,8 +6,7 @@ thread: warp instructions x 32 / weights the loop's MMAs take, 16 x 16 each).
 
 DIR holds libnvrtc.so.13 and its builtins (`pip install --target T nvidia-cuda-nvrtc==13.0.88`, then
 DIR = T/nvidia/cu13/lib); ptxas defaults to Triton's copy. A config is fmt:rows:splits:depth[:min_blocks[:stage]]
-(K chunks interleaved over the block's warps, L2 fetching 256 bytes, as the defaults; stage regs, smem or
-bulk[:slot_chunks]);
+(K chunks interleaved over the block's warps, L2 fetching 256 bytes, as the defaults; stage regs or smem);
 m1:mode:rows:splits:stages is nvfp4_m1's (mode dense, gate_up, down or down_sum), then optionally :shift or :lut
 (decode). The K loop is the code between the first and the last HMMA, plus nothing else: prologue, epilogue and
 reduction are left out.
@@ -66,9 +65,9 @@ def main() -> None:
                 mode, rows, splits, stages, *decode = rest
                 source, name = m1.source(m1.Config(int(rows), int(splits), int(stages), 256, *decode), mode)
             else:
-                rows, splits, depth, *more = rest  # [min_blocks[:regs|smem|bulk[:slot_chunks]]]
+                rows, splits, depth, *more = rest  # [min_blocks[:regs|smem]]
                 cfg = mg.Config(fmt, int(rows), int(splits), int(depth), 256, True, int(more[0]) if more else 0,
-                                *more[1:2], *map(int, more[2:3]))
+                                *more[1:])
                 source, name = mg.source(cfg), cfg.name
             text = ptx(source)
             text = re.sub(r"^\.version \d+\.\d+", ".version 8.7", text, flags=re.M)  # (an older ptxas reads it)

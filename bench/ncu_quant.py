@@ -7,9 +7,9 @@ Cases: nvfp4-row / nvfp4-qa / nvfp4-qb / nvfp4-planes (the one-row kernel, qtile
 nibble-planes kernel) and fp8-row / fp8-qb (the FP8 one-row kernel, qtile B), then block_n block_k warps stages
 waves; M rows of x (default 1, fp8-qb takes 8); 12288 x 4096 weights. The weights and calls are
 quant_decode_sweep.py's; each config is checked against fp32 math first (relative error printed).
-The CUDA kernels (kernel names start tpserve_): mma-nvfp4 / mma-fp8 ROWS SPLITS DEPTH M [STAGE [N K [SLOT]]]
-(kernels/mma_gemv.py, interleaved, L2 fetching 256 bytes; STAGE 0 "regs", 1 "smem", 2 "bulk" with SLOT chunks a
-slot, default 8; N x K weights, default 12288 x 4096) and m1 ROWS SPLITS STAGES PREFETCH (kernels/nvfp4_m1.py, one row).
+The CUDA kernels (kernel names start tpserve_): mma-nvfp4 / mma-fp8 ROWS SPLITS DEPTH M [SMEM [N K]]
+(kernels/mma_gemv.py, interleaved, L2 fetching 256 bytes; SMEM 1: stage "smem"; N x K weights, default 12288 x
+4096) and m1 ROWS SPLITS STAGES PREFETCH (kernels/nvfp4_m1.py, one row).
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ def cuda_case(case: str, a: list[int]) -> int:
         cfg, m = m1.Config(*a[:4]), 1
         run = lambda x: m1.gemv(x, *packed, cfg=cfg)  # noqa: E731
     else:
-        stage = ("regs", "smem", "bulk")[a[4] if len(a) > 4 else 0]
-        cfg, m = mg.Config(fmt, a[0], a[1], a[2], 256, True, 0, stage, a[7] if len(a) > 7 else 8), a[3]
+        stage = "smem" if len(a) > 4 and a[4] else "regs"
+        cfg, m = mg.Config(fmt, a[0], a[1], a[2], 256, True, 0, stage), a[3]
         gemv = mg.fp8_gemv if fmt == "fp8" else mg.nvfp4_gemv
         run = lambda x: gemv(x, *packed, cfg=cfg)  # noqa: E731
     x = torch.randn(m, k, device="cuda").bfloat16()

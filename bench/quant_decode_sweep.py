@@ -45,10 +45,6 @@ tile. Sections:
   mmapdl   w8a16_gemv / w4a16_gemv's mma_gemv at 2, 4, 8 rows, both shapes: calls in a graph (weight copies in turn)
            launched plainly against each a programmatic dependent of the call before (its first W chunks load
            while that one finishes); bit for bit, each form timed twice in alternation
-  mmabulk  mma_gemv with W brought in by bulk copies (stage "bulk": a producer warp fills a block-wide ring) against
-           register loads, as mmasmem; then the best at 8 rows and the defaults plain against PDL chains
-  mmabulkcopy  the bulk ring's W traffic alone (COPY_ONLY: no x, no sums) over ring shapes, FP8 at one row, beside
-           torch's sum of the same bytes and the register-load default
 Usage: PYTHONPATH=src python bench/quant_decode_sweep.py [--sections fp8det,moe,gemv] [--out DIR]
 """
 
@@ -931,29 +927,33 @@ def sec_m1par(res):
             print(f"  {name}: {tt * 1e6:.1f} us", flush=True)
 
 
-def _stage_sweep(res, tag: str, configs, twin) -> None:
-    """kernels/mma_gemv.py configs of another W stage against the register loads: on odd shapes each config bit for
-    bit its `twin(cfg)` (a regs config summing the same chunks in the same order; None: against fp32 math only),
-    then both shapes at 1 and 8 rows (and the best at 2 and 4) beside w8a16_gemv's / w4a16_gemv's default
-    ("default") and mma_gemv's default config ("mma regs"). configs(fmt): the configs (those past the device's
-    shared memory are left out)."""
+def sec_mmasmem(res):
+    """kernels/mma_gemv.py with W staged through shared memory (Config.stage "smem": cp.async into a ring of depth
+    chunks a warp) against its register loads: odd shapes bit for bit against the same config's "regs" form, then
+    both shapes at 1 and 8 rows (and the best at 2 and 4) over smem configs (and two 16-warp regs configs), beside
+    w8a16_gemv's / w4a16_gemv's default ("default") and mma_gemv's default config ("mma regs")."""
+    from tpserve.kernels import mma_gemv as mg
+
+    def configs(fmt):  # (16 warps: the fifth call's Nsight Compute found 4096 x 12288's 256 blocks of 8 warps
+        # holding ~15 warps an SM, the grid too small to fill it: 16 warps fit twice an SM only from shared memory)
+        return [mg.Config(fmt, r, sp, d, 256, True, 0, "smem") for r in (1, 2) for sp in (2, 4, 8, 16)
+                for d in (2, 3, 4, 6)] + [mg.Config(fmt, 1, 16, d, 256, True) for d in (2, 3)]
+
     for fmt, spec in (("fp8", _fp8), ("nvfp4", _fp4)):
         quantize, call, _, nbytes = spec()
         limit = torch.cuda.get_device_properties(0).shared_memory_per_block_optin
-        cfgs, same, worst = [c for c in configs(fmt) if c.smem_bytes <= limit - 8192], True, 0.0
-        for n, k, m in ((1000, 256, 3), (4096, 512, 8), (48, 1024, 1), (12288 + 16, 512, 5), (96, 1280, 2)):
-            packed, wd = quantize(torch.randn(n, k, device="cuda") / k**0.5)
+        cfgs, same = [c for c in configs(fmt) if c.smem_bytes <= limit], True
+        for n, k, m in ((1000, 256, 3), (4096, 512, 8), (48, 1024, 1), (12288 + 16, 512, 5)):
+            packed, _ = quantize(torch.randn(n, k, device="cuda") / k**0.5)
             x = torch.randn(m, k, device="cuda").bfloat16()
-            ref = x.float() @ wd.T
             for c in cfgs:
                 a = _mma_run(fmt, x, packed, c)
-                worst = max(worst, rel(a, ref))
-                if twin(c) is not None and not torch.equal(a, _mma_run(fmt, x, packed, twin(c))):
+                b = _mma_run(fmt, x, packed, dataclasses.replace(c, stage="regs"))  # (a regs config: itself)
+                if not torch.equal(a, b):
                     same = False
-                    print(f"  mma {fmt} {n}x{k} M={m} {c}: != {twin(c)}", flush=True)
-        res[f"{tag} {fmt} odd shapes same as twin"], res[f"{tag} {fmt} odd shapes worst rel err"] = same, worst
-        print(f"mma {fmt}: odd shapes, {len(cfgs)} {tag} configs: bit for bit their regs twins: {same}; worst rel "
-              f"err against fp32 math {worst:.1e}", flush=True)
+                    print(f"  mma {fmt} {n}x{k} M={m} {c}: smem != regs", flush=True)
+        res[f"mmasmem {fmt} odd shapes smem == regs"] = same
+        print(f"mma {fmt}: odd shapes, {len(cfgs)} smem configs bit for bit the regs form: {same}", flush=True)
 
         def mcall(x, p, c):
             if c == "default":
@@ -964,7 +964,7 @@ def _stage_sweep(res, tag: str, configs, twin) -> None:
             packed, packs, wd, floor = _weights(quantize, nbytes, n, k)
             for m in (1, 8):
                 x = torch.randn(m, k, device="cuda").bfloat16()
-                key = f"{tag} {fmt} {n}x{k} M={m}"
+                key = f"mmasmem {fmt} {n}x{k} M={m}"
                 best = _case(res, key, ["default", "mma regs"] + cfgs, mcall, x, packed, packs, x.float() @ wd.T,
                              floor, top=6)
                 res[key]["best"] = [(str(c), us) for c, us in res[key]["best"]]
@@ -980,108 +980,6 @@ def _stage_sweep(res, tag: str, configs, twin) -> None:
                         t = timed([(lambda p=p, c=c: mcall(xm, p, c)) for p in packs])
                         res[f"{key[:-4]} M={mm} {c}"] = dict(us=t * 1e6, pct=100 * floor / t)
                         print(f"  M={mm} {c}: {t * 1e6:.1f} us ({100 * floor / t:.0f}%)", flush=True)
-
-
-def sec_mmasmem(res):
-    """kernels/mma_gemv.py with W staged through shared memory (Config.stage "smem": cp.async into a ring of depth
-    chunks a warp) against its register loads (_stage_sweep; the twin: the same config's "regs" form), and two
-    16-warp regs configs."""
-    from tpserve.kernels import mma_gemv as mg
-
-    def configs(fmt):  # (16 warps: the fifth call's Nsight Compute found 4096 x 12288's 256 blocks of 8 warps
-        # holding ~15 warps an SM, the grid too small to fill it: 16 warps fit twice an SM only from shared memory)
-        return [mg.Config(fmt, r, sp, d, 256, True, 0, "smem") for r in (1, 2) for sp in (2, 4, 8, 16)
-                for d in (2, 3, 4, 6)] + [mg.Config(fmt, 1, 16, d, 256, True) for d in (2, 3)]
-
-    _stage_sweep(res, "mmasmem", configs, lambda c: dataclasses.replace(c, stage="regs"))
-
-
-def sec_mmabulk(res):
-    """kernels/mma_gemv.py with W brought in by bulk copies (Config.stage "bulk", sm_90+: a producer warp fills a
-    block-wide ring) against its register loads (_stage_sweep; the twin: the regs config with K chunks interleaved
-    over the same warps, which sums each warp's chunks in the same order where slot_chunks is a multiple of
-    splits), then the sweep's best at 8 rows and the defaults as a run of programmatic dependents (mmapdl's
-    chain)."""
-    from tpserve.kernels import mma_gemv as mg
-
-    def configs(fmt):
-        return [mg.Config(fmt, r, sp, d, stage="bulk", slot_chunks=sc) for r in (1, 2) for sp in (2, 4, 8)
-                for d in (2, 3, 4, 6) for sc in (2, 4, 8) if sc >= sp or r == 2]
-
-    def twin(c):
-        return mg.Config(c.fmt, c.rows, c.splits, 2, 256, True) if c.slot_chunks % c.splits == 0 else None
-
-    _stage_sweep(res, "mmabulk", configs, twin)
-    print("| format | N x K | M | config | plain us (twice) | PDL us (twice) | bit for bit |\n"
-          "| --- | --- | --- | --- | --- | --- | --- |", flush=True)
-    for fmt, spec in (("fp8", _fp8), ("nvfp4", _fp4)):
-        quantize, _, _, nbytes = spec()
-        for n, k in ((12288, 4096), (4096, 12288)):
-            packed, packs, wd, floor = _weights(quantize, nbytes, n, k)
-            best = next(c for c, _ in res[f"mmabulk {fmt} {n}x{k} M=8"]["best"] if c not in ("default", "mma regs"))
-            cfg = next(c for c in configs(fmt) if str(c) == best)
-            x = torch.randn(8, k, device="cuda").bfloat16()
-            for name, c in (("bulk best", cfg), ("mma default", mg.default_config(fmt, n, k))):
-                def fn(p, pdl, c=c):
-                    return (mg.fp8_gemv(x, *p, cfg=c, pdl=pdl) if fmt == "fp8"
-                            else mg.nvfp4_gemv(x, *p, cfg=c, pdl=pdl))
-
-                same = torch.equal(fn(packed, False), fn(packed, True))
-                times = {False: [], True: []}
-                for _ in range(2):
-                    for pdl in (False, True):
-                        times[pdl].append(timed([(lambda p=p, pdl=pdl: fn(p, pdl)) for p in packs]) * 1e6)
-                res[f"mmabulk pdl {fmt} {n}x{k} {name}"] = dict(config=str(c), plain_us=times[False],
-                                                                pdl_us=times[True], floor_us=floor * 1e6, same=same)
-                print(f"| {fmt} | {n} x {k} | 8 | {name} | {' / '.join(f'{t:.1f}' for t in times[False])} | "
-                      f"{' / '.join(f'{t:.1f}' for t in times[True])} ({100 * floor * 1e6 / min(times[True]):.0f}%)"
-                      f" | {same} |", flush=True)
-
-
-def sec_mmabulkcopy(res):
-    """How fast the bulk stage's ring can take W at all: the kernel compiled with COPY_ONLY (the producer's W copies,
-    the consumers' waits and releases, no x, no sums, y unwritten) over ring shapes, FP8 both shapes at one row,
-    beside torch's sum of the same bytes (as float32 words), the register-load default and the bulk form with its
-    sums (the same config). Weight copies in turn, as everywhere here."""
-    from torch.cuda import _compile_kernel
-
-    from tpserve.kernels import mma_gemv as mg
-
-    quantize, _, _, nbytes = _fp8()
-    limit = torch.cuda.get_device_properties(0).shared_memory_per_block_optin
-    cfgs = [mg.Config("fp8", r, sp, d, stage="bulk", slot_chunks=sc) for r in (1, 2) for sp in (4, 8)
-            for d in (2, 3, 4, 6) for sc in (4, 8, 16) if sc >= sp or r == 2]
-    cfgs = [c for c in cfgs if c.smem_bytes <= limit - 8192]
-    for n, k in ((12288, 4096), (4096, 12288)):
-        packed, packs, _, floor = _weights(quantize, nbytes, n, k)
-        x = torch.randn(1, k, device="cuda").bfloat16()
-        y = torch.empty(1, n, device="cuda", dtype=torch.bfloat16)
-        key = f"mmabulkcopy fp8 {n}x{k}"
-        res[key] = dict(floor_us=floor * 1e6)
-        t = timed([(lambda p=p: p[0].view(torch.float32).sum()) for p in packs])
-        res[key]["torch sum"] = t * 1e6
-        print(f"{key} (floor {floor * 1e6:.1f} us): torch sum {t * 1e6:.1f} us ({100 * floor / t:.0f}%)", flush=True)
-        t = timed([(lambda p=p: mg.fp8_gemv(x, *p)) for p in packs])
-        res[key]["mma regs"] = t * 1e6
-        print(f"  mma regs default: {t * 1e6:.1f} us ({100 * floor / t:.0f}%)", flush=True)
-        rows = []
-        for c in cfgs:
-            kern = _compile_kernel("#define COPY_ONLY 1\n" + mg.source(c), mg.kernel_name(c))
-            mg.reserve_smem(kern, c.smem_bytes, c.static_smem)
-
-            def copy(p, kern=kern, c=c):
-                kern(grid=(-(-n // (16 * c.rows)), 1, 1), block=(c.threads, 1, 1), shared_mem=c.smem_bytes,
-                     args=[p[0].view(torch.uint8), p[1], p[1], x.view(torch.int16), y.view(torch.int16), 1, n, k,
-                           k // 128, 128])
-
-            tc = timed([(lambda p=p: copy(p)) for p in packs])
-            tf = timed([(lambda p=p, c=c: mg.fp8_gemv(x, *p, cfg=c)) for p in packs])
-            rows.append((tc, tf, c))
-        rows.sort(key=lambda r: r[0])
-        res[key]["copy only"] = [(str(c), tc * 1e6, tf * 1e6) for tc, tf, c in rows]
-        for tc, tf, c in rows[:8]:
-            print(f"  copy only {tc * 1e6:.1f} us ({100 * floor / tc:.0f}%), with sums {tf * 1e6:.1f} us: "
-                  f"rows {c.rows} splits {c.splits} depth {c.depth} slot_chunks {c.slot_chunks}", flush=True)
 
 
 def sec_m1pdl(res):
@@ -1146,8 +1044,7 @@ def sec_mmapdl(res):
 
 if __name__ == "__main__":
     sys.exit(run_sections(dict(m1=sec_m1, m1def=sec_m1def, m1exp=sec_m1exp, m1sum=sec_m1sum, m1par=sec_m1par,
-                               m1pdl=sec_m1pdl, mmasmem=sec_mmasmem, mmabulk=sec_mmabulk,
-                               mmabulkcopy=sec_mmabulkcopy, mmapdl=sec_mmapdl, fp8det=sec_fp8det,
+                               m1pdl=sec_m1pdl, mmasmem=sec_mmasmem, mmapdl=sec_mmapdl, fp8det=sec_fp8det,
                                moe=sec_moe,
                                prefill=sec_prefill, gemv=sec_gemv,
                                w8a16=lambda r: sec_gemv(r, "w8a16"),

@@ -80,12 +80,6 @@ def test_config_and_shape_errors_name_the_field():
         mg.Config("int4")
     with pytest.raises(ValueError, match="Config.stage"):
         mg.Config(stage="tma")
-    with pytest.raises(ValueError, match="Config.slot_chunks"):
-        mg.Config(stage="bulk", slot_chunks=0)
-    bulk = mg.Config(rows=2, splits=4, depth=3, stage="bulk", slot_chunks=8)
-    assert bulk.smem_bytes == 3 * (32 * (8 * 128 + 64) + 8 * (8 * 128 * 2 + 16)) and bulk.threads == 5 * 32 and mg.Config().threads == 64
-    assert "#define BULK 1\n" in mg.source(bulk) and "cp.async.bulk" in mg.source(bulk)
-    assert "cp.async.bulk" not in mg.source(mg.Config()) and bulk.name != mg.Config(rows=2, splits=4, depth=3).name
     cfg = mg.Config(rows=2, splits=4, depth=3, stage="smem")
     assert cfg.smem_bytes == 4 * 3 * 2 * 2048 and mg.Config().smem_bytes == 0
     assert "#define ASYNC 1\n" in mg.source(cfg) and "#define ASYNC 0\n" in mg.source(mg.Config())
@@ -144,30 +138,6 @@ def test_gpu_smem_stage_is_bit_for_bit_the_register_loads():
 
 
 @pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0)),
-                    reason="bulk copies need an sm_90+ GPU")
-def test_gpu_bulk_stage_is_bit_for_bit_the_interleaved_register_loads():
-    """Config.stage "bulk": warp w of the consumers takes chunks w, w + splits, ... of each slot, so where a slot's
-    chunks are a multiple of the warps it sums the chunks the interleaved regs config gives that warp, in the same
-    order. Shapes with a part-filled last slot, N past the last whole tile, every M; other configs against fp32."""
-    torch.manual_seed(0)
-    for n, k, m in ((1000, 256, 3), (4096, 1280, 8), (48, 2048, 1), (40, 3328, 5)):
-        w = torch.randn(n, k, device="cuda") / k**0.5
-        q, s = qr.fp8_block_quantize(w)
-        p, bs, s2 = qr.nvfp4_quantize(w)
-        x = torch.randn(m, k, device="cuda").bfloat16()
-        for fmt, fn, ref in (("fp8", lambda c: mg.fp8_gemv(x, q, s, cfg=c), qr.fp8_block_dequantize(q, s)),
-                             ("nvfp4", lambda c: mg.nvfp4_gemv(x, p, bs, s2.expand(n), cfg=c),
-                              qr.nvfp4_dequantize(p, bs, s2))):
-            ref = x.float() @ ref.T
-            for rows, splits, depth, chunks in ((1, 8, 4, 8), (2, 4, 2, 4), (1, 2, 3, 2), (2, 4, 2, 8)):
-                bulk = mg.Config(fmt, rows, splits, depth, stage="bulk", slot_chunks=chunks)
-                twin = mg.Config(fmt, rows, splits, 2, 256, True)
-                assert torch.equal(fn(bulk), fn(twin)), (n, k, m, fmt, bulk)
-            y = fn(mg.Config(fmt, 1, 4, 3, stage="bulk", slot_chunks=3)).float()  # chunks not a multiple of warps
-            assert ((y - ref).abs().max() / ref.abs().max()).item() < 4e-3, (n, k, m, fmt)
-
-
-@pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0)),
                     reason="programmatic dependent launch needs an sm_90+ GPU")
 def test_gpu_pdl_launch_is_bit_for_bit_the_plain_one_eager_and_in_a_graph():
     """pdl: the same kernel but for griddepcontrol: the same sums; a chain of dependent launches captured in a graph
@@ -178,7 +148,7 @@ def test_gpu_pdl_launch_is_bit_for_bit_the_plain_one_eager_and_in_a_graph():
     q, s = qr.fp8_block_quantize(w)
     p, bs, s2 = qr.nvfp4_quantize(w)
     x = torch.randn(8, k, device="cuda").bfloat16()
-    for stage in ("regs", "smem", "bulk"):
+    for stage in ("regs", "smem"):
         for fmt, fn in (("fp8", lambda x, c, pdl: mg.fp8_gemv(x, q, s, cfg=c, pdl=pdl)),
                         ("nvfp4", lambda x, c, pdl: mg.nvfp4_gemv(x, p, bs, s2.expand(n), cfg=c, pdl=pdl))):
             cfg = mg.Config(fmt, 1, 4, 3, 0, True, 0, stage)

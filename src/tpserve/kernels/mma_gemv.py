@@ -37,8 +37,6 @@ from dataclasses import dataclass
 
 import torch
 
-from tpserve.kernels import mma_gemv_bulk
-
 # prmt selectors: bytes [b0, sign(b0), b1, sign(b1)] and [b2, sign(b2), b3, sign(b3)] of a 32-bit word
 SEL_LO, SEL_HI, DECODE_MASK, DECODE_SHIFT = 0x9180, 0xB3A2, 0x87F087F0, 4
 W_OFFSET_LOG2, X_SCALE_LOG2 = -120, 60  # decoded weight = value * 2^-120; x * 2^60 before the MMA
@@ -122,13 +120,8 @@ __device__ __forceinline__ unsigned short to_bf16(float f) {
 
 """
 
-_COMMON = r"""
+_SOURCE = r"""
 #define ROWS_PER_WARP (16 * R)
-#if BULK
-#define LOAD_X(p) (*(const uint4*)(p))  // x staged in shared memory with W (kernels/mma_gemv_bulk.py)
-#else
-#define LOAD_X(p) ldg_x(p)
-#endif
 #define CHUNK(i) (INTERLEAVE ? (i) * KS + warp : (i))  // the i-th of a warp's K chunks
 
 struct Chunk { uint4 lo[R][2], hi[R][2]; };  // W only: [row tile][64-wide half of the 128 block]
@@ -185,15 +178,14 @@ __device__ __forceinline__ void read_chunk(Chunk& ch, const uint4* ring, int slo
 }
 #endif
 
-// one 128-wide scale block kb: x's 128 values (loaded here: L1 hits after the first warp; under BULK from shared
-// memory) at chunk xk of xrow, against the chunk's W
+// one 128-wide scale block: x's 128 values (loaded here: L1 hits after the first warp) against the chunk's W
 __device__ __forceinline__ void compute(const Chunk& ch, float (*acc)[4], const float* const* srow,
-                                        const unsigned short* xrow, bool x_ok, long kb, long xk) {
+                                        const unsigned short* xrow, bool x_ok, long kb) {
   uint4 xv[2][2];
 #pragma unroll
   for (int h = 0; h < 2; h++) {
-    xv[h][0] = x_ok ? LOAD_X(xrow + (xk << 7) + 64 * h) : make_uint4(0, 0, 0, 0);
-    xv[h][1] = x_ok ? LOAD_X(xrow + (xk << 7) + 64 * h + 8) : make_uint4(0, 0, 0, 0);
+    xv[h][0] = x_ok ? ldg_x(xrow + (kb << 7) + 64 * h) : make_uint4(0, 0, 0, 0);
+    xv[h][1] = x_ok ? ldg_x(xrow + (kb << 7) + 64 * h + 8) : make_uint4(0, 0, 0, 0);
   }
   float part[R][4];
 #pragma unroll
@@ -238,13 +230,13 @@ __device__ __forceinline__ void scales_fp4(const unsigned char* p, unsigned& s0,
 // (4,5)(6,7) against x's matching words
 __device__ __forceinline__ void compute_fp4(const Chunk& ch, float (*acc)[4], const unsigned char* const* slo,
                                             const unsigned char* const* shi, const unsigned short* xrow, bool x_ok,
-                                            long kb, long xk) {
+                                            long kb) {
   const unsigned FP4_T[4] = {FP4_HI0, FP4_HI1, FP4_LO0, FP4_LO1};
 #pragma unroll
   for (int h = 0; h < 2; h++) {
     uint4 xv[4];
 #pragma unroll
-    for (int i = 0; i < 4; i++) xv[i] = x_ok ? LOAD_X(xrow + (xk << 8) + 128 * h + 8 * i) : make_uint4(0, 0, 0, 0);
+    for (int i = 0; i < 4; i++) xv[i] = x_ok ? ldg_x(xrow + (kb << 8) + 128 * h + 8 * i) : make_uint4(0, 0, 0, 0);
 #pragma unroll
     for (int r = 0; r < R; r++) {
       unsigned sl[2], sh[2];
@@ -267,44 +259,6 @@ __device__ __forceinline__ void compute_fp4(const Chunk& ch, float (*acc)[4], co
   }
 }
 
-// the block's K-split sums meet in warp 0 (shared memory `red`; under BULK the KS warps that computed sync on
-// barrier 1, without the producer warp), which writes y: acc[r] is rows (row0 + 16 r + g, + 8) x columns (x rows 2c,
-// 2c + 1)
-__device__ __forceinline__ void finish(float (*acc)[4], float (*red)[R][4][32], const float* __restrict__ s2,
-                                       unsigned short* __restrict__ y, int M, int N, int row0, int warp, int lane) {
-  const int g = lane >> 2, c = lane & 3;
-  if (KS > 1) {
-    if (warp > 0) {
-#pragma unroll
-      for (int r = 0; r < R; r++)
-#pragma unroll
-        for (int i = 0; i < 4; i++) red[warp - 1][r][i][lane] = acc[r][i];
-    }
-#if BULK
-    asm volatile("bar.sync 1, %0;" :: "n"(32 * KS) : "memory");
-#else
-    __syncthreads();
-#endif
-    if (warp > 0) return;
-#pragma unroll
-    for (int v = 0; v < KS - 1; v++)
-#pragma unroll
-      for (int r = 0; r < R; r++)
-#pragma unroll
-        for (int i = 0; i < 4; i++) acc[r][i] += red[v][r][i][lane];
-  }
-#pragma unroll
-  for (int r = 0; r < R; r++) {
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-      const int n = row0 + 16 * r + g + 8 * (i >> 1), m = 2 * c + (i & 1);
-      if (n < N && m < M) y[(long)m * N + n] = to_bf16(FP4 ? acc[r][i] * __ldg(s2 + n) : acc[r][i]);
-    }
-  }
-}
-"""
-
-_KERNEL = r"""
 // FP8: s float32 block scales [ceil(N / BNS), SK = K / 128]; NVFP4: s e4m3 [N, SK = K / 16], s2 float32 [N]
 extern "C" __global__ void __launch_bounds__(LAUNCH_BOUNDS) NAME(
     const unsigned char* __restrict__ w, const void* __restrict__ s, const float* __restrict__ s2,
@@ -362,9 +316,9 @@ extern "C" __global__ void __launch_bounds__(LAUNCH_BOUNDS) NAME(
     Chunk ch;
     read_chunk(ch, ringp, i % DEPTH, lane);
     if (FP4)
-      compute_fp4(ch, acc, slo, shi, xrow, x_ok, CHUNK(cur), CHUNK(cur));
+      compute_fp4(ch, acc, slo, shi, xrow, x_ok, CHUNK(cur));
     else
-      compute(ch, acc, srow, xrow, x_ok, CHUNK(cur), CHUNK(cur));
+      compute(ch, acc, srow, xrow, x_ok, CHUNK(cur));
   }
 #else
   Chunk buf[DEPTH];
@@ -381,14 +335,38 @@ extern "C" __global__ void __launch_bounds__(LAUNCH_BOUNDS) NAME(
       if (cur < kb1) {
         if (nxt < kb1) load(buf[(d + DEPTH - 1) % DEPTH], wlo, whi, (long)CHUNK(nxt) << 7);
         if (FP4)
-          compute_fp4(buf[d], acc, slo, shi, xrow, x_ok, CHUNK(cur), CHUNK(cur));
+          compute_fp4(buf[d], acc, slo, shi, xrow, x_ok, CHUNK(cur));
         else
-          compute(buf[d], acc, srow, xrow, x_ok, CHUNK(cur), CHUNK(cur));
+          compute(buf[d], acc, srow, xrow, x_ok, CHUNK(cur));
       }
     }
   }
 #endif
-  finish(acc, red, s2, y, M, N, row0, warp, lane);
+  if (KS > 1) {
+    if (warp > 0) {
+#pragma unroll
+      for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) red[warp - 1][r][i][lane] = acc[r][i];
+    }
+    __syncthreads();
+    if (warp > 0) return;
+#pragma unroll
+    for (int v = 0; v < KS - 1; v++)
+#pragma unroll
+      for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) acc[r][i] += red[v][r][i][lane];
+  }
+  // acc[r]: rows (row0 + 16 r + g, + 8) x columns (x rows 2c, 2c + 1)
+#pragma unroll
+  for (int r = 0; r < R; r++) {
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      const int n = row0 + 16 * r + g + 8 * (i >> 1), m = 2 * c + (i & 1);
+      if (n < N && m < M) y[(long)m * N + n] = to_bf16(FP4 ? acc[r][i] * __ldg(s2 + n) : acc[r][i]);
+    }
+  }
 }
 """
 
@@ -402,10 +380,9 @@ class Config:
     (`__launch_bounds__`' second argument, ptxas then caps the registers to fit them; 0: not given. Given as 1 it
     let ptxas use 246 registers for the NVFP4 default, 164 without: slower on an H200, BENCHMARKS.md); stage: W
     loads "regs" (straight into registers, depth chunks a warp) or "smem" (`cp.async` into a ring of depth chunks
-    in shared memory, depth x rows x 2 KiB a warp: the bytes in flight then cost no registers) or "bulk" (sm_90+:
-    kernels/mma_gemv_bulk.py: a producer warp's bulk copies fill a block-wide ring of depth slots, each slot
-    slot_chunks 128-byte K chunks of every row of the block's row tiles; splits is then the consumer warps, and
-    l2_prefetch, interleave and min_blocks do not apply)."""
+    in shared memory, depth x rows x 2 KiB a warp: the bytes in flight then cost no registers). (A third stage, a
+    producer warp's bulk copies (TMA) into a block-wide ring, measured slower everywhere: BENCHMARKS.md,
+    twenty-seventh session; its code is at 125ad2f.)"""
     fmt: str = "fp8"
     rows: int = 1
     splits: int = 2
@@ -414,11 +391,10 @@ class Config:
     interleave: bool = False
     min_blocks: int = 0
     stage: str = "regs"
-    slot_chunks: int = 8
 
     def __post_init__(self):
-        if self.stage not in ("regs", "smem", "bulk"):
-            raise ValueError(f"Config.stage: must be 'regs', 'smem' or 'bulk', got {self.stage!r}")
+        if self.stage not in ("regs", "smem"):
+            raise ValueError(f"Config.stage: must be 'regs' or 'smem', got {self.stage!r}")
         if not isinstance(self.interleave, bool):
             raise ValueError(f"Config.interleave: must be a bool, got {self.interleave!r}")
         if self.fmt not in ("fp8", "nvfp4"):
@@ -426,36 +402,20 @@ class Config:
         if self.l2_prefetch not in (0, 64, 128, 256):
             raise ValueError(f"Config.l2_prefetch: must be 0, 64, 128 or 256 (bytes), got {self.l2_prefetch!r}")
         for name, lo, hi in (("rows", 1, 4), ("splits", 1, 16), ("depth", 2, 8),
-                             ("min_blocks", 0, 8), ("slot_chunks", 1, 32)):
+                             ("min_blocks", 0, 8)):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
                 raise ValueError(f"Config.{name}: must be an int in {lo}..{hi}, got {v!r}")
 
     @property
     def name(self) -> str:
-        if self.stage == "bulk":
-            return f"tpserve_{self.fmt}_mma_gemv_r{self.rows}_s{self.splits}_d{self.depth}_bulk{self.slot_chunks}"
         return (f"tpserve_{self.fmt}_mma_gemv_r{self.rows}_s{self.splits}_d{self.depth}_p{self.l2_prefetch}"
                 f"_i{int(self.interleave)}_b{self.min_blocks}" + ("_smem" if self.stage == "smem" else ""))
 
     @property
     def smem_bytes(self) -> int:
-        """Dynamic shared memory a block uses: the warps' rings (stage "smem"), the block's ring (stage "bulk",
-        each row's run padded by 64 bytes), else none."""
-        if self.stage == "bulk":  # (x's 8 rows of bf16, each padded by 16 bytes)
-            x_row = 128 * self.slot_chunks * (2 if self.fmt == "fp8" else 4) + 16
-            return self.depth * (16 * self.rows * (128 * self.slot_chunks + 64) + 8 * x_row)
+        """Dynamic shared memory a block uses: the warps' rings (stage "smem"), else none."""
         return self.splits * self.depth * self.rows * 2048 if self.stage == "smem" else 0
-
-    @property
-    def static_smem(self) -> int:
-        """A block's static shared memory: the K splits' partial sums (`red`), and bulk's mbarriers."""
-        return 512 * self.rows * max(self.splits - 1, 1) + (16 * self.depth + 128 if self.stage == "bulk" else 0)
-
-    @property
-    def threads(self) -> int:
-        """A block's threads: the splits warps, and bulk's producer warp."""
-        return 32 * (self.splits + (self.stage == "bulk"))
 
 
 def kernel_name(cfg: Config, pdl: bool = False) -> str:
@@ -468,14 +428,13 @@ def source(cfg: Config, pdl: bool = False) -> str:
     `griddepcontrol.launch_dependents` first and waits (`griddepcontrol.wait`) after W's first chunks are issued,
     before it reads x (sm_90+; launched by kernels/launch_ex.launch_pdl)."""
     defines = dict(R=cfg.rows, KS=cfg.splits, DEPTH=cfg.depth, NAME=kernel_name(cfg, pdl), PDL=int(pdl),
-                   FP4=int(cfg.fmt == "nvfp4"), BULK=int(cfg.stage == "bulk"), SLOT_CHUNKS=cfg.slot_chunks,
+                   FP4=int(cfg.fmt == "nvfp4"),
                    INTERLEAVE=int(cfg.interleave), ASYNC=int(cfg.stage == "smem"),
                    LAUNCH_BOUNDS=f"32 * KS, {cfg.min_blocks}" if cfg.min_blocks else "32 * KS",
                    SEL_LO=f"{SEL_LO:#x}u", SEL_HI=f"{SEL_HI:#x}u", DECODE_MASK=f"{DECODE_MASK:#x}u",
                    DECODE_SHIFT=DECODE_SHIFT, **{k: f"{v:#010x}u" for k, v in FP4_TABLES.items()},
                    W_HINT=f'".L2::{cfg.l2_prefetch}B"' if cfg.l2_prefetch else '""')
-    return "".join(f"#define {k} {v}\n" for k, v in defines.items()) + DEVICE_HELPERS + _COMMON + (
-        mma_gemv_bulk.BULK_KERNEL if cfg.stage == "bulk" else _KERNEL)
+    return "".join(f"#define {k} {v}\n" for k, v in defines.items()) + DEVICE_HELPERS + _SOURCE
 
 
 @functools.lru_cache(maxsize=None)
@@ -551,13 +510,11 @@ def _aligned(t: torch.Tensor, boundary: int) -> torch.Tensor:
     return t if t.data_ptr() % boundary == 0 else t.clone()
 
 
-def reserve_smem(kernel, nbytes: int, static: int = 0) -> None:
-    """Opt a compiled kernel in to `nbytes` of dynamic shared memory where that and its `static` bytes are past the
-    48 KiB a launch gets unasked (the launch fails otherwise)."""
-    if nbytes + static >= 48 * 1024:
-        nbytes = max(nbytes, 48 * 1024)  # (torch's launcher sets the driver's limit only from 48 KiB up)
-        if nbytes > getattr(kernel, "_max_shared_mem_bytes", 0):
-            kernel.set_shared_memory_config(nbytes)
+def reserve_smem(kernel, nbytes: int) -> None:
+    """Opt a compiled kernel in to `nbytes` of dynamic shared memory where that is past the 48 KiB a launch gets
+    unasked (torch's launcher refuses the launch otherwise)."""
+    if nbytes >= 48 * 1024 and nbytes > getattr(kernel, "_max_shared_mem_bytes", 0):
+        kernel.set_shared_memory_config(nbytes)
 
 
 def _launch(cfg: Config, w, s, s2, x, n: int, sk: int, bns: int, pdl: bool = False) -> torch.Tensor:
@@ -571,15 +528,13 @@ def _launch(cfg: Config, w, s, s2, x, n: int, sk: int, bns: int, pdl: bool = Fal
         raise ValueError(f"x: on cuda:{device}, but the current device is cuda:{torch.cuda.current_device()} "
                          "(call inside `with torch.cuda.device(...)`)")
     major, minor = torch.cuda.get_device_capability(device)
-    if cfg.stage == "bulk" and major < 9:
-        raise ValueError(f"cfg: stage 'bulk' needs sm_90+ (bulk copies), got sm_{major}{minor}")
     if pdl:
         from tpserve.kernels import launch_ex
 
         pdl = launch_ex.supported(x.device)
     kernel, smem = _kernel(cfg, f"{major}{minor}", device, pdl), cfg.smem_bytes
-    reserve_smem(kernel, smem, cfg.static_smem)
-    grid, block = (-(-n // (16 * cfg.rows)), 1, 1), (cfg.threads, 1, 1)
+    reserve_smem(kernel, smem)
+    grid, block = (-(-n // (16 * cfg.rows)), 1, 1), (32 * cfg.splits, 1, 1)
     args = [w.view(torch.uint8), s, s2, x.view(torch.int16), y.view(torch.int16), m, n, k, sk, bns]
     if pdl:
         launch_ex.launch_pdl(kernel, grid, block, smem, args)
