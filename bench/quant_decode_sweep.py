@@ -42,9 +42,11 @@ tile. Sections:
   m1pdl    nvfp4_m1's experts with down as a programmatic dependent launch of gate|up against a plain launch
   m1par    nvfp4_m1's gate|up and down_sum kernels alone, in sequence, and on two streams with no dependency (a
            bound on what overlapping them could give), 1 and 8 tokens
-  mmapdl   w8a16_gemv / w4a16_gemv's mma_gemv at 2, 4, 8 rows, both shapes: calls in a graph (weight copies in turn)
+  mmapdl   w8a16_gemv / w4a16_gemv at 1, 2, 4, 8 rows, both shapes: calls in a graph (weight copies in turn)
            launched plainly against each a programmatic dependent of the call before (its first W chunks load
            while that one finishes); bit for bit, each form timed twice in alternation
+  mmacap   mma_gemv's defaults with a cap on the blocks an SM holds (Config.max_blocks) against none, plain and as
+           PDL chains, 1, 2, 8 rows, both formats and shapes
 Usage: PYTHONPATH=src python bench/quant_decode_sweep.py [--sections fp8det,moe,gemv] [--out DIR]
 """
 
@@ -1011,9 +1013,11 @@ def sec_m1pdl(res):
 
 
 def sec_mmapdl(res):
-    """mma_gemv (the W8A16 / W4A16 default at 2-8 rows) launched plainly against as programmatic dependents: a run of
-    calls captured in one graph (quant_kernels.timed: the weight copies in turn, so no call finds its W in L2), each
-    call's kernel a dependent of the one before where PDL is on. The floor is one call's weight bytes / 4.3 TB/s."""
+    """w8a16_gemv / w4a16_gemv's defaults launched plainly against as programmatic dependents (mma_gemv at 2-8 rows;
+    at one row NVFP4's nvfp4_m1 both times, FP8's Triton row kernel plainly and mma_gemv under PDL, so not bit for
+    bit there): a run of calls captured in one graph (quant_kernels.timed: the weight copies in turn, so no call
+    finds its W in L2), each call's kernel a dependent of the one before where PDL is on. The floor is one call's
+    weight bytes / 4.3 TB/s."""
     from tpserve.kernels.quant_gemv import w4a16_gemv, w8a16_gemv
 
     forms = {"fp8": (_fp8, lambda x, p, pdl: w8a16_gemv(x, *p, (128, 128), pdl=pdl)),
@@ -1024,7 +1028,7 @@ def sec_mmapdl(res):
         quantize, _, _, nbytes = spec()
         for n, k in ((12288, 4096), (4096, 12288)):
             packed, packs, wd, floor = _weights(quantize, nbytes, n, k)
-            for m in (2, 4, 8):
+            for m in (1, 2, 4, 8):  # (one FP8 row: the Triton row kernel plainly, mma_gemv under PDL)
                 x = torch.randn(m, k, device="cuda").bfloat16()
                 same = torch.equal(fn(x, packed, False), fn(x, packed, True))
                 err = rel(fn(x, packed, True), x.float() @ wd.T)
@@ -1042,9 +1046,59 @@ def sec_mmapdl(res):
                       f"**{100 * floor / best[True]:.0f}%** | {same} |", flush=True)
 
 
+def sec_mmacap(res):
+    """mma_gemv's default configs with Config.max_blocks (a cap on the blocks an SM holds, through unused shared
+    memory: mma_gemv.capped_smem) against none, each launched plainly and as programmatic dependents (mmapdl's
+    chain), 1, 2 and 8 rows, both formats and shapes, each form twice in alternation; the driver's occupancy for
+    each cap printed. (At its one run, the twenty-seventh session's fifth call, PDL launches took no cap unasked;
+    now cap 0 under PDL means mma_gemv.one_wave_cap.)"""
+    import ctypes
+
+    from tpserve.kernels import mma_gemv as mg
+
+    props = torch.cuda.get_device_properties(0)
+    print(f"shared memory an SM: {getattr(props, 'shared_memory_per_multiprocessor', '?')}", flush=True)
+    lib = torch.cuda._utils._get_gpu_runtime_library()
+    print("| format | N x K | M | max_blocks (blocks an SM) | plain us (twice) | PDL us (twice) | PDL % floor | "
+          "bit for bit |\n| --- | --- | --- | --- | --- | --- | --- | --- |", flush=True)
+    for fmt, spec in (("fp8", _fp8), ("nvfp4", _fp4)):
+        quantize, _, _, nbytes = spec()
+        for n, k in ((12288, 4096), (4096, 12288)):
+            packed, packs, wd, floor = _weights(quantize, nbytes, n, k)
+            base = mg.default_config(fmt, n, k)
+            for m in (1, 2, 8):
+                x = torch.randn(m, k, device="cuda").bfloat16()
+                want = _mma_run(fmt, x, packed, base)
+                for cap in (0, 2, 3, 4):
+                    cfg = dataclasses.replace(base, max_blocks=cap)
+
+                    def fn(p, pdl, cfg=cfg):
+                        return (mg.fp8_gemv(x, *p, cfg=cfg, pdl=pdl) if fmt == "fp8"
+                                else mg.nvfp4_gemv(x, *p, cfg=cfg, pdl=pdl))
+
+                    same = torch.equal(fn(packed, True), want) and torch.equal(fn(packed, False), want)
+                    occ = ctypes.c_int(0)
+                    kern = mg._kernel(cfg, "".join(map(str, torch.cuda.get_device_capability())), 0, True)
+                    smem = mg.cap_blocks(kern, 0, cfg.smem_bytes, cap) if cap else cfg.smem_bytes
+                    lib.cuOccupancyMaxActiveBlocksPerMultiprocessor(ctypes.byref(occ), kern.func, 32 * cfg.splits,
+                                                                    smem)
+                    times = {False: [], True: []}
+                    for _ in range(2):
+                        for pdl in (False, True):
+                            times[pdl].append(timed([(lambda p=p, pdl=pdl: fn(p, pdl)) for p in packs]) * 1e6)
+                    res[f"mmacap {fmt} {n}x{k} M={m} cap={cap}"] = dict(plain_us=times[False], pdl_us=times[True],
+                                                                       floor_us=floor * 1e6, same=same,
+                                                                       blocks_per_sm=occ.value)
+                    print(f"| {fmt} | {n} x {k} | {m} | {cap} ({occ.value}) | "
+                          f"{' / '.join(f'{t:.1f}' for t in times[False])} | "
+                          f"{' / '.join(f'{t:.1f}' for t in times[True])} | "
+                          f"{100 * floor * 1e6 / min(times[True]):.0f}% | {same} |", flush=True)
+
+
 if __name__ == "__main__":
     sys.exit(run_sections(dict(m1=sec_m1, m1def=sec_m1def, m1exp=sec_m1exp, m1sum=sec_m1sum, m1par=sec_m1par,
-                               m1pdl=sec_m1pdl, mmasmem=sec_mmasmem, mmapdl=sec_mmapdl, fp8det=sec_fp8det,
+                               m1pdl=sec_m1pdl, mmasmem=sec_mmasmem, mmapdl=sec_mmapdl, mmacap=sec_mmacap,
+                               fp8det=sec_fp8det,
                                moe=sec_moe,
                                prefill=sec_prefill, gemv=sec_gemv,
                                w8a16=lambda r: sec_gemv(r, "w8a16"),

@@ -31,6 +31,8 @@ builds bring it); `available` says whether it compiles here.
 
 from __future__ import annotations
 
+import ctypes
+import dataclasses
 import functools
 import warnings
 from dataclasses import dataclass
@@ -382,7 +384,9 @@ class Config:
     loads "regs" (straight into registers, depth chunks a warp) or "smem" (`cp.async` into a ring of depth chunks
     in shared memory, depth x rows x 2 KiB a warp: the bytes in flight then cost no registers). (A third stage, a
     producer warp's bulk copies (TMA) into a block-wide ring, measured slower everywhere: BENCHMARKS.md,
-    twenty-seventh session; its code is at 125ad2f.)"""
+    twenty-seventh session; its code is at 125ad2f.) max_blocks: blocks an SM may hold at once (0: as many as fit):
+    the launch asks for unused shared memory enough that no more fit (`capped_smem`); PDL launches of regs configs
+    take `one_wave_cap` unless given one."""
     fmt: str = "fp8"
     rows: int = 1
     splits: int = 2
@@ -391,6 +395,7 @@ class Config:
     interleave: bool = False
     min_blocks: int = 0
     stage: str = "regs"
+    max_blocks: int = 0
 
     def __post_init__(self):
         if self.stage not in ("regs", "smem"):
@@ -402,7 +407,7 @@ class Config:
         if self.l2_prefetch not in (0, 64, 128, 256):
             raise ValueError(f"Config.l2_prefetch: must be 0, 64, 128 or 256 (bytes), got {self.l2_prefetch!r}")
         for name, lo, hi in (("rows", 1, 4), ("splits", 1, 16), ("depth", 2, 8),
-                             ("min_blocks", 0, 8)):
+                             ("min_blocks", 0, 8), ("max_blocks", 0, 8)):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
                 raise ValueError(f"Config.{name}: must be an int in {lo}..{hi}, got {v!r}")
@@ -410,7 +415,8 @@ class Config:
     @property
     def name(self) -> str:
         return (f"tpserve_{self.fmt}_mma_gemv_r{self.rows}_s{self.splits}_d{self.depth}_p{self.l2_prefetch}"
-                f"_i{int(self.interleave)}_b{self.min_blocks}" + ("_smem" if self.stage == "smem" else ""))
+                f"_i{int(self.interleave)}_b{self.min_blocks}" + ("_smem" if self.stage == "smem" else "")
+                + (f"_m{self.max_blocks}" if self.max_blocks else ""))
 
     @property
     def smem_bytes(self) -> int:
@@ -517,6 +523,58 @@ def reserve_smem(kernel, nbytes: int) -> None:
         kernel.set_shared_memory_config(nbytes)
 
 
+CARVEOUT = 64 * 1024  # the smaller shared-memory carveout a capped launch asks for (L1 keeps the rest)
+CARVEOUT_ATTRIBUTE = 9  # CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT: percent of the SM's shared memory
+SHARED_SIZE_ATTRIBUTE = 1  # CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES: a kernel's static shared memory
+
+
+def capped_smem(smem: int, static: int, cap: int, per_sm: int) -> tuple[int, int]:
+    """(dynamic shared memory, carveout) for a launch whose blocks use `smem` dynamic and `static` static bytes and
+    of which an SM may hold no more than `cap`: the carveout is CARVEOUT where `cap` blocks fit it, else the SM's
+    whole `per_sm`, and each block asks for enough unused bytes that one more does not fit (the driver keeps 1 KiB a
+    block besides)."""
+    for carve in (CARVEOUT, per_sm):
+        pad = carve // cap - 1024 - static - 128
+        if pad >= smem:
+            return pad, carve
+    raise ValueError(f"cap: {cap} blocks of {smem + static} bytes of shared memory do not fit an SM's {per_sm}")
+
+
+def cap_blocks(kernel, device: int, smem: int, cap: int) -> int:
+    """Make a launch of `kernel` (a `_CudaKernel` of `smem` dynamic bytes) hold at most `cap` blocks an SM
+    (`capped_smem`): sets its carveout and opts it in to the bytes; returns the dynamic bytes to launch with."""
+    lib = torch.cuda._utils._get_gpu_runtime_library()
+    static = getattr(kernel, "_tpserve_static_smem", None)
+    if static is None:
+        value = ctypes.c_int(0)
+        if lib.cuFuncGetAttribute(ctypes.byref(value), SHARED_SIZE_ATTRIBUTE, kernel.func):
+            raise RuntimeError("cuFuncGetAttribute(SHARED_SIZE_BYTES) failed")
+        static = kernel._tpserve_static_smem = value.value
+    per_sm = torch.cuda.get_device_properties(device).shared_memory_per_multiprocessor
+    pad, carve = capped_smem(smem, static, cap, per_sm)
+    if getattr(kernel, "_tpserve_carveout", None) != carve:  # (percent rounded down: the driver rounds up)
+        if lib.cuFuncSetAttribute(kernel.func, CARVEOUT_ATTRIBUTE, 100 * carve // per_sm):
+            raise RuntimeError("cuFuncSetAttribute(PREFERRED_SHARED_MEMORY_CARVEOUT) failed")
+        kernel._tpserve_carveout = carve
+    reserve_smem(kernel, pad)
+    return pad
+
+
+def one_wave_cap(blocks: int, sms: int) -> int:
+    """The max_blocks a PDL launch of `blocks` blocks gets on `sms` SMs: the fewest blocks an SM must hold for the
+    grid to run in one wave (0, no cap, past 4). Without a cap a grid of the default configs leaves room on every SM
+    (FP8 4096 x 12288: 256 blocks, 3 fit an SM), which the dependent grid's blocks take before this one ends, then
+    sitting unevenly; with it (2 there) a chain of dependent GEMVs ran 1.2x faster on an H200 (BENCHMARKS.md,
+    twenty-seventh session). Launched plainly the cap changed nothing there, so only PDL launches take it."""
+    cap = -(-blocks // sms)
+    return cap if cap <= 4 else 0
+
+
+@functools.lru_cache(maxsize=None)
+def _sms(device: int) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def _launch(cfg: Config, w, s, s2, x, n: int, sk: int, bns: int, pdl: bool = False) -> torch.Tensor:
     m, k = x.shape
     y = torch.empty(m, n, dtype=torch.bfloat16, device=x.device)
@@ -532,8 +590,12 @@ def _launch(cfg: Config, w, s, s2, x, n: int, sk: int, bns: int, pdl: bool = Fal
         from tpserve.kernels import launch_ex
 
         pdl = launch_ex.supported(x.device)
+    if pdl and cfg.stage == "regs" and not cfg.max_blocks:
+        cfg = dataclasses.replace(cfg, max_blocks=one_wave_cap(-(-n // (16 * cfg.rows)), _sms(device)))
     kernel, smem = _kernel(cfg, f"{major}{minor}", device, pdl), cfg.smem_bytes
     reserve_smem(kernel, smem)
+    if cfg.max_blocks:
+        smem = cap_blocks(kernel, device, smem, cfg.max_blocks)
     grid, block = (-(-n // (16 * cfg.rows)), 1, 1), (32 * cfg.splits, 1, 1)
     args = [w.view(torch.uint8), s, s2, x.view(torch.int16), y.view(torch.int16), m, n, k, sk, bns]
     if pdl:
@@ -547,7 +609,8 @@ def fp8_gemv(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, block: tuple[int
              cfg: Config | None = None, pdl: bool = False) -> torch.Tensor:
     """x [M <= 8, K] bf16 (CUDA) @ dequant(w float8_e4m3fn [N, K], s float32 [ceil(N / block[0]), K / 128])^T
     -> y [M, N] bf16. pdl: launched as a programmatic dependent of the kernel before (sm_90+; else plainly): W's
-    first chunks load before that kernel ends (`source`)."""
+    first chunks load before that kernel ends (`source`), and a regs config without max_blocks takes
+    `one_wave_cap`."""
     n, k = w.shape
     _check(x, w, k, "fp8", block)
     if w.dtype != torch.float8_e4m3fn:

@@ -374,11 +374,13 @@ def w8a16_gemv(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, block: tuple[i
     qtile as the B operand, 32 x 128 tiles, 4 warps, 4 stages, split over 2 waves (20.3 / 23.6 us against
     25.7 / 26.2 for the per-value path); an fp16 x takes the per-value path (32 x 128, split over 4 waves).
     `mma`: the CUDA kernel of kernels/mma_gemv.py (bf16 x, 1-8 rows, 128-wide K scale blocks); by default at 2-8
-    rows where it can run and no Triton tile is asked for (H200: BENCHMARKS.md, twenty-third session); `pdl`: that
-    kernel launched as a programmatic dependent of the kernel before (mma_gemv.fp8_gemv)."""
+    rows where it can run and no Triton tile is asked for (H200: BENCHMARKS.md, twenty-third session), and at one
+    row too under `pdl` (that kernel launched as a programmatic dependent of the kernel before, mma_gemv.fp8_gemv:
+    13.3 / 14.0 us on 12288 x 4096 / 4096 x 12288 in a chain of dependents, against 13.7 / 14.7 for the Triton row
+    kernel launched plainly; twenty-seventh session)."""
     tiles = (block_n, block_k, num_warps, num_stages, waves, qtile)
     if mma is None:
-        mma = 2 <= x.shape[0] and all(t is None for t in tiles) and mma_gemv.usable(x, block)
+        mma = (2 <= x.shape[0] or pdl) and all(t is None for t in tiles) and mma_gemv.usable(x, block)
     if mma:
         return mma_gemv.fp8_gemv(x, w, s, block, pdl=pdl)
     if qtile and x.dtype == torch.float16:
