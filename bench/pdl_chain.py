@@ -8,10 +8,7 @@ x [M, 4096] -> 2048 x 4096 -> 4096 x 2048 -> 8192 x 4096 -> 4096 x 8192 -> ..., 
 weight its own copy (1.3 GB at 8 repeats: L2 holds none of it). Each form is captured once and replayed; the
 median replay over the number of kernels is the time a kernel; the floor is the weights' bytes / 4.3 TB/s. The
 outputs of the forms must be bit for bit equal (the same tiles, the same sums). At more than one row `gemv`
-launches under PDL only with the one-wave cap (`gemv`'s `cap`), and a third form launches it under PDL without
-it; at one row the third form is PDL with the cap. (The twenty-seventh session's tenth call also ran 8 rows under
-PDL with the plain launches' tiles pinned: as slow as the autotuner's own, 1.44x the plain chain.) CUDA only
-(sm_90+ for PDL).
+launches plainly with or without `pdl` (a control: both forms run the same kernel). CUDA only (sm_90+ for PDL).
 """
 
 from __future__ import annotations
@@ -28,22 +25,9 @@ SHAPES = [(2048, 4096), (4096, 2048), (8192, 4096), (4096, 8192)]  # (N, K): eac
 BANDWIDTH = 4.3e12
 
 
-def chain(x: torch.Tensor, weights: list[torch.Tensor], pdl: bool, cap: bool | None = None) -> torch.Tensor:
+def chain(x: torch.Tensor, weights: list[torch.Tensor], pdl: bool) -> torch.Tensor:
     for w in weights:
-        x = gemv_triton.gemv(x, w, pdl=pdl, cap=cap)
-    return x
-
-
-def chain_uncapped(x: torch.Tensor, weights: list[torch.Tensor]) -> torch.Tensor:
-    """More than one row under PDL without the one-wave cap, past `gemv`'s guard: each GEMV's kernel launched as a
-    programmatic dependent, its tile the autotuner's for PDL launches."""
-    for w in weights:
-        (m, k), n = x.shape, w.shape[0]
-        y = torch.empty(m, n, dtype=x.dtype, device=x.device)
-        gemv_triton._gemv_kernel[lambda meta, n=n: (-(-n // meta["BLOCK_N"]),)](
-            x, w, y, m, n, k, x.stride(0), w.stride(0), y.stride(0), PRECISION="tf32", BLOCK_M=gemv_triton.MAX_M,
-            PDL=True, launch_pdl=True)
-        x = y
+        x = gemv_triton.gemv(x, w, pdl=pdl)
     return x
 
 
@@ -86,19 +70,12 @@ def main() -> None:
     x = torch.randn(args.rows, SHAPES[0][1], device=dev, dtype=torch.bfloat16)
     floor = sum(w.numel() * 2 for w in weights) / BANDWIDTH
     kernels = len(weights)
-    forms = {"plain": lambda: chain(x, weights, False), "pdl": lambda: chain(x, weights, True)}
-    if args.rows > 1:  # ("pdl" is gemv's default there: capped)
-        forms["pdl, no cap"] = lambda: chain_uncapped(x, weights)
-    else:
-        forms["pdl, capped"] = lambda: chain(x, weights, True, cap=True)
-    rows, outs = {form: [] for form in forms}, {}
+    rows, outs = {"plain": [], "pdl": []}, {}
     for _ in range(args.rounds):
-        for form, fn in forms.items():
-            t, out = timed(fn, args.replays)
+        for form in rows:
+            t, out = timed(lambda: chain(x, weights, form == "pdl"), args.replays)
             rows[form].append(t)
             outs[form] = out.clone()
-    for form in list(outs)[2:]:
-        print(f"{form}: bit for bit the plain chain: {torch.equal(outs[form], outs['plain'])}")
     same = torch.equal(outs["plain"], outs["pdl"])
     print(f"chain: {kernels} GEMVs, M = {args.rows}, weights {sum(w.numel() * 2 for w in weights) / 1e9:.2f} GB, "
           f"floor {floor * 1e6:.1f} us; outputs bit for bit equal: {same}")

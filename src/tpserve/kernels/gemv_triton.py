@@ -96,48 +96,10 @@ def fits(x: torch.Tensor, w: torch.Tensor) -> bool:
             and w.shape[0] >= MIN_N and w.shape[1] == x.shape[1] and w.stride(1) == 1 and x.stride(1) == 1)
 
 
-class _Caps:
-    """Each shape's one-wave cap for PDL launches (mma_gemv.one_wave_cap): Triton launches a compiled kernel with
-    the dynamic shared memory of its `packed_metadata`, which this sets before each launch of a shape whose kernel
-    it has seen (learned at the shape's first, uncapped launch: the graph warm-up runs eagerly), to enough that no
-    more blocks than the cap fit an SM (mma_gemv.capped_smem under the SM's whole shared memory: one carveout for
-    every shape a compiled kernel serves)."""
-
-    def __init__(self):
-        self.by_shape: dict[tuple, tuple[object, tuple]] = {}
-
-    def before(self, key: tuple) -> None:
-        if key in self.by_shape:
-            kernel, packed = self.by_shape[key]
-            kernel.packed_metadata = packed
-
-    def learn(self, key: tuple, kernel, blocks: int, device: torch.device) -> None:
-        from tpserve.kernels import mma_gemv
-
-        props = torch.cuda.get_device_properties(device)
-        cap = mma_gemv.one_wave_cap(blocks, props.multi_processor_count)
-        num_warps, num_ctas, shared = kernel.packed_metadata[:2] + (kernel.metadata.shared,)
-        if cap:
-            per_sm, optin = props.shared_memory_per_multiprocessor, props.shared_memory_per_block_optin
-            shared = min(per_sm // cap - 1152, optin)
-            if shared < kernel.metadata.shared:  # (a cap the kernel's own shared memory already holds)
-                shared = kernel.metadata.shared
-            lib = torch.cuda._utils._get_gpu_runtime_library()
-            for attr, value in ((mma_gemv.CARVEOUT_ATTRIBUTE, 100), (MAX_DYNAMIC_SHARED_ATTRIBUTE, optin)):
-                if lib.cuFuncSetAttribute(kernel.function, attr, value):
-                    raise RuntimeError(f"cuFuncSetAttribute({attr}, {value}) failed")
-        self.by_shape[key] = (kernel, (num_warps, num_ctas, shared))
-
-
-MAX_DYNAMIC_SHARED_ATTRIBUTE = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-_CAPS = _Caps()
-
-
-def gemv(x: torch.Tensor, w: torch.Tensor, pdl: bool = False, cap: bool | None = None) -> torch.Tensor:
+def gemv(x: torch.Tensor, w: torch.Tensor, pdl: bool = False) -> torch.Tensor:
     """x [M <= 16, K] @ w [N, K]^T -> [M, N] in x.dtype (F.linear without bias). pdl: launched as a programmatic
-    dependent of the kernel before (sm_90+; kernels/pdl_triton.py): W's first tile loads before that kernel ends at
-    one row. cap: PDL launches hold no more blocks an SM than one wave needs (`_Caps`; None: at more than one row
-    only); PDL at more than one row only with the cap (uncapped, a chain ran 1.44x slower than plain launches)."""
+    dependent of the kernel before (sm_90+; kernels/pdl_triton.py) at one row: W's first tile loads before that
+    kernel ends (more rows launch plainly)."""
     if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1] or not 0 < x.shape[0] <= MAX_M:
         raise ValueError(f"gemv: x {tuple(x.shape)} and w {tuple(w.shape)} must be [1..{MAX_M}, K] and [N, K]")
     if w.dtype != x.dtype or w.stride(1) != 1 or x.stride(1) != 1:
@@ -146,14 +108,12 @@ def gemv(x: torch.Tensor, w: torch.Tensor, pdl: bool = False, cap: bool | None =
     n = w.shape[0]
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     block_m = 1 if m == 1 else MAX_M
-    cap = m > 1 if cap is None else cap
-    pdl = pdl and (m == 1 or cap)
-    key = (n, k, block_m, x.dtype, x.device.index)
-    if pdl and cap:
-        _CAPS.before(key)
-    kernel = _gemv_kernel[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](
+    # PDL at one row only: at 8 rows the PDL-compiled kernel ran a 32-GEMV chain 1.40x slower (the first tile
+    # hoisted or not; BENCHMARKS.md, twenty-sixth session), and the engine gained nothing at batch 2 / 8. Held to
+    # one wave of blocks an SM (as mma_gemv under PDL) it ran 1.08x slower, and the engine lost 1-3% at batch 2 / 8
+    # (twenty-seventh session; the code is at af9b995)
+    pdl = pdl and m == 1
+    _gemv_kernel[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](
         x, w, y, m, n, k, x.stride(0), w.stride(0), y.stride(0),
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32", BLOCK_M=block_m, PDL=pdl, launch_pdl=pdl)
-    if pdl and cap and key not in _CAPS.by_shape:
-        _CAPS.learn(key, kernel, triton.cdiv(n, _gemv_kernel.best_config.kwargs["BLOCK_N"]), x.device)
     return y
