@@ -1048,12 +1048,13 @@ def sec_mmapdl(res):
 
 def sec_mmacap(res):
     """mma_gemv's default configs with Config.max_blocks (a cap on the blocks an SM holds, through unused shared
-    memory: mma_gemv.capped_smem) against none, each launched plainly and as programmatic dependents (mmapdl's
+    memory: launch_ex.capped_smem) against none, each launched plainly and as programmatic dependents (mmapdl's
     chain), 1, 2 and 8 rows, both formats and shapes, each form twice in alternation; the driver's occupancy for
     each cap printed. (At its one run, the twenty-seventh session's fifth call, PDL launches took no cap unasked;
-    now cap 0 under PDL means mma_gemv.one_wave_cap.)"""
+    now cap 0 under PDL means launch_ex.one_wave_cap.)"""
     import ctypes
 
+    from tpserve.kernels import launch_ex
     from tpserve.kernels import mma_gemv as mg
 
     props = torch.cuda.get_device_properties(0)
@@ -1079,7 +1080,7 @@ def sec_mmacap(res):
                     same = torch.equal(fn(packed, True), want) and torch.equal(fn(packed, False), want)
                     occ = ctypes.c_int(0)
                     kern = mg._kernel(cfg, "".join(map(str, torch.cuda.get_device_capability())), 0, True)
-                    smem = mg.cap_blocks(kern, 0, cfg.smem_bytes, cap) if cap else cfg.smem_bytes
+                    smem = launch_ex.cap_blocks(kern, 0, cfg.smem_bytes, cap) if cap else cfg.smem_bytes
                     lib.cuOccupancyMaxActiveBlocksPerMultiprocessor(ctypes.byref(occ), kern.func, 32 * cfg.splits,
                                                                     smem)
                     times = {False: [], True: []}

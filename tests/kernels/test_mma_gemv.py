@@ -5,6 +5,7 @@ checks)."""
 import pytest
 import torch
 
+from tpserve.kernels import launch_ex
 from tpserve.kernels import mma_gemv as mg
 from tpserve.kernels import quant_ref as qr
 
@@ -84,15 +85,15 @@ def test_config_and_shape_errors_name_the_field():
         mg.Config(max_blocks=9)
     per_sm = 233472  # an H100's / H200's 228 KiB
     for smem, static, cap in ((0, 3584, 2), (0, 3584, 3), (18432, 512, 2), (69664, 3200, 2), (69664, 3200, 3)):
-        pad, carve = mg.capped_smem(smem, static, cap, per_sm)  # cap blocks fit the carveout, cap + 1 do not
+        pad, carve = launch_ex.capped_smem(smem, static, cap, per_sm)  # cap blocks fit the carveout, cap + 1 do not
         assert pad >= smem and cap * (pad + static + 1024) <= carve < (cap + 1) * (pad + static + 1024)
-        assert carve == (mg.CARVEOUT if cap * (smem + static + 1152) <= mg.CARVEOUT else per_sm)
+        assert carve == (launch_ex.CARVEOUT if cap * (smem + static + 1152) <= launch_ex.CARVEOUT else per_sm)
     with pytest.raises(ValueError, match="cap: 3 blocks"):
-        mg.capped_smem(76 * 1024, 0, 3, per_sm)
+        launch_ex.capped_smem(76 * 1024, 0, 3, per_sm)
     capped = mg.Config(rows=1, splits=8, max_blocks=2)
     assert capped.name != mg.Config(rows=1, splits=8).name and mg.source(capped).replace(
         capped.name, "") == mg.source(mg.Config(rows=1, splits=8)).replace(mg.Config(rows=1, splits=8).name, "")
-    assert [mg.one_wave_cap(b, 132) for b in (64, 132, 256, 384, 528, 529)] == [1, 1, 2, 3, 4, 0]
+    assert [launch_ex.one_wave_cap(b, 132) for b in (64, 132, 256, 384, 528, 529)] == [1, 1, 2, 3, 4, 0]
     cfg = mg.Config(rows=2, splits=4, depth=3, stage="smem")
     assert cfg.smem_bytes == 4 * 3 * 2 * 2048 and mg.Config().smem_bytes == 0
     assert "#define ASYNC 1\n" in mg.source(cfg) and "#define ASYNC 0\n" in mg.source(mg.Config())

@@ -31,13 +31,14 @@ builds bring it); `available` says whether it compiles here.
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import functools
 import warnings
 from dataclasses import dataclass
 
 import torch
+
+from tpserve.kernels import launch_ex
 
 # prmt selectors: bytes [b0, sign(b0), b1, sign(b1)] and [b2, sign(b2), b3, sign(b3)] of a 32-bit word
 SEL_LO, SEL_HI, DECODE_MASK, DECODE_SHIFT = 0x9180, 0xB3A2, 0x87F087F0, 4
@@ -385,8 +386,8 @@ class Config:
     in shared memory, depth x rows x 2 KiB a warp: the bytes in flight then cost no registers). (A third stage, a
     producer warp's bulk copies (TMA) into a block-wide ring, measured slower everywhere: BENCHMARKS.md,
     twenty-seventh session; its code is at 125ad2f.) max_blocks: blocks an SM may hold at once (0: as many as fit):
-    the launch asks for unused shared memory enough that no more fit (`capped_smem`); PDL launches of regs configs
-    take `one_wave_cap` unless given one."""
+    the launch asks for unused shared memory enough that no more fit (`launch_ex.capped_smem`); PDL launches of
+    regs configs take `launch_ex.one_wave_cap` unless given one."""
     fmt: str = "fp8"
     rows: int = 1
     splits: int = 2
@@ -516,65 +517,6 @@ def _aligned(t: torch.Tensor, boundary: int) -> torch.Tensor:
     return t if t.data_ptr() % boundary == 0 else t.clone()
 
 
-def reserve_smem(kernel, nbytes: int) -> None:
-    """Opt a compiled kernel in to `nbytes` of dynamic shared memory where that is past the 48 KiB a launch gets
-    unasked (torch's launcher refuses the launch otherwise)."""
-    if nbytes >= 48 * 1024 and nbytes > getattr(kernel, "_max_shared_mem_bytes", 0):
-        kernel.set_shared_memory_config(nbytes)
-
-
-CARVEOUT = 64 * 1024  # the smaller shared-memory carveout a capped launch asks for (L1 keeps the rest)
-CARVEOUT_ATTRIBUTE = 9  # CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT: percent of the SM's shared memory
-SHARED_SIZE_ATTRIBUTE = 1  # CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES: a kernel's static shared memory
-
-
-def capped_smem(smem: int, static: int, cap: int, per_sm: int) -> tuple[int, int]:
-    """(dynamic shared memory, carveout) for a launch whose blocks use `smem` dynamic and `static` static bytes and
-    of which an SM may hold no more than `cap`: the carveout is CARVEOUT where `cap` blocks fit it, else the SM's
-    whole `per_sm`, and each block asks for enough unused bytes that one more does not fit (the driver keeps 1 KiB a
-    block besides)."""
-    for carve in (CARVEOUT, per_sm):
-        pad = carve // cap - 1024 - static - 128
-        if pad >= smem:
-            return pad, carve
-    raise ValueError(f"cap: {cap} blocks of {smem + static} bytes of shared memory do not fit an SM's {per_sm}")
-
-
-def cap_blocks(kernel, device: int, smem: int, cap: int) -> int:
-    """Make a launch of `kernel` (a `_CudaKernel` of `smem` dynamic bytes) hold at most `cap` blocks an SM
-    (`capped_smem`): sets its carveout and opts it in to the bytes; returns the dynamic bytes to launch with."""
-    lib = torch.cuda._utils._get_gpu_runtime_library()
-    static = getattr(kernel, "_tpserve_static_smem", None)
-    if static is None:
-        value = ctypes.c_int(0)
-        if lib.cuFuncGetAttribute(ctypes.byref(value), SHARED_SIZE_ATTRIBUTE, kernel.func):
-            raise RuntimeError("cuFuncGetAttribute(SHARED_SIZE_BYTES) failed")
-        static = kernel._tpserve_static_smem = value.value
-    per_sm = torch.cuda.get_device_properties(device).shared_memory_per_multiprocessor
-    pad, carve = capped_smem(smem, static, cap, per_sm)
-    if getattr(kernel, "_tpserve_carveout", None) != carve:  # (percent rounded down: the driver rounds up)
-        if lib.cuFuncSetAttribute(kernel.func, CARVEOUT_ATTRIBUTE, 100 * carve // per_sm):
-            raise RuntimeError("cuFuncSetAttribute(PREFERRED_SHARED_MEMORY_CARVEOUT) failed")
-        kernel._tpserve_carveout = carve
-    reserve_smem(kernel, pad)
-    return pad
-
-
-def one_wave_cap(blocks: int, sms: int) -> int:
-    """The max_blocks a PDL launch of `blocks` blocks gets on `sms` SMs: the fewest blocks an SM must hold for the
-    grid to run in one wave (0, no cap, past 4). Without a cap a grid of the default configs leaves room on every SM
-    (FP8 4096 x 12288: 256 blocks, 3 fit an SM), which the dependent grid's blocks take before this one ends, then
-    sitting unevenly; with it (2 there) a chain of dependent GEMVs ran 1.2x faster on an H200 (BENCHMARKS.md,
-    twenty-seventh session). Launched plainly the cap changed nothing there, so only PDL launches take it."""
-    cap = -(-blocks // sms)
-    return cap if cap <= 4 else 0
-
-
-@functools.lru_cache(maxsize=None)
-def _sms(device: int) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def _launch(cfg: Config, w, s, s2, x, n: int, sk: int, bns: int, pdl: bool = False) -> torch.Tensor:
     m, k = x.shape
     y = torch.empty(m, n, dtype=torch.bfloat16, device=x.device)
@@ -586,16 +528,14 @@ def _launch(cfg: Config, w, s, s2, x, n: int, sk: int, bns: int, pdl: bool = Fal
         raise ValueError(f"x: on cuda:{device}, but the current device is cuda:{torch.cuda.current_device()} "
                          "(call inside `with torch.cuda.device(...)`)")
     major, minor = torch.cuda.get_device_capability(device)
-    if pdl:
-        from tpserve.kernels import launch_ex
-
-        pdl = launch_ex.supported(x.device)
+    pdl = pdl and launch_ex.supported(x.device)
     if pdl and cfg.stage == "regs" and not cfg.max_blocks:
-        cfg = dataclasses.replace(cfg, max_blocks=one_wave_cap(-(-n // (16 * cfg.rows)), _sms(device)))
+        cfg = dataclasses.replace(cfg, max_blocks=launch_ex.one_wave_cap(-(-n // (16 * cfg.rows)),
+                                                                         launch_ex.sms(device)))
     kernel, smem = _kernel(cfg, f"{major}{minor}", device, pdl), cfg.smem_bytes
-    reserve_smem(kernel, smem)
+    launch_ex.reserve_smem(kernel, smem)
     if cfg.max_blocks:
-        smem = cap_blocks(kernel, device, smem, cfg.max_blocks)
+        smem = launch_ex.cap_blocks(kernel, device, smem, cfg.max_blocks)
     grid, block = (-(-n // (16 * cfg.rows)), 1, 1), (32 * cfg.splits, 1, 1)
     args = [w.view(torch.uint8), s, s2, x.view(torch.int16), y.view(torch.int16), m, n, k, sk, bns]
     if pdl:
@@ -610,7 +550,7 @@ def fp8_gemv(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, block: tuple[int
     """x [M <= 8, K] bf16 (CUDA) @ dequant(w float8_e4m3fn [N, K], s float32 [ceil(N / block[0]), K / 128])^T
     -> y [M, N] bf16. pdl: launched as a programmatic dependent of the kernel before (sm_90+; else plainly): W's
     first chunks load before that kernel ends (`source`), and a regs config without max_blocks takes
-    `one_wave_cap`."""
+    `launch_ex.one_wave_cap`."""
     n, k = w.shape
     _check(x, w, k, "fp8", block)
     if w.dtype != torch.float8_e4m3fn:

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
+from tpserve.kernels import launch_ex
 from tpserve.kernels import mma_gemv as mg
 
 # Scalings that keep every product and sum in fp32's normal range (the unit 2^-60 rides on the global scale):
@@ -383,12 +384,10 @@ def _launch(cfg: Config, mode: str, grid: tuple[int, int], w, s, s2, x, ids, rou
     major, minor = torch.cuda.get_device_capability(device)
     kernel = _kernel(cfg, mode, f"{major}{minor}", device)
     smem = cfg.smem(2 if mode == "gate_up" else 1, k, top_k if mode == "down_sum" else 1)
-    mg.reserve_smem(kernel, smem)
+    launch_ex.reserve_smem(kernel, smem)
     args = [w, s, s2, x, ids if ids is not None else s2, route if route is not None else s2, y, n, k, top_k,
             num_experts, float(limit)]
     if pdl:
-        from tpserve.kernels import launch_ex
-
         launch_ex.launch_pdl(kernel, (grid[0], grid[1], 1), (32 * cfg.splits, 1, 1), smem, args)
     else:
         kernel(grid=(grid[0], grid[1], 1), block=(32 * cfg.splits, 1, 1), shared_mem=smem, args=args)
@@ -463,8 +462,6 @@ def experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: 
         dn_args = (mg._aligned(down, 16), dn_bscale.contiguous().view(torch.uint8), dn_scale2.float().contiguous(),
                    h.view(torch.int16), flat, weights.reshape(-1).float().contiguous())
         if pdl is None:
-            from tpserve.kernels import launch_ex
-
             pdl = launch_ex.supported(x.device)
         _launch(cg, "gate_up", (-(-inter // (16 * cg.rows)), p), mg._aligned(gate_up, 16),
                 gu_bscale.contiguous().view(torch.uint8), gu_scale2.float().contiguous(),
