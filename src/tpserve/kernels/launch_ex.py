@@ -119,11 +119,12 @@ def cap_blocks(kernel, device: int, smem: int, cap: int) -> int:
 
 
 def one_wave_cap(blocks: int, sms: int) -> int:
-    """The cap (mma_gemv's Config.max_blocks) a PDL launch of `blocks` blocks gets on `sms` SMs: the fewest blocks an SM must hold for the
-    grid to run in one wave (0, no cap, past 4). Without a cap a grid of the default configs leaves room on every SM
-    (FP8 4096 x 12288: 256 blocks, 3 fit an SM), which the dependent grid's blocks take before this one ends, then
-    sitting unevenly; with it (2 there) a chain of dependent GEMVs ran 1.2x faster on an H200 (BENCHMARKS.md,
-    twenty-seventh session). Launched plainly the cap changed nothing there, so only PDL launches take it."""
+    """The cap (mma_gemv's Config.max_blocks) a PDL launch of `blocks` blocks gets on `sms` SMs: the fewest blocks
+    an SM must hold for the grid to run in one wave (0, no cap, past 4). Without a cap a grid of the default configs
+    leaves room on every SM (FP8 4096 x 12288: 256 blocks, 3 fit an SM), which the dependent grid's blocks take
+    before this one ends, then sitting unevenly; with it (2 there) a chain of dependent GEMVs ran 1.2x faster on an
+    H200 (BENCHMARKS.md, twenty-seventh session). Launched plainly the cap changed nothing there, so only PDL
+    launches take it."""
     cap = -(-blocks // sms)
     return cap if cap <= 4 else 0
 
