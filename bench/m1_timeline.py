@@ -1,5 +1,6 @@
-"""Where nvfp4_m1's one-token MoE experts spend their time: each block's start, the end of its x staging and the
-end of its K loop, read from %globaltimer in copies of the gate|up and down kernels built with those reads added
+"""Where nvfp4_m1's one-token MoE experts spend their time: each block's start, the end of its prologue (up to
+the block-wide sync before the K loop; x was staged there until the twenty-eighth session) and the end of its K
+loop, read from %globaltimer in copies of the gate|up and down kernels built with those reads added
 (kernels/nvfp4_m1.py's source, patched here; the kernels the engine runs are untouched), and the SM each block ran
 on. The experts run as `experts` runs them (gate|up, then down as its programmatic dependent on sm_90+), 8
 routings in turn in one CUDA graph; the last replay's timelines are summarised per kernel (all times in us from
@@ -13,6 +14,7 @@ the first gate|up block's start of that routing).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -23,14 +25,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from quant_decode_sweep import _experts_setup, _nvfp4_moe_case  # noqa: E402
 
-MARKS = 4  # per block: start, x staged, K loop done, SM id
+MARKS = 4  # per block: start, prologue done, K loop done, SM id
 
 
-def patched(cfg, mode: str) -> tuple[str, str]:
+def patched(cfg, mode: str, h_shift: bool = False) -> tuple[str, str]:
     """nvfp4_m1's source of (cfg, mode) with the timeline reads added; raises where a patch point moved."""
     from tpserve.kernels import nvfp4_m1 as m1
 
-    text, name = m1.source(cfg, mode)
+    text, name = m1.source(cfg, mode, h_shift) if h_shift else m1.source(cfg, mode)
     name2 = name + "_timeline"
     edits = [
         (f"NAME {name}\n", f"NAME {name2}\n"),
@@ -58,7 +60,7 @@ class Experts:
     """nvfp4_m1.experts at one or more tokens with the default configs, down summing choices at one token, its
     kernels the patched copies; `tl` holds each kernel's block marks."""
 
-    def __init__(self, P, d2, t: int, e: int, d: int, i: int):
+    def __init__(self, P, d2, t: int, e: int, d: int, i: int, down_stages: int = 0, down_cap: int = 0):
         from torch.cuda import _compile_kernel
 
         from tpserve.kernels import launch_ex
@@ -69,13 +71,20 @@ class Experts:
         self.down_mode = "down_sum" if self.sum else "down"
         self.cg = m1.default_config("gate_up", i, 8 * t)
         self.cd = m1.default_config(self.down_mode, d, 8 * t)
+        if down_stages:
+            self.cd = dataclasses.replace(self.cd, stages=down_stages)
         cc = "".join(map(str, torch.cuda.get_device_capability()))
-        self.kg = _compile_kernel(*patched(self.cg, "gate_up"), compute_capability=cc)
+        h_shift = self.cd.decode == "shift" and "h_shift" in m1.source.__code__.co_varnames
+        self.kg = _compile_kernel(*patched(self.cg, "gate_up", h_shift), compute_capability=cc)
         self.kd = _compile_kernel(*patched(self.cd, self.down_mode), compute_capability=cc)
-        self.sg = self.cg.smem(2, d)
-        self.sd = self.cd.smem(1, i, 8 if self.sum else 1)
+        try:
+            self.sg, self.sd = self.cg.smem(2), self.cd.smem(1)
+        except TypeError:  # (a tree before the twenty-eighth session: x staged once a block)
+            self.sg, self.sd = self.cg.smem(2, d), self.cd.smem(1, i, 8 if self.sum else 1)
         launch_ex.reserve_smem(self.kg, self.sg)
         launch_ex.reserve_smem(self.kd, self.sd)
+        if down_cap:
+            self.sd = launch_ex.cap_blocks(self.kd, torch.cuda.current_device(), self.sd, down_cap)
         self.grid_g = (-(-i // (16 * self.cg.rows)), 8 * t, 1)
         self.grid_d = (-(-d // (16 * self.cd.rows)), t if self.sum else 8 * t, 1)
         self.pdl = launch_ex.supported(torch.device("cuda"))
@@ -115,7 +124,7 @@ def pct(v: list[float], q: float) -> float:
 
 
 def summarise(tg: torch.Tensor, td: torch.Tensor) -> dict:
-    """Per kernel, in us from gate|up's first block start: starts (first / median / last), x staged after start
+    """Per kernel, in us from gate|up's first block start: starts (first / median / last), prologue after start
     (median / max), the K loop (median / max), block ends (first / median / last), blocks per SM (max)."""
     t0 = int(tg[:, 0].min())
     out = {}
@@ -140,6 +149,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--json", default=None)
+    ap.add_argument("--down-stages", type=int, default=0, help="the down kernel's stages (0: its default)")
+    ap.add_argument("--down-cap", type=int, default=0, help="blocks of the down kernel an SM may hold (0: no cap)")
     ap.add_argument("--ncu", action="store_true", help="run the plain experts 4 times (for ncu) and stop")
     args = ap.parse_args()
     from tpserve.kernels import nvfp4_m1 as m1
@@ -156,7 +167,7 @@ def main() -> None:
     res = {}
     for t in args.tokens:
         routes, touched, floor, ref = _nvfp4_moe_case(P, e, d, i, t)
-        ex = Experts(P, d2, t, e, d, i)
+        ex = Experts(P, d2, t, e, d, i, args.down_stages, args.down_cap)
         tls = [ex.buffers() for _ in routes]
         y = ex(routes[0], tls[0]).float()
         base = m1.experts(routes[0][2], routes[0][1], routes[0][0], P["gp"], P["gb"], P["g2"], P["dp"], P["db"],
@@ -183,7 +194,7 @@ def main() -> None:
                       routings=sums, down_start_after_gate_up_start=[])
         print(f"\n{t} token(s): {touched:.1f} experts touched, floor {floor * 1e6:.1f} us; the patched pair in a graph "
               f"{per:.1f} us a layer ({100 * floor * 1e6 / per:.0f}%); down's output == experts' {same}")
-        print("| routing | kernel | blocks (SMs, max a SM) | starts first / med / last | x staged med / max | "
+        print("| routing | kernel | blocks (SMs, max a SM) | starts first / med / last | prologue med / max | "
               "K loop min / med / max | ends first / med / p90 / last |")
         print("| --- | --- | --- | --- | --- | --- | --- |")
         for j, s in enumerate(sums):

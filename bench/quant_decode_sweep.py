@@ -40,6 +40,8 @@ tile. Sections:
   mmasmem  mma_gemv with W through shared memory (cp.async) against register loads: bit for bit, then both shapes
            at 1, 2, 4, 8 rows over smem configs beside the defaults
   m1pdl    nvfp4_m1's experts with down as a programmatic dependent launch of gate|up against a plain launch
+  m1x      nvfp4_m1's experts at 1, 2, 8 tokens (seeded routings): the defaults beside caps on the blocks an SM
+           holds and beside another tree's nvfp4_m1 (M1X_BASE: its file) in the same process
   m1par    nvfp4_m1's gate|up and down_sum kernels alone, in sequence, and on two streams with no dependency (a
            bound on what overlapping them could give), 1 and 8 tokens
   mmapdl   w8a16_gemv / w4a16_gemv at 1, 2, 4, 8 rows, both shapes: calls in a graph (weight copies in turn)
@@ -1012,6 +1014,52 @@ def sec_m1pdl(res):
               f"{err:.1e}", flush=True)
 
 
+def sec_m1x(res):
+    """nvfp4_m1's experts at 1, 2 and 8 tokens (routings seeded), the defaults beside other stage depths and caps on
+    the blocks an SM holds (Config.max_blocks), and beside another tree's nvfp4_m1 loaded in the same process where
+    M1X_BASE names its file (e.g. .base_src/src/tpserve/kernels/nvfp4_m1.py); each form checked against fp32 math,
+    then timed three times in alternation (graph replays of 40 calls, 8 routings in turn)."""
+    import importlib.util
+    import os
+
+    from tpserve.kernels import nvfp4_m1 as m1
+
+    mods = {"": m1}
+    if os.environ.get("M1X_BASE"):
+        spec = importlib.util.spec_from_file_location("nvfp4_m1_base", os.environ["M1X_BASE"])
+        mods["base "] = sys.modules["nvfp4_m1_base"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mods["base "])
+    P, e, d, i = _experts_setup()
+    d2 = P["d2"].reshape(e, 1).contiguous()
+    for t in (1, 2, 8):
+        torch.manual_seed(t)
+        routes, touched, floor, ref = _nvfp4_moe_case(P, e, d, i, t)
+        down = dict(splits=8) if t == 1 else {}
+        forms = {f"{name}default": (mod, None, None) for name, mod in mods.items()}
+        if t == 1:
+            forms.update({"down cap 2": (m1, None, m1.Config(max_blocks=2, **down)),
+                          "down cap 2, gate_up cap 8": (m1, m1.Config(splits=2, max_blocks=8),
+                                                        m1.Config(max_blocks=2, **down))})
+        else:
+            forms.update({"gate_up cap 8": (m1, m1.Config(splits=2, max_blocks=8), None),
+                          "gate_up cap 9": (m1, m1.Config(splits=2, max_blocks=9), None)})
+
+        def run(r, f):
+            mod, cg, cd = f
+            return mod.experts(r[2], r[1], r[0], P["gp"], P["gb"], P["g2"], P["dp"], P["db"], d2, 10.0, cg, cd)
+
+        errs = {k: rel(run(routes[0], f), ref) for k, f in forms.items()}
+        times = {k: [] for k in forms}
+        for _ in range(3):
+            for k, f in forms.items():
+                times[k].append(timed([(lambda r=r, f=f: run(r, f)) for r in routes], reps=40) * 1e6)
+        print(f"\nMoE nvfp4_m1 {t} token(s), {touched:.1f} experts touched, floor {floor * 1e6:.1f} us:", flush=True)
+        for k in forms:
+            print(f"  {k}: {' / '.join(f'{v:.1f}' for v in times[k])} us ({100 * floor * 1e6 / min(times[k]):.0f}% at "
+                  f"best), rel err {errs[k]:.1e}", flush=True)
+        res[f"m1x t={t}"] = dict(floor_us=floor * 1e6, touched=touched, us=times, rel_err=errs)
+
+
 def sec_mmapdl(res):
     """w8a16_gemv / w4a16_gemv's defaults launched plainly against as programmatic dependents (mma_gemv at 2-8 rows;
     at one row NVFP4's nvfp4_m1 both times, FP8's Triton row kernel plainly and mma_gemv under PDL, so not bit for
@@ -1098,7 +1146,7 @@ def sec_mmacap(res):
 
 if __name__ == "__main__":
     sys.exit(run_sections(dict(m1=sec_m1, m1def=sec_m1def, m1exp=sec_m1exp, m1sum=sec_m1sum, m1par=sec_m1par,
-                               m1pdl=sec_m1pdl, mmasmem=sec_mmasmem, mmapdl=sec_mmapdl, mmacap=sec_mmacap,
+                               m1pdl=sec_m1pdl, m1x=sec_m1x, mmasmem=sec_mmasmem, mmapdl=sec_mmapdl, mmacap=sec_mmacap,
                                fp8det=sec_fp8det,
                                moe=sec_moe,
                                prefill=sec_prefill, gemv=sec_gemv,

@@ -121,7 +121,10 @@ def test_config_and_shape_errors_name_the_field():
         m1.Config(l2_prefetch=32)
     text, name = m1.source(m1.Config(rows=2), "gate_up")
     assert "#define R 4\n" in text and "#define PARTS 2\n" in text and name in text
-    assert m1.Config(rows=2, splits=4, stages=4).smem(2, 4096) == 4 * 4 * 4 * 2304 + 8192 + 32
+    assert m1.Config(rows=2, splits=4, stages=4).smem(2) == 4 * 4 * (4 * 2304 + 512) + 32
+    text, name = m1.source(m1.Config(), "gate_up", h_shift=True)
+    assert "#define H_SHIFT 1\n" in text and name.endswith("_hs")
+    assert "#define H_SHIFT 0\n" in m1.source(m1.Config(), "down", h_shift=True)[0]
     with pytest.raises(ValueError, match="Config.decode"):
         m1.Config(decode="int")
     p, bs, s2 = qr.nvfp4_quantize(torch.randn(32, 256))
@@ -136,7 +139,7 @@ def test_config_and_shape_errors_name_the_field():
     with pytest.raises(ValueError, match="sum_choices: takes at most 16 choices"):
         m1.experts(torch.randn(1, 256).bfloat16(), torch.ones(1, 17), torch.zeros(1, 17, dtype=torch.long), gu,
                    *[None] * 6, sum_choices=True)
-    assert m1.Config(splits=2).smem(1, 2048, 8) == 2 * 2 * 2304 + 8 * 4096 + 32
+    assert m1.Config(splits=2).smem(1) == 2 * 2 * (2304 + 512) + 32
     assert launch_ex.supported(torch.device("cpu")) is False
     with pytest.raises(ValueError, match="args: tensors must be on a CUDA device"):
         launch_ex.launch_pdl(None, (1, 1, 1), (32, 1, 1), 0, [torch.zeros(1)])
