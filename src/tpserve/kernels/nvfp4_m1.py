@@ -48,12 +48,10 @@ TABLE_LOG2, SHIFT_W_LOG2, SHIFT_X_LOG2 = 60, -126, 66
 # 16 rows' 16 scale bytes
 TILE_W_BYTES = 2 * 2 * 32 * 16
 TILE_STAGE_BYTES = TILE_W_BYTES + 16 * 16
-X_CHUNK_BYTES = 256 * 2  # and the item's chunk of x, once a stage
 
 _SOURCE = r"""
 #define HT (R / PARTS)  // row tiles of one part (gate or up) a warp holds
-// a stage: W [R][2 halves][lo|hi][32 lanes] uint4, then scales [R][lo|hi][8][16], then x's 256 values of the item
-#define STAGE_BYTES (R * TILE_STAGE_BYTES + X_CHUNK_BYTES)
+#define STAGE_BYTES (R * TILE_STAGE_BYTES)  // W [R][2 halves][lo|hi][32 lanes] uint4, then scales [R][lo|hi][8][16]
 #define WARP_SMEM (STAGES * STAGE_BYTES)
 
 __device__ __forceinline__ void cp16(unsigned dst, const void* src) {
@@ -61,14 +59,6 @@ __device__ __forceinline__ void cp16(unsigned dst, const void* src) {
 }
 __device__ __forceinline__ void cp4(unsigned dst, const void* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" :: "r"(dst), "l"(src));
-}
-
-__device__ __forceinline__ unsigned scale_x66(unsigned v) { return mul_bf16x2(v, 0x60806080u); }  // * 2^66, exact
-
-// x's 8 values as the "shift" decode pairs them, (0, 4), (1, 5), (2, 6), (3, 7), times 2^66 (exact)
-__device__ __forceinline__ uint4 x_shift_order(uint4 v) {
-  return make_uint4(scale_x66(prmt(v.x, v.z, 0x5410u)), scale_x66(prmt(v.x, v.z, 0x7632u)),
-                    scale_x66(prmt(v.y, v.w, 0x5410u)), scale_x66(prmt(v.y, v.w, 0x7632u)));
 }
 
 // e4m3 pair (16 bits) -> two floats: "lut" value * 2^-120 (exact, subnormals too: fp32 denormals); "shift" the
@@ -79,6 +69,8 @@ __device__ __forceinline__ void scales2(unsigned u, float& f0, float& f1) {
   f0 = __uint_as_float(v << 16);
   f1 = __uint_as_float(v & 0xFFFF0000u);
 }
+
+__device__ __forceinline__ unsigned scale_x66(unsigned v) { return mul_bf16x2(v, 0x60806080u); }  // * 2^66, exact
 
 // 8 e2m1 codes (low nibble first) -> 4 bf16x2, pair j = codes (j, j + 4), each value * 2^-126: the sign moved to
 // bit 15 (31), the magnitude's 3 bits to bits 6-8 (22-24), the bf16's exponent LSBs and mantissa MSB. Left shifts
@@ -92,18 +84,17 @@ __device__ __forceinline__ void decode_fp4_shift(unsigned w, unsigned* r) {
 
 // MODE 0: dense, y bf16 [N], s2 [N] per row. MODE 1: gate|up experts (PARTS 2), h bf16 [P, N] =
 // silu(min(gate, limit)) * clamp(up, -limit, limit), W rows [0, N) gate and [N, 2N) up, s2 [E, 2].
-// With H_SHIFT, h is written as the "shift" decode takes x (x_shift_order: each 8 values reordered, times 2^66).
 // MODE 2: down experts, y fp32 [P, N] = route[p] * (h[p] @ W^T), s2 [E, 1]. MODE 3: down experts summed over a
 // token's choices, y bf16 [T, N] = sum_c route[t, c] * (h[t * top_k + c] @ W_c^T): a block's warps take the
 // (choice, chunk) items in turn. w [E, rows, K/2] u8 codes, s [E, rows, K/16] e4m3; x [*, K] bf16 (MODE 1: row
-// p / top_k; MODE 2: row p; MODE 3: rows t * top_k .. + top_k; MODE 0: row 0; MODE 2 and 3 take h as gate|up wrote
-// it: in the "shift" decode's order where SHIFT); blockIdx.y: pair p (token t).
-// Dynamic shared memory: KS warps' stages (each item's W, scales and x chunk arrive together), then 32 zero bytes.
+// p / top_k; MODE 2: row p; MODE 3: rows t * top_k .. + top_k; MODE 0: row 0); blockIdx.y: pair p (token t).
+// Dynamic shared memory: KS warps' stages, then x's rows as the MMAs take them (K bf16 each), then 32 zero bytes.
 extern "C" __global__ void __launch_bounds__(32 * KS) NAME(
     const unsigned char* __restrict__ w, const unsigned char* __restrict__ s, const float* __restrict__ s2,
     const unsigned short* __restrict__ x, const long long* __restrict__ ids, const float* __restrict__ route,
     void* __restrict__ y, int N, int K, int top_k, int num_experts,
-    double limit_d) {  // (a double: torch's launcher passes Python floats as doubles)
+    double limit_d,  // (a double: torch's launcher passes Python floats as doubles)
+    float* __restrict__ part, int* __restrict__ cnt) {  // KSPLIT > 1: the splits' sums [KSPLIT][P][2N], arrivals
   const float limit = (float)limit_d;
 #if __CUDA_ARCH__ >= 900
   // programmatic dependent launch (kernels/launch_ex.py): gate|up lets down start as soon as all of its blocks run
@@ -116,6 +107,10 @@ extern "C" __global__ void __launch_bounds__(32 * KS) NAME(
   __shared__ float ch_s[MODE == 3 ? MAX_TOP_K : 1];  // and its scale, route * s2 * 2^60 (0 out of range)
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
   const int p = blockIdx.y, row0 = blockIdx.x * 16 * HT;
+  // KSPLIT > 1 (gate|up): blockIdx.z takes K's chunks [kb0, kb1) of the row tile
+  const int nkb_all = K >> 8, kb0 = KSPLIT == 1 ? 0 : nkb_all * (int)blockIdx.z / KSPLIT;
+  const int kb1 = KSPLIT == 1 ? nkb_all : nkb_all * ((int)blockIdx.z + 1) / KSPLIT;
+  const int x_len = MODE == 3 || KSPLIT == 1 ? K : (kb1 - kb0) << 8;
   const float unit = 1152921504606846976.0f;  // 2^60 (TABLE_LOG2)
   const long long e = MODE == 0 || MODE == 3 ? 0 : ids[p];
   const bool e_ok = e >= 0 && e < num_experts;
@@ -146,20 +141,13 @@ extern "C" __global__ void __launch_bounds__(32 * KS) NAME(
   unsigned char* ws = smem + warp * WARP_SMEM;
   const unsigned ws_addr = (unsigned)__cvta_generic_to_shared(ws);
   // 256-value chunks (MODE 3: (choice, chunk) items, choice-major): warp takes items warp, warp + KS, ...
-  const int nkb = K >> 8, items = MODE == 3 ? top_k * nkb : nkb, nk = (items - warp + KS - 1) / KS;
+  const int nkb = kb1 - kb0, items = MODE == 3 ? top_k * nkb : nkb, nk = (items - warp + KS - 1) / KS;
 
   // stage layout: W at [r][h][lo|hi][lane] (16 bytes each), then scales at [r][lo|hi][g][16 bytes]
 #define W_AT(st, r, h, q) ((st) * STAGE_BYTES + ((((r) * 2 + (h)) * 2 + (q)) * 32) * 16)
 #define S_AT(st, r, q, gg) ((st) * STAGE_BYTES + R * TILE_W_BYTES + (((r) * 2 + (q)) * 8 + (gg)) * 16)
-#define X_AT(st) ((st) * STAGE_BYTES + R * TILE_STAGE_BYTES)
-  // x's 256 values of an item (MODE 3: in its choice's row)
-  auto x_at = [&](int it) -> const unsigned short* {
-    const long row = MODE == 1 ? p / top_k : MODE == 2 ? p : MODE == 3 ? (long)p * top_k + it / nkb : 0;
-    return x + row * K + ((long)(MODE == 3 ? it % nkb : it) << 8);
-  };
-  auto issue_x = [&](int st, int it) { cp16(ws_addr + X_AT(st) + 16 * lane, x_at(it) + 8 * lane); };
   auto issue = [&](int st, int it) {
-    const int kb = MODE == 3 ? it % nkb : it;
+    const int kb = MODE == 3 ? it % nkb : kb0 + it;
     const long long ex = MODE == 3 ? ch_e[it / nkb] : ee;
     const unsigned char* we = w + ex * expert_w + ((long)kb << 7);
     const unsigned char* se = s + ex * expert_s + ((long)kb << 4);
@@ -174,21 +162,33 @@ extern "C" __global__ void __launch_bounds__(32 * KS) NAME(
       cp4(ws_addr + S_AT(st, r, 1, g) + 4 * c, se + shi[r]);
     }
   };
-  // W's first stages start loading before their x chunks (W does not wait on x)
+  // W's first stages start loading before x is staged (W does not wait on x)
 #pragma unroll
-  for (int i = 0; i < STAGES - 1; i++)
+  for (int i = 0; i < STAGES - 1; i++) {
     if (i < nk) issue(i, warp + i * KS);
+    asm volatile("cp.async.commit_group;");
+  }
 #if __CUDA_ARCH__ >= 900
   // down under PDL: h is gate|up's output, complete and visible once this returns (ids, routes and W were there
   // before gate|up started); without PDL a no-op
   if (MODE >= 2) asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
-#pragma unroll
-  for (int i = 0; i < STAGES - 1; i++) {
-    if (i < nk) issue_x(i, warp + i * KS);
-    asm volatile("cp.async.commit_group;");
+  // x's row(s) into shared memory, each 8 values as the decode pairs them: "shift" (0, 4), (1, 5), (2, 6), (3, 7),
+  // times 2^66; "lut" in order
+  const int x_rows = MODE == 3 ? top_k : 1;
+  unsigned short* xs = (unsigned short*)(smem + KS * WARP_SMEM);
+  const uint4* xg = (const uint4*)(x + (MODE == 1 ? (long)(p / top_k) * K : MODE == 2 ? (long)p * K
+                                        : MODE == 3 ? (long)p * top_k * K : 0) + ((long)kb0 << 8));
+  for (int i = threadIdx.x; i < x_rows * (x_len / 8); i += 32 * KS) {
+    uint4 v = MODE >= 2 ? __ldcg(xg + i) : xg[i];  // (h through L2: written by the kernel just before)
+    if (SHIFT) {
+      const unsigned a = v.x, b = v.y, cc = v.z, d = v.w;
+      v = make_uint4(scale_x66(prmt(a, cc, 0x5410u)), scale_x66(prmt(a, cc, 0x7632u)),
+                     scale_x66(prmt(b, d, 0x5410u)), scale_x66(prmt(b, d, 0x7632u)));
+    }
+    ((uint4*)xs)[i] = v;
   }
-  unsigned short* xz = (unsigned short*)(smem + KS * WARP_SMEM);  // 32 zero bytes
+  unsigned short* xz = xs + (long)x_rows * x_len;  // 32 zero bytes
   if (threadIdx.x < 2) ((uint4*)xz)[threadIdx.x] = make_uint4(0, 0, 0, 0);
   if (warp == 0) tab[lane] = make_uint4(FP4_HI0, FP4_HI1, FP4_LO0, FP4_LO1);
   __syncthreads();
@@ -200,6 +200,8 @@ extern "C" __global__ void __launch_bounds__(32 * KS) NAME(
   // B operands: x of group 2c where g == 2c (words 0, 1), of group 2c + 1 where g == 2c + 1 (words 2, 3), else
   // the zero bytes (step 0)
   const int sa = g == 2 * c, sb = g == 2 * c + 1;
+  const unsigned short* xa = sa ? xs + 32 * c : xz;
+  const unsigned short* xb = sb ? xs + 32 * c + 16 : xz;
   float acc[R][2];
 #pragma unroll
   for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = 0.f;
@@ -208,24 +210,16 @@ extern "C" __global__ void __launch_bounds__(32 * KS) NAME(
     asm volatile("cp.async.wait_group %0;" :: "n"(STAGES - 2));
     __syncwarp();  // the chunk's scales from the other lanes; and every lane is done with the slot refilled next
     const int nx = i + STAGES - 1;
-    if (nx < nk) {
-      issue(nx % STAGES, warp + nx * KS);
-      issue_x(nx % STAGES, warp + nx * KS);
-    }
+    if (nx < nk) issue(nx % STAGES, warp + nx * KS);
     asm volatile("cp.async.commit_group;");
     const int st = i % STAGES, it = warp + i * KS;
-    const float cs = MODE == 3 ? ch_s[it / nkb] : 1.f;  // (MODE 3: the item's choice's scale)
+    // x's offset of the item (MODE 3: in its choice's row, whose scale its group sums take)
+    const long kx = MODE == 3 ? (long)(it / nkb) * K + ((it % nkb) << 8) : (long)it << 8;
+    const float cs = MODE == 3 ? ch_s[it / nkb] : 1.f;
     if (MODE == 3 && cs == 0.f) continue;  // (warp-uniform) a choice out of range, or routed at weight 0
-    unsigned short* xst = (unsigned short*)(ws + X_AT(st));
-    if (SHIFT && MODE <= 1) {  // x from outside: each lane puts its 8 values in the decode's order and scale
-      ((uint4*)xst)[lane] = x_shift_order(((const uint4*)xst)[lane]);
-      __syncwarp();
-    }
-    const unsigned short* xa = sa ? xst + 32 * c : xz;
-    const unsigned short* xb = sb ? xst + 32 * c + 16 : xz;
 #pragma unroll
     for (int h = 0; h < 2; h++) {
-      const int k0 = 128 * h;
+      const long k0 = kx + 128 * h;
       const uint4 xa0 = *(const uint4*)(xa + sa * k0), xa1 = *(const uint4*)(xa + sa * (k0 + 8));
       const uint4 xb0 = *(const uint4*)(xb + sb * k0), xb1 = *(const uint4*)(xb + sb * (k0 + 8));
 #pragma unroll
@@ -281,6 +275,35 @@ extern "C" __global__ void __launch_bounds__(32 * KS) NAME(
       for (int r = 0; r < R; r++) acc[r][0] += red[v][r][0][g], acc[r][1] += red[v][r][1][g];
   }
   if (c != 0) return;
+  if (KSPLIT > 1) {
+    // this split's sums to part; the row tile's last block to arrive adds the KSPLIT sums in order (the same bits
+    // whichever block is last), runs the epilogue below and sets the tile's count back to 0 for the next call
+    float* pp = part + ((long)blockIdx.z * gridDim.y + p) * 2 * N;
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+      for (int i = 0; i < 2; i++) {
+        const int n = row0 + 16 * (r % HT) + g + 8 * i;
+        if (n < N) pp[(long)(r / HT) * N + n] = acc[r][i];
+      }
+    __threadfence();
+    __syncwarp(0x11111111u);
+    int* count = cnt + (long)p * gridDim.x + blockIdx.x;
+    int last = lane == 0 ? atomicAdd(count, 1) == KSPLIT - 1 : 0;
+    if (!__shfl_sync(0x11111111u, last, 0)) return;
+    __threadfence();
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+      for (int i = 0; i < 2; i++) {
+        const int n = row0 + 16 * (r % HT) + g + 8 * i;
+        float sum = 0.f;
+        for (int z = 0; z < KSPLIT && n < N; z++)
+          sum += __ldcg(part + ((long)z * gridDim.y + p) * 2 * N + (long)(r / HT) * N + n);
+        acc[r][i] = sum;
+      }
+    if (lane == 0) *count = 0;
+  }
 #pragma unroll
   for (int r = 0; r < HT; r++) {
 #pragma unroll
@@ -293,9 +316,7 @@ extern "C" __global__ void __launch_bounds__(32 * KS) NAME(
         float gt = acc[r][i] * (s2[2 * ee] * unit), up = acc[r + HT][i] * (s2[2 * ee + 1] * unit);
         gt = fminf(gt, limit);
         up = fminf(fmaxf(up, -limit), limit);
-        unsigned short hv = to_bf16(e_ok ? gt / (1.f + __expf(-gt)) * up : 0.f);
-        if (H_SHIFT) hv = (unsigned short)scale_x66(hv);  // (times 2^66, at x_shift_order's place below)
-        ((unsigned short*)y)[(long)p * N + (H_SHIFT ? (n & ~7) | ((n & 3) << 1) | ((n >> 2) & 1) : n)] = hv;
+        ((unsigned short*)y)[(long)p * N + n] = to_bf16(e_ok ? gt / (1.f + __expf(-gt)) * up : 0.f);
       } else if (MODE == 2) {
         ((float*)y)[(long)p * N + n] = e_ok ? acc[r][i] * (s2[ee] * unit) * route[p] : 0.f;
       } else {
@@ -313,27 +334,31 @@ class Config:
     block, warp w taking K chunks (256 values) w, w + splits, ...; stages: chunks a warp has in shared memory
     (stages - 1 of them loading); l2_prefetch: bytes L2 fetches with each 16-byte copy (0: no hint); decode:
     "lut" (prmt table lookups, mma_gemv's decode_fp4) or "shift" (decode_fp4_shift: shifts and masks);
-    max_blocks: blocks an SM may hold at once (0: as many as fit; launch_ex.cap_blocks)."""
+    k_splits (gate|up only): blocks a row tile, each taking its share of K's chunks; the tile's last block to end adds
+    their fp32 sums in order and writes h."""
     rows: int = 1
     splits: int = 4
     stages: int = 2
     l2_prefetch: int = 256
     decode: str = "shift"
-    max_blocks: int = 0
+    k_splits: int = 1
 
     def __post_init__(self):
         if self.l2_prefetch not in (0, 64, 128, 256):
             raise ValueError(f"Config.l2_prefetch: must be 0, 64, 128 or 256 (bytes), got {self.l2_prefetch!r}")
         if self.decode not in ("lut", "shift"):
             raise ValueError(f"Config.decode: must be 'lut' or 'shift', got {self.decode!r}")
-        for name, lo, hi in (("rows", 1, 4), ("splits", 1, 16), ("stages", 2, 8), ("max_blocks", 0, 16)):
+        for name, lo, hi in (("rows", 1, 4), ("splits", 1, 16), ("stages", 2, 8), ("k_splits", 1, 16)):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
                 raise ValueError(f"Config.{name}: must be an int in {lo}..{hi}, got {v!r}")
 
-    def smem(self, parts: int) -> int:
-        """Dynamic shared memory bytes a block uses: the warps' stages (W, scales, x's chunk), 32 zero bytes."""
-        return self.splits * self.stages * (self.rows * parts * TILE_STAGE_BYTES + X_CHUNK_BYTES) + 32
+    def smem(self, parts: int, k: int, x_rows: int = 1) -> int:
+        """Dynamic shared memory bytes a block uses at K = k: the warps' stages, x's rows (a K split's share of
+        them where k_splits applies: parts 2), 32 zero bytes."""
+        if parts == 2:
+            k = -(-(k // 256) // self.k_splits) * 256
+        return self.splits * self.stages * self.rows * parts * TILE_STAGE_BYTES + 2 * k * x_rows + 32
 
 
 MODES = {"dense": 0, "gate_up": 1, "down": 2, "down_sum": 3}
@@ -341,16 +366,15 @@ MAX_PAIRS = 65535  # a CUDA grid's y dimension: one (token, choice) pair each
 MAX_TOP_K = 16  # "down_sum" (a token's choices summed in the down kernel) takes up to this many choices
 
 
-def source(cfg: Config, mode: str, h_shift: bool = False) -> tuple[str, str]:
-    """(CUDA source, kernel name) of one configuration and mode ("dense", "gate_up", "down" or "down_sum");
-    h_shift: gate_up writes h as the "shift" decode takes x (for a down kernel of that decode)."""
+def source(cfg: Config, mode: str) -> tuple[str, str]:
+    """(CUDA source, kernel name) of one configuration and mode ("dense", "gate_up" or "down")."""
     parts = 2 if mode == "gate_up" else 1
-    h_shift = h_shift and mode == "gate_up"
+    ksplit = cfg.k_splits if mode == "gate_up" else 1
     name = (f"tpserve_nvfp4_m1_{mode}_r{cfg.rows}_s{cfg.splits}_st{cfg.stages}_p{cfg.l2_prefetch}_{cfg.decode}"
-            + ("_hs" if h_shift else ""))
+            + (f"_k{ksplit}" if ksplit > 1 else ""))
     defines = dict(R=cfg.rows * parts, PARTS=parts, KS=cfg.splits, STAGES=cfg.stages, MODE=MODES[mode], NAME=name,
-                   TILE_W_BYTES=TILE_W_BYTES, TILE_STAGE_BYTES=TILE_STAGE_BYTES, X_CHUNK_BYTES=X_CHUNK_BYTES,
-                   MAX_TOP_K=MAX_TOP_K, H_SHIFT=int(h_shift),
+                   KSPLIT=ksplit,
+                   TILE_W_BYTES=TILE_W_BYTES, TILE_STAGE_BYTES=TILE_STAGE_BYTES, MAX_TOP_K=MAX_TOP_K,
                    SHIFT=int(cfg.decode == "shift"), SEL_LO=f"{mg.SEL_LO:#x}u", DECODE_MASK=f"{mg.DECODE_MASK:#x}u",
                    DECODE_SHIFT=mg.DECODE_SHIFT, **{k: f"{v:#010x}u" for k, v in mg.fp4_tables(TABLE_LOG2).items()},
                    W_HINT=f'".L2::{cfg.l2_prefetch}B"' if cfg.l2_prefetch else '""')
@@ -359,10 +383,10 @@ def source(cfg: Config, mode: str, h_shift: bool = False) -> tuple[str, str]:
 
 
 @functools.lru_cache(maxsize=None)
-def _kernel(cfg: Config, mode: str, arch: str, device: int, h_shift: bool = False):
+def _kernel(cfg: Config, mode: str, arch: str, device: int):
     from torch.cuda import _compile_kernel
 
-    text, name = source(cfg, mode, h_shift)
+    text, name = source(cfg, mode)
     with torch.cuda.device(device):
         return _compile_kernel(text, name, compute_capability=arch)
 
@@ -396,23 +420,22 @@ def default_config(mode: str, n: int, pairs: int = 1) -> Config:
 
 def _launch(cfg: Config, mode: str, grid: tuple[int, int], w, s, s2, x, ids, route, y, n: int, k: int,
             top_k: int = 1, num_experts: int = 1, limit: float = float("inf"), pdl: bool = False,
-            h_shift: bool = False) -> None:
+            part=None, cnt=None) -> None:
     device = x.device.index
     if device != torch.cuda.current_device():
         raise ValueError(f"x: on cuda:{device}, but the current device is cuda:{torch.cuda.current_device()} "
                          "(call inside `with torch.cuda.device(...)`)")
     major, minor = torch.cuda.get_device_capability(device)
-    kernel = _kernel(cfg, mode, f"{major}{minor}", device, h_shift)  # (a capped config: its own copy, own carveout)
-    smem = cfg.smem(2 if mode == "gate_up" else 1)
-    if cfg.max_blocks:
-        smem = launch_ex.cap_blocks(kernel, device, smem, cfg.max_blocks)
+    kernel = _kernel(cfg, mode, f"{major}{minor}", device)
+    smem = cfg.smem(2 if mode == "gate_up" else 1, k, top_k if mode == "down_sum" else 1)
     launch_ex.reserve_smem(kernel, smem)
     args = [w, s, s2, x, ids if ids is not None else s2, route if route is not None else s2, y, n, k, top_k,
-            num_experts, float(limit)]
+            num_experts, float(limit), part if part is not None else s2, cnt if cnt is not None else s2]
+    z = cfg.k_splits if mode == "gate_up" else 1
     if pdl:
-        launch_ex.launch_pdl(kernel, (grid[0], grid[1], 1), (32 * cfg.splits, 1, 1), smem, args)
+        launch_ex.launch_pdl(kernel, (grid[0], grid[1], z), (32 * cfg.splits, 1, 1), smem, args)
     else:
-        kernel(grid=(grid[0], grid[1], 1), block=(32 * cfg.splits, 1, 1), shared_mem=smem, args=args)
+        kernel(grid=(grid[0], grid[1], z), block=(32 * cfg.splits, 1, 1), shared_mem=smem, args=args)
 
 
 def gemv(x: torch.Tensor, w: torch.Tensor, bscale: torch.Tensor, scale2_rows: torch.Tensor,
@@ -485,10 +508,15 @@ def experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: 
                    h.view(torch.int16), flat, weights.reshape(-1).float().contiguous())
         if pdl is None:
             pdl = launch_ex.supported(x.device)
-        _launch(cg, "gate_up", (-(-inter // (16 * cg.rows)), p), mg._aligned(gate_up, 16),
+        tiles = -(-inter // (16 * cg.rows))
+        part = cnt = None
+        if cg.k_splits > 1:  # (the counts start at 0; the last block of a tile sets its count back)
+            part = torch.empty(cg.k_splits, p, 2 * inter, dtype=torch.float32, device=x.device)
+            cnt = torch.zeros(p * tiles, dtype=torch.int32, device=x.device)
+        _launch(cg, "gate_up", (tiles, p), mg._aligned(gate_up, 16),
                 gu_bscale.contiguous().view(torch.uint8), gu_scale2.float().contiguous(),
                 mg._aligned(x, 16).view(torch.int16), flat, None, h.view(torch.int16), inter, d, top_k, num_experts,
-                lim, h_shift=cd.decode == "shift")
+                lim, part=part, cnt=cnt)
         _launch(cd, "down_sum" if sum_choices else "down", (-(-d // (16 * cd.rows)), t if sum_choices else p),
                 *dn_args, y.view(torch.int16) if sum_choices else y, d, inter, top_k, num_experts, pdl=pdl)
     elif sum_choices:
