@@ -1,12 +1,12 @@
 """Where nvfp4_m1's one-token MoE experts spend their time: each block's start, the end of its prologue (up to
-the block-wide sync before the K loop; x was staged there until the twenty-eighth session) and the end of its K
-loop, read from %globaltimer in copies of the gate|up and down kernels built with those reads added
-(kernels/nvfp4_m1.py's source, patched here; the kernels the engine runs are untouched), and the SM each block ran
-on. The experts run as `experts` runs them (gate|up, then down as its programmatic dependent on sm_90+), 8
-routings in turn in one CUDA graph; the last replay's timelines are summarised per kernel (all times in us from
-the first gate|up block's start of that routing).
+the block-wide sync before the K loop: the first W stages issued and x staged) and the end of its K loop, read
+from %globaltimer in copies of the gate|up and down kernels built with those reads added (kernels/nvfp4_m1.py's
+source, patched here; the kernels the engine runs are untouched), and the SM each block ran on. The experts run
+as `experts` runs them (gate|up, then down as its programmatic dependent on sm_90+), 8 routings in turn in one
+CUDA graph; the last replay's timelines are summarised per kernel (all times in us from the first gate|up
+block's start of that routing).
 
-    python bench/m1_timeline.py [--tokens 1 8] [--json PATH]
+    python bench/m1_timeline.py [--tokens 1 8] [--down-stages N] [--down-cap N] [--json PATH] [--raw PATH]
 
 `--ncu` instead runs the plain experts a few times for Nsight Compute (`ncu -k regex:nvfp4_m1 ...`).
 """
@@ -28,11 +28,11 @@ from quant_decode_sweep import _experts_setup, _nvfp4_moe_case  # noqa: E402
 MARKS = 4  # per block: start, prologue done, K loop done, SM id
 
 
-def patched(cfg, mode: str, h_shift: bool = False) -> tuple[str, str]:
+def patched(cfg, mode: str) -> tuple[str, str]:
     """nvfp4_m1's source of (cfg, mode) with the timeline reads added; raises where a patch point moved."""
     from tpserve.kernels import nvfp4_m1 as m1
 
-    text, name = m1.source(cfg, mode, h_shift) if h_shift else m1.source(cfg, mode)
+    text, name = m1.source(cfg, mode)
     name2 = name + "_timeline"
     edits = [
         (f"NAME {name}\n", f"NAME {name2}\n"),
@@ -74,13 +74,9 @@ class Experts:
         if down_stages:
             self.cd = dataclasses.replace(self.cd, stages=down_stages)
         cc = "".join(map(str, torch.cuda.get_device_capability()))
-        h_shift = self.cd.decode == "shift" and "h_shift" in m1.source.__code__.co_varnames
-        self.kg = _compile_kernel(*patched(self.cg, "gate_up", h_shift), compute_capability=cc)
+        self.kg = _compile_kernel(*patched(self.cg, "gate_up"), compute_capability=cc)
         self.kd = _compile_kernel(*patched(self.cd, self.down_mode), compute_capability=cc)
-        try:
-            self.sg, self.sd = self.cg.smem(2), self.cd.smem(1)
-        except TypeError:  # (a tree before the twenty-eighth session: x staged once a block)
-            self.sg, self.sd = self.cg.smem(2, d), self.cd.smem(1, i, 8 if self.sum else 1)
+        self.sg, self.sd = self.cg.smem(2, d), self.cd.smem(1, i, 8 if self.sum else 1)
         launch_ex.reserve_smem(self.kg, self.sg)
         launch_ex.reserve_smem(self.kd, self.sd)
         if down_cap:
@@ -149,6 +145,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--json", default=None)
+    ap.add_argument("--raw", default=None, help="torch.save every block's marks here ({tokens: [(gate_up, down)]})")
     ap.add_argument("--down-stages", type=int, default=0, help="the down kernel's stages (0: its default)")
     ap.add_argument("--down-cap", type=int, default=0, help="blocks of the down kernel an SM may hold (0: no cap)")
     ap.add_argument("--ncu", action="store_true", help="run the plain experts 4 times (for ncu) and stop")
@@ -164,7 +161,7 @@ def main() -> None:
                 m1.experts(r[2], r[1], r[0], P["gp"], P["gb"], P["g2"], P["dp"], P["db"], d2, 10.0)
         torch.cuda.synchronize()
         return
-    res = {}
+    res, raw = {}, {}
     for t in args.tokens:
         routes, touched, floor, ref = _nvfp4_moe_case(P, e, d, i, t)
         ex = Experts(P, d2, t, e, d, i, args.down_stages, args.down_cap)
@@ -190,6 +187,7 @@ def main() -> None:
         torch.cuda.synchronize()
         per = start.elapsed_time(end) / 20 / len(routes) * 1e3
         sums = [summarise(*tl) for tl in tls]
+        raw[t] = [(a.cpu(), b.cpu()) for a, b in tls]
         res[t] = dict(touched=touched, floor_us=floor * 1e6, graph_us_per_layer=per, same_as_experts=same,
                       routings=sums, down_start_after_gate_up_start=[])
         print(f"\n{t} token(s): {touched:.1f} experts touched, floor {floor * 1e6:.1f} us; the patched pair in a graph "
@@ -204,6 +202,8 @@ def main() -> None:
                       f"{f(v['staged'])} | {f(v['loop'])} | {f(v['end'])} |")
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1))
+    if args.raw:
+        torch.save(raw, args.raw)
 
 
 if __name__ == "__main__":

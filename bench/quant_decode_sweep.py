@@ -40,8 +40,8 @@ tile. Sections:
   mmasmem  mma_gemv with W through shared memory (cp.async) against register loads: bit for bit, then both shapes
            at 1, 2, 4, 8 rows over smem configs beside the defaults
   m1pdl    nvfp4_m1's experts with down as a programmatic dependent launch of gate|up against a plain launch
-  m1x      nvfp4_m1's experts at 1, 2, 8 tokens (seeded routings): the defaults beside gate|up split over K across
-           blocks and beside another tree's nvfp4_m1 (M1X_BASE: its file) in the same process
+  m1x      nvfp4_m1's experts at 1, 2, 8 tokens (seeded routings): the defaults beside another tree's nvfp4_m1
+           (M1X_BASE: its file) loaded in the same process
   m1par    nvfp4_m1's gate|up and down_sum kernels alone, in sequence, and on two streams with no dependency (a
            bound on what overlapping them could give), 1 and 8 tokens
   mmapdl   w8a16_gemv / w4a16_gemv at 1, 2, 4, 8 rows, both shapes: calls in a graph (weight copies in turn)
@@ -1015,10 +1015,12 @@ def sec_m1pdl(res):
 
 
 def sec_m1x(res):
-    """nvfp4_m1's experts at 1, 2 and 8 tokens (routings seeded), the defaults beside gate|up split over K across
-    blocks (Config.k_splits), and beside another tree's nvfp4_m1 loaded in the same process where
-    M1X_BASE names its file (e.g. .base_src/src/tpserve/kernels/nvfp4_m1.py); each form checked against fp32 math,
-    then timed three times in alternation (graph replays of 40 calls, 8 routings in turn)."""
+    """nvfp4_m1's experts at 1, 2 and 8 tokens (routings seeded), the defaults beside another tree's nvfp4_m1 loaded
+    in the same process where M1X_BASE names its file (e.g. .base_src/src/tpserve/kernels/nvfp4_m1.py): an A/B whose
+    two sides share the process, the weights and the routings (timings of one form moved by ~8% between processes).
+    Each form checked against fp32 math, then timed three times in alternation (graph replays of 40 calls, 8
+    routings in turn). The twenty-eighth session's forms (x's chunk in the stages, caps on the blocks an SM holds,
+    gate|up split over K) are at commits 224bcc0 and eda5d20."""
     import importlib.util
     import os
 
@@ -1035,8 +1037,6 @@ def sec_m1x(res):
         torch.manual_seed(t)
         routes, touched, floor, ref = _nvfp4_moe_case(P, e, d, i, t)
         forms = {f"{name}default": (mod, None, None) for name, mod in mods.items()}
-        for ks, sp in ((2, 2), (4, 2), (8, 2), (8, 1)):
-            forms[f"gate_up {ks} K splits, {sp} warps"] = (m1, m1.Config(splits=sp, k_splits=ks), None)
 
         def run(r, f):
             mod, cg, cd = f

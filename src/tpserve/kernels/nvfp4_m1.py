@@ -93,8 +93,7 @@ extern "C" __global__ void __launch_bounds__(32 * KS) NAME(
     const unsigned char* __restrict__ w, const unsigned char* __restrict__ s, const float* __restrict__ s2,
     const unsigned short* __restrict__ x, const long long* __restrict__ ids, const float* __restrict__ route,
     void* __restrict__ y, int N, int K, int top_k, int num_experts,
-    double limit_d,  // (a double: torch's launcher passes Python floats as doubles)
-    float* __restrict__ part, int* __restrict__ cnt) {  // KSPLIT > 1: the splits' sums [KSPLIT][P][2N], arrivals
+    double limit_d) {  // (a double: torch's launcher passes Python floats as doubles)
   const float limit = (float)limit_d;
 #if __CUDA_ARCH__ >= 900
   // programmatic dependent launch (kernels/launch_ex.py): gate|up lets down start as soon as all of its blocks run
@@ -107,10 +106,6 @@ extern "C" __global__ void __launch_bounds__(32 * KS) NAME(
   __shared__ float ch_s[MODE == 3 ? MAX_TOP_K : 1];  // and its scale, route * s2 * 2^60 (0 out of range)
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
   const int p = blockIdx.y, row0 = blockIdx.x * 16 * HT;
-  // KSPLIT > 1 (gate|up): blockIdx.z takes K's chunks [kb0, kb1) of the row tile
-  const int nkb_all = K >> 8, kb0 = KSPLIT == 1 ? 0 : nkb_all * (int)blockIdx.z / KSPLIT;
-  const int kb1 = KSPLIT == 1 ? nkb_all : nkb_all * ((int)blockIdx.z + 1) / KSPLIT;
-  const int x_len = MODE == 3 || KSPLIT == 1 ? K : (kb1 - kb0) << 8;
   const float unit = 1152921504606846976.0f;  // 2^60 (TABLE_LOG2)
   const long long e = MODE == 0 || MODE == 3 ? 0 : ids[p];
   const bool e_ok = e >= 0 && e < num_experts;
@@ -141,13 +136,13 @@ extern "C" __global__ void __launch_bounds__(32 * KS) NAME(
   unsigned char* ws = smem + warp * WARP_SMEM;
   const unsigned ws_addr = (unsigned)__cvta_generic_to_shared(ws);
   // 256-value chunks (MODE 3: (choice, chunk) items, choice-major): warp takes items warp, warp + KS, ...
-  const int nkb = kb1 - kb0, items = MODE == 3 ? top_k * nkb : nkb, nk = (items - warp + KS - 1) / KS;
+  const int nkb = K >> 8, items = MODE == 3 ? top_k * nkb : nkb, nk = (items - warp + KS - 1) / KS;
 
   // stage layout: W at [r][h][lo|hi][lane] (16 bytes each), then scales at [r][lo|hi][g][16 bytes]
 #define W_AT(st, r, h, q) ((st) * STAGE_BYTES + ((((r) * 2 + (h)) * 2 + (q)) * 32) * 16)
 #define S_AT(st, r, q, gg) ((st) * STAGE_BYTES + R * TILE_W_BYTES + (((r) * 2 + (q)) * 8 + (gg)) * 16)
   auto issue = [&](int st, int it) {
-    const int kb = MODE == 3 ? it % nkb : kb0 + it;
+    const int kb = MODE == 3 ? it % nkb : it;
     const long long ex = MODE == 3 ? ch_e[it / nkb] : ee;
     const unsigned char* we = w + ex * expert_w + ((long)kb << 7);
     const unsigned char* se = s + ex * expert_s + ((long)kb << 4);
@@ -178,8 +173,8 @@ extern "C" __global__ void __launch_bounds__(32 * KS) NAME(
   const int x_rows = MODE == 3 ? top_k : 1;
   unsigned short* xs = (unsigned short*)(smem + KS * WARP_SMEM);
   const uint4* xg = (const uint4*)(x + (MODE == 1 ? (long)(p / top_k) * K : MODE == 2 ? (long)p * K
-                                        : MODE == 3 ? (long)p * top_k * K : 0) + ((long)kb0 << 8));
-  for (int i = threadIdx.x; i < x_rows * (x_len / 8); i += 32 * KS) {
+                                        : MODE == 3 ? (long)p * top_k * K : 0));
+  for (int i = threadIdx.x; i < x_rows * (K / 8); i += 32 * KS) {
     uint4 v = MODE >= 2 ? __ldcg(xg + i) : xg[i];  // (h through L2: written by the kernel just before)
     if (SHIFT) {
       const unsigned a = v.x, b = v.y, cc = v.z, d = v.w;
@@ -188,7 +183,7 @@ extern "C" __global__ void __launch_bounds__(32 * KS) NAME(
     }
     ((uint4*)xs)[i] = v;
   }
-  unsigned short* xz = xs + (long)x_rows * x_len;  // 32 zero bytes
+  unsigned short* xz = xs + (long)x_rows * K;  // 32 zero bytes
   if (threadIdx.x < 2) ((uint4*)xz)[threadIdx.x] = make_uint4(0, 0, 0, 0);
   if (warp == 0) tab[lane] = make_uint4(FP4_HI0, FP4_HI1, FP4_LO0, FP4_LO1);
   __syncthreads();
@@ -275,35 +270,6 @@ extern "C" __global__ void __launch_bounds__(32 * KS) NAME(
       for (int r = 0; r < R; r++) acc[r][0] += red[v][r][0][g], acc[r][1] += red[v][r][1][g];
   }
   if (c != 0) return;
-  if (KSPLIT > 1) {
-    // this split's sums to part; the row tile's last block to arrive adds the KSPLIT sums in order (the same bits
-    // whichever block is last), runs the epilogue below and sets the tile's count back to 0 for the next call
-    float* pp = part + ((long)blockIdx.z * gridDim.y + p) * 2 * N;
-#pragma unroll
-    for (int r = 0; r < R; r++)
-#pragma unroll
-      for (int i = 0; i < 2; i++) {
-        const int n = row0 + 16 * (r % HT) + g + 8 * i;
-        if (n < N) pp[(long)(r / HT) * N + n] = acc[r][i];
-      }
-    __threadfence();
-    __syncwarp(0x11111111u);
-    int* count = cnt + (long)p * gridDim.x + blockIdx.x;
-    int last = lane == 0 ? atomicAdd(count, 1) == KSPLIT - 1 : 0;
-    if (!__shfl_sync(0x11111111u, last, 0)) return;
-    __threadfence();
-#pragma unroll
-    for (int r = 0; r < R; r++)
-#pragma unroll
-      for (int i = 0; i < 2; i++) {
-        const int n = row0 + 16 * (r % HT) + g + 8 * i;
-        float sum = 0.f;
-        for (int z = 0; z < KSPLIT && n < N; z++)
-          sum += __ldcg(part + ((long)z * gridDim.y + p) * 2 * N + (long)(r / HT) * N + n);
-        acc[r][i] = sum;
-      }
-    if (lane == 0) *count = 0;
-  }
 #pragma unroll
   for (int r = 0; r < HT; r++) {
 #pragma unroll
@@ -333,31 +299,25 @@ class Config:
     """rows: row tiles (16 rows of W) a warp holds, per part (gate|up holds `rows` of each); splits: warps a
     block, warp w taking K chunks (256 values) w, w + splits, ...; stages: chunks a warp has in shared memory
     (stages - 1 of them loading); l2_prefetch: bytes L2 fetches with each 16-byte copy (0: no hint); decode:
-    "lut" (prmt table lookups, mma_gemv's decode_fp4) or "shift" (decode_fp4_shift: shifts and masks);
-    k_splits (gate|up only): blocks a row tile, each taking its share of K's chunks; the tile's last block to end adds
-    their fp32 sums in order and writes h."""
+    "lut" (prmt table lookups, mma_gemv's decode_fp4) or "shift" (decode_fp4_shift: shifts and masks)."""
     rows: int = 1
     splits: int = 4
     stages: int = 2
     l2_prefetch: int = 256
     decode: str = "shift"
-    k_splits: int = 1
 
     def __post_init__(self):
         if self.l2_prefetch not in (0, 64, 128, 256):
             raise ValueError(f"Config.l2_prefetch: must be 0, 64, 128 or 256 (bytes), got {self.l2_prefetch!r}")
         if self.decode not in ("lut", "shift"):
             raise ValueError(f"Config.decode: must be 'lut' or 'shift', got {self.decode!r}")
-        for name, lo, hi in (("rows", 1, 4), ("splits", 1, 16), ("stages", 2, 8), ("k_splits", 1, 16)):
+        for name, lo, hi in (("rows", 1, 4), ("splits", 1, 16), ("stages", 2, 8)):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
                 raise ValueError(f"Config.{name}: must be an int in {lo}..{hi}, got {v!r}")
 
     def smem(self, parts: int, k: int, x_rows: int = 1) -> int:
-        """Dynamic shared memory bytes a block uses at K = k: the warps' stages, x's rows (a K split's share of
-        them where k_splits applies: parts 2), 32 zero bytes."""
-        if parts == 2:
-            k = -(-(k // 256) // self.k_splits) * 256
+        """Dynamic shared memory bytes a block uses at K = k: the warps' stages, x's rows, 32 zero bytes."""
         return self.splits * self.stages * self.rows * parts * TILE_STAGE_BYTES + 2 * k * x_rows + 32
 
 
@@ -369,11 +329,8 @@ MAX_TOP_K = 16  # "down_sum" (a token's choices summed in the down kernel) takes
 def source(cfg: Config, mode: str) -> tuple[str, str]:
     """(CUDA source, kernel name) of one configuration and mode ("dense", "gate_up" or "down")."""
     parts = 2 if mode == "gate_up" else 1
-    ksplit = cfg.k_splits if mode == "gate_up" else 1
-    name = (f"tpserve_nvfp4_m1_{mode}_r{cfg.rows}_s{cfg.splits}_st{cfg.stages}_p{cfg.l2_prefetch}_{cfg.decode}"
-            + (f"_k{ksplit}" if ksplit > 1 else ""))
+    name = f"tpserve_nvfp4_m1_{mode}_r{cfg.rows}_s{cfg.splits}_st{cfg.stages}_p{cfg.l2_prefetch}_{cfg.decode}"
     defines = dict(R=cfg.rows * parts, PARTS=parts, KS=cfg.splits, STAGES=cfg.stages, MODE=MODES[mode], NAME=name,
-                   KSPLIT=ksplit,
                    TILE_W_BYTES=TILE_W_BYTES, TILE_STAGE_BYTES=TILE_STAGE_BYTES, MAX_TOP_K=MAX_TOP_K,
                    SHIFT=int(cfg.decode == "shift"), SEL_LO=f"{mg.SEL_LO:#x}u", DECODE_MASK=f"{mg.DECODE_MASK:#x}u",
                    DECODE_SHIFT=mg.DECODE_SHIFT, **{k: f"{v:#010x}u" for k, v in mg.fp4_tables(TABLE_LOG2).items()},
@@ -419,8 +376,7 @@ def default_config(mode: str, n: int, pairs: int = 1) -> Config:
 
 
 def _launch(cfg: Config, mode: str, grid: tuple[int, int], w, s, s2, x, ids, route, y, n: int, k: int,
-            top_k: int = 1, num_experts: int = 1, limit: float = float("inf"), pdl: bool = False,
-            part=None, cnt=None) -> None:
+            top_k: int = 1, num_experts: int = 1, limit: float = float("inf"), pdl: bool = False) -> None:
     device = x.device.index
     if device != torch.cuda.current_device():
         raise ValueError(f"x: on cuda:{device}, but the current device is cuda:{torch.cuda.current_device()} "
@@ -430,12 +386,11 @@ def _launch(cfg: Config, mode: str, grid: tuple[int, int], w, s, s2, x, ids, rou
     smem = cfg.smem(2 if mode == "gate_up" else 1, k, top_k if mode == "down_sum" else 1)
     launch_ex.reserve_smem(kernel, smem)
     args = [w, s, s2, x, ids if ids is not None else s2, route if route is not None else s2, y, n, k, top_k,
-            num_experts, float(limit), part if part is not None else s2, cnt if cnt is not None else s2]
-    z = cfg.k_splits if mode == "gate_up" else 1
+            num_experts, float(limit)]
     if pdl:
-        launch_ex.launch_pdl(kernel, (grid[0], grid[1], z), (32 * cfg.splits, 1, 1), smem, args)
+        launch_ex.launch_pdl(kernel, (grid[0], grid[1], 1), (32 * cfg.splits, 1, 1), smem, args)
     else:
-        kernel(grid=(grid[0], grid[1], z), block=(32 * cfg.splits, 1, 1), shared_mem=smem, args=args)
+        kernel(grid=(grid[0], grid[1], 1), block=(32 * cfg.splits, 1, 1), shared_mem=smem, args=args)
 
 
 def gemv(x: torch.Tensor, w: torch.Tensor, bscale: torch.Tensor, scale2_rows: torch.Tensor,
@@ -508,15 +463,10 @@ def experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: 
                    h.view(torch.int16), flat, weights.reshape(-1).float().contiguous())
         if pdl is None:
             pdl = launch_ex.supported(x.device)
-        tiles = -(-inter // (16 * cg.rows))
-        part = cnt = None
-        if cg.k_splits > 1:  # (the counts start at 0; the last block of a tile sets its count back)
-            part = torch.empty(cg.k_splits, p, 2 * inter, dtype=torch.float32, device=x.device)
-            cnt = torch.zeros(p * tiles, dtype=torch.int32, device=x.device)
-        _launch(cg, "gate_up", (tiles, p), mg._aligned(gate_up, 16),
+        _launch(cg, "gate_up", (-(-inter // (16 * cg.rows)), p), mg._aligned(gate_up, 16),
                 gu_bscale.contiguous().view(torch.uint8), gu_scale2.float().contiguous(),
                 mg._aligned(x, 16).view(torch.int16), flat, None, h.view(torch.int16), inter, d, top_k, num_experts,
-                lim, part=part, cnt=cnt)
+                lim)
         _launch(cd, "down_sum" if sum_choices else "down", (-(-d // (16 * cd.rows)), t if sum_choices else p),
                 *dn_args, y.view(torch.int16) if sum_choices else y, d, inter, top_k, num_experts, pdl=pdl)
     elif sum_choices:
