@@ -1031,16 +1031,25 @@ def sec_m1x(res):
         spec = importlib.util.spec_from_file_location("nvfp4_m1_base", os.environ["M1X_BASE"])
         mods["base "] = sys.modules["nvfp4_m1_base"] = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mods["base "])
+    class with_memset:  # noqa: N801  (a module stand-in: the defaults after a small torch.zeros)
+        @staticmethod
+        def experts(*a, **kw):
+            torch.zeros(9, dtype=torch.int32, device="cuda")
+            return m1.experts(*a, **kw)
+
     P, e, d, i = _experts_setup()
     d2 = P["d2"].reshape(e, 1).contiguous()
     for t in (1, 2, 8):
         torch.manual_seed(t)
         routes, touched, floor, ref = _nvfp4_moe_case(P, e, d, i, t)
-        forms = {f"{name}default": (mod, None, None) for name, mod in mods.items()}
+        forms = {f"{name}default": (mod, None, None, {}) for name, mod in mods.items()}
+        if t == 1:
+            forms["down_sum on per-pair readiness"] = (m1, None, None, dict(ready=True))
+            forms["default after a 36-byte memset"] = (with_memset, None, None, {})  # (what ready's zeros cost)
 
         def run(r, f):
-            mod, cg, cd = f
-            return mod.experts(r[2], r[1], r[0], P["gp"], P["gb"], P["g2"], P["dp"], P["db"], d2, 10.0, cg, cd)
+            mod, cg, cd, kw = f
+            return mod.experts(r[2], r[1], r[0], P["gp"], P["gb"], P["g2"], P["dp"], P["db"], d2, 10.0, cg, cd, **kw)
 
         errs = {k: rel(run(routes[0], f), ref) for k, f in forms.items()}
         times = {k: [] for k in forms}
