@@ -6,7 +6,7 @@ as `experts` runs them (gate|up, then down as its programmatic dependent on sm_9
 CUDA graph; the last replay's timelines are summarised per kernel (all times in us from the first gate|up
 block's start of that routing).
 
-    python bench/m1_timeline.py [--tokens 1 8] [--down-stages N] [--down-cap N] [--ready] [--json PATH] [--raw PATH]
+    python bench/m1_timeline.py [--tokens 1 8] [--down-stages N] [--down-cap N] [--json PATH] [--raw PATH]
 
 `--ncu` instead runs the plain experts a few times for Nsight Compute (`ncu -k regex:nvfp4_m1 ...`).
 """
@@ -28,15 +28,15 @@ from quant_decode_sweep import _experts_setup, _nvfp4_moe_case  # noqa: E402
 MARKS = 4  # per block: start, prologue done, K loop done, SM id
 
 
-def patched(cfg, mode: str, ready: bool = False, h_shift: bool = False) -> tuple[str, str]:
+def patched(cfg, mode: str) -> tuple[str, str]:
     """nvfp4_m1's source of (cfg, mode) with the timeline reads added; raises where a patch point moved."""
     from tpserve.kernels import nvfp4_m1 as m1
 
-    text, name = m1.source(cfg, mode, ready, h_shift)
+    text, name = m1.source(cfg, mode)
     name2 = name + "_timeline"
     edits = [
         (f"NAME {name}\n", f"NAME {name2}\n"),
-        ("int ready_at) {", "int ready_at, unsigned long long* __restrict__ tl) {\n"
+        ("double limit_d) {", "double limit_d, unsigned long long* __restrict__ tl) {\n"
          "  unsigned long long tm0, tm1, tm2; unsigned smid;\n"
          "  asm volatile(\"mov.u64 %0, %%globaltimer;\" : \"=l\"(tm0));"),
         ("tab[lane] = make_uint4(FP4_HI0, FP4_HI1, FP4_LO0, FP4_LO1);\n  __syncthreads();",
@@ -60,8 +60,7 @@ class Experts:
     """nvfp4_m1.experts at one or more tokens with the default configs, down summing choices at one token, its
     kernels the patched copies; `tl` holds each kernel's block marks."""
 
-    def __init__(self, P, d2, t: int, e: int, d: int, i: int, down_stages: int = 0, down_cap: int = 0,
-                 ready: bool = False):
+    def __init__(self, P, d2, t: int, e: int, d: int, i: int, down_stages: int = 0, down_cap: int = 0):
         from torch.cuda import _compile_kernel
 
         from tpserve.kernels import launch_ex
@@ -75,11 +74,9 @@ class Experts:
         if down_stages:
             self.cd = dataclasses.replace(self.cd, stages=down_stages)
         cc = "".join(map(str, torch.cuda.get_device_capability()))
-        self.kg = _compile_kernel(*patched(self.cg, "gate_up", ready and self.sum, self.cd.decode == "shift"),
-                                  compute_capability=cc)
-        self.kd = _compile_kernel(*patched(self.cd, self.down_mode, ready and self.sum), compute_capability=cc)
-        self.ready = ready and self.sum
-        self.sg, self.sd = self.cg.smem(2, d), self.cd.smem(1, i, 8 if self.sum else 1, self.ready)
+        self.kg = _compile_kernel(*patched(self.cg, "gate_up"), compute_capability=cc)
+        self.kd = _compile_kernel(*patched(self.cd, self.down_mode), compute_capability=cc)
+        self.sg, self.sd = self.cg.smem(2, d), self.cd.smem(1, i, 8 if self.sum else 1)
         launch_ex.reserve_smem(self.kg, self.sg)
         launch_ex.reserve_smem(self.kd, self.sd)
         if down_cap:
@@ -104,12 +101,11 @@ class Experts:
         h = torch.empty(8 * t, self.i, dtype=torch.bfloat16, device="cuda")
         y = torch.empty(t if self.sum else 8 * t, self.d, dtype=torch.bfloat16 if self.sum else torch.float32,
                         device="cuda")
-        counts = torch.zeros(8 * t + 1, dtype=torch.int32, device="cuda")  # (used where self.ready)
         gu = [mg._aligned(P["gp"], 16), P["gb"].view(torch.uint8), P["g2"].float().contiguous(),
               mg._aligned(x, 16).view(torch.int16), flat, P["g2"], h.view(torch.int16), self.i, self.d, 8, e, 10.0,
-              counts, 0, tls[0]]
+              tls[0]]
         dn = [mg._aligned(P["dp"], 16), P["db"].view(torch.uint8), self.d2, h.view(torch.int16), flat, wf,
-              y.view(torch.int16) if self.sum else y, self.d, self.i, 8, e, 10.0, counts, self.grid_g[0], tls[1]]
+              y.view(torch.int16) if self.sum else y, self.d, self.i, 8, e, 10.0, tls[1]]
         self.kg(grid=self.grid_g, block=(32 * self.cg.splits, 1, 1), shared_mem=self.sg, args=gu)
         if self.pdl:
             launch_ex.launch_pdl(self.kd, self.grid_d, (32 * self.cd.splits, 1, 1), self.sd, dn)
@@ -152,7 +148,6 @@ def main() -> None:
     ap.add_argument("--raw", default=None, help="torch.save every block's marks here ({tokens: [(gate_up, down)]})")
     ap.add_argument("--down-stages", type=int, default=0, help="the down kernel's stages (0: its default)")
     ap.add_argument("--down-cap", type=int, default=0, help="blocks of the down kernel an SM may hold (0: no cap)")
-    ap.add_argument("--ready", action="store_true", help="down_sum on per-pair readiness counts (experts' ready)")
     ap.add_argument("--ncu", action="store_true", help="run the plain experts 4 times (for ncu) and stop")
     args = ap.parse_args()
     from tpserve.kernels import nvfp4_m1 as m1
@@ -169,7 +164,7 @@ def main() -> None:
     res, raw = {}, {}
     for t in args.tokens:
         routes, touched, floor, ref = _nvfp4_moe_case(P, e, d, i, t)
-        ex = Experts(P, d2, t, e, d, i, args.down_stages, args.down_cap, args.ready)
+        ex = Experts(P, d2, t, e, d, i, args.down_stages, args.down_cap)
         tls = [ex.buffers() for _ in routes]
         y = ex(routes[0], tls[0]).float()
         base = m1.experts(routes[0][2], routes[0][1], routes[0][0], P["gp"], P["gb"], P["g2"], P["dp"], P["db"],

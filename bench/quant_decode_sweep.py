@@ -1020,7 +1020,7 @@ def sec_m1x(res):
     two sides share the process, the weights and the routings (timings of one form moved by ~8% between processes).
     Each form checked against fp32 math, then timed three times in alternation (graph replays of 40 calls, 8
     routings in turn). The twenty-eighth session's forms (x's chunk in the stages, caps on the blocks an SM holds,
-    gate|up split over K) are at commits 224bcc0 and eda5d20."""
+    gate|up split over K, down_sum on per-pair readiness) are at commits 224bcc0, eda5d20 and 48b5c3a."""
     import importlib.util
     import os
 
@@ -1031,21 +1031,12 @@ def sec_m1x(res):
         spec = importlib.util.spec_from_file_location("nvfp4_m1_base", os.environ["M1X_BASE"])
         mods["base "] = sys.modules["nvfp4_m1_base"] = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mods["base "])
-    class with_memset:  # noqa: N801  (a module stand-in: the defaults after a small torch.zeros)
-        @staticmethod
-        def experts(*a, **kw):
-            torch.zeros(9, dtype=torch.int32, device="cuda")
-            return m1.experts(*a, **kw)
-
     P, e, d, i = _experts_setup()
     d2 = P["d2"].reshape(e, 1).contiguous()
     for t in (1, 2, 8):
         torch.manual_seed(t)
         routes, touched, floor, ref = _nvfp4_moe_case(P, e, d, i, t)
         forms = {f"{name}default": (mod, None, None, {}) for name, mod in mods.items()}
-        if t == 1:
-            forms["down_sum on per-pair readiness"] = (m1, None, None, dict(ready=True))
-            forms["default after a 36-byte memset"] = (with_memset, None, None, {})  # (what ready's zeros cost)
 
         def run(r, f):
             mod, cg, cd, kw = f

@@ -51,10 +51,7 @@ TILE_STAGE_BYTES = TILE_W_BYTES + 16 * 16
 
 _SOURCE = r"""
 #define HT (R / PARTS)  // row tiles of one part (gate or up) a warp holds
-// a stage: W [R][2 halves][lo|hi][32 lanes] uint4, then scales [R][lo|hi][8][16], then (MODE 3 with READY) x's 256
-// values of the item
-#define XCHUNK (MODE == 3 && READY)
-#define STAGE_BYTES (R * TILE_STAGE_BYTES + (XCHUNK ? 512 : 0))
+#define STAGE_BYTES (R * TILE_STAGE_BYTES)  // W [R][2 halves][lo|hi][32 lanes] uint4, then scales [R][lo|hi][8][16]
 #define WARP_SMEM (STAGES * STAGE_BYTES)
 
 __device__ __forceinline__ void cp16(unsigned dst, const void* src) {
@@ -74,13 +71,6 @@ __device__ __forceinline__ void scales2(unsigned u, float& f0, float& f1) {
 }
 
 __device__ __forceinline__ unsigned scale_x66(unsigned v) { return mul_bf16x2(v, 0x60806080u); }  // * 2^66, exact
-
-// a load of a readiness count, acquiring what its writers released (READY)
-__device__ __forceinline__ int ld_acquire(const int* p) {
-  int v;
-  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
 
 // 8 e2m1 codes (low nibble first) -> 4 bf16x2, pair j = codes (j, j + 4), each value * 2^-126: the sign moved to
 // bit 15 (31), the magnitude's 3 bits to bits 6-8 (22-24), the bf16's exponent LSBs and mantissa MSB. Left shifts
@@ -103,8 +93,7 @@ extern "C" __global__ void __launch_bounds__(32 * KS) NAME(
     const unsigned char* __restrict__ w, const unsigned char* __restrict__ s, const float* __restrict__ s2,
     const unsigned short* __restrict__ x, const long long* __restrict__ ids, const float* __restrict__ route,
     void* __restrict__ y, int N, int K, int top_k, int num_experts,
-    double limit_d,  // (a double: torch's launcher passes Python floats as doubles)
-    int* __restrict__ ready, int ready_at) {  // READY: [pairs] gate|up blocks done, then down_sum blocks done
+    double limit_d) {  // (a double: torch's launcher passes Python floats as doubles)
   const float limit = (float)limit_d;
 #if __CUDA_ARCH__ >= 900
   // programmatic dependent launch (kernels/launch_ex.py): gate|up lets down start as soon as all of its blocks run
@@ -152,7 +141,6 @@ extern "C" __global__ void __launch_bounds__(32 * KS) NAME(
   // stage layout: W at [r][h][lo|hi][lane] (16 bytes each), then scales at [r][lo|hi][g][16 bytes]
 #define W_AT(st, r, h, q) ((st) * STAGE_BYTES + ((((r) * 2 + (h)) * 2 + (q)) * 32) * 16)
 #define S_AT(st, r, q, gg) ((st) * STAGE_BYTES + R * TILE_W_BYTES + (((r) * 2 + (q)) * 8 + (gg)) * 16)
-#define X_AT(st) ((st) * STAGE_BYTES + R * TILE_STAGE_BYTES)
   auto issue = [&](int st, int it) {
     const int kb = MODE == 3 ? it % nkb : it;
     const long long ex = MODE == 3 ? ch_e[it / nkb] : ee;
@@ -178,11 +166,11 @@ extern "C" __global__ void __launch_bounds__(32 * KS) NAME(
 #if __CUDA_ARCH__ >= 900
   // down under PDL: h is gate|up's output, complete and visible once this returns (ids, routes and W were there
   // before gate|up started); without PDL a no-op
-  if (MODE >= 2 && !XCHUNK) asm volatile("griddepcontrol.wait;" ::: "memory");
+  if (MODE >= 2) asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
   // x's row(s) into shared memory, each 8 values as the decode pairs them: "shift" (0, 4), (1, 5), (2, 6), (3, 7),
   // times 2^66; "lut" in order
-  const int x_rows = XCHUNK ? 0 : MODE == 3 ? top_k : 1;  // (XCHUNK: x arrives an item at a time)
+  const int x_rows = MODE == 3 ? top_k : 1;
   unsigned short* xs = (unsigned short*)(smem + KS * WARP_SMEM);
   const uint4* xg = (const uint4*)(x + (MODE == 1 ? (long)(p / top_k) * K : MODE == 2 ? (long)p * K
                                         : MODE == 3 ? (long)p * top_k * K : 0));
@@ -212,24 +200,6 @@ extern "C" __global__ void __launch_bounds__(32 * KS) NAME(
   float acc[R][2];
 #pragma unroll
   for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = 0.f;
-  // XCHUNK: each lane's 16 bytes of an item's x chunk (h of the item's choice, as gate|up wrote it), loaded once
-  // the choice's pair is done, one item ahead where it already is
-  auto x_src = [&](int it) { return (const uint4*)(x + ((long)p * top_k + it / nkb) * K + ((it % nkb) << 8)) + lane; };
-  // (lane 0 asks, one L2 request a warp, and tells the warp, whose later loads __syncwarp orders after its acquire)
-  auto pair_done = [&](int it) {
-    const int v = lane == 0 ? ld_acquire(ready + (long)p * top_k + it / nkb) : 0;
-    return __shfl_sync(0xffffffffu, v, 0) >= ready_at;
-  };
-  uint4 xnext = make_uint4(0, 0, 0, 0);
-  bool have_x = false;
-  // the last down_sum block to end (every block has read all it waits on) sets every count back to 0 for the next
-  // call: ready [pairs] then this kernel's count of blocks done at ready[pairs]
-  auto reset_when_last = [&]() {
-    const int pairs = gridDim.y * top_k;
-    if (atomicAdd(ready + pairs, 1) == (int)(gridDim.x * gridDim.y) - 1) {
-      for (int q = 0; q <= pairs; q++) ready[q] = 0;
-    }
-  };
 
   for (int i = 0; i < nk; i++) {
     asm volatile("cp.async.wait_group %0;" :: "n"(STAGES - 2));
@@ -238,36 +208,15 @@ extern "C" __global__ void __launch_bounds__(32 * KS) NAME(
     if (nx < nk) issue(nx % STAGES, warp + nx * KS);
     asm volatile("cp.async.commit_group;");
     const int st = i % STAGES, it = warp + i * KS;
+    // x's offset of the item (MODE 3: in its choice's row, whose scale its group sums take)
+    const long kx = MODE == 3 ? (long)(it / nkb) * K + ((it % nkb) << 8) : (long)it << 8;
     const float cs = MODE == 3 ? ch_s[it / nkb] : 1.f;
-    const unsigned short *xa_, *xb_;
-    long kx;
-    if (XCHUNK) {
-      if (cs != 0.f) {  // (a choice out of range or at weight 0 is never read)
-        if (!have_x) {
-          while (!pair_done(it)) __nanosleep(256);
-          __syncwarp();
-          xnext = __ldcg(x_src(it));
-        }
-        ((uint4*)(ws + X_AT(st)))[lane] = xnext;
-      }
-      have_x = i + 1 < nk && ch_s[(it + KS) / nkb] != 0.f && pair_done(it + KS);
-      __syncwarp();
-      if (have_x) xnext = __ldcg(x_src(it + KS));
-      xa_ = sa ? (const unsigned short*)(ws + X_AT(st)) + 32 * c : xz;
-      xb_ = sb ? (const unsigned short*)(ws + X_AT(st)) + 32 * c + 16 : xz;
-      kx = 0;
-    } else {
-      xa_ = xa;
-      xb_ = xb;
-      // x's offset of the item (MODE 3: in its choice's row, whose scale its group sums take)
-      kx = MODE == 3 ? (long)(it / nkb) * K + ((it % nkb) << 8) : (long)it << 8;
-    }
     if (MODE == 3 && cs == 0.f) continue;  // (warp-uniform) a choice out of range, or routed at weight 0
 #pragma unroll
     for (int h = 0; h < 2; h++) {
       const long k0 = kx + 128 * h;
-      const uint4 xa0 = *(const uint4*)(xa_ + sa * k0), xa1 = *(const uint4*)(xa_ + sa * (k0 + 8));
-      const uint4 xb0 = *(const uint4*)(xb_ + sb * k0), xb1 = *(const uint4*)(xb_ + sb * (k0 + 8));
+      const uint4 xa0 = *(const uint4*)(xa + sa * k0), xa1 = *(const uint4*)(xa + sa * (k0 + 8));
+      const uint4 xb0 = *(const uint4*)(xb + sb * k0), xb1 = *(const uint4*)(xb + sb * (k0 + 8));
 #pragma unroll
       for (int r = 0; r < R; r++) {
         const uint4 wl = *(const uint4*)(ws + W_AT(st, r, h, 0) + 16 * lane);
@@ -315,13 +264,11 @@ extern "C" __global__ void __launch_bounds__(32 * KS) NAME(
     }
     __syncthreads();
     if (warp > 0) return;
-    if (XCHUNK && threadIdx.x == 0) reset_when_last();
 #pragma unroll
     for (int v = 0; v < KS - 1; v++)
 #pragma unroll
       for (int r = 0; r < R; r++) acc[r][0] += red[v][r][0][g], acc[r][1] += red[v][r][1][g];
   }
-  if (XCHUNK && KS == 1 && lane == 0) reset_when_last();
   if (c != 0) return;
 #pragma unroll
   for (int r = 0; r < HT; r++) {
@@ -335,20 +282,13 @@ extern "C" __global__ void __launch_bounds__(32 * KS) NAME(
         float gt = acc[r][i] * (s2[2 * ee] * unit), up = acc[r + HT][i] * (s2[2 * ee + 1] * unit);
         gt = fminf(gt, limit);
         up = fminf(fmaxf(up, -limit), limit);
-        unsigned short hv = to_bf16(e_ok ? gt / (1.f + __expf(-gt)) * up : 0.f);
-        if (H_SHIFT) hv = (unsigned short)scale_x66(hv);  // (times 2^66, at the decode's place of n below)
-        ((unsigned short*)y)[(long)p * N + (H_SHIFT ? (n & ~7) | ((n & 3) << 1) | ((n >> 2) & 1) : n)] = hv;
+        ((unsigned short*)y)[(long)p * N + n] = to_bf16(e_ok ? gt / (1.f + __expf(-gt)) * up : 0.f);
       } else if (MODE == 2) {
         ((float*)y)[(long)p * N + n] = e_ok ? acc[r][i] * (s2[ee] * unit) * route[p] : 0.f;
       } else {
         ((unsigned short*)y)[(long)p * N + n] = to_bf16(acc[r][i]);
       }
     }
-  }
-  if (MODE == 1 && READY) {  // this block's rows of h are written: count the block in its pair's readiness
-    __threadfence();
-    __syncwarp(0x11111111u);
-    if (lane == 0) atomicAdd(ready + p, 1);
   }
 }
 """
@@ -376,11 +316,8 @@ class Config:
             if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
                 raise ValueError(f"Config.{name}: must be an int in {lo}..{hi}, got {v!r}")
 
-    def smem(self, parts: int, k: int, x_rows: int = 1, x_chunks: bool = False) -> int:
-        """Dynamic shared memory bytes a block uses at K = k: the warps' stages, x's rows, 32 zero bytes; x_chunks
-        (down_sum with readiness counts): no x rows, each stage an item's x chunk (512 bytes) besides."""
-        if x_chunks:
-            return self.splits * self.stages * (self.rows * parts * TILE_STAGE_BYTES + 512) + 32
+    def smem(self, parts: int, k: int, x_rows: int = 1) -> int:
+        """Dynamic shared memory bytes a block uses at K = k: the warps' stages, x's rows, 32 zero bytes."""
         return self.splits * self.stages * self.rows * parts * TILE_STAGE_BYTES + 2 * k * x_rows + 32
 
 
@@ -389,17 +326,11 @@ MAX_PAIRS = 65535  # a CUDA grid's y dimension: one (token, choice) pair each
 MAX_TOP_K = 16  # "down_sum" (a token's choices summed in the down kernel) takes up to this many choices
 
 
-def source(cfg: Config, mode: str, ready: bool = False, h_shift: bool = False) -> tuple[str, str]:
-    """(CUDA source, kernel name) of one configuration and mode ("dense", "gate_up", "down" or "down_sum").
-    ready (gate_up, down_sum): per-pair readiness counts instead of a grid-wide wait (`experts`); h_shift (gate_up
-    with ready): h written in the "shift" decode's order and scale (for a down_sum of that decode)."""
+def source(cfg: Config, mode: str) -> tuple[str, str]:
+    """(CUDA source, kernel name) of one configuration and mode ("dense", "gate_up" or "down")."""
     parts = 2 if mode == "gate_up" else 1
-    ready = ready and mode in ("gate_up", "down_sum")
-    h_shift = h_shift and ready and mode == "gate_up"
-    name = (f"tpserve_nvfp4_m1_{mode}_r{cfg.rows}_s{cfg.splits}_st{cfg.stages}_p{cfg.l2_prefetch}_{cfg.decode}"
-            + ("_rdy" if ready else "") + ("_hs" if h_shift else ""))
+    name = f"tpserve_nvfp4_m1_{mode}_r{cfg.rows}_s{cfg.splits}_st{cfg.stages}_p{cfg.l2_prefetch}_{cfg.decode}"
     defines = dict(R=cfg.rows * parts, PARTS=parts, KS=cfg.splits, STAGES=cfg.stages, MODE=MODES[mode], NAME=name,
-                   READY=int(ready), H_SHIFT=int(h_shift),
                    TILE_W_BYTES=TILE_W_BYTES, TILE_STAGE_BYTES=TILE_STAGE_BYTES, MAX_TOP_K=MAX_TOP_K,
                    SHIFT=int(cfg.decode == "shift"), SEL_LO=f"{mg.SEL_LO:#x}u", DECODE_MASK=f"{mg.DECODE_MASK:#x}u",
                    DECODE_SHIFT=mg.DECODE_SHIFT, **{k: f"{v:#010x}u" for k, v in mg.fp4_tables(TABLE_LOG2).items()},
@@ -409,10 +340,10 @@ def source(cfg: Config, mode: str, ready: bool = False, h_shift: bool = False) -
 
 
 @functools.lru_cache(maxsize=None)
-def _kernel(cfg: Config, mode: str, arch: str, device: int, ready: bool = False, h_shift: bool = False):
+def _kernel(cfg: Config, mode: str, arch: str, device: int):
     from torch.cuda import _compile_kernel
 
-    text, name = source(cfg, mode, ready, h_shift)
+    text, name = source(cfg, mode)
     with torch.cuda.device(device):
         return _compile_kernel(text, name, compute_capability=arch)
 
@@ -445,19 +376,17 @@ def default_config(mode: str, n: int, pairs: int = 1) -> Config:
 
 
 def _launch(cfg: Config, mode: str, grid: tuple[int, int], w, s, s2, x, ids, route, y, n: int, k: int,
-            top_k: int = 1, num_experts: int = 1, limit: float = float("inf"), pdl: bool = False,
-            ready=None, ready_at: int = 0, h_shift: bool = False) -> None:
+            top_k: int = 1, num_experts: int = 1, limit: float = float("inf"), pdl: bool = False) -> None:
     device = x.device.index
     if device != torch.cuda.current_device():
         raise ValueError(f"x: on cuda:{device}, but the current device is cuda:{torch.cuda.current_device()} "
                          "(call inside `with torch.cuda.device(...)`)")
     major, minor = torch.cuda.get_device_capability(device)
-    kernel = _kernel(cfg, mode, f"{major}{minor}", device, ready is not None, h_shift)
-    smem = cfg.smem(2 if mode == "gate_up" else 1, k, top_k if mode == "down_sum" else 1,
-                    ready is not None and mode == "down_sum")
+    kernel = _kernel(cfg, mode, f"{major}{minor}", device)
+    smem = cfg.smem(2 if mode == "gate_up" else 1, k, top_k if mode == "down_sum" else 1)
     launch_ex.reserve_smem(kernel, smem)
     args = [w, s, s2, x, ids if ids is not None else s2, route if route is not None else s2, y, n, k, top_k,
-            num_experts, float(limit), ready if ready is not None else s2, ready_at]
+            num_experts, float(limit)]
     if pdl:
         launch_ex.launch_pdl(kernel, (grid[0], grid[1], 1), (32 * cfg.splits, 1, 1), smem, args)
     else:
@@ -490,7 +419,7 @@ def experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: 
             gu_bscale: torch.Tensor, gu_scale2: torch.Tensor, down: torch.Tensor, dn_bscale: torch.Tensor,
             dn_scale2: torch.Tensor, limit: float | None, cfg_gate_up: Config | None = None,
             cfg_down: Config | None = None, sum_choices: bool | None = None,
-            pdl: bool | None = None, ready: bool = False) -> torch.Tensor:
+            pdl: bool | None = None) -> torch.Tensor:
     """The MoE experts at decode (quant_methods.Nvfp4Experts' layout): x [T, D] bf16, weights / ids [T, top_k];
     gate_up uint8 [E, 2I, D/2] (gate rows, then up), gu_bscale e4m3 [E, 2I, D/16], gu_scale2 float32 [E, 2];
     down uint8 [E, D, I/2], dn_bscale [E, D, I/16], dn_scale2 [E, 1]; limit: SwiGLU's clamp (None: none).
@@ -534,15 +463,12 @@ def experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: 
                    h.view(torch.int16), flat, weights.reshape(-1).float().contiguous())
         if pdl is None:
             pdl = launch_ex.supported(x.device)
-        tiles = -(-inter // (16 * cg.rows))
-        counts = torch.zeros(p + 1, dtype=torch.int32, device=x.device) if ready and sum_choices else None
-        _launch(cg, "gate_up", (tiles, p), mg._aligned(gate_up, 16),
+        _launch(cg, "gate_up", (-(-inter // (16 * cg.rows)), p), mg._aligned(gate_up, 16),
                 gu_bscale.contiguous().view(torch.uint8), gu_scale2.float().contiguous(),
                 mg._aligned(x, 16).view(torch.int16), flat, None, h.view(torch.int16), inter, d, top_k, num_experts,
-                lim, ready=counts, h_shift=counts is not None and cd.decode == "shift")
+                lim)
         _launch(cd, "down_sum" if sum_choices else "down", (-(-d // (16 * cd.rows)), t if sum_choices else p),
-                *dn_args, y.view(torch.int16) if sum_choices else y, d, inter, top_k, num_experts, pdl=pdl,
-                ready=counts, ready_at=tiles)
+                *dn_args, y.view(torch.int16) if sum_choices else y, d, inter, top_k, num_experts, pdl=pdl)
     elif sum_choices:
         y.zero_()
     if sum_choices:
