@@ -40,7 +40,7 @@ tile. Sections:
   mmasmem  mma_gemv with W through shared memory (cp.async) against register loads: bit for bit, then both shapes
            at 1, 2, 4, 8 rows over smem configs beside the defaults
   m1pdl    nvfp4_m1's experts with down as a programmatic dependent launch of gate|up against a plain launch
-  m1x      nvfp4_m1's experts at 1, 2, 8 tokens (seeded routings): the defaults beside another tree's nvfp4_m1
+  m1x      nvfp4_m1's experts at 1, 2, 8, 32 tokens (seeded routings): the defaults beside another tree's nvfp4_m1
            (M1X_BASE: its file) loaded in the same process
   m1par    nvfp4_m1's gate|up and down_sum kernels alone, in sequence, and on two streams with no dependency (a
            bound on what overlapping them could give), 1 and 8 tokens
@@ -1015,7 +1015,7 @@ def sec_m1pdl(res):
 
 
 def sec_m1x(res):
-    """nvfp4_m1's experts at 1, 2 and 8 tokens (routings seeded), the defaults beside another tree's nvfp4_m1 loaded
+    """nvfp4_m1's experts at 1, 2, 8 and 32 tokens (routings seeded), the defaults beside another tree's nvfp4_m1 loaded
     in the same process where M1X_BASE names its file (e.g. .base_src/src/tpserve/kernels/nvfp4_m1.py): an A/B whose
     two sides share the process, the weights and the routings (timings of one form moved by ~8% between processes).
     Each form checked against fp32 math, then timed three times in alternation (graph replays of 40 calls, 8
@@ -1033,7 +1033,7 @@ def sec_m1x(res):
         spec.loader.exec_module(mods["base "])
     P, e, d, i = _experts_setup()
     d2 = P["d2"].reshape(e, 1).contiguous()
-    for t in (1, 2, 8):
+    for t in (1, 2, 8, 32):
         torch.manual_seed(t)
         routes, touched, floor, ref = _nvfp4_moe_case(P, e, d, i, t)
         forms = {f"{name}default": (mod, None, None, {}) for name, mod in mods.items()}

@@ -121,6 +121,11 @@ def test_config_and_shape_errors_name_the_field():
         m1.Config(l2_prefetch=32)
     text, name = m1.source(m1.Config(rows=2), "gate_up")
     assert "#define R 4\n" in text and "#define PARTS 2\n" in text and name in text
+    text, name = m1.source(m1.Config(), "gate_up", h_shift=True)
+    assert "#define H_SHIFT 1\n" in text and "#define X_IN_ORDER 0\n" in text and name.endswith("_hs")
+    text = m1.source(m1.Config(), "down_sum", h_shift=True)[0]
+    assert "#define H_SHIFT 0\n" in text and "#define X_IN_ORDER 1\n" in text
+    assert "#define X_IN_ORDER 0\n" in m1.source(m1.Config(decode="lut"), "down")[0]
     assert m1.Config(rows=2, splits=4, stages=4).smem(2, 4096) == 4 * 4 * 4 * 2304 + 8192 + 32
     with pytest.raises(ValueError, match="Config.decode"):
         m1.Config(decode="int")
@@ -194,6 +199,10 @@ def test_gpu_gemv_and_experts_match_fp32_math(decode):
             if launch_ex.supported(x.device):  # down as a programmatic dependent of gate|up: the same kernels, bit for bit
                 assert torch.equal(m1.experts(x, weights, ids, gup, gbs, gs2, dnp, dbs, ds2, 7.0, cfg, cd,
                                               sum_choices, pdl=True), got)
+    other = m1.Config(decode="lut" if decode == "shift" else "shift")  # gate|up and down of different decodes
+    for cg, cd in ((other, cfg), (cfg, other)):  # (h as the down kernel's decode takes it)
+        got = m1.experts(x, weights, ids, gup, gbs, gs2, dnp, dbs, ds2, 7.0, cg, cd)
+        assert ((got.float() - ref).abs().max() / ref.abs().max()).item() < 1e-2, (cg, cd)
     if launch_ex.supported(x.device):  # captured in a CUDA graph (a programmatic edge), replayed
         graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
         with torch.cuda.stream(stream), torch.cuda.graph(graph):

@@ -12,8 +12,8 @@ Three changes from kernels/mma_gemv.py's NVFP4 GEMV (whose lane layout this keep
   in one FMA (0.06 operations a weight) instead of the bf16 multiply of every decoded pair (0.5).
 - **Loads through shared memory** (`cp.async`, `stages` deep per warp): bytes in flight no longer cost registers.
   Each lane reads back only its own 16-byte pieces of W; the 16 scale bytes of a row and chunk arrive 4 bytes a
-  lane and are read across the warp (a `__syncwarp` after each wait). x's row is staged once per block, in the
-  order and scale the decode wants.
+  lane and are read across the warp (a `__syncwarp` after each wait). x's row is staged once per block, every
+  16-byte copy in flight at once (`cp.async`, one wait), then put in the order and scale the decode wants.
 - **Two decodes** (Config.decode): "lut" is mma_gemv's prmt table lookups (tables times 2^60). "shift" moves each
   code's sign and 3 magnitude bits into a bf16 with shifts and masks (0.5 ALU operations a code fewer; left shifts
   as multiplies that may go to the FMA pipe): the value times 2^-126, the e = 0 codes as bf16 subnormals, so it
@@ -26,7 +26,8 @@ Experts: `experts` runs gate|up with SwiGLU (gate and up row tiles side by side 
 halves of its outputs) into h [pairs, I], then down times the routing weight into fp32 [pairs, D], then the
 choices summed (route_triton.combine_choices); at one token the down kernel sums the choices itself ("down_sum":
 a block a row tile, its warps taking (choice, chunk) items in turn). A pair whose expert id is outside [0, E)
-contributes zeros. Every kernel issues its first W stages before staging x.
+contributes zeros. Every kernel issues its first W stages before staging x. gate|up writes h already in the order
+and scale a "shift" down kernel takes (`source`'s h_shift), which stages it as it arrives.
 """
 
 from __future__ import annotations
@@ -57,6 +58,9 @@ _SOURCE = r"""
 __device__ __forceinline__ void cp16(unsigned dst, const void* src) {
   asm volatile("cp.async.cg.shared.global" W_HINT " [%0], [%1], 16;" :: "r"(dst), "l"(src));
 }
+__device__ __forceinline__ void cp16x(unsigned dst, const void* src) {  // (x: no L2 prefetch hint)
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(dst), "l"(src));
+}
 __device__ __forceinline__ void cp4(unsigned dst, const void* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" :: "r"(dst), "l"(src));
 }
@@ -72,6 +76,12 @@ __device__ __forceinline__ void scales2(unsigned u, float& f0, float& f1) {
 
 __device__ __forceinline__ unsigned scale_x66(unsigned v) { return mul_bf16x2(v, 0x60806080u); }  // * 2^66, exact
 
+// x's 8 values as the "shift" decode pairs them, (0, 4), (1, 5), (2, 6), (3, 7), times 2^66 (exact)
+__device__ __forceinline__ uint4 x_shift_order(uint4 v) {
+  return make_uint4(scale_x66(prmt(v.x, v.z, 0x5410u)), scale_x66(prmt(v.x, v.z, 0x7632u)),
+                    scale_x66(prmt(v.y, v.w, 0x5410u)), scale_x66(prmt(v.y, v.w, 0x7632u)));
+}
+
 // 8 e2m1 codes (low nibble first) -> 4 bf16x2, pair j = codes (j, j + 4), each value * 2^-126: the sign moved to
 // bit 15 (31), the magnitude's 3 bits to bits 6-8 (22-24), the bf16's exponent LSBs and mantissa MSB. Left shifts
 // as multiplies, which ptxas may issue on the FMA pipe (the ALU pipe, at half rate, is this kernel's limit).
@@ -84,7 +94,8 @@ __device__ __forceinline__ void decode_fp4_shift(unsigned w, unsigned* r) {
 
 // MODE 0: dense, y bf16 [N], s2 [N] per row. MODE 1: gate|up experts (PARTS 2), h bf16 [P, N] =
 // silu(min(gate, limit)) * clamp(up, -limit, limit), W rows [0, N) gate and [N, 2N) up, s2 [E, 2].
-// MODE 2: down experts, y fp32 [P, N] = route[p] * (h[p] @ W^T), s2 [E, 1]. MODE 3: down experts summed over a
+// H_SHIFT: h written as a "shift" down kernel takes it (x_shift_order's order and scale), read there as is
+// (X_IN_ORDER). MODE 2: down experts, y fp32 [P, N] = route[p] * (h[p] @ W^T), s2 [E, 1]. MODE 3: down experts summed over a
 // token's choices, y bf16 [T, N] = sum_c route[t, c] * (h[t * top_k + c] @ W_c^T): a block's warps take the
 // (choice, chunk) items in turn. w [E, rows, K/2] u8 codes, s [E, rows, K/16] e4m3; x [*, K] bf16 (MODE 1: row
 // p / top_k; MODE 2: row p; MODE 3: rows t * top_k .. + top_k; MODE 0: row 0); blockIdx.y: pair p (token t).
@@ -168,21 +179,19 @@ extern "C" __global__ void __launch_bounds__(32 * KS) NAME(
   // before gate|up started); without PDL a no-op
   if (MODE >= 2) asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
-  // x's row(s) into shared memory, each 8 values as the decode pairs them: "shift" (0, 4), (1, 5), (2, 6), (3, 7),
-  // times 2^66; "lut" in order
+  // x's row(s) into shared memory, every copy in flight at once (through L2: h is written by the kernel just
+  // before), then each 8 values as the decode pairs them: "shift" (0, 4), (1, 5), (2, 6), (3, 7), times 2^66, where
+  // the rows do not arrive so (h of a "shift" down kernel: gate|up wrote it so, X_IN_ORDER); "lut" in order
   const int x_rows = MODE == 3 ? top_k : 1;
   unsigned short* xs = (unsigned short*)(smem + KS * WARP_SMEM);
   const uint4* xg = (const uint4*)(x + (MODE == 1 ? (long)(p / top_k) * K : MODE == 2 ? (long)p * K
                                         : MODE == 3 ? (long)p * top_k * K : 0));
-  for (int i = threadIdx.x; i < x_rows * (K / 8); i += 32 * KS) {
-    uint4 v = MODE >= 2 ? __ldcg(xg + i) : xg[i];  // (h through L2: written by the kernel just before)
-    if (SHIFT) {
-      const unsigned a = v.x, b = v.y, cc = v.z, d = v.w;
-      v = make_uint4(scale_x66(prmt(a, cc, 0x5410u)), scale_x66(prmt(a, cc, 0x7632u)),
-                     scale_x66(prmt(b, d, 0x5410u)), scale_x66(prmt(b, d, 0x7632u)));
-    }
-    ((uint4*)xs)[i] = v;
-  }
+  const unsigned xs_addr = (unsigned)__cvta_generic_to_shared(xs);
+  for (int i = threadIdx.x; i < x_rows * (K / 8); i += 32 * KS) cp16x(xs_addr + 16 * i, xg + i);
+  asm volatile("cp.async.commit_group;");
+  asm volatile("cp.async.wait_group 0;" ::: "memory");  // (W's first stages too: the loop's first wait wants them)
+  if (SHIFT && !X_IN_ORDER)
+    for (int i = threadIdx.x; i < x_rows * (K / 8); i += 32 * KS) ((uint4*)xs)[i] = x_shift_order(((uint4*)xs)[i]);
   unsigned short* xz = xs + (long)x_rows * K;  // 32 zero bytes
   if (threadIdx.x < 2) ((uint4*)xz)[threadIdx.x] = make_uint4(0, 0, 0, 0);
   if (warp == 0) tab[lane] = make_uint4(FP4_HI0, FP4_HI1, FP4_LO0, FP4_LO1);
@@ -282,7 +291,9 @@ extern "C" __global__ void __launch_bounds__(32 * KS) NAME(
         float gt = acc[r][i] * (s2[2 * ee] * unit), up = acc[r + HT][i] * (s2[2 * ee + 1] * unit);
         gt = fminf(gt, limit);
         up = fminf(fmaxf(up, -limit), limit);
-        ((unsigned short*)y)[(long)p * N + n] = to_bf16(e_ok ? gt / (1.f + __expf(-gt)) * up : 0.f);
+        unsigned short hv = to_bf16(e_ok ? gt / (1.f + __expf(-gt)) * up : 0.f);
+        if (H_SHIFT) hv = (unsigned short)scale_x66(hv);  // (times 2^66, at x_shift_order's place of n below)
+        ((unsigned short*)y)[(long)p * N + (H_SHIFT ? (n & ~7) | ((n & 3) << 1) | ((n >> 2) & 1) : n)] = hv;
       } else if (MODE == 2) {
         ((float*)y)[(long)p * N + n] = e_ok ? acc[r][i] * (s2[ee] * unit) * route[p] : 0.f;
       } else {
@@ -326,11 +337,16 @@ MAX_PAIRS = 65535  # a CUDA grid's y dimension: one (token, choice) pair each
 MAX_TOP_K = 16  # "down_sum" (a token's choices summed in the down kernel) takes up to this many choices
 
 
-def source(cfg: Config, mode: str) -> tuple[str, str]:
-    """(CUDA source, kernel name) of one configuration and mode ("dense", "gate_up" or "down")."""
+def source(cfg: Config, mode: str, h_shift: bool = False) -> tuple[str, str]:
+    """(CUDA source, kernel name) of one configuration and mode ("dense", "gate_up", "down" or "down_sum");
+    h_shift (gate_up): h written in the "shift" decode's order and scale, as the down modes of that decode read it
+    (`experts` pairs them so)."""
     parts = 2 if mode == "gate_up" else 1
-    name = f"tpserve_nvfp4_m1_{mode}_r{cfg.rows}_s{cfg.splits}_st{cfg.stages}_p{cfg.l2_prefetch}_{cfg.decode}"
+    h_shift = h_shift and mode == "gate_up"
+    name = (f"tpserve_nvfp4_m1_{mode}_r{cfg.rows}_s{cfg.splits}_st{cfg.stages}_p{cfg.l2_prefetch}_{cfg.decode}"
+            + ("_hs" if h_shift else ""))
     defines = dict(R=cfg.rows * parts, PARTS=parts, KS=cfg.splits, STAGES=cfg.stages, MODE=MODES[mode], NAME=name,
+                   H_SHIFT=int(h_shift), X_IN_ORDER=int(mode in ("down", "down_sum") and cfg.decode == "shift"),
                    TILE_W_BYTES=TILE_W_BYTES, TILE_STAGE_BYTES=TILE_STAGE_BYTES, MAX_TOP_K=MAX_TOP_K,
                    SHIFT=int(cfg.decode == "shift"), SEL_LO=f"{mg.SEL_LO:#x}u", DECODE_MASK=f"{mg.DECODE_MASK:#x}u",
                    DECODE_SHIFT=mg.DECODE_SHIFT, **{k: f"{v:#010x}u" for k, v in mg.fp4_tables(TABLE_LOG2).items()},
@@ -340,10 +356,10 @@ def source(cfg: Config, mode: str) -> tuple[str, str]:
 
 
 @functools.lru_cache(maxsize=None)
-def _kernel(cfg: Config, mode: str, arch: str, device: int):
+def _kernel(cfg: Config, mode: str, arch: str, device: int, h_shift: bool = False):
     from torch.cuda import _compile_kernel
 
-    text, name = source(cfg, mode)
+    text, name = source(cfg, mode, h_shift)
     with torch.cuda.device(device):
         return _compile_kernel(text, name, compute_capability=arch)
 
@@ -376,13 +392,14 @@ def default_config(mode: str, n: int, pairs: int = 1) -> Config:
 
 
 def _launch(cfg: Config, mode: str, grid: tuple[int, int], w, s, s2, x, ids, route, y, n: int, k: int,
-            top_k: int = 1, num_experts: int = 1, limit: float = float("inf"), pdl: bool = False) -> None:
+            top_k: int = 1, num_experts: int = 1, limit: float = float("inf"), pdl: bool = False,
+            h_shift: bool = False) -> None:
     device = x.device.index
     if device != torch.cuda.current_device():
         raise ValueError(f"x: on cuda:{device}, but the current device is cuda:{torch.cuda.current_device()} "
                          "(call inside `with torch.cuda.device(...)`)")
     major, minor = torch.cuda.get_device_capability(device)
-    kernel = _kernel(cfg, mode, f"{major}{minor}", device)
+    kernel = _kernel(cfg, mode, f"{major}{minor}", device, h_shift)
     smem = cfg.smem(2 if mode == "gate_up" else 1, k, top_k if mode == "down_sum" else 1)
     launch_ex.reserve_smem(kernel, smem)
     args = [w, s, s2, x, ids if ids is not None else s2, route if route is not None else s2, y, n, k, top_k,
@@ -466,7 +483,7 @@ def experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: 
         _launch(cg, "gate_up", (-(-inter // (16 * cg.rows)), p), mg._aligned(gate_up, 16),
                 gu_bscale.contiguous().view(torch.uint8), gu_scale2.float().contiguous(),
                 mg._aligned(x, 16).view(torch.int16), flat, None, h.view(torch.int16), inter, d, top_k, num_experts,
-                lim)
+                lim, h_shift=cd.decode == "shift")
         _launch(cd, "down_sum" if sum_choices else "down", (-(-d // (16 * cd.rows)), t if sum_choices else p),
                 *dn_args, y.view(torch.int16) if sum_choices else y, d, inter, top_k, num_experts, pdl=pdl)
     elif sum_choices:
