@@ -168,19 +168,7 @@ extern "C" __global__ void __launch_bounds__(32 * KS) NAME(
       cp4(ws_addr + S_AT(st, r, 1, g) + 4 * c, se + shi[r]);
     }
   };
-  // x's row(s) into shared memory, every 16-byte copy in flight at once (through L2: h is written by the kernel
-  // just before); x from outside (MODE 0, 1) before W's first stages, so that the wait below is for x alone; h
-  // (MODE 2, 3) after them, as it waits on gate|up and W does not
-  const int x_rows = MODE == 3 ? top_k : 1;
-  unsigned short* xs = (unsigned short*)(smem + KS * WARP_SMEM);
-  const uint4* xg = (const uint4*)(x + (MODE == 1 ? (long)(p / top_k) * K : MODE == 2 ? (long)p * K
-                                        : MODE == 3 ? (long)p * top_k * K : 0));
-  const unsigned xs_addr = (unsigned)__cvta_generic_to_shared(xs);
-  auto stage_x = [&]() {
-    for (int i = threadIdx.x; i < x_rows * (K / 8); i += 32 * KS) cp16x(xs_addr + 16 * i, xg + i);
-    asm volatile("cp.async.commit_group;");
-  };
-  if (MODE <= 1) stage_x();
+  // W's first stages start loading before x is staged (W does not wait on x)
 #pragma unroll
   for (int i = 0; i < STAGES - 1; i++) {
     if (i < nk) issue(i, warp + i * KS);
@@ -191,13 +179,17 @@ extern "C" __global__ void __launch_bounds__(32 * KS) NAME(
   // before gate|up started); without PDL a no-op
   if (MODE >= 2) asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
-  if (MODE >= 2) stage_x();
-  if (MODE <= 1)
-    asm volatile("cp.async.wait_group %0;" :: "n"(STAGES - 1) : "memory");
-  else
-    asm volatile("cp.async.wait_group 0;" ::: "memory");
-  // then each 8 values as the decode pairs them: "shift" (0, 4), (1, 5), (2, 6), (3, 7), times 2^66, where the
-  // rows do not arrive so (h of a "shift" down kernel: gate|up wrote it so, X_IN_ORDER); "lut" in order
+  // x's row(s) into shared memory, every copy in flight at once (through L2: h is written by the kernel just
+  // before), then each 8 values as the decode pairs them: "shift" (0, 4), (1, 5), (2, 6), (3, 7), times 2^66, where
+  // the rows do not arrive so (h of a "shift" down kernel: gate|up wrote it so, X_IN_ORDER); "lut" in order
+  const int x_rows = MODE == 3 ? top_k : 1;
+  unsigned short* xs = (unsigned short*)(smem + KS * WARP_SMEM);
+  const uint4* xg = (const uint4*)(x + (MODE == 1 ? (long)(p / top_k) * K : MODE == 2 ? (long)p * K
+                                        : MODE == 3 ? (long)p * top_k * K : 0));
+  const unsigned xs_addr = (unsigned)__cvta_generic_to_shared(xs);
+  for (int i = threadIdx.x; i < x_rows * (K / 8); i += 32 * KS) cp16x(xs_addr + 16 * i, xg + i);
+  asm volatile("cp.async.commit_group;");
+  asm volatile("cp.async.wait_group 0;" ::: "memory");  // (W's first stages too: the loop's first wait wants them)
   if (SHIFT && !X_IN_ORDER)
     for (int i = threadIdx.x; i < x_rows * (K / 8); i += 32 * KS) ((uint4*)xs)[i] = x_shift_order(((uint4*)xs)[i]);
   unsigned short* xz = xs + (long)x_rows * K;  // 32 zero bytes
