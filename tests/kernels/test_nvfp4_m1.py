@@ -196,7 +196,7 @@ def test_gpu_gemv_and_experts_match_fp32_math(decode):
         for cd in (cfg, m1.Config(rows=2, splits=3, decode=decode)):  # (3 warps: items a warp takes differ)
             got = m1.experts(x, weights, ids, gup, gbs, gs2, dnp, dbs, ds2, 7.0, cfg, cd, sum_choices, pdl=False)
             assert ((got.float() - ref).abs().max() / ref.abs().max()).item() < 1e-2, (sum_choices, cd)
-            if launch_ex.supported(x.device):  # down as a programmatic dependent of gate|up: the same kernels, bit for bit
+            if launch_ex.supported(x.device):  # down as gate|up's programmatic dependent: the same kernels, bit for bit
                 assert torch.equal(m1.experts(x, weights, ids, gup, gbs, gs2, dnp, dbs, ds2, 7.0, cfg, cd,
                                               sum_choices, pdl=True), got)
     other = m1.Config(decode="lut" if decode == "shift" else "shift")  # gate|up and down of different decodes

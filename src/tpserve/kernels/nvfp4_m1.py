@@ -95,10 +95,11 @@ __device__ __forceinline__ void decode_fp4_shift(unsigned w, unsigned* r) {
 // MODE 0: dense, y bf16 [N], s2 [N] per row. MODE 1: gate|up experts (PARTS 2), h bf16 [P, N] =
 // silu(min(gate, limit)) * clamp(up, -limit, limit), W rows [0, N) gate and [N, 2N) up, s2 [E, 2].
 // H_SHIFT: h written as a "shift" down kernel takes it (x_shift_order's order and scale), read there as is
-// (X_IN_ORDER). MODE 2: down experts, y fp32 [P, N] = route[p] * (h[p] @ W^T), s2 [E, 1]. MODE 3: down experts summed over a
-// token's choices, y bf16 [T, N] = sum_c route[t, c] * (h[t * top_k + c] @ W_c^T): a block's warps take the
-// (choice, chunk) items in turn. w [E, rows, K/2] u8 codes, s [E, rows, K/16] e4m3; x [*, K] bf16 (MODE 1: row
-// p / top_k; MODE 2: row p; MODE 3: rows t * top_k .. + top_k; MODE 0: row 0); blockIdx.y: pair p (token t).
+// (X_IN_ORDER). MODE 2: down experts, y fp32 [P, N] = route[p] * (h[p] @ W^T), s2 [E, 1]. MODE 3: down experts
+// summed over a token's choices, y bf16 [T, N] = sum_c route[t, c] * (h[t * top_k + c] @ W_c^T): a block's
+// warps take the (choice, chunk) items in turn. w [E, rows, K/2] u8 codes, s [E, rows, K/16] e4m3; x [*, K] bf16
+// (MODE 1: row p / top_k; MODE 2: row p; MODE 3: rows t * top_k .. + top_k; MODE 0: row 0); blockIdx.y: pair p
+// (token t).
 // Dynamic shared memory: KS warps' stages, then x's rows as the MMAs take them (K bf16 each), then 32 zero bytes.
 extern "C" __global__ void __launch_bounds__(32 * KS) NAME(
     const unsigned char* __restrict__ w, const unsigned char* __restrict__ s, const float* __restrict__ s2,
