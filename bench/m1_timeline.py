@@ -28,11 +28,11 @@ from quant_decode_sweep import _experts_setup, _nvfp4_moe_case  # noqa: E402
 MARKS = 4  # per block: start, prologue done, K loop done, SM id
 
 
-def patched(cfg, mode: str) -> tuple[str, str]:
+def patched(cfg, mode: str, h_shift: bool = False) -> tuple[str, str]:
     """nvfp4_m1's source of (cfg, mode) with the timeline reads added; raises where a patch point moved."""
     from tpserve.kernels import nvfp4_m1 as m1
 
-    text, name = m1.source(cfg, mode)
+    text, name = m1.source(cfg, mode, h_shift)
     name2 = name + "_timeline"
     edits = [
         (f"NAME {name}\n", f"NAME {name2}\n"),
@@ -74,7 +74,8 @@ class Experts:
         if down_stages:
             self.cd = dataclasses.replace(self.cd, stages=down_stages)
         cc = "".join(map(str, torch.cuda.get_device_capability()))
-        self.kg = _compile_kernel(*patched(self.cg, "gate_up"), compute_capability=cc)
+        # (gate|up writing h as a "shift" down kernel reads it, as `experts` launches them)
+        self.kg = _compile_kernel(*patched(self.cg, "gate_up", self.cd.decode == "shift"), compute_capability=cc)
         self.kd = _compile_kernel(*patched(self.cd, self.down_mode), compute_capability=cc)
         self.sg, self.sd = self.cg.smem(2, d), self.cd.smem(1, i, 8 if self.sum else 1)
         launch_ex.reserve_smem(self.kg, self.sg)

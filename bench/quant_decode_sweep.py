@@ -904,7 +904,8 @@ def sec_m1par(res):
         def gate_up(b):
             r, flat, _, h, _ = b
             m1._launch(cg, "gate_up", (i // 16, t * 8), mg._aligned(P["gp"], 16), P["gb"].view(torch.uint8),
-                       P["g2"], r[2].view(torch.int16), flat, None, h.view(torch.int16), i, d, 8, e, 10.0)
+                       P["g2"], r[2].view(torch.int16), flat, None, h.view(torch.int16), i, d, 8, e, 10.0,
+                       h_shift=cd.decode == "shift")  # (h as down reads it)
 
         def down(b):
             _, flat, wt, h, y = b
