@@ -223,4 +223,3 @@ def test_gpu_greedy_tokens_equal_with_pdl_on_and_off():
         del llm
         torch.cuda.empty_cache()
     assert outs["on"] == outs["off"]
-

@@ -533,9 +533,10 @@ def _launch(cfg: Config, w, s, s2, x, n: int, sk: int, bns: int, pdl: bool = Fal
         cfg = dataclasses.replace(cfg, max_blocks=launch_ex.one_wave_cap(-(-n // (16 * cfg.rows)),
                                                                          launch_ex.sms(device)))
     kernel, smem = _kernel(cfg, f"{major}{minor}", device, pdl), cfg.smem_bytes
-    launch_ex.reserve_smem(kernel, smem)
-    if cfg.max_blocks:
+    if cfg.max_blocks:  # (cap_blocks opts the kernel in to the bytes it asks for)
         smem = launch_ex.cap_blocks(kernel, device, smem, cfg.max_blocks)
+    else:
+        launch_ex.reserve_smem(kernel, smem)
     grid, block = (-(-n // (16 * cfg.rows)), 1, 1), (32 * cfg.splits, 1, 1)
     args = [w.view(torch.uint8), s, s2, x.view(torch.int16), y.view(torch.int16), m, n, k, sk, bns]
     if pdl:
