@@ -8,9 +8,9 @@ reset and its sums keep one order), a CUDA graph replay against eager. Timing: q
 %globaltimer marks per item and prints when gate|up and down items start and end (us from the first item's start),
 the items a warp took, and the time DRAM had no item in flight at the end.
 
-    python bench/m1_fused.py [--configs 8:8:1,4:8:2] [--rounds 3] [--timeline] [--json PATH] [--ncu]
+    python bench/m1_fused.py [--configs 16:2:1:256:2:1,12:3:1] [--rounds 3] [--timeline] [--json PATH] [--ncu]
 
-A config is warps:stages:blocks_per_sm[:l2_prefetch[:fetch_ahead[:k_splits]]] (blocks_per_sm 0: as many as fit).
+A config is warps:stages:blocks_per_sm[:l2_prefetch[:k_splits[:down_tiles]]] (blocks_per_sm 0: as many as fit).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def timeline(run, items_gu: int, n_items: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--configs", default="16:3:1:256:2:2,16:3:1,16:4:1:256:2:2,12:4:1:256:2:2,16:2:1:256:2:4,24:2:1:256:2:2")
+    ap.add_argument("--configs", default="16:2:1:256:2:1,16:2:1:256:2:2,16:2:1:256:1:1,12:2:1:256:2:1,16:2:1:256:4:1,12:3:1:256:2:1")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--timeline", action="store_true")
     ap.add_argument("--json", default=None)
@@ -113,8 +113,8 @@ def main() -> None:
         print(f"| {name} | {' / '.join(f'{v:.1f}' for v in times[name])} | "
               f"{100 * floor * 1e6 / min(times[name]):.0f}% | {res['forms'][name]['rel_err']:.1e} |", flush=True)
     if args.timeline:
-        items_gu = 8 * 2 * i // 16 * cfgs[0].k_splits
-        n_items = items_gu + 8 * d // 16 * cfgs[0].k_splits
+        items_gu = 8 * i // 16 * cfgs[0].k_splits
+        n_items = m1f.items_of(cfgs[0], d, i, 8)
         tl = timeline(lambda marks: run(routes[0], cfgs[0], marks), items_gu, n_items)
         res["timeline"] = tl
         print(f"\ntimeline ({cfgs[0]}), us from the first item's start:", flush=True)

@@ -32,11 +32,12 @@ def test_source_defines_and_fits():
     assert name.endswith("_tl") and f"NAME {name}\n" in text
     assert "decode_fp4_shift" in text and "x_shift_order" in text  # (nvfp4_m1's helpers, shared)
     x, ids = torch.zeros(1, 1024).bfloat16(), torch.zeros(1, 8, dtype=torch.long)
-    assert m1f.fits(x, ids, 1024, m1f.Config(stages=4))
-    assert not m1f.fits(x, ids, 512, m1f.Config(stages=4))  # (fewer chunks than stages in I)
+    assert m1f.fits(x, ids, 1024, m1f.Config(stages=4, k_splits=1))
+    assert not m1f.fits(x, ids, 512, m1f.Config(stages=4, k_splits=1))  # (fewer chunks than stages in I)
     assert not m1f.fits(x, ids, 1024, m1f.Config(stages=4, k_splits=2))  # (two chunks a K slice)
     assert not m1f.fits(torch.zeros(2, 1024).bfloat16(), ids, 1024)
-    assert m1f.Config(warps=4, stages=4).smem(1024, 512, 8) == 4 * 4 * m1f.m1.TILE_STAGE_BYTES + 2 * 1024 + 16 * 512
+    assert m1f.Config(warps=4, stages=4).smem(1024, 512, 8) == 4 * 4 * 2 * m1f.m1.TILE_STAGE_BYTES + 2 * 1024 + 16 * 512
+    assert m1f.items_of(m1f.Config(k_splits=2, down_tiles=2), 1024, 512, 8) == 8 * 2 * (32 + 32)
 
 
 def _experts(e, d, i, seed):
@@ -70,10 +71,11 @@ def test_gpu_fused_experts_match_fp32_math_and_repeat_bit_for_bit():
     w = _experts(e, d, i, 0)
     args = (w["gup"], w["gbs"], w["gs2"], w["dnp"], w["dbs"], w["ds2"], 7.0)
     ws = m1f.Workspace(d, i, torch.device("cuda"))
-    four = m1f.Config(stages=4)  # (I = 1024: four chunks of 256)
-    for top_k, cfg in ((8, four), (4, m1f.Config(warps=1, stages=2, blocks_per_sm=1)),
-                       (16, m1f.Config(warps=8, stages=3)), (1, m1f.Config(warps=2, stages=4)),
-                       (8, m1f.Config(stages=2, k_splits=2)), (3, m1f.Config(warps=4, stages=2, k_splits=2))):
+    four = m1f.Config(warps=8, stages=4, k_splits=1)  # (I = 1024: four chunks of 256)
+    for top_k, cfg in ((8, four), (4, m1f.Config(warps=1, stages=2, blocks_per_sm=1, down_tiles=1)),
+                       (16, m1f.Config(warps=8, stages=3, k_splits=1)), (1, m1f.Config(warps=2, stages=4, k_splits=1)),
+                       (8, m1f.Config()), (3, m1f.Config(warps=4, k_splits=2, down_tiles=1)),
+                       (5, m1f.Config(warps=8, stages=3, k_splits=1, down_tiles=1))):
         x = torch.randn(1, d, device="cuda").bfloat16()
         ids = torch.randperm(e, device="cuda")[:top_k][None].clone()
         weights = torch.rand(1, top_k, device="cuda")
@@ -98,6 +100,6 @@ def test_gpu_fused_experts_match_fp32_math_and_repeat_bit_for_bit():
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, eager)
-    marks = torch.zeros(8 * (2 * i + d) // 16, 3, dtype=torch.int64, device="cuda")  # (one K slice)
+    marks = torch.zeros(m1f.items_of(four, d, i, 8), 3, dtype=torch.int64, device="cuda")
     assert torch.equal(m1f.experts(x, weights, ids, *args, ws, four, marks), eager)  # (the timeline build)
     assert bool((marks[:, 1] >= marks[:, 0]).all()) and bool((marks[:, 0] > 0).all())  # every item ran once
