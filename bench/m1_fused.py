@@ -6,11 +6,11 @@ Checks: each form against fp32 math (rel err), the fused kernel twice on one wor
 reset and its sums keep one order), a CUDA graph replay against eager. Timing: quant_kernels.timed (graph replays of
 40 calls), the forms in alternation, `--rounds` times. `--timeline` runs the default fused config once more with
 %globaltimer marks per item and prints when gate|up and down items start and end (us from the first item's start),
-the items a warp took, and the time DRAM had no item in flight at the end.
+and the items a block took.
 
-    python bench/m1_fused.py [--configs 16:2:1:256:2:1,12:3:1] [--rounds 3] [--timeline] [--json PATH] [--ncu]
+    python bench/m1_fused.py [--configs 16:2:1,12:3:1] [--rounds 3] [--timeline] [--json PATH] [--ncu]
 
-A config is warps:stages:blocks_per_sm[:l2_prefetch[:k_splits[:down_tiles]]] (blocks_per_sm 0: as many as fit).
+A config is warps:stages:blocks_per_sm[:l2_prefetch[:down_pairs]] (blocks_per_sm 0: as many as fit).
 """
 
 from __future__ import annotations
@@ -50,14 +50,14 @@ def timeline(run, items_gu: int, n_items: int) -> dict:
         out[name]["item us median"] = round(statistics.median([b - a for a, b in zip(s, e)]), 2)
     per_warp = torch.bincount(warp).tolist()
     per_warp = [c for c in per_warp if c]
-    out["items a warp (min / median / max)"] = (min(per_warp), statistics.median(per_warp), max(per_warp))
-    out["warps with items"] = len(per_warp)
+    out["items a block (min / median / max)"] = (min(per_warp), statistics.median(per_warp), max(per_warp))
+    out["blocks with items"] = len(per_warp)
     return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--configs", default="16:2:1:256:2:1,16:2:1:256:2:2,16:2:1:256:1:1,12:2:1:256:2:1,16:2:1:256:4:1,12:3:1:256:2:1")
+    ap.add_argument("--configs", default="16:2:1:256:2,12:3:1:256:2,8:4:1:256:2,16:2:1:0:2,8:2:1:256:2")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--timeline", action="store_true")
     ap.add_argument("--json", default=None)
@@ -113,7 +113,7 @@ def main() -> None:
         print(f"| {name} | {' / '.join(f'{v:.1f}' for v in times[name])} | "
               f"{100 * floor * 1e6 / min(times[name]):.0f}% | {res['forms'][name]['rel_err']:.1e} |", flush=True)
     if args.timeline:
-        items_gu = 8 * i // 16 * cfgs[0].k_splits
+        items_gu = 8 * i // 16
         n_items = m1f.items_of(cfgs[0], d, i, 8)
         tl = timeline(lambda marks: run(routes[0], cfgs[0], marks), items_gu, n_items)
         res["timeline"] = tl

@@ -29,15 +29,16 @@ def test_config_and_shape_errors_name_the_field():
 def test_source_defines_and_fits():
     text, name = m1f.source(m1f.Config(warps=8, stages=3), timeline=True)
     assert "#define KS 8\n" in text and "#define STAGES 3\n" in text and "#define TIMELINE 1\n" in text
-    assert name.endswith("_tl") and f"NAME {name}\n" in text
+    assert "#define Q 5\n" in text and name.endswith("_tl") and f"NAME {name}\n" in text
     assert "decode_fp4_shift" in text and "x_shift_order" in text  # (nvfp4_m1's helpers, shared)
     x, ids = torch.zeros(1, 1024).bfloat16(), torch.zeros(1, 8, dtype=torch.long)
-    assert m1f.fits(x, ids, 1024, m1f.Config(stages=4, k_splits=1))
-    assert not m1f.fits(x, ids, 512, m1f.Config(stages=4, k_splits=1))  # (fewer chunks than stages in I)
-    assert not m1f.fits(x, ids, 1024, m1f.Config(stages=4, k_splits=2))  # (two chunks a K slice)
-    assert not m1f.fits(torch.zeros(2, 1024).bfloat16(), ids, 1024)
-    assert m1f.Config(warps=4, stages=4).smem(1024, 512, 8) == 4 * 4 * 2 * m1f.m1.TILE_STAGE_BYTES + 2 * 1024 + 16 * 512
-    assert m1f.items_of(m1f.Config(k_splits=2, down_tiles=2), 1024, 512, 8) == 8 * 2 * (32 + 32)
+    assert m1f.fits(x, ids, 1024, m1f.Config(warps=4))
+    assert not m1f.fits(x, ids, 1024, m1f.Config(warps=8))  # (gate|up items of four tasks: D / 256)
+    assert not m1f.fits(x, ids, 256, m1f.Config(warps=4, down_pairs=2))  # (down items of two tasks)
+    assert not m1f.fits(torch.zeros(2, 1024).bfloat16(), ids, 1024, m1f.Config(warps=4))
+    cfg = m1f.Config(warps=4, stages=4, down_pairs=2)
+    assert cfg.smem(1024, 512, 8) == 4 * 4 * 2 * m1f.m1.TILE_STAGE_BYTES + 2 * 1024 + 16 * 512 + 6 * 4 * 128
+    assert m1f.items_of(cfg, 1024, 512, 8) == 8 * (32 + 16)
 
 
 def _experts(e, d, i, seed):
@@ -71,11 +72,11 @@ def test_gpu_fused_experts_match_fp32_math_and_repeat_bit_for_bit():
     w = _experts(e, d, i, 0)
     args = (w["gup"], w["gbs"], w["gs2"], w["dnp"], w["dbs"], w["ds2"], 7.0)
     ws = m1f.Workspace(d, i, torch.device("cuda"))
-    four = m1f.Config(warps=8, stages=4, k_splits=1)  # (I = 1024: four chunks of 256)
-    for top_k, cfg in ((8, four), (4, m1f.Config(warps=1, stages=2, blocks_per_sm=1, down_tiles=1)),
-                       (16, m1f.Config(warps=8, stages=3, k_splits=1)), (1, m1f.Config(warps=2, stages=4, k_splits=1)),
-                       (8, m1f.Config()), (3, m1f.Config(warps=4, k_splits=2, down_tiles=1)),
-                       (5, m1f.Config(warps=8, stages=3, k_splits=1, down_tiles=1))):
+    four = m1f.Config(warps=4)  # (D = 1024: gate|up items of four tasks)
+    for top_k, cfg in ((8, four), (4, m1f.Config(warps=1, stages=2, down_pairs=1)),
+                       (16, m1f.Config(warps=4, stages=4, down_pairs=1)), (1, m1f.Config(warps=2, stages=6)),
+                       (3, m1f.Config(warps=3, stages=3, blocks_per_sm=2)),
+                       (5, m1f.Config(warps=4, down_pairs=4, l2_prefetch=0))):
         x = torch.randn(1, d, device="cuda").bfloat16()
         ids = torch.randperm(e, device="cuda")[:top_k][None].clone()
         weights = torch.rand(1, top_k, device="cuda")
