@@ -126,9 +126,10 @@ extern "C" __global__ void __launch_bounds__(32 * KS) NAME(
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ __align__(16) unsigned short xz[16];  // zeros: the B operands of lanes outside their group
   __shared__ int h_state[MAX_TOP_K];  // h of a choice in this block: 0 not asked for, 1 being copied, 2 here
-  // the block's item positions, Q slots: q_id the item at position q_seq; q_claim the position a slot was last
-  // claimed for; free_seq the position whose sums last left it; arrived: tasks summed into it so far
-  __shared__ int q_id[Q], q_seq[Q], q_claim[Q], free_seq[Q], arrived[Q];
+  // the block's items by position: q_id[pos % IDQ] the item at position q_seq[..] (taken from the counter by warp
+  // 0's lane 0, FA positions ahead of its own, in order); the task sums of position pos in slot pos % Q, free_seq
+  // the position whose sums last left it, arrived the tasks summed into it so far
+  __shared__ int q_id[IDQ], q_seq[IDQ], free_seq[Q], arrived[Q];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c4 = lane & 3;
   unsigned short* xs = (unsigned short*)(smem + KS * WARP_SMEM);
   unsigned short* hs = xs + D;
@@ -142,9 +143,11 @@ extern "C" __global__ void __launch_bounds__(32 * KS) NAME(
   }
   if (threadIdx.x < 16) xz[threadIdx.x] = 0;
   if (threadIdx.x < MAX_TOP_K) h_state[threadIdx.x] = 0;
-  if (threadIdx.x < Q) {
-    q_seq[threadIdx.x] = -1, q_claim[threadIdx.x] = threadIdx.x - Q, free_seq[threadIdx.x] = threadIdx.x - Q;
-    arrived[threadIdx.x] = 0;
+  if (threadIdx.x < Q) free_seq[threadIdx.x] = threadIdx.x - Q, arrived[threadIdx.x] = 0;
+  if (threadIdx.x < IDQ) q_seq[threadIdx.x] = -1;
+  if (threadIdx.x == 0) {  // the first FA positions' items at once
+    const int base = atomicAdd(cnt, FA);
+    for (int i = 0; i < FA; i++) q_id[i] = base + i, q_seq[i] = i;
   }
   __syncthreads();
   int* ready = cnt + 2;
@@ -156,25 +159,33 @@ extern "C" __global__ void __launch_bounds__(32 * KS) NAME(
   volatile int* vfree = free_seq;
   volatile int* vq_id = q_id;
 
-  // the item at the block's position pos: the first warp to want it takes it from the counter (positions in
-  // order: a warp wants pos only after pos - 1), once the slot's item Q positions back has left it
+  // warp 0, lane 0: publish the item asked for last time (its answer has long come back), then ask for the next
+  // position's while it is at most FA ahead of `my_pos` and its entry is free (that position's item IDQ back has
+  // been summed, so every warp has read it)
+  int f_pos = FA, f_pending = -1, f_val = 0;
+  auto take_ahead = [&](int my_pos) {
+    if (f_pending >= 0) {
+      vq_id[f_pending % IDQ] = f_val;
+      __threadfence_block();
+      vq_seq[f_pending % IDQ] = f_pending;
+      f_pending = -1;
+    }
+    if (f_pos <= my_pos + FA && vfree[(f_pos - IDQ + Q * IDQ) % Q] >= f_pos - IDQ) {
+      f_val = atomicAdd(cnt, 1);
+      f_pending = f_pos++;
+    }
+  };
+  // the item at the block's position pos: warp 0 takes them ahead, and takes the next one while it waits
   auto item_at = [&](int pos) -> int {
-    const int sl = pos % Q;
     int id = 0;
     if (lane == 0) {
-      if (vq_seq[sl] != pos) {
-        if (atomicCAS(q_claim + sl, pos - Q, pos) == pos - Q) {
-          while (vfree[sl] != pos - Q) __nanosleep(32);
-          id = atomicAdd(cnt, 1);
-          vq_id[sl] = id;
-          __threadfence_block();
-          vq_seq[sl] = pos;
-        } else {
-          while (vq_seq[sl] != pos) __nanosleep(32);
-        }
+      if (warp == 0) take_ahead(pos);
+      while (vq_seq[pos % IDQ] != pos) {
+        if (warp == 0) take_ahead(pos);
+        else __nanosleep(32);
       }
       __threadfence_block();
-      id = vq_id[sl];
+      id = vq_id[pos % IDQ];
     }
     return min(total, __shfl_sync(0xffffffffu, id, 0));
   };
@@ -268,7 +279,10 @@ extern "C" __global__ void __launch_bounds__(32 * KS) NAME(
       asm volatile("cp.async.commit_group;");
     }
     const int sl = cpos % Q;
-    if (cj == warp) {  // this warp's first task of the item
+    if (cj == warp) {  // this warp's first task of the item: its slot free (the item Q back summed)
+      if (lane == 0)
+        while (vfree[sl] != cpos - Q) __nanosleep(32);
+      __syncwarp();
       if (dc.down) stage_h(dc.p);
       if (TIMELINE && cj == 0) t_start = now_ns();
     }
@@ -355,6 +369,11 @@ extern "C" __global__ void __launch_bounds__(32 * KS) NAME(
     }
   }
   asm volatile("cp.async.wait_group 0;" ::: "memory");
+  if (warp == 0 && lane == 0 && f_pending >= 0) {  // (the counter's last answer in: the reset below comes after it)
+    volatile int v = f_val;
+    (void)v;
+  }
+  __threadfence();
   // the last warp out resets what the next call counts from (every other warp has taken its last item)
   if (lane == 0 && atomicAdd(cnt + 1, 1) == (int)(gridDim.x * KS) - 1) {
     for (int c = 0; c < MAX_TOP_K; c++) ready[c] = 0;
@@ -403,7 +422,8 @@ def source(cfg: Config, timeline: bool = False) -> tuple[str, str]:
     """(CUDA source, kernel name); timeline: the kernel records each item's start, end and SM in `marks`."""
     name = (f"tpserve_nvfp4_m1_fused_w{cfg.warps}_st{cfg.stages}_dp{cfg.down_pairs}_p{cfg.l2_prefetch}"
             + ("_tl" if timeline else ""))
-    defines = dict(KS=cfg.warps, STAGES=cfg.stages, Q=cfg.slots, DG=cfg.down_pairs, NAME=name,
+    defines = dict(KS=cfg.warps, STAGES=cfg.stages, Q=cfg.slots, IDQ=2 * cfg.slots + 4, FA=cfg.slots, DG=cfg.down_pairs,
+                   NAME=name,
                    TIMELINE=int(timeline), MAX_TOP_K=MAX_TOP_K, **m1.helper_defines("shift", cfg.l2_prefetch))
     text = "".join(f"#define {k} {v}\n" for k, v in defines.items()) + mg.DEVICE_HELPERS + m1.DEVICE_M1 + _SOURCE
     return text, name
