@@ -125,7 +125,7 @@ extern "C" __global__ void __launch_bounds__(32 * KS) NAME(
   // task sums (Q x tmax x 32 fp32)
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ __align__(16) unsigned short xz[16];  // zeros: the B operands of lanes outside their group
-  __shared__ int h_state[MAX_TOP_K];  // h of a choice in this block: 0 not asked for, 1 being copied, 2 here
+  __shared__ int h_state[MAX_TOP_K];  // h of a choice in this block: the warps that have copied their share
   // the block's items by position: q_id[pos % IDQ] the item at position q_seq[..] (taken from the counter by warp
   // 0's lane 0, FA positions ahead of its own, in order); the task sums of position pos in slot pos % Q, free_seq
   // the position whose sums last left it, arrived the tasks summed into it so far
@@ -182,7 +182,7 @@ extern "C" __global__ void __launch_bounds__(32 * KS) NAME(
       if (warp == 0) take_ahead(pos);
       while (vq_seq[pos % IDQ] != pos) {
         if (warp == 0) take_ahead(pos);
-        else __nanosleep(32);
+        else __nanosleep(128);
       }
       __threadfence_block();
       id = vq_id[pos % IDQ];
@@ -222,29 +222,24 @@ extern "C" __global__ void __launch_bounds__(32 * KS) NAME(
     }
     asm volatile("cp.async.commit_group;");
   };
-  // h of choice c in this block's shared memory: the first warp to want it waits for gate|up's tiles of c (every
-  // item before this down item in the block is done by this warp, and gate|up items come before down ones), copies
-  // it, and marks it here
+  // h of choice c in this block's shared memory: every warp copies its share once gate|up's tiles of c are all
+  // in (every item before this down item in the block is done by this warp, and gate|up items come before down
+  // ones), counts itself in h_state[c], and goes on once all KS have (one warp copying it alone held the block's
+  // other warps ~a load's latency, spinning: Nsight Compute counted 40% more instructions than nvfp4_m1's kernels)
   auto stage_h = [&](int c) {
-    int st = 0;
-    if (lane == 0) st = atomicCAS(h_state + c, 0, 1);
-    st = __shfl_sync(0xffffffffu, st, 0);
-    if (st == 0) {
-      if (lane == 0)
-        while (ld_acquire(ready + c) < nrt_g) __nanosleep(128);
-      __syncwarp();
-      const uint4* src = (const uint4*)(h + (long)c * I);
-      uint4* dst = (uint4*)(hs + (long)c * I);
-#pragma unroll 8
-      for (int i = lane; i < I / 8; i += 32) dst[i] = __ldcg(src + i);
-      __syncwarp();
+    if (lane == 0)
+      while (ld_acquire(ready + c) < nrt_g) __nanosleep(256);
+    __syncwarp();
+    const uint4* src = (const uint4*)(h + (long)c * I);
+    uint4* dst = (uint4*)(hs + (long)c * I);
+    for (int i = warp * 32 + lane; i < I / 8; i += 32 * KS) dst[i] = __ldcg(src + i);
+    __syncwarp();
+    if (lane == 0) {
       __threadfence_block();
-      if (lane == 0) atomicExch(h_state + c, 2);
-    } else {
-      if (lane == 0)
-        while (atomicAdd(h_state + c, 0) != 2) __nanosleep(32);
-      __syncwarp();
+      atomicAdd(h_state + c, 1);
+      while (atomicAdd(h_state + c, 0) < KS) __nanosleep(128);
     }
+    __syncwarp();
   };
 
   // the issue side's task (ipos, ij) and the compute side's (cpos, cj), a task apart by STAGES - 1
@@ -269,6 +264,7 @@ extern "C" __global__ void __launch_bounds__(32 * KS) NAME(
     }
   }
   unsigned long long t_start = 0;
+  unsigned h_mask = 0;  // the choices whose h this warp has helped copy
   for (int done = 0; cid < total; done++) {
     asm volatile("cp.async.wait_group %0;" :: "n"(STAGES - 2) : "memory");
     __syncwarp();  // every lane's copies of this task landed; every lane done with the slot refilled next
@@ -281,9 +277,12 @@ extern "C" __global__ void __launch_bounds__(32 * KS) NAME(
     const int sl = cpos % Q;
     if (cj == warp) {  // this warp's first task of the item: its slot free (the item Q back summed)
       if (lane == 0)
-        while (vfree[sl] != cpos - Q) __nanosleep(32);
+        while (vfree[sl] != cpos - Q) __nanosleep(128);
       __syncwarp();
-      if (dc.down) stage_h(dc.p);
+      if (dc.down && !(h_mask >> dc.p & 1)) {  // (each warp copies its share of a choice's h once)
+        stage_h(dc.p);
+        h_mask |= 1u << dc.p;
+      }
       if (TIMELINE && cj == 0) t_start = now_ns();
     }
     float acc[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
