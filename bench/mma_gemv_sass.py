@@ -7,8 +7,7 @@ thread: warp instructions x 32 / weights the loop's MMAs take, 16 x 16 each).
 DIR holds libnvrtc.so.13 and its builtins (`pip install --target T nvidia-cuda-nvrtc==13.0.88`, then
 DIR = T/nvidia/cu13/lib); ptxas defaults to Triton's copy. A config is fmt:rows:splits:depth[:min_blocks[:stage]]
 (K chunks interleaved over the block's warps, L2 fetching 256 bytes, as the defaults; stage regs or smem);
-m1:mode:rows:splits:stages is nvfp4_m1's (mode dense, gate_up, down or down_sum), then optionally :shift or :lut; m1f:warps:stages
-(nvfp4_m1_fused's) likewise
+m1:mode:rows:splits:stages is nvfp4_m1's (mode dense, gate_up, down or down_sum), then optionally :shift or :lut
 (decode). The K loop is the code between the first and the last HMMA, plus nothing else: prologue, epilogue and
 reduction are left out.
 """
@@ -62,11 +61,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for spec in args.configs.split(","):
             fmt, *rest = spec.split(":")
-            if fmt == "m1f":  # nvfp4_m1_fused: warps:stages
-                from tpserve.kernels import nvfp4_m1_fused as m1f
-
-                source, name = m1f.source(m1f.Config(int(rest[0]), int(rest[1])))
-            elif fmt == "m1":
+            if fmt == "m1":
                 mode, rows, splits, stages, *decode = rest
                 source, name = m1.source(m1.Config(int(rows), int(splits), int(stages), 256, *decode), mode)
             else:

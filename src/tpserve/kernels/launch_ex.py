@@ -133,14 +133,3 @@ def one_wave_cap(blocks: int, sms: int) -> int:
 def sms(device: int) -> int:
     """The device's SM count."""
     return torch.cuda.get_device_properties(device).multi_processor_count
-
-
-def max_active_blocks(kernel, threads: int, smem: int) -> int:
-    """Blocks of `threads` threads and `smem` dynamic bytes of `kernel` an SM holds at once (the driver's occupancy
-    calculator: registers, shared memory, threads)."""
-    lib = torch.cuda._utils._get_gpu_runtime_library()
-    n = ctypes.c_int(0)
-    if lib.cuOccupancyMaxActiveBlocksPerMultiprocessor(ctypes.byref(n), kernel.func, ctypes.c_int(threads),
-                                                        ctypes.c_size_t(smem)):
-        raise RuntimeError("cuOccupancyMaxActiveBlocksPerMultiprocessor failed")
-    return n.value

@@ -50,9 +50,11 @@ TABLE_LOG2, SHIFT_W_LOG2, SHIFT_X_LOG2 = 60, -126, 66
 TILE_W_BYTES = 2 * 2 * 32 * 16
 TILE_STAGE_BYTES = TILE_W_BYTES + 16 * 16
 
-# the device helpers this file's kernels and kernels/nvfp4_m1_fused.py share (after mma_gemv.DEVICE_HELPERS; defines
-# W_HINT, SHIFT and `helper_defines`' names)
-DEVICE_M1 = r"""
+_SOURCE = r"""
+#define HT (R / PARTS)  // row tiles of one part (gate or up) a warp holds
+#define STAGE_BYTES (R * TILE_STAGE_BYTES)  // W [R][2 halves][lo|hi][32 lanes] uint4, then scales [R][lo|hi][8][16]
+#define WARP_SMEM (STAGES * STAGE_BYTES)
+
 __device__ __forceinline__ void cp16(unsigned dst, const void* src) {
   asm volatile("cp.async.cg.shared.global" W_HINT " [%0], [%1], 16;" :: "r"(dst), "l"(src));
 }
@@ -89,13 +91,6 @@ __device__ __forceinline__ void decode_fp4_shift(unsigned w, unsigned* r) {
   r[2] = ((w * 16u) & 0x80008000u) | ((w >> 2) & 0x01C001C0u);
   r[3] = (w & 0x80008000u) | ((w >> 6) & 0x01C001C0u);
 }
-
-"""
-
-_SOURCE = r"""
-#define HT (R / PARTS)  // row tiles of one part (gate or up) a warp holds
-#define STAGE_BYTES (R * TILE_STAGE_BYTES)  // W [R][2 halves][lo|hi][32 lanes] uint4, then scales [R][lo|hi][8][16]
-#define WARP_SMEM (STAGES * STAGE_BYTES)
 
 // MODE 0: dense, y bf16 [N], s2 [N] per row. MODE 1: gate|up experts (PARTS 2), h bf16 [P, N] =
 // silu(min(gate, limit)) * clamp(up, -limit, limit), W rows [0, N) gate and [N, 2N) up, s2 [E, 2].
@@ -353,17 +348,12 @@ def source(cfg: Config, mode: str, h_shift: bool = False) -> tuple[str, str]:
             + ("_hs" if h_shift else ""))
     defines = dict(R=cfg.rows * parts, PARTS=parts, KS=cfg.splits, STAGES=cfg.stages, MODE=MODES[mode], NAME=name,
                    H_SHIFT=int(h_shift), X_IN_ORDER=int(mode in ("down", "down_sum") and cfg.decode == "shift"),
-                   MAX_TOP_K=MAX_TOP_K, **helper_defines(cfg.decode, cfg.l2_prefetch))
-    text = "".join(f"#define {k} {v}\n" for k, v in defines.items()) + mg.DEVICE_HELPERS + DEVICE_M1 + _SOURCE
+                   TILE_W_BYTES=TILE_W_BYTES, TILE_STAGE_BYTES=TILE_STAGE_BYTES, MAX_TOP_K=MAX_TOP_K,
+                   SHIFT=int(cfg.decode == "shift"), SEL_LO=f"{mg.SEL_LO:#x}u", DECODE_MASK=f"{mg.DECODE_MASK:#x}u",
+                   DECODE_SHIFT=mg.DECODE_SHIFT, **{k: f"{v:#010x}u" for k, v in mg.fp4_tables(TABLE_LOG2).items()},
+                   W_HINT=f'".L2::{cfg.l2_prefetch}B"' if cfg.l2_prefetch else '""')
+    text = "".join(f"#define {k} {v}\n" for k, v in defines.items()) + mg.DEVICE_HELPERS + _SOURCE
     return text, name
-
-
-def helper_defines(decode: str, l2_prefetch: int) -> dict:
-    """The defines DEVICE_M1 (and the kernels after it) take: the decode's, the tables, the tile sizes, W's L2 hint."""
-    return dict(TILE_W_BYTES=TILE_W_BYTES, TILE_STAGE_BYTES=TILE_STAGE_BYTES, SHIFT=int(decode == "shift"),
-                SEL_LO=f"{mg.SEL_LO:#x}u", DECODE_MASK=f"{mg.DECODE_MASK:#x}u", DECODE_SHIFT=mg.DECODE_SHIFT,
-                **{k: f"{v:#010x}u" for k, v in mg.fp4_tables(TABLE_LOG2).items()},
-                W_HINT=f'".L2::{l2_prefetch}B"' if l2_prefetch else '""')
 
 
 @functools.lru_cache(maxsize=None)
