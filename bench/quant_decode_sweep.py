@@ -42,6 +42,7 @@ tile. Sections:
   m1pdl    nvfp4_m1's experts with down as a programmatic dependent launch of gate|up against a plain launch
   m1x      nvfp4_m1's experts at 1, 2, 8, 32 tokens (seeded routings): the defaults beside another tree's nvfp4_m1
            (M1X_BASE: its file) loaded in the same process
+  m1cfg    nvfp4_m1's experts at 1, 2, 8 tokens, gate|up with two row tiles of each part a warp against the default
   m1par    nvfp4_m1's gate|up and down_sum kernels alone, in sequence, and on two streams with no dependency (a
            bound on what overlapping them could give), 1 and 8 tokens
   mmapdl   w8a16_gemv / w4a16_gemv at 1, 2, 4, 8 rows, both shapes: calls in a graph (weight copies in turn)
@@ -1055,6 +1056,35 @@ def sec_m1x(res):
         res[f"m1x t={t}"] = dict(floor_us=floor * 1e6, touched=touched, us=times, rel_err=errs)
 
 
+def sec_m1cfg(res):
+    """nvfp4_m1's experts at 1, 2 and 8 tokens with gate|up's config varied (two row tiles of each part a warp: half
+    the blocks, so half the reads of x, whose few L2 lines every block reads at once), down at its default: each
+    form against fp32 math, then timed three times in alternation (graph replays of 40 calls, 8 routings in turn)."""
+    from tpserve.kernels import nvfp4_m1 as m1
+
+    P, e, d, i = _experts_setup()
+    d2 = P["d2"].reshape(e, 1).contiguous()
+    forms = {"default": None, "gate|up rows 2": m1.Config(rows=2, splits=2),
+             "gate|up rows 2, L2 128": m1.Config(rows=2, splits=2, l2_prefetch=128)}
+    for t in (1, 2, 8):
+        torch.manual_seed(t)
+        routes, touched, floor, ref = _nvfp4_moe_case(P, e, d, i, t)
+
+        def run(r, cg):
+            return m1.experts(r[2], r[1], r[0], P["gp"], P["gb"], P["g2"], P["dp"], P["db"], d2, 10.0, cg)
+
+        errs = {k: rel(run(routes[0], cg), ref) for k, cg in forms.items()}
+        times = {k: [] for k in forms}
+        for _ in range(3):
+            for k, cg in forms.items():
+                times[k].append(timed([(lambda r=r, cg=cg: run(r, cg)) for r in routes], reps=40) * 1e6)
+        print(f"\nMoE nvfp4_m1 {t} token(s), floor {floor * 1e6:.1f} us:", flush=True)
+        for k in forms:
+            print(f"  {k}: {' / '.join(f'{v:.1f}' for v in times[k])} us ({100 * floor * 1e6 / min(times[k]):.0f}% at "
+                  f"best), rel err {errs[k]:.1e}", flush=True)
+        res[f"m1cfg t={t}"] = dict(floor_us=floor * 1e6, us=times, rel_err=errs)
+
+
 def sec_mmapdl(res):
     """w8a16_gemv / w4a16_gemv's defaults launched plainly against as programmatic dependents (mma_gemv at 2-8 rows;
     at one row NVFP4's nvfp4_m1 both times, FP8's Triton row kernel plainly and mma_gemv under PDL, so not bit for
@@ -1141,7 +1171,8 @@ def sec_mmacap(res):
 
 if __name__ == "__main__":
     sys.exit(run_sections(dict(m1=sec_m1, m1def=sec_m1def, m1exp=sec_m1exp, m1sum=sec_m1sum, m1par=sec_m1par,
-                               m1pdl=sec_m1pdl, m1x=sec_m1x, mmasmem=sec_mmasmem, mmapdl=sec_mmapdl, mmacap=sec_mmacap,
+                               m1pdl=sec_m1pdl, m1x=sec_m1x, m1cfg=sec_m1cfg, mmasmem=sec_mmasmem, mmapdl=sec_mmapdl,
+                               mmacap=sec_mmacap,
                                fp8det=sec_fp8det,
                                moe=sec_moe,
                                prefill=sec_prefill, gemv=sec_gemv,
