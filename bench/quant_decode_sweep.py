@@ -43,7 +43,6 @@ tile. Sections:
   m1x      nvfp4_m1's experts at 1, 2, 8, 32 tokens (seeded routings): the defaults beside another tree's nvfp4_m1
            (M1X_BASE: its file) loaded in the same process
   m1cfg    nvfp4_m1's experts at 1, 2, 8 tokens, gate|up with two row tiles of each part a warp against the default
-  m1rep    nvfp4_m1's experts at 1, 2, 8 tokens, gate|up reading one of R copies of x against x itself
   m1par    nvfp4_m1's gate|up and down_sum kernels alone, in sequence, and on two streams with no dependency (a
            bound on what overlapping them could give), 1 and 8 tokens
   mmapdl   w8a16_gemv / w4a16_gemv at 1, 2, 4, 8 rows, both shapes: calls in a graph (weight copies in turn)
@@ -1086,40 +1085,6 @@ def sec_m1cfg(res):
         res[f"m1cfg t={t}"] = dict(floor_us=floor * 1e6, us=times, rel_err=errs)
 
 
-def sec_m1rep(res):
-    """nvfp4_m1's experts at 1, 2 and 8 tokens with gate|up reading one of R copies of x (`experts`' x_copies; block
-    b reads copy b % R) against x itself: all 1024 blocks read x's 64 lines of L2 as they start (the fused kernel's
-    first form found such lines a hot spot). The copies are made outside the timing (in the engine the kernel that
-    writes x would write them). Bit for bit against x itself, then three rounds in alternation."""
-    from tpserve.kernels import nvfp4_m1 as m1
-
-    P, e, d, i = _experts_setup()
-    d2 = P["d2"].reshape(e, 1).contiguous()
-    reps = (1, 4, 16, 64)
-    for t in (1, 2, 8):
-        torch.manual_seed(t)
-        routes, touched, floor, ref = _nvfp4_moe_case(P, e, d, i, t)
-        copies = {r: [x.repeat_interleave(r, 0).contiguous() for _, _, x in routes] for r in reps}
-
-        def run(k, rep):
-            ids, w, x = routes[k]
-            return m1.experts(x, w, ids, P["gp"], P["gb"], P["g2"], P["dp"], P["db"], d2, 10.0,
-                              x_copies=None if rep == 1 else copies[rep][k])
-
-        same = {rep: all(torch.equal(run(k, rep), run(k, 1)) for k in range(len(routes))) for rep in reps}
-        times = {rep: [] for rep in reps}
-        for _ in range(3):
-            for rep in reps:
-                times[rep].append(timed([(lambda k=k, rep=rep: run(k, rep)) for k in range(len(routes))], reps=40)
-                                  * 1e6)
-        err = rel(run(0, 1), ref)
-        print(f"\nMoE nvfp4_m1 {t} token(s), floor {floor * 1e6:.1f} us, rel err {err:.1e}:", flush=True)
-        for rep in reps:
-            print(f"  x copies {rep}: {' / '.join(f'{v:.1f}' for v in times[rep])} us "
-                  f"({100 * floor * 1e6 / min(times[rep]):.0f}% at best), bit for bit {same[rep]}", flush=True)
-        res[f"m1rep t={t}"] = dict(floor_us=floor * 1e6, us=times, same=same)
-
-
 def sec_mmapdl(res):
     """w8a16_gemv / w4a16_gemv's defaults launched plainly against as programmatic dependents (mma_gemv at 2-8 rows;
     at one row NVFP4's nvfp4_m1 both times, FP8's Triton row kernel plainly and mma_gemv under PDL, so not bit for
@@ -1206,7 +1171,7 @@ def sec_mmacap(res):
 
 if __name__ == "__main__":
     sys.exit(run_sections(dict(m1=sec_m1, m1def=sec_m1def, m1exp=sec_m1exp, m1sum=sec_m1sum, m1par=sec_m1par,
-                               m1pdl=sec_m1pdl, m1x=sec_m1x, m1cfg=sec_m1cfg, m1rep=sec_m1rep, mmasmem=sec_mmasmem,
+                               m1pdl=sec_m1pdl, m1x=sec_m1x, m1cfg=sec_m1cfg, mmasmem=sec_mmasmem,
                                mmapdl=sec_mmapdl,
                                mmacap=sec_mmacap,
                                fp8det=sec_fp8det,

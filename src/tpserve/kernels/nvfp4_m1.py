@@ -185,10 +185,7 @@ extern "C" __global__ void __launch_bounds__(32 * KS) NAME(
   // the rows do not arrive so (h of a "shift" down kernel: gate|up wrote it so, X_IN_ORDER); "lut" in order
   const int x_rows = MODE == 3 ? top_k : 1;
   unsigned short* xs = (unsigned short*)(smem + KS * WARP_SMEM);
-  // (MODE 1, X_REP > 1: x holds X_REP copies of each token's row, and block b reads copy b % X_REP: every block
-  // reading the same few lines of L2 at once made them a hot spot)
-  const uint4* xg = (const uint4*)(x + (MODE == 1 ? ((long)(p / top_k) * X_REP + blockIdx.x % X_REP) * K
-                                        : MODE == 2 ? (long)p * K
+  const uint4* xg = (const uint4*)(x + (MODE == 1 ? (long)(p / top_k) * K : MODE == 2 ? (long)p * K
                                         : MODE == 3 ? (long)p * top_k * K : 0));
   const unsigned xs_addr = (unsigned)__cvta_generic_to_shared(xs);
   for (int i = threadIdx.x; i < x_rows * (K / 8); i += 32 * KS) cp16x(xs_addr + 16 * i, xg + i);
@@ -341,18 +338,17 @@ MAX_PAIRS = 65535  # a CUDA grid's y dimension: one (token, choice) pair each
 MAX_TOP_K = 16  # "down_sum" (a token's choices summed in the down kernel) takes up to this many choices
 
 
-def source(cfg: Config, mode: str, h_shift: bool = False, x_rep: int = 1) -> tuple[str, str]:
+def source(cfg: Config, mode: str, h_shift: bool = False) -> tuple[str, str]:
     """(CUDA source, kernel name) of one configuration and mode ("dense", "gate_up", "down" or "down_sum");
     h_shift (gate_up): h written in the "shift" decode's order and scale, as the down modes of that decode read it
     (`experts` pairs them so)."""
     parts = 2 if mode == "gate_up" else 1
     h_shift = h_shift and mode == "gate_up"
     name = (f"tpserve_nvfp4_m1_{mode}_r{cfg.rows}_s{cfg.splits}_st{cfg.stages}_p{cfg.l2_prefetch}_{cfg.decode}"
-            + ("_hs" if h_shift else "") + (f"_xr{x_rep}" if x_rep > 1 else ""))
+            + ("_hs" if h_shift else ""))
     defines = dict(R=cfg.rows * parts, PARTS=parts, KS=cfg.splits, STAGES=cfg.stages, MODE=MODES[mode], NAME=name,
                    H_SHIFT=int(h_shift), X_IN_ORDER=int(mode in ("down", "down_sum") and cfg.decode == "shift"),
                    TILE_W_BYTES=TILE_W_BYTES, TILE_STAGE_BYTES=TILE_STAGE_BYTES, MAX_TOP_K=MAX_TOP_K,
-                   X_REP=x_rep if mode == "gate_up" else 1,
                    SHIFT=int(cfg.decode == "shift"), SEL_LO=f"{mg.SEL_LO:#x}u", DECODE_MASK=f"{mg.DECODE_MASK:#x}u",
                    DECODE_SHIFT=mg.DECODE_SHIFT, **{k: f"{v:#010x}u" for k, v in mg.fp4_tables(TABLE_LOG2).items()},
                    W_HINT=f'".L2::{cfg.l2_prefetch}B"' if cfg.l2_prefetch else '""')
@@ -361,10 +357,10 @@ def source(cfg: Config, mode: str, h_shift: bool = False, x_rep: int = 1) -> tup
 
 
 @functools.lru_cache(maxsize=None)
-def _kernel(cfg: Config, mode: str, arch: str, device: int, h_shift: bool = False, x_rep: int = 1):
+def _kernel(cfg: Config, mode: str, arch: str, device: int, h_shift: bool = False):
     from torch.cuda import _compile_kernel
 
-    text, name = source(cfg, mode, h_shift, x_rep)
+    text, name = source(cfg, mode, h_shift)
     with torch.cuda.device(device):
         return _compile_kernel(text, name, compute_capability=arch)
 
@@ -398,13 +394,13 @@ def default_config(mode: str, n: int, pairs: int = 1) -> Config:
 
 def _launch(cfg: Config, mode: str, grid: tuple[int, int], w, s, s2, x, ids, route, y, n: int, k: int,
             top_k: int = 1, num_experts: int = 1, limit: float = float("inf"), pdl: bool = False,
-            h_shift: bool = False, x_rep: int = 1) -> None:
+            h_shift: bool = False) -> None:
     device = x.device.index
     if device != torch.cuda.current_device():
         raise ValueError(f"x: on cuda:{device}, but the current device is cuda:{torch.cuda.current_device()} "
                          "(call inside `with torch.cuda.device(...)`)")
     major, minor = torch.cuda.get_device_capability(device)
-    kernel = _kernel(cfg, mode, f"{major}{minor}", device, h_shift, x_rep)
+    kernel = _kernel(cfg, mode, f"{major}{minor}", device, h_shift)
     smem = cfg.smem(2 if mode == "gate_up" else 1, k, top_k if mode == "down_sum" else 1)
     launch_ex.reserve_smem(kernel, smem)
     args = [w, s, s2, x, ids if ids is not None else s2, route if route is not None else s2, y, n, k, top_k,
@@ -441,16 +437,15 @@ def experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: 
             gu_bscale: torch.Tensor, gu_scale2: torch.Tensor, down: torch.Tensor, dn_bscale: torch.Tensor,
             dn_scale2: torch.Tensor, limit: float | None, cfg_gate_up: Config | None = None,
             cfg_down: Config | None = None, sum_choices: bool | None = None,
-            pdl: bool | None = None, x_copies: torch.Tensor | None = None) -> torch.Tensor:
+            pdl: bool | None = None) -> torch.Tensor:
     """The MoE experts at decode (quant_methods.Nvfp4Experts' layout): x [T, D] bf16, weights / ids [T, top_k];
     gate_up uint8 [E, 2I, D/2] (gate rows, then up), gu_bscale e4m3 [E, 2I, D/16], gu_scale2 float32 [E, 2];
     down uint8 [E, D, I/2], dn_bscale [E, D, I/16], dn_scale2 [E, 1]; limit: SwiGLU's clamp (None: none).
     sum_choices: the down kernel sums a token's choices itself ("down_sum", a block a row tile and token) rather
     than writing each pair's fp32 row for route_triton.combine_choices (None: at one token, where it measured
     faster, 42.4 us against 47.0 for the MoE layer of BENCHMARKS.md's twenty-fifth session; level at 2 tokens,
-    slower at 8). x_copies: [T x R, D], R copies of each token's row (token-major), gate|up's block b reading copy b
-    % R (x itself when None). pdl: down launched as a programmatic dependent of gate|up (kernels/launch_ex.py: its
-    blocks load their first W stages while gate|up's last blocks run; None: where supported, sm_90+).
+    slower at 8). pdl: down launched as a programmatic dependent of gate|up (kernels/launch_ex.py: its blocks load their
+    first W stages while gate|up's last blocks run; None: where supported, sm_90+).
     -> [T, D] bf16, each token's choices summed in fp32."""
     t, top_k = ids.shape
     num_experts, two_i, half_d = gate_up.shape
@@ -472,11 +467,6 @@ def experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: 
                          f"[{num_experts}, 1]; got {tuple(down.shape)}, {tuple(gu_scale2.shape)}, "
                          f"{tuple(dn_scale2.shape)}")
     sum_choices = t == 1 and top_k <= MAX_TOP_K if sum_choices is None else sum_choices
-    rep = 1 if x_copies is None else x_copies.shape[0] // max(t, 1)
-    if x_copies is not None and (x_copies.shape[1:] != x.shape[1:] or x_copies.dtype != x.dtype
-                                 or x_copies.shape[0] != rep * t or rep < 1):
-        raise ValueError(f"x_copies: must be [{t} x R, {d}] {x.dtype} (R copies of each token's row), got "
-                         f"{tuple(x_copies.shape)} {x_copies.dtype}")
     p = t * top_k
     cg = cfg_gate_up or default_config("gate_up", inter, p)
     cd = cfg_down or default_config("down_sum" if sum_choices else "down", d, p)
@@ -493,8 +483,8 @@ def experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: 
             pdl = launch_ex.supported(x.device)
         _launch(cg, "gate_up", (-(-inter // (16 * cg.rows)), p), mg._aligned(gate_up, 16),
                 gu_bscale.contiguous().view(torch.uint8), gu_scale2.float().contiguous(),
-                mg._aligned(x if x_copies is None else x_copies, 16).view(torch.int16), flat, None,
-                h.view(torch.int16), inter, d, top_k, num_experts, lim, h_shift=cd.decode == "shift", x_rep=rep)
+                mg._aligned(x, 16).view(torch.int16), flat, None, h.view(torch.int16), inter, d, top_k, num_experts,
+                lim, h_shift=cd.decode == "shift")
         _launch(cd, "down_sum" if sum_choices else "down", (-(-d // (16 * cd.rows)), t if sum_choices else p),
                 *dn_args, y.view(torch.int16) if sum_choices else y, d, inter, top_k, num_experts, pdl=pdl)
     elif sum_choices:
