@@ -1033,12 +1033,18 @@ def sec_m1x(res):
         spec = importlib.util.spec_from_file_location("nvfp4_m1_base", os.environ["M1X_BASE"])
         mods["base "] = sys.modules["nvfp4_m1_base"] = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mods["base "])
+    _m1_alternate(res, "m1x", {f"{name}default": (mod, None, None, {}) for name, mod in mods.items()}, (1, 2, 8, 32))
+
+
+def _m1_alternate(res, tag: str, forms: dict, tokens) -> None:
+    """The experts at each token count (routings seeded), every form (name -> (nvfp4_m1 module, gate|up config, down
+    config, more keywords)) checked against fp32 math, then timed three times in alternation (graph replays of 40
+    calls, 8 routings in turn)."""
     P, e, d, i = _experts_setup()
     d2 = P["d2"].reshape(e, 1).contiguous()
-    for t in (1, 2, 8, 32):
+    for t in tokens:
         torch.manual_seed(t)
         routes, touched, floor, ref = _nvfp4_moe_case(P, e, d, i, t)
-        forms = {f"{name}default": (mod, None, None, {}) for name, mod in mods.items()}
 
         def run(r, f):
             mod, cg, cd, kw = f
@@ -1053,7 +1059,7 @@ def sec_m1x(res):
         for k in forms:
             print(f"  {k}: {' / '.join(f'{v:.1f}' for v in times[k])} us ({100 * floor * 1e6 / min(times[k]):.0f}% at "
                   f"best), rel err {errs[k]:.1e}", flush=True)
-        res[f"m1x t={t}"] = dict(floor_us=floor * 1e6, touched=touched, us=times, rel_err=errs)
+        res[f"{tag} t={t}"] = dict(floor_us=floor * 1e6, touched=touched, us=times, rel_err=errs)
 
 
 def sec_m1cfg(res):
@@ -1062,27 +1068,10 @@ def sec_m1cfg(res):
     form against fp32 math, then timed three times in alternation (graph replays of 40 calls, 8 routings in turn)."""
     from tpserve.kernels import nvfp4_m1 as m1
 
-    P, e, d, i = _experts_setup()
-    d2 = P["d2"].reshape(e, 1).contiguous()
-    forms = {"default": None, "gate|up rows 2": m1.Config(rows=2, splits=2),
-             "gate|up rows 2, L2 128": m1.Config(rows=2, splits=2, l2_prefetch=128)}
-    for t in (1, 2, 8):
-        torch.manual_seed(t)
-        routes, touched, floor, ref = _nvfp4_moe_case(P, e, d, i, t)
-
-        def run(r, cg):
-            return m1.experts(r[2], r[1], r[0], P["gp"], P["gb"], P["g2"], P["dp"], P["db"], d2, 10.0, cg)
-
-        errs = {k: rel(run(routes[0], cg), ref) for k, cg in forms.items()}
-        times = {k: [] for k in forms}
-        for _ in range(3):
-            for k, cg in forms.items():
-                times[k].append(timed([(lambda r=r, cg=cg: run(r, cg)) for r in routes], reps=40) * 1e6)
-        print(f"\nMoE nvfp4_m1 {t} token(s), floor {floor * 1e6:.1f} us:", flush=True)
-        for k in forms:
-            print(f"  {k}: {' / '.join(f'{v:.1f}' for v in times[k])} us ({100 * floor * 1e6 / min(times[k]):.0f}% at "
-                  f"best), rel err {errs[k]:.1e}", flush=True)
-        res[f"m1cfg t={t}"] = dict(floor_us=floor * 1e6, us=times, rel_err=errs)
+    rows2 = m1.Config(rows=2, splits=2)
+    _m1_alternate(res, "m1cfg", {"default": (m1, None, None, {}), "gate|up rows 2": (m1, rows2, None, {}),
+                                 "gate|up rows 2, L2 128": (m1, dataclasses.replace(rows2, l2_prefetch=128), None, {})},
+                  (1, 2, 8))
 
 
 def sec_mmapdl(res):
