@@ -1161,8 +1161,7 @@ def sec_mmacap(res):
 if __name__ == "__main__":
     sys.exit(run_sections(dict(m1=sec_m1, m1def=sec_m1def, m1exp=sec_m1exp, m1sum=sec_m1sum, m1par=sec_m1par,
                                m1pdl=sec_m1pdl, m1x=sec_m1x, m1cfg=sec_m1cfg, mmasmem=sec_mmasmem,
-                               mmapdl=sec_mmapdl,
-                               mmacap=sec_mmacap,
+                               mmapdl=sec_mmapdl, mmacap=sec_mmacap,
                                fp8det=sec_fp8det,
                                moe=sec_moe,
                                prefill=sec_prefill, gemv=sec_gemv,
