@@ -82,6 +82,9 @@ __device__ __forceinline__ uint4 x_shift_order(uint4 v) {
                     scale_x66(prmt(v.y, v.w, 0x5410u)), scale_x66(prmt(v.y, v.w, 0x7632u)));
 }
 
+// where x_shift_order puts value n of a row (a group of 8 holds values 0, 4, 1, 5, 2, 6, 3, 7 in that order)
+__device__ __forceinline__ int x_shift_place(int n) { return (n & ~7) | ((n & 3) << 1) | ((n >> 2) & 1); }
+
 // 8 e2m1 codes (low nibble first) -> 4 bf16x2, pair j = codes (j, j + 4), each value * 2^-126: the sign moved to
 // bit 15 (31), the magnitude's 3 bits to bits 6-8 (22-24), the bf16's exponent LSBs and mantissa MSB. Left shifts
 // as multiplies, which ptxas may issue on the FMA pipe (the ALU pipe, at half rate, is this kernel's limit).
@@ -293,8 +296,8 @@ extern "C" __global__ void __launch_bounds__(32 * KS) NAME(
         gt = fminf(gt, limit);
         up = fminf(fmaxf(up, -limit), limit);
         unsigned short hv = to_bf16(e_ok ? gt / (1.f + __expf(-gt)) * up : 0.f);
-        if (H_SHIFT) hv = (unsigned short)scale_x66(hv);  // (times 2^66, at x_shift_order's place of n below)
-        ((unsigned short*)y)[(long)p * N + (H_SHIFT ? (n & ~7) | ((n & 3) << 1) | ((n >> 2) & 1) : n)] = hv;
+        if (H_SHIFT) hv = (unsigned short)scale_x66(hv);  // (times 2^66, at x_shift_order's place of n)
+        ((unsigned short*)y)[(long)p * N + (H_SHIFT ? x_shift_place(n) : n)] = hv;
       } else if (MODE == 2) {
         ((float*)y)[(long)p * N + n] = e_ok ? acc[r][i] * (s2[ee] * unit) * route[p] : 0.f;
       } else {
