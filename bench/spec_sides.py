@@ -118,10 +118,21 @@ def main() -> None:
               + ", ".join(f"{f} {statistics.median(v):.3f}" for f, v in ratios.items()))
         print(f"{a} / the best fixed side ({best}): {statistics.median(ratios[best]):.3f} "
               f"(min {min(ratios[best]):.3f}, max {max(ratios[best]):.3f}) over {len(rounds)} rounds")
-    if len(fixed) >= 2:  # the fixed sides against the first (with a repeated side: the A/A control)
-        for f in fixed[1:]:
-            v = [x[f] / x[fixed[0]] for x in rounds]
-            print(f"{f} / {fixed[0]}: {statistics.median(v):.3f} (min {min(v):.3f}, max {max(v):.3f})")
+    adaptive = [n for n in names if n.startswith("adaptive")]
+    for group in (fixed, adaptive):  # each side against the first of its kind (a repeated side: an A/A control)
+        for f in group[1:]:
+            v = [x[f] / x[group[0]] for x in rounds]
+            print(f"{f} / {group[0]}: {statistics.median(v):.3f} (min {min(v):.3f}, max {max(v):.3f})")
+    if adaptive and fixed and len(rounds) >= 2:
+        # pooled: each round's geometric mean of the adaptive sides over that of the fixed sides; the mean over
+        # rounds with a 95% interval (1.96 standard errors)
+        v = [statistics.geometric_mean([x[a] for a in adaptive]) / statistics.geometric_mean([x[f] for f in fixed])
+             for x in rounds]
+        mean, se = statistics.fmean(v), statistics.stdev(v) / len(v) ** 0.5
+        result["adaptive / fixed pooled"] = {"median": statistics.median(v), "mean": mean, "ci95": [mean - 1.96 * se,
+                                                                                                  mean + 1.96 * se]}
+        print(f"adaptive sides / fixed sides, pooled per round: median {statistics.median(v):.4f}, mean {mean:.4f} "
+              f"(95% {mean - 1.96 * se:.4f}-{mean + 1.96 * se:.4f}) over {len(v)} rounds")
     for n in names:
         total = sum(chosen[n].values()) or 1
         print(f"{n} k per step: " + ", ".join(f"k={k} {100 * c / total:.0f}%" for k, c in sorted(chosen[n].items())))
