@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import time
 from collections import Counter
 
 from spec_ab import record_adaptive, timed_pass
@@ -52,6 +53,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--host-times", action="store_true",
+                    help="also time, per side, the engine's fused steps (_fused_step), their device part "
+                         "(execute_spec: launch to results on the host) and the host's walk after it (verify_fused), "
+                         "us a call")
     args = ap.parse_args()
     try:
         sides = parse_sides(args.sides, args.k)
@@ -95,6 +100,20 @@ def main() -> None:
         return skip
 
     speculator.propose, speculator.verify_fused, speculator.idle = counted(propose), counted(verify_fused), idle_counted
+    spent: dict[str, Counter] = {n: Counter() for n in names}
+    calls: dict[str, Counter] = {n: Counter() for n in names}
+    if args.host_times:  # (outermost wrappers: each side's calls carry the same timer overhead)
+        owners = {"_fused_step": (llm.engine, "_fused_step"), "execute_spec": (llm.engine.executor, "execute_spec"),
+                  "verify_fused": (speculator, "verify_fused")}
+        for label, (owner, attr) in owners.items():
+            def timer(*a, _fn=getattr(owner, attr), _label=label, **kw):
+                t = time.perf_counter()
+                try:
+                    return _fn(*a, **kw)
+                finally:
+                    spent[now["side"]][_label] += time.perf_counter() - t
+                    calls[now["side"]][_label] += 1
+            setattr(owner, attr, timer)
     rounds = []
     print("| round | " + " | ".join(f"{n} tok/s" for n in names) + " |")
     print("| --- " * (len(names) + 1) + "|")
@@ -136,6 +155,14 @@ def main() -> None:
     for n in names:
         total = sum(chosen[n].values()) or 1
         print(f"{n} k per step: " + ", ".join(f"k={k} {100 * c / total:.0f}%" for k, c in sorted(chosen[n].items())))
+    if args.host_times:
+        labels = ["_fused_step", "execute_spec", "verify_fused"]
+        result["host_us"] = {n: {k: 1e6 * spent[n][k] / calls[n][k] for k in labels if calls[n][k]} for n in names}
+        print("| side | " + " | ".join(f"{k} us (calls)" for k in labels) + " |")
+        print("| --- " * (len(labels) + 1) + "|")
+        for n in names:
+            print(f"| {n} | " + " | ".join(f"{1e6 * spent[n][k] / max(calls[n][k], 1):.1f} ({calls[n][k]})"
+                                          for k in labels) + " |")
     if "adaptive" in sides:
         record_adaptive(speculator, result, "adaptive")
     if args.json:
