@@ -83,10 +83,12 @@ class StandInExecutor:
         """As a GPU with spec graphs (`--draft-graph fused`) when fused: batches up to 16."""
         return (16, 1 << 30) if self.fused and self.chain else (0, 0)
 
-    def execute_spec(self, plan):
+    def execute_spec(self, plan, while_waiting=None):
         """What ModelRunner.execute_spec returns, from the script: each verify row's next token (rows padded to
         k + 1), the drafts accepted (those equal to the row before's choice), the chain's draws from the last
         accepted row."""
+        if while_waiting is not None:  # (a GPU runs it while the step runs)
+            while_waiting()
         q, cu = self.chain + 1, plan.cu_seqlens
         greedy, accepted, last = [], [], []
         for i in range(len(plan.slots)):

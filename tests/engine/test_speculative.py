@@ -498,11 +498,11 @@ def _padded_graph_run(plain, mode: str):
 
     spec_step = graphs.spec_step
 
-    def spy_spec_step(plan, key):
+    def spy_spec_step(plan, key, *rest):
         lens = {b - a for a, b in zip(plan.cu_seqlens, plan.cu_seqlens[1:])}
         if len(lens) > 1 or max(lens) < graphs.max_q:
             mixed.append(sorted(lens))
-        return spec_step(plan, key)
+        return spec_step(plan, key, *rest)
 
     graphs._replay, graphs.run, graphs.spec_step = spy, spy_run, spy_spec_step
     speculator, drafts = llm.engine.speculator, []
@@ -701,7 +701,8 @@ def _fused_llm(spec=SPEC, **kw):
                                             num_speculative_tokens=3, draft_graph="fused")
     fused = []
     spec_step = llm.engine.executor.runner.graphs.spec_step
-    llm.engine.executor.runner.graphs.spec_step = lambda plan, key: fused.append(key) or spec_step(plan, key)
+    llm.engine.executor.runner.graphs.spec_step = lambda plan, key, *rest: fused.append(key) or spec_step(plan, key,
+                                                                                                           *rest)
     return llm, fused
 
 
@@ -873,3 +874,34 @@ def test_set_adaptive_with_a_smaller_fixed_k():
         assert _pools_full(llm)
     finally:
         llm.shutdown()
+
+
+def test_fused_steps_file_their_measured_rates_while_the_next_step_runs(plain):
+    """Adaptive k with fused steps: a fused step's observation (MeasuredRates.observe) is filed inside the next
+    fused step's spec_step, after its launch and before its copy (Speculator.while_waiting: on a GPU the host's
+    bookkeeping overlaps the device's work), never lost or reordered; greedy tokens stay plain decoding's."""
+    llm, fused = _fused_llm({"method": "mtp", "num_speculative_tokens": 3})
+    graphs, spec = llm.engine.executor.runner.graphs, llm.engine.speculator
+    inside, seen = [False], []
+    spec_step, observe = graphs.spec_step, spec.rates.observe
+
+    def spy_step(*a, **kw):
+        inside[0] = True
+        try:
+            return spec_step(*a, **kw)
+        finally:
+            inside[0] = False
+    graphs.spec_step = spy_step
+    spec.rates.observe = lambda *a: seen.append((inside[0], a)) or observe(*a)
+    sp = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    for prompt in PROMPTS[:2]:
+        got = llm.generate([prompt], sp)[0].outputs[0].token_ids
+        assert got == plain.generate([prompt], sp)[0].outputs[0].token_ids
+    filed_inside = sum(i for i, _ in seen)
+    # (not after a step that was not fused: a request's first decode step, a plain probe, a prefill chunk)
+    assert len(fused) >= 4 and filed_inside >= len(fused) // 2, (len(fused), seen)
+    assert all(a[1] for i, a in seen if i)  # (fused steps verified drafts)
+    pending = spec.pending_rate
+    spec.while_waiting()  # the last fused step's observation, filed by the next step to come
+    assert spec.pending_rate is None and (pending is None or seen[-1] == (False, pending))
+    llm.shutdown()

@@ -22,7 +22,7 @@ def test_stand_in_drafts_are_all_accepted_and_follow_the_script(chain, fused):
     calls = []
     if fused:
         execute_spec = llm.engine.executor.execute_spec
-        llm.engine.executor.execute_spec = lambda plan: calls.append(plan) or execute_spec(plan)
+        llm.engine.executor.execute_spec = lambda plan, *rest: calls.append(plan) or execute_spec(plan, *rest)
     prompt = llm._tokens("Count from 1 to 5.")[0]
     out = llm.generate({"prompt_token_ids": prompt}, SamplingParams(temperature=0, max_tokens=20,
                                                                      ignore_eos=True))[0].outputs[0].token_ids

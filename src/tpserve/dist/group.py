@@ -228,10 +228,10 @@ class TPExecutor:
     def spec_step_limits(self) -> tuple[int, int]:
         return self.state.runner.spec_step_limits()
 
-    def execute_spec(self, plan: StepPlan):
+    def execute_spec(self, plan: StepPlan, while_waiting=None):
         return self._on_every_rank(lambda: plan_wire.broadcast(*plan_wire.encode(plan, plan_wire.SPEC),
                                                                self.state.control),
-                                   lambda: self.state.runner.execute_spec(plan))
+                                   lambda: self.state.runner.execute_spec(plan, while_waiting))
 
     def _on_every_rank(self, send, run):
         """Send the work to the other ranks, run it here; a failure marks the executor dead."""

@@ -250,7 +250,7 @@ class LLMEngine:
         """A speculative step whose acceptance, KDA commit and next drafts run on the device after the verify
         (Speculator.fusable, ModelRunner.execute_spec): the host emits the accepted runs and keeps the drafts."""
         t0 = time.perf_counter()
-        verified = self._fatal("", self.executor.execute_spec, plan)
+        verified = self._fatal("", self.executor.execute_spec, plan, self.speculator.while_waiting)
         self._advance(scheduled)
         self._fatal(" while speculating", self.speculator.verify_fused, scheduled, verified, time.perf_counter() - t0,
                     len(plan.input_ids))

@@ -91,8 +91,8 @@ class LocalExecutor:
     def spec_step_limits(self) -> tuple[int, int]:
         return self.runner.spec_step_limits()
 
-    def execute_spec(self, plan: StepPlan):
-        return self.runner.execute_spec(plan)
+    def execute_spec(self, plan: StepPlan, while_waiting=None):
+        return self.runner.execute_spec(plan, while_waiting)
 
     def verify_graph_batch(self) -> int | None:
         return self.runner.verify_graph_batch()

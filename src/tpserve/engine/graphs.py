@@ -420,16 +420,19 @@ class StepGraphs:
         self.hidden_in.index_copy_(0, real, source.index_select(0, src))
         return self._replay(key)[:, :, :len(plan.slots)]
 
-    def spec_step(self, plan, key) -> tuple[list[list[int]], list[int], list]:
+    def spec_step(self, plan, key, while_waiting=None) -> tuple[list[list[int]], list[int], list]:
         """A verify step (key ("main", b, max_q): every sequence verifies up to max_q - 1 drafts, padded to max_q
         rows) and the ("spec", b, max_q) graph after it, no host step between -> for the plan's n sequences,
         from one host copy: the argmax of each verify row [n][q] (padding rows' too), the accepted drafts [n],
-        the chain's draws [2][depths][n]."""
+        the chain's draws [2][depths][n]. while_waiting: host work run once both replays are launched."""
         _, b, q = key
         n = len(plan.slots)
         self._fill(plan, b, q)
         self._replay(key)
-        packed = self._replay(("spec", b, q)).cpu().numpy()  # the step's one device-to-host copy
+        out = self._replay(("spec", b, q))
+        if while_waiting is not None:
+            while_waiting()
+        packed = out.cpu().numpy()  # the step's one device-to-host copy
         greedy = packed[:b * q].reshape(b, q)[:n].astype(np.int64).tolist()
         accepted = packed[b * q:b * q + n].astype(np.int64).tolist()
         draws = packed[b * q + b:].reshape(2, self.chain_depths, b)[:, :, :n].tolist()

@@ -152,11 +152,12 @@ class ModelRunner:
             return 0, 0
         return g.spec_buckets[-1], g.max_blocks * g.block_size
 
-    def execute_spec(self, plan: StepPlan) -> tuple[list[list[int]], list[int], list]:
+    def execute_spec(self, plan: StepPlan, while_waiting=None) -> tuple[list[list[int]], list[int], list]:
         """A greedy speculative step in two graph replays and one host copy (engine/graphs.py `spec_step`):
         every sequence of `plan` verifies 1 to num_speculative_tokens drafts (padded to that many); acceptance,
-        the KDA commit and the next drafts run on the device. -> (argmax of each verify row, padding rows'
-        included, accepted drafts, the next drafts' draws [2][depths][sequence])."""
+        the KDA commit and the next drafts run on the device; while_waiting (host work, no device call) runs
+        between the launch and the copy. -> (argmax of each verify row, padding rows' included, accepted
+        drafts, the next drafts' draws [2][depths][sequence])."""
         g = self.graphs
         key = g.key_for(plan) if g is not None and g.fused else None
         if key is None or key[2] == 1 or len(plan.logits_indices) != len(plan.input_ids):
@@ -165,7 +166,7 @@ class ModelRunner:
         key = ("main", key[1], g.max_q)  # every sequence padded to the spec graphs' rows
         cache_mod.reset_slots(self.cache, plan.reset_slots)
         self.graph_verify, self.last_hidden = None, None
-        return g.spec_step(plan, key)
+        return g.spec_step(plan, key, while_waiting)
 
     def chain_depths(self, plan: StepPlan | None = None) -> int:
         """Depths a draft(..., depths=n) call chains in one graph step, for `plan` when one is given (it

@@ -65,8 +65,8 @@ class MeasuredRates:
     bucket (powers of two): the policy's cost model sees tokens and experts, not what the machine does
     with them (graphs for some steps, host overheads, a compute-bound CPU).
 
-    A mode's rate is tokens / seconds over its last steps, each step's time capped (`_RateWindow`): one drafting step emits 1..k+1 tokens, so single steps say little,
-    and a compile or a GC pause in one step must not decide the mode (per-step averages, probes that fell
+    A mode's rate is tokens / seconds over its last steps, each step's time capped (`_RateWindow`): one drafting
+    step emits 1..k+1 tokens, so single steps say little, and a compile or a GC pause in one step must not decide the mode (per-step averages, probes that fell
     on steps where nothing could draft and step times that missed the GPU's work kept a batch of 1 in
     plain steps on an H200: BENCHMARKS.md, twelfth session). The modes are compared once
     each has MIN_OBS steps; until then the policy's k, with a plain step whenever plain decoding has not

@@ -91,6 +91,7 @@ class Speculator:
         self.last_k, self.last_draft_seconds, self.emitted = 0, 0.0, 0
         self.step_drafted = False  # the step just run verified drafts (what MeasuredRates files it under)
         self.fused_limit = 0  # the largest batch of a fused step, as `fusable` last read it
+        self.pending_rate: tuple | None = None  # a fused step's MeasuredRates observation, filed by `while_waiting`
 
     def set_adaptive(self, on: bool, fixed_k: int | None = None) -> None:
         """Switch between adaptive k and a fixed k in a running engine (bench/spec_ab.py --one-engine: both modes
@@ -107,6 +108,17 @@ class Speculator:
                              f"({self.spec.num_speculative_tokens}), got {fixed_k!r}")
         self.spec = dataclasses.replace(self.spec, adaptive=bool(on))
         self.policy.adaptive, self.policy.fixed_k = bool(on), k
+
+    def while_waiting(self) -> None:
+        """File the observation a fused step left pending (`_next_k`): ModelRunner.execute_spec calls this after
+        launching the next step and before waiting for its results, so on a GPU the bookkeeping runs while the
+        device works instead of between steps (adaptive k at batch 1 on an H200 measured 0.4% below fixed k,
+        its host walk after a fused step 11-14 us longer: BENCHMARKS.md, thirtieth session). Every other
+        observation files a pending one first, so they stay in order."""
+        pending = self.pending_rate
+        if pending is not None:
+            self.pending_rate = None
+            self.rates.observe(*pending)
 
     # ------------------------------------------------------------------ verify
     def verify(self, sampled: list[Scheduled], logits: torch.Tensor) -> list[int]:
@@ -288,7 +300,9 @@ class Speculator:
         stops for the running sequences (they draft no more)."""
         eng, adaptive = self.engine, self.spec.adaptive
         batch = len(eng.scheduler.running)
-        limit = eng.executor.verify_graph_batch() if adaptive else None
+        # (after a fused step of the whole batch the batch is within the verify graphs: spec_step_limits' batch
+        # is their largest)
+        limit = eng.executor.verify_graph_batch() if adaptive and not (fused and batch <= self.fused_limit) else None
         above_graphs = limit is not None and batch > limit
         if above_graphs and not any(_fixed(s.seq) for s in scheduled):
             # plain steps replay a graph here and drafting steps could not (eager steps cost several times a
@@ -311,7 +325,12 @@ class Speculator:
             if not fused:  # (a fused step's time holds its drafting too: the cost model fits them apart)
                 self.policy.observe_step(step_tokens, max(step_seconds, 1e-9))
             if self.last_draft_seconds is not None:  # None: the drafts came with a prompt's MTP catch-up
-                self.rates.observe(batch, self.step_drafted, self.emitted, step_seconds + self.last_draft_seconds)
+                self.while_waiting()
+                seen = (batch, self.step_drafted, self.emitted, step_seconds + self.last_draft_seconds)
+                if fused:  # filed while the next step runs (its choice reads the rates of the steps before)
+                    self.pending_rate = seen
+                else:
+                    self.rates.observe(*seen)
         self.emitted, self.last_draft_seconds, self.step_drafted = 0, 0.0, False
         self.choice = self.policy.begin_step()
         if above_graphs:  # (requests with a fixed k draft it: `_budget`)
