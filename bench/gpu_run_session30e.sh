@@ -4,6 +4,7 @@
 # on this tree and on the tree before the session (dbadadb, carried as .base_src), and plain decoding on this tree.
 set -uo pipefail
 source bench/gpu_env.sh
+ln -sfn "$PWD/src/tpserve/builtin" .base_src/src/tpserve/builtin  # (the demo model, not carried twice)
 step "speculative, tree before"
 PYTHONPATH=/tmp/site:$PWD/.base_src/src timeout 150 python3 bench/sampled_tokens.py --device cuda --speculative \
   --out /tmp/spec_base.json 2>&1 | grep -E "Error|error|Traceback"
