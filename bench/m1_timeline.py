@@ -6,7 +6,7 @@ as `experts` runs them (gate|up, then down as its programmatic dependent on sm_9
 CUDA graph; the last replay's timelines are summarised per kernel (all times in us from the first gate|up
 block's start of that routing).
 
-    python bench/m1_timeline.py [--tokens 1 8] [--down-stages N] [--down-cap N] [--down-ahead N] [--json PATH] [--raw PATH]
+    python bench/m1_timeline.py [--tokens 1 8] [--down-stages N] [--down-cap N] [--json PATH] [--raw PATH]
 
 `--ncu` instead runs the plain experts a few times for Nsight Compute (`ncu -k regex:nvfp4_m1 ...`).
 """
@@ -60,8 +60,7 @@ class Experts:
     """nvfp4_m1.experts at one or more tokens with the default configs, down summing choices at one token, its
     kernels the patched copies; `tl` holds each kernel's block marks."""
 
-    def __init__(self, P, d2, t: int, e: int, d: int, i: int, down_stages: int = 0, down_cap: int = 0,
-                 down_ahead: int = 0):
+    def __init__(self, P, d2, t: int, e: int, d: int, i: int, down_stages: int = 0, down_cap: int = 0):
         from torch.cuda import _compile_kernel
 
         from tpserve.kernels import launch_ex
@@ -74,8 +73,6 @@ class Experts:
         self.cd = m1.default_config(self.down_mode, d, 8 * t)
         if down_stages:
             self.cd = dataclasses.replace(self.cd, stages=down_stages)
-        if down_ahead:
-            self.cd = dataclasses.replace(self.cd, l2_ahead=down_ahead)
         cc = "".join(map(str, torch.cuda.get_device_capability()))
         # (gate|up writing h as a "shift" down kernel reads it, as `experts` launches them)
         self.kg = _compile_kernel(*patched(self.cg, "gate_up", self.cd.decode == "shift"), compute_capability=cc)
@@ -152,8 +149,6 @@ def main() -> None:
     ap.add_argument("--raw", default=None, help="torch.save every block's marks here ({tokens: [(gate_up, down)]})")
     ap.add_argument("--down-stages", type=int, default=0, help="the down kernel's stages (0: its default)")
     ap.add_argument("--down-cap", type=int, default=0, help="blocks of the down kernel an SM may hold (0: no cap)")
-    ap.add_argument("--down-ahead", type=int, default=0, choices=(0, 1, 2),
-                    help="the down kernel's l2_ahead (nvfp4_m1.Config: its W asked of L2 first; 0: its default)")
     ap.add_argument("--ncu", action="store_true", help="run the plain experts 4 times (for ncu) and stop")
     args = ap.parse_args()
     from tpserve.kernels import nvfp4_m1 as m1
@@ -170,7 +165,7 @@ def main() -> None:
     res, raw = {}, {}
     for t in args.tokens:
         routes, touched, floor, ref = _nvfp4_moe_case(P, e, d, i, t)
-        ex = Experts(P, d2, t, e, d, i, args.down_stages, args.down_cap, args.down_ahead)
+        ex = Experts(P, d2, t, e, d, i, args.down_stages, args.down_cap)
         tls = [ex.buffers() for _ in routes]
         y = ex(routes[0], tls[0]).float()
         base = m1.experts(routes[0][2], routes[0][1], routes[0][0], P["gp"], P["gb"], P["g2"], P["dp"], P["db"],

@@ -8,7 +8,7 @@ DIR holds libnvrtc.so.13 and its builtins (`pip install --target T nvidia-cuda-n
 DIR = T/nvidia/cu13/lib); ptxas defaults to Triton's copy. A config is fmt:rows:splits:depth[:min_blocks[:stage]]
 (K chunks interleaved over the block's warps, L2 fetching 256 bytes, as the defaults; stage regs or smem);
 m1:mode:rows:splits:stages is nvfp4_m1's (mode dense, gate_up, down or down_sum), then optionally :shift or :lut
-(decode) and :0, :1 or :2 (l2_ahead). The K loop is the code between the first and the last HMMA, plus nothing else: prologue, epilogue and
+(decode). The K loop is the code between the first and the last HMMA, plus nothing else: prologue, epilogue and
 reduction are left out.
 """
 
@@ -62,10 +62,8 @@ def main() -> None:
         for spec in args.configs.split(","):
             fmt, *rest = spec.split(":")
             if fmt == "m1":
-                mode, rows, splits, stages, *more = rest  # [decode[:l2_ahead]]
-                decode, ahead = (more + ["shift", "0"][len(more):])[:2]
-                cfg = m1.Config(int(rows), int(splits), int(stages), 256, decode, int(ahead))
-                source, name = m1.source(cfg, mode)
+                mode, rows, splits, stages, *decode = rest
+                source, name = m1.source(m1.Config(int(rows), int(splits), int(stages), 256, *decode), mode)
             else:
                 rows, splits, depth, *more = rest  # [min_blocks[:regs|smem]]
                 cfg = mg.Config(fmt, int(rows), int(splits), int(depth), 256, True, int(more[0]) if more else 0,

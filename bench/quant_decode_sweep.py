@@ -43,8 +43,6 @@ tile. Sections:
   m1x      nvfp4_m1's experts at 1, 2, 8, 32 tokens (seeded routings): the defaults beside another tree's nvfp4_m1
            (M1X_BASE: its file) loaded in the same process
   m1cfg    nvfp4_m1's experts at 1, 2, 8 tokens, gate|up with two row tiles of each part a warp against the default
-  m1ahead  nvfp4_m1's experts at 1, 2, 8 tokens, down asking L2 for its whole W first (Config.l2_ahead 1, 2) against
-           the default
   m1par    nvfp4_m1's gate|up and down_sum kernels alone, in sequence, and on two streams with no dependency (a
            bound on what overlapping them could give), 1 and 8 tokens
   mmapdl   w8a16_gemv / w4a16_gemv at 1, 2, 4, 8 rows, both shapes: calls in a graph (weight copies in turn)
@@ -1040,17 +1038,16 @@ def sec_m1x(res):
 
 def _m1_alternate(res, tag: str, forms: dict, tokens) -> None:
     """The experts at each token count (routings seeded), every form (name -> (nvfp4_m1 module, gate|up config, down
-    config or a function of the token count giving it, more keywords)) checked against fp32 math, then timed three
-    times in alternation (graph replays of 40 calls, 8 routings in turn)."""
+    config, more keywords)) checked against fp32 math, then timed three times in alternation (graph replays of 40
+    calls, 8 routings in turn)."""
     P, e, d, i = _experts_setup()
     d2 = P["d2"].reshape(e, 1).contiguous()
     for t in tokens:
         torch.manual_seed(t)
         routes, touched, floor, ref = _nvfp4_moe_case(P, e, d, i, t)
 
-        def run(r, f, t=t):
+        def run(r, f):
             mod, cg, cd, kw = f
-            cd = cd(t) if callable(cd) else cd
             return mod.experts(r[2], r[1], r[0], P["gp"], P["gb"], P["g2"], P["dp"], P["db"], d2, 10.0, cg, cd, **kw)
 
         errs = {k: rel(run(routes[0], f), ref) for k, f in forms.items()}
@@ -1075,20 +1072,6 @@ def sec_m1cfg(res):
     _m1_alternate(res, "m1cfg", {"default": (m1, None, None, {}), "gate|up rows 2": (m1, rows2, None, {}),
                                  "gate|up rows 2, L2 128": (m1, dataclasses.replace(rows2, l2_prefetch=128), None, {})},
                   (1, 2, 8))
-
-
-def sec_m1ahead(res):
-    """nvfp4_m1's experts at 1, 2 and 8 tokens with down's blocks first asking L2 for all of their W and scales (bulk
-    prefetches, so that under PDL DRAM fetches them while gate|up's last blocks run; with an evict_last policy or
-    not) against the default: each form against fp32 math, then timed three times in alternation (graph replays of 40
-    calls, 8 routings in turn)."""
-    from tpserve.kernels import nvfp4_m1 as m1
-
-    def down(ahead):
-        return lambda t: dataclasses.replace(m1.default_config("down_sum" if t == 1 else "down", 4096, 8 * t),
-                                             l2_ahead=ahead)
-    _m1_alternate(res, "m1ahead", {"default": (m1, None, None, {}), "down l2_ahead 1": (m1, None, down(1), {}),
-                                   "down l2_ahead 2": (m1, None, down(2), {})}, (1, 2, 8))
 
 
 def sec_mmapdl(res):
@@ -1177,7 +1160,7 @@ def sec_mmacap(res):
 
 if __name__ == "__main__":
     sys.exit(run_sections(dict(m1=sec_m1, m1def=sec_m1def, m1exp=sec_m1exp, m1sum=sec_m1sum, m1par=sec_m1par,
-                               m1pdl=sec_m1pdl, m1x=sec_m1x, m1cfg=sec_m1cfg, m1ahead=sec_m1ahead, mmasmem=sec_mmasmem,
+                               m1pdl=sec_m1pdl, m1x=sec_m1x, m1cfg=sec_m1cfg, mmasmem=sec_mmasmem,
                                mmapdl=sec_mmapdl, mmacap=sec_mmacap,
                                fp8det=sec_fp8det,
                                moe=sec_moe,

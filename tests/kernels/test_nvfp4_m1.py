@@ -2,8 +2,6 @@
 columns, the 2^60 tables, the e4m3 scales at 2^-120), against the dequantized float64 product; the kernels
 themselves run on a GPU (the last tests, skipped without one; BENCHMARKS.md has the H200 checks)."""
 
-import dataclasses
-
 import pytest
 import torch
 
@@ -131,12 +129,6 @@ def test_config_and_shape_errors_name_the_field():
     assert m1.Config(rows=2, splits=4, stages=4).smem(2, 4096) == 4 * 4 * 4 * 2304 + 8192 + 32
     with pytest.raises(ValueError, match="Config.decode"):
         m1.Config(decode="int")
-    with pytest.raises(ValueError, match="Config.l2_ahead"):
-        m1.Config(l2_ahead=3)
-    text, name = m1.source(m1.Config(l2_ahead=2), "down_sum")
-    assert "#define AHEAD 2\n" in text and name.endswith("_a2") and "cp.async.bulk.prefetch.L2" in text
-    text, name = m1.source(m1.Config(l2_ahead=1), "gate_up")  # (the down modes' option alone)
-    assert "#define AHEAD 0\n" in text and name == m1.source(m1.Config(), "gate_up")[1]
     p, bs, s2 = qr.nvfp4_quantize(torch.randn(32, 256))
     with pytest.raises(ValueError, match="x: must be one bf16 CUDA row"):
         m1.gemv(torch.randn(1, 256).bfloat16(), p, bs, s2.expand(32))
@@ -207,10 +199,6 @@ def test_gpu_gemv_and_experts_match_fp32_math(decode):
             if launch_ex.supported(x.device):  # down as gate|up's programmatic dependent: the same kernels, bit for bit
                 assert torch.equal(m1.experts(x, weights, ids, gup, gbs, gs2, dnp, dbs, ds2, 7.0, cfg, cd,
                                               sum_choices, pdl=True), got)
-            for ahead in (1, 2):  # down asking L2 for its W first: the same sums, bit for bit
-                cda = dataclasses.replace(cd, l2_ahead=ahead)
-                assert torch.equal(m1.experts(x, weights, ids, gup, gbs, gs2, dnp, dbs, ds2, 7.0, cfg, cda,
-                                              sum_choices, pdl=launch_ex.supported(x.device)), got), (cda, sum_choices)
     other = m1.Config(decode="lut" if decode == "shift" else "shift")  # gate|up and down of different decodes
     for cg, cd in ((other, cfg), (cfg, other)):  # (h as the down kernel's decode takes it)
         got = m1.experts(x, weights, ids, gup, gbs, gs2, dnp, dbs, ds2, 7.0, cg, cd)

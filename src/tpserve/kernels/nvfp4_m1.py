@@ -64,21 +64,6 @@ __device__ __forceinline__ void cp16x(unsigned dst, const void* src) {  // (x: n
 __device__ __forceinline__ void cp4(unsigned dst, const void* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" :: "r"(dst), "l"(src));
 }
-// AHEAD (down modes): ask L2 for `bytes` (a multiple of 16) at p, 16 KiB a bulk prefetch; AHEAD 2 with an
-// evict_last policy. Returns at once (nothing lands in shared memory); sm_90+, elsewhere nothing.
-__device__ __forceinline__ void l2_ahead(const unsigned char* p, long bytes) {
-#if __CUDA_ARCH__ >= 900
-  for (long o = 0; o < bytes; o += 16384) {
-    const unsigned n = (unsigned)min(bytes - o, 16384L);
-    if (AHEAD == 2)
-      asm volatile("{\n .reg .b64 pol;\n createpolicy.fractional.L2::evict_last.b64 pol, 1.0;\n"
-                   " cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, pol;\n}"
-                   :: "l"(p + o), "r"(n));
-    else
-      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(p + o), "r"(n));
-  }
-#endif
-}
 
 // e4m3 pair (16 bits) -> two floats: "lut" value * 2^-120 (exact, subnormals too: fp32 denormals); "shift" the
 // value (the bf16 pair times 2^120 first, exact)
@@ -142,23 +127,12 @@ extern "C" __global__ void __launch_bounds__(32 * KS) NAME(
   const long long ee = e_ok ? e : 0;
   const long rows_all = (long)N * PARTS, row_bytes = K / 2, SK = K / 16;
   const long expert_w = rows_all * row_bytes, expert_s = rows_all * SK;
-  // AHEAD: the block's rows of W and scales (one expert's; MODE 3 each choice's) asked of L2 before anything
-  // else, so that under PDL DRAM fetches them while gate|up's last blocks run (the rows are contiguous)
-  const long ahead_rows = min(16 * HT, N - row0);
-  if (AHEAD && MODE == 2 && threadIdx.x == 0 && e_ok) {
-    l2_ahead(w + ee * expert_w + row0 * row_bytes, ahead_rows * row_bytes);
-    l2_ahead(s + ee * expert_s + row0 * SK, ahead_rows * SK);
-  }
   if (MODE == 3) {
     if (threadIdx.x < top_k) {
       const long long ec = ids[(long)p * top_k + threadIdx.x];
       const bool ok = ec >= 0 && ec < num_experts;
       ch_e[threadIdx.x] = ok ? ec : 0;
       ch_s[threadIdx.x] = ok ? route[(long)p * top_k + threadIdx.x] * s2[ok ? ec : 0] * unit : 0.f;
-      if (AHEAD && ch_s[threadIdx.x] != 0.f) {
-        l2_ahead(w + ec * expert_w + row0 * row_bytes, ahead_rows * row_bytes);
-        l2_ahead(s + ec * expert_s + row0 * SK, ahead_rows * SK);
-      }
     }
     __syncthreads();
   }
@@ -340,21 +314,16 @@ class Config:
     """rows: row tiles (16 rows of W) a warp holds, per part (gate|up holds `rows` of each); splits: warps a
     block, warp w taking K chunks (256 values) w, w + splits, ...; stages: chunks a warp has in shared memory
     (stages - 1 of them loading); l2_prefetch: bytes L2 fetches with each 16-byte copy (0: no hint); decode:
-    "lut" (prmt table lookups, mma_gemv's decode_fp4) or "shift" (decode_fp4_shift: shifts and masks); l2_ahead
-    (down modes, sm_90+): a block first asks L2 for all of its W and scales by bulk prefetches (1; 2 with an
-    evict_last policy), 0 not."""
+    "lut" (prmt table lookups, mma_gemv's decode_fp4) or "shift" (decode_fp4_shift: shifts and masks)."""
     rows: int = 1
     splits: int = 4
     stages: int = 2
     l2_prefetch: int = 256
     decode: str = "shift"
-    l2_ahead: int = 0
 
     def __post_init__(self):
         if self.l2_prefetch not in (0, 64, 128, 256):
             raise ValueError(f"Config.l2_prefetch: must be 0, 64, 128 or 256 (bytes), got {self.l2_prefetch!r}")
-        if self.l2_ahead not in (0, 1, 2):
-            raise ValueError(f"Config.l2_ahead: must be 0, 1 or 2, got {self.l2_ahead!r}")
         if self.decode not in ("lut", "shift"):
             raise ValueError(f"Config.decode: must be 'lut' or 'shift', got {self.decode!r}")
         for name, lo, hi in (("rows", 1, 4), ("splits", 1, 16), ("stages", 2, 8)):
@@ -379,10 +348,9 @@ def source(cfg: Config, mode: str, h_shift: bool = False) -> tuple[str, str]:
     parts = 2 if mode == "gate_up" else 1
     h_shift = h_shift and mode == "gate_up"
     name = (f"tpserve_nvfp4_m1_{mode}_r{cfg.rows}_s{cfg.splits}_st{cfg.stages}_p{cfg.l2_prefetch}_{cfg.decode}"
-            + ("_hs" if h_shift else "") + (f"_a{cfg.l2_ahead}" if cfg.l2_ahead and mode.startswith("down") else ""))
+            + ("_hs" if h_shift else ""))
     defines = dict(R=cfg.rows * parts, PARTS=parts, KS=cfg.splits, STAGES=cfg.stages, MODE=MODES[mode], NAME=name,
-                   H_SHIFT=int(h_shift), AHEAD=cfg.l2_ahead if mode.startswith("down") else 0,
-                   X_IN_ORDER=int(mode in ("down", "down_sum") and cfg.decode == "shift"),
+                   H_SHIFT=int(h_shift), X_IN_ORDER=int(mode in ("down", "down_sum") and cfg.decode == "shift"),
                    TILE_W_BYTES=TILE_W_BYTES, TILE_STAGE_BYTES=TILE_STAGE_BYTES, MAX_TOP_K=MAX_TOP_K,
                    SHIFT=int(cfg.decode == "shift"), SEL_LO=f"{mg.SEL_LO:#x}u", DECODE_MASK=f"{mg.DECODE_MASK:#x}u",
                    DECODE_SHIFT=mg.DECODE_SHIFT, **{k: f"{v:#010x}u" for k, v in mg.fp4_tables(TABLE_LOG2).items()},
