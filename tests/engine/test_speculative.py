@@ -879,7 +879,8 @@ def test_set_adaptive_with_a_smaller_fixed_k():
 def test_fused_steps_file_their_measured_rates_while_the_next_step_runs(plain):
     """Adaptive k with fused steps: a fused step's observation (MeasuredRates.observe) is filed inside the next
     fused step's spec_step, after its launch and before its copy (Speculator.while_waiting: on a GPU the host's
-    bookkeeping overlaps the device's work), never lost or reordered; greedy tokens stay plain decoding's."""
+    bookkeeping overlaps the device's work), or by the next step that observes; the last one stays pending until
+    while_waiting files it; greedy tokens stay plain decoding's."""
     llm, fused = _fused_llm({"method": "mtp", "num_speculative_tokens": 3})
     graphs, spec = llm.engine.executor.runner.graphs, llm.engine.speculator
     inside, seen = [False], []
