@@ -19,8 +19,12 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 from tqdm import tqdm
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from boot_snapshot import evict  # noqa: E402  (fsync, then the file's pages dropped from the page cache)
 
 MIB = 1 << 20
 
@@ -46,15 +50,6 @@ def write_file(path: str, size: int) -> None:
             bar.update(len(block))
         f.flush()
         os.fsync(f.fileno())
-
-
-def evict(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 def read_all(path: str, mode: str, threads: int, chunk: int) -> float:
@@ -115,7 +110,7 @@ def main() -> None:
         print("| mode | threads | chunk MiB | GB/s |")
         print("| --- | --- | --- | --- |")
         for mode, threads, chunk_mib in configs:
-            evict(path)
+            evict([Path(path)])
             try:
                 s = read_all(path, mode, threads, chunk_mib * MIB)
                 print(f"| {mode} | {threads} | {chunk_mib} | {size / 1e9 / s:.2f} |", flush=True)
@@ -124,7 +119,6 @@ def main() -> None:
     finally:
         if os.path.exists(path):
             os.remove(path)
-    sys.stdout.flush()
 
 
 if __name__ == "__main__":
