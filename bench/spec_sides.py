@@ -3,6 +3,7 @@ k on the same prompts, measured in one run").
 
     python bench/spec_sides.py [--k 7] [--sides adaptive,7,5,3] [--temperature 0] [--batch 1] [--max-tokens 96]
                                [--rounds 8] [--device cpu] [--json F]
+                               [--host-times] [--gc-stats]
 
 One engine built with num_speculative_tokens = --k runs every side, switched between passes
 (`Speculator.set_adaptive(on, fixed_k)`): the sides share graphs, memory and allocator state and differ in the
@@ -22,6 +23,7 @@ Prints each round's decode tok/s per side, each side's median, the median over r
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import time
@@ -57,6 +59,8 @@ def main() -> None:
                     help="also time, per side, the engine's fused steps (_fused_step), their device part "
                          "(execute_spec: launch to results on the host) and the host's walk after it (verify_fused), "
                          "us a call")
+    ap.add_argument("--gc-stats", action="store_true",
+                    help="also count, per side, Python's garbage collections by generation and the time spent in them")
     args = ap.parse_args()
     try:
         sides = parse_sides(args.sides, args.k)
@@ -114,6 +118,17 @@ def main() -> None:
                     spent[now["side"]][_label] += time.perf_counter() - t
                     calls[now["side"]][_label] += 1
             setattr(owner, attr, timer)
+    collected: dict[str, Counter] = {n: Counter() for n in names}
+    if args.gc_stats:  # (gc.callbacks: each collection's generation and time, under the side running then)
+        started = [0.0]
+
+        def on_gc(phase, info):
+            if phase == "start":
+                started[0] = time.perf_counter()
+            elif now["side"] in collected:
+                collected[now["side"]][f"gen{info['generation']}"] += 1
+                collected[now["side"]]["ms"] += 1e3 * (time.perf_counter() - started[0])
+        gc.callbacks.append(on_gc)
     rounds = []
     print("| round | " + " | ".join(f"{n} tok/s" for n in names) + " |")
     print("| --- " * (len(names) + 1) + "|")
@@ -163,6 +178,12 @@ def main() -> None:
         for n in names:
             print(f"| {n} | " + " | ".join(f"{1e6 * spent[n][k] / max(calls[n][k], 1):.1f} ({calls[n][k]})"
                                           for k in labels) + " |")
+    if args.gc_stats:
+        gc.callbacks.remove(on_gc)
+        result["gc"] = {n: dict(collected[n]) for n in names}
+        for n in names:
+            c = collected[n]
+            print(f"{n} garbage collections: gen0 {c['gen0']}, gen1 {c['gen1']}, gen2 {c['gen2']}, {c['ms']:.1f} ms")
     if "adaptive" in sides:
         record_adaptive(speculator, result, "adaptive")
     if args.json:

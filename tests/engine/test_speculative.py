@@ -906,3 +906,37 @@ def test_fused_steps_file_their_measured_rates_while_the_next_step_runs(plain):
     spec.while_waiting()  # the last fused step's observation, filed by the next step to come
     assert spec.pending_rate is None and (pending is None or seen[-1] == (False, pending))
     llm.shutdown()
+
+
+@pytest.mark.parametrize("fused_ms", [3.5, 1.5])
+def test_adaptive_ends_a_request_plainly_where_plain_steps_are_shorter(plain, fused_ms):
+    """Where the next step would be fused (k is 0 or the largest) and the request may emit at most `left` more
+    tokens, adaptive k runs plain steps when `left` of them measure shorter than one fused step, which costs its
+    rows and depths however few tokens it may keep: with plain steps of 1 ms, fused steps of 3.5 ms end a request
+    plainly from 3 tokens before its end, fused steps of 1.5 ms never. Tokens stay plain decoding's."""
+    from tpserve.engine.spec_rates import MeasuredRates
+
+    llm, _ = _fused_llm({"method": "mtp", "num_speculative_tokens": 3})
+    spec = llm.engine.speculator
+    spec.rates = rates = MeasuredRates()
+    for _ in range(8):  # drafting over twice plain's rate either way: a plain probe only every 1024th step
+        rates.observe(1, False, 1, 0.001)
+        rates.observe(1, True, 8, fused_ms / 1000)
+    rates.observe = lambda *a: None  # (this CPU's own step times would move them)
+    seen, next_k = [], spec._next_k
+
+    def spy(*a, **kw):
+        k = next_k(*a, **kw)
+        running = llm.engine.scheduler.running
+        if running:
+            seq = running[0]
+            seen.append((seq.max_tokens - len(seq.output_ids), k))
+        return k
+    spec._next_k = spy
+    sp = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    for prompt in PROMPTS[:3]:
+        assert llm.generate([prompt], sp)[0].outputs[0].token_ids == plain.generate([prompt], sp)[0].outputs[0].token_ids
+    ends = [k for left, k in seen if 2 <= left <= 3]
+    assert ends and all(k == (0 if fused_ms > 3 else 3) for k in ends), seen
+    assert all(k == 3 for left, k in seen if left >= 4), seen
+    llm.shutdown()

@@ -4,6 +4,7 @@ and the drafter's calibration (`Calibration`)."""
 
 from __future__ import annotations
 
+import math
 from collections import deque
 
 
@@ -82,7 +83,8 @@ class MeasuredRates:
     def __init__(self):
         self.window: dict[tuple[int, bool], _RateWindow] = {}  # (bucket, drafted) -> that mode's recent steps
         self.last_seen: dict[tuple[int, bool], int] = {}  # the `step` count at the mode's last observation
-        self._decision: dict[int, tuple[tuple[int, bool], int]] = {}  # bucket -> (slower mode's key, probe every)
+        # bucket -> (slower mode's key, probe every, plain steps shorter than a drafting step)
+        self._decision: dict[int, tuple[tuple[int, bool], int, int]] = {}
         self.step = 0
 
     @property
@@ -117,11 +119,23 @@ class MeasuredRates:
         lead = spec / plain if spec > plain else plain / spec  # (max / min)
         every = (self.SPEC_PROBE if lead <= self.CLEAR_LEAD else self.CLEAR_PROBE if lead <= self.WIDE_LEAD
                  else self.WIDE_PROBE)
-        self._decision[b] = (spec_key if spec < plain else plain_key, every)
+        # the most plain steps that take less time than one drafting step: L with L * plain < drafting
+        within = math.ceil((spec_win.seconds / len(spec_win)) / (plain_win.seconds / len(plain_win))) - 1
+        self._decision[b] = (spec_key if spec < plain else plain_key, every, within)
 
-    def measured(self, batch: int) -> bool:
-        """Both modes measured for this batch's bucket (`override` then decides from measurements alone)."""
-        return _bucket(batch) in self._decision
+    def measured_k(self, batch: int, k: int) -> tuple[int, int] | None:
+        """Where both modes are measured in this batch's bucket: `override`'s k from the measurements alone, and
+        the most plain steps that measure shorter than one drafting step (`_decide`); None where not (nothing
+        ticked then: the caller goes on to `override`)."""
+        decision = self._decision.get(_bucket(batch))
+        if decision is None:
+            return None
+        self.step += 1  # (tick)
+        if k == 0:
+            return 0, decision[2]
+        slower, every, within = decision
+        due = self.step - self.last_seen[slower] >= every  # the slower mode runs once it is due
+        return ((k if due else 0) if slower[1] else (0 if due else k)), within
 
     def tick(self) -> None:
         """A step the speculator was not asked about (Speculator.idle): the probes' clock counts it too."""
@@ -137,7 +151,7 @@ class MeasuredRates:
             plain_key = (b, False)
             measured = len(self.window.get(plain_key, ())) >= self.MIN_OBS
             return 0 if not measured and self.step - self.last_seen.get(plain_key, 0) >= self.PLAIN_PROBE else k
-        slower, every = decision
+        slower, every, _ = decision
         due = self.step - self.last_seen[slower] >= every  # the slower mode runs once it is due
         return (k if due else 0) if slower[1] else (0 if due else k)
 

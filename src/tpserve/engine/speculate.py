@@ -341,10 +341,17 @@ class Speculator:
             # `_padded`)
             max_k = self.spec.num_speculative_tokens
             padded = adaptive and (batch <= self.fused_limit if fused else self._padded(running, batch))
-            if padded and self.rates.measured(batch):
-                # the next step is fused, so k is 0 or max_k, and both were measured here: the measurements
-                # decide (the policy's cost model would only guess at the same thing)
-                k = self.rates.override(batch, max_k)
+            # the next step is fused, so k is 0 or max_k, and where both were measured here the measurements decide
+            # (the policy's cost model would only guess at the same thing)
+            decided = self.rates.measured_k(batch, max_k) if padded else None
+            if decided is not None:
+                k, within = decided
+                if k and within >= 2 and 2 <= self._left(running) <= within:
+                    # `within` plain steps finish the batch sooner than one fused step, which costs its
+                    # max_k rows and depths however few tokens it may keep (an H200 at batch 1: plain ~0.9 ms,
+                    # fused k = 7 ~2.05 ms, so a request 2 tokens from its end); the fused step taken at its best
+                    # (every draft accepted), so this errs toward drafting. A fixed k cannot do this
+                    k = 0
             else:
                 k = self.policy.choose_k(batch, running)
                 if adaptive:
@@ -361,6 +368,11 @@ class Speculator:
             self._stop_drafting(above_graphs=False)
             return None
         return k
+
+    def _left(self, running: list[Sequence]) -> int:
+        """The most tokens a running request may still emit (max_tokens, max_model_len; `_budget`'s caps + 1)."""
+        limit = self.engine.max_model_len + 1
+        return max((min(seq.max_tokens - len(seq.output_ids), limit - seq.num_tokens) for seq in running), default=0)
 
     def _stop_drafting(self, above_graphs: bool) -> None:
         """The running requests draft no more: unless one has a fixed k, the next steps may skip the speculator
