@@ -16,8 +16,9 @@ engines built with it through bench/spec_ab.py). Sampled (--temperature T > 0, u
 fixed k whatever the policy says): steps are not fused, verify graphs exist for every row count and drafts run depth
 by depth, so a fixed k on this engine costs what it costs on an engine built with it.
 
-Prints each round's decode tok/s per side, each side's median, the median over rounds of adaptive / each fixed side
-(and / the best fixed side: the one with the highest median), and the adaptive side's k per step.
+Prints each round's decode tok/s per side, whether greedy sides gave the same tokens (one untimed pass each after
+the rounds), each side's median, the median over rounds of adaptive / each fixed side (and / the best fixed side:
+the one with the highest median), and the adaptive side's k per step.
 """
 
 from __future__ import annotations
@@ -137,9 +138,17 @@ def main() -> None:
         rate = {names[i]: run(i) for i in order}
         rounds.append(rate)
         print(f"| {r + 1} | " + " | ".join(f"{rate[n]:.1f}" for n in names) + " |", flush=True)
+    same = None
+    if args.temperature == 0:  # greedy: every side's tokens must be the same (untimed, one pass a side)
+        outs = []
+        for i in range(len(sides)):
+            speculator.set_adaptive(sides[i] == "adaptive", None if sides[i] == "adaptive" else int(sides[i]))
+            outs.append([o.outputs[0].token_ids for g in groups for o in llm.generate(g, sp)])
+        same = all(o == outs[0] for o in outs)
+        print(f"greedy tokens identical on every side: {same}")
     median = {n: statistics.median(x[n] for x in rounds) for n in names}
     print("median tok/s: " + ", ".join(f"{n} {median[n]:.1f}" for n in names))
-    result = {"args": vars(args), "sides": names, "rounds": rounds, "median_tok_s": median,
+    result = {"args": vars(args), "sides": names, "rounds": rounds, "median_tok_s": median, "greedy_same": same,
               "k_per_step": {n: {str(k): c for k, c in sorted(chosen[n].items())} for n in names}}
     fixed = [n for n in names if not n.startswith("adaptive")]
     for a in (n for n in names if n.startswith("adaptive")):

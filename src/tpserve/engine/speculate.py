@@ -325,7 +325,8 @@ class Speculator:
             if not fused:  # (a fused step's time holds its drafting too: the cost model fits them apart)
                 self.policy.observe_step(step_tokens, max(step_seconds, 1e-9))
             if self.last_draft_seconds is not None:  # None: the drafts came with a prompt's MTP catch-up
-                self.while_waiting()
+                if self.pending_rate is not None:  # (after a fused step the next one's launch filed it)
+                    self.while_waiting()
                 seen = (batch, self.step_drafted, self.emitted, step_seconds + self.last_draft_seconds)
                 if fused:  # filed while the next step runs (its choice reads the rates of the steps before)
                     self.pending_rate = seen
@@ -371,8 +372,12 @@ class Speculator:
 
     def _left(self, running: list[Sequence]) -> int:
         """The most tokens a running request may still emit (max_tokens, max_model_len; `_budget`'s caps + 1)."""
-        limit = self.engine.max_model_len + 1
-        return max((min(seq.max_tokens - len(seq.output_ids), limit - seq.num_tokens) for seq in running), default=0)
+        limit, left = self.engine.max_model_len + 1, 0
+        for seq in running:  # (a loop: a generator's max costs more at the batch of 1 this matters for)
+            n = min(seq.max_tokens - len(seq.output_ids), limit - seq.num_tokens)
+            if n > left:
+                left = n
+        return left
 
     def _stop_drafting(self, above_graphs: bool) -> None:
         """The running requests draft no more: unless one has a fixed k, the next steps may skip the speculator
