@@ -80,7 +80,7 @@ def main() -> None:
               max_num_seqs=max(args.batch, 8), kv_cache_memory=2**30)
     speculator = llm.engine.speculator
     now = {"side": None}
-    chosen: dict[str, Counter] = {n: Counter() for n in names}
+    chosen: dict[str | None, Counter] = {n: Counter() for n in names + [None]}  # None: untimed passes
 
     def run(i: int) -> float:
         now["side"] = names[i]
@@ -105,8 +105,8 @@ def main() -> None:
         return skip
 
     speculator.propose, speculator.verify_fused, speculator.idle = counted(propose), counted(verify_fused), idle_counted
-    spent: dict[str, Counter] = {n: Counter() for n in names}
-    calls: dict[str, Counter] = {n: Counter() for n in names}
+    spent: dict[str | None, Counter] = {n: Counter() for n in names + [None]}
+    calls: dict[str | None, Counter] = {n: Counter() for n in names + [None]}
     if args.host_times:  # (outermost wrappers: each side's calls carry the same timer overhead)
         owners = {"_fused_step": (llm.engine, "_fused_step"), "execute_spec": (llm.engine.executor, "execute_spec"),
                   "verify_fused": (speculator, "verify_fused")}
@@ -140,7 +140,7 @@ def main() -> None:
         print(f"| {r + 1} | " + " | ".join(f"{rate[n]:.1f}" for n in names) + " |", flush=True)
     same = None
     if args.temperature == 0:  # greedy: every side's tokens must be the same (untimed, one pass a side)
-        outs = []
+        outs, now["side"] = [], None  # (counted apart from the sides' timed passes)
         for i in range(len(sides)):
             speculator.set_adaptive(sides[i] == "adaptive", None if sides[i] == "adaptive" else int(sides[i]))
             outs.append([o.outputs[0].token_ids for g in groups for o in llm.generate(g, sp)])
