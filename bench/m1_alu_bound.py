@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import re
 import sys
 from pathlib import Path
@@ -54,19 +53,13 @@ def main() -> None:
     ap.add_argument("--tokens", default="1,2,8")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    tokens = [int(t) for t in args.tokens.split(",") if t.strip()]
-    if not tokens or any(t < 1 for t in tokens):
-        ap.error(f"--tokens: positive integers, got {args.tokens!r}")
-    from quant_decode_sweep import _m1_alternate
+    from quant_decode_sweep import m1_forms_run
 
     from tpserve.kernels import nvfp4_m1
 
     forms = {"default": (nvfp4_m1, None, None, {})}
     forms.update({name: (variant(name), None, None, {}) for name in BODIES})
-    res: dict = {}
-    _m1_alternate(res, "m1alu", forms, tokens)
-    if args.json:
-        Path(args.json).write_text(json.dumps(res, indent=1))
+    m1_forms_run("m1alu", forms, args.tokens, args.json, ap.error)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ in turn).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -37,27 +36,18 @@ def main() -> None:
     ap.add_argument("--tokens", default="1,2,8")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    try:
-        down, gate_up = parse_configs(args.down, "--down"), parse_configs(args.gate_up, "--gate-up")
-        tokens = [int(t) for t in args.tokens.split(",") if t.strip()]
-    except ValueError as exc:
-        ap.error(str(exc))
-    if not tokens or any(t < 1 for t in tokens):
-        ap.error(f"--tokens: positive integers, got {args.tokens!r}")
     from tpserve.kernels import nvfp4_m1 as m1
 
     try:  # (Config checks each field's range)
+        down, gate_up = parse_configs(args.down, "--down"), parse_configs(args.gate_up, "--gate-up")
         forms = {"default": (m1, None, None, {})}
         forms.update({f"down {r}:{s}:{st}": (m1, None, m1.Config(r, s, st), {}) for r, s, st in down})
         forms.update({f"gate|up {r}:{s}:{st}": (m1, m1.Config(r, s, st), None, {}) for r, s, st in gate_up})
     except ValueError as exc:
         ap.error(str(exc))
-    from quant_decode_sweep import _m1_alternate
+    from quant_decode_sweep import m1_forms_run
 
-    res: dict = {}
-    _m1_alternate(res, "m1configs", forms, tokens)
-    if args.json:
-        Path(args.json).write_text(json.dumps(res, indent=1))
+    m1_forms_run("m1configs", forms, args.tokens, args.json, ap.error)
 
 
 if __name__ == "__main__":

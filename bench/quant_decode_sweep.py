@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import sys
 import time
 from pathlib import Path
@@ -1060,6 +1061,24 @@ def _m1_alternate(res, tag: str, forms: dict, tokens) -> None:
             print(f"  {k}: {' / '.join(f'{v:.1f}' for v in times[k])} us ({100 * floor * 1e6 / min(times[k]):.0f}% at "
                   f"best), rel err {errs[k]:.1e}", flush=True)
         res[f"{tag} t={t}"] = dict(floor_us=floor * 1e6, touched=touched, us=times, rel_err=errs)
+
+
+def m1_forms_run(tag: str, forms: dict, tokens_text: str, json_path: str | None, error) -> None:
+    """For the small m1 scripts (bench/m1_alu_bound.py, bench/m1_configs.py): --tokens parsed (error(message) where
+    it is not a list of positive integers), `_m1_alternate` over the forms, the results written to json_path."""
+    try:
+        tokens = [int(t) for t in tokens_text.split(",") if t.strip()]
+    except ValueError:
+        tokens = []
+    if not tokens or any(t < 1 for t in tokens):
+        error(f"--tokens: positive integers, comma-separated, got {tokens_text!r}")
+    if not torch.cuda.is_available():
+        error("needs a CUDA GPU (the nvfp4_m1 kernels)")
+    res: dict = {}
+    _m1_alternate(res, tag, forms, tokens)
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(res, f, indent=1)
 
 
 def sec_m1cfg(res):
