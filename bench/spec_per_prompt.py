@@ -42,7 +42,8 @@ def main() -> None:
         sp = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
         print(f"\n{n} tokens a request, k = {args.k}:")
         for i, group in enumerate(structured_groups(1)):
-            drafts, accepted, per_pos = counters.num_drafts, counters.num_accepted_tokens, list(counters.accepted_per_pos)
+            drafts, accepted = counters.num_drafts, counters.num_accepted_tokens
+            per_pos = list(counters.accepted_per_pos)
             lefts.clear()
             llm.generate(group, sp)
             steps, acc = counters.num_drafts - drafts, counters.num_accepted_tokens - accepted

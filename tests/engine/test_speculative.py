@@ -935,7 +935,8 @@ def test_adaptive_ends_a_request_plainly_where_plain_steps_are_shorter(plain, fu
     spec._next_k = spy
     sp = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     for prompt in PROMPTS[:3]:
-        assert llm.generate([prompt], sp)[0].outputs[0].token_ids == plain.generate([prompt], sp)[0].outputs[0].token_ids
+        got, want = (m.generate([prompt], sp)[0].outputs[0].token_ids for m in (llm, plain))
+        assert got == want
     ends = [k for left, k in seen if 2 <= left <= 3]
     assert ends and all(k == (0 if fused_ms > 3 else 3) for k in ends), seen
     assert all(k == 3 for left, k in seen if left >= 4), seen

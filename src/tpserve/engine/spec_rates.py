@@ -131,11 +131,7 @@ class MeasuredRates:
         if decision is None:
             return None
         self.step += 1  # (tick)
-        if k == 0:
-            return 0, decision[2]
-        slower, every, within = decision
-        due = self.step - self.last_seen[slower] >= every  # the slower mode runs once it is due
-        return ((k if due else 0) if slower[1] else (0 if due else k)), within
+        return (self._decided(decision, k) if k else 0), decision[2]
 
     def tick(self) -> None:
         """A step the speculator was not asked about (Speculator.idle): the probes' clock counts it too."""
@@ -151,8 +147,12 @@ class MeasuredRates:
             plain_key = (b, False)
             measured = len(self.window.get(plain_key, ())) >= self.MIN_OBS
             return 0 if not measured and self.step - self.last_seen.get(plain_key, 0) >= self.PLAIN_PROBE else k
+        return self._decided(decision, k)
+
+    def _decided(self, decision: tuple, k: int) -> int:
+        """k > 0 as the measurements have it: the slower mode runs once it is due."""
         slower, every, _ = decision
-        due = self.step - self.last_seen[slower] >= every  # the slower mode runs once it is due
+        due = self.step - self.last_seen[slower] >= every
         return (k if due else 0) if slower[1] else (0 if due else k)
 
     def snapshot(self) -> dict:
