@@ -3,6 +3,7 @@
 # in lock step or not (Config.lockstep), and the experts' two kernels chained under PDL (experts' chain): the GPU
 # test (bit for bit with the defaults), then bench/m1_configs.py's A/B at 1, 2 and 8 tokens, then block timelines
 # at one token of the default and the lock-step form.
+# It runs at commit 1ccebf3 (those forms and options were removed in the commit after it).
 set -uo pipefail
 source bench/gpu_env.sh
 step "GPU test: test_nvfp4_m1"

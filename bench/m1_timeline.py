@@ -6,10 +6,7 @@ as `experts` runs them (gate|up, then down as its programmatic dependent on sm_9
 CUDA graph; the last replay's timelines are summarised per kernel (all times in us from the first gate|up
 block's start of that routing).
 
-    python bench/m1_timeline.py [--tokens 1 8] [--down-stages N] [--down-cap N] [--gate-up CFG] [--json PATH]
-        [--raw PATH]
-
-(--gate-up: gate|up's config as bench/m1_configs.py writes it, rows:splits:stages[:pairs][:ls].)
+    python bench/m1_timeline.py [--tokens 1 8] [--down-stages N] [--down-cap N] [--json PATH] [--raw PATH]
 
 `--ncu` instead runs the plain experts a few times for Nsight Compute (`ncu -k regex:nvfp4_m1 ...`).
 """
@@ -63,7 +60,7 @@ class Experts:
     """nvfp4_m1.experts at one or more tokens with the default configs, down summing choices at one token, its
     kernels the patched copies; `tl` holds each kernel's block marks."""
 
-    def __init__(self, P, d2, t: int, e: int, d: int, i: int, down_stages: int = 0, down_cap: int = 0, cg=None):
+    def __init__(self, P, d2, t: int, e: int, d: int, i: int, down_stages: int = 0, down_cap: int = 0):
         from torch.cuda import _compile_kernel
 
         from tpserve.kernels import launch_ex
@@ -72,7 +69,7 @@ class Experts:
         self.P, self.d2, self.t, self.e, self.d, self.i = P, d2, t, e, d, i
         self.sum = t == 1
         self.down_mode = "down_sum" if self.sum else "down"
-        self.cg = cg or m1.default_config("gate_up", i, 8 * t)
+        self.cg = m1.default_config("gate_up", i, 8 * t)
         self.cd = m1.default_config(self.down_mode, d, 8 * t)
         if down_stages:
             self.cd = dataclasses.replace(self.cd, stages=down_stages)
@@ -85,7 +82,7 @@ class Experts:
         launch_ex.reserve_smem(self.kd, self.sd)
         if down_cap:
             self.sd = launch_ex.cap_blocks(self.kd, torch.cuda.current_device(), self.sd, down_cap)
-        self.grid_g = (-(-i // (16 * self.cg.rows)), 8 * t // self.cg.pairs, 1)
+        self.grid_g = (-(-i // (16 * self.cg.rows)), 8 * t, 1)
         self.grid_d = (-(-d // (16 * self.cd.rows)), t if self.sum else 8 * t, 1)
         self.pdl = launch_ex.supported(torch.device("cuda"))
 
@@ -110,7 +107,7 @@ class Experts:
               tls[0]]
         dn = [mg._aligned(P["dp"], 16), P["db"].view(torch.uint8), self.d2, h.view(torch.int16), flat, wf,
               y.view(torch.int16) if self.sum else y, self.d, self.i, 8, e, 10.0, tls[1]]
-        self.kg(grid=self.grid_g, block=(32 * self.cg.splits * self.cg.pairs, 1, 1), shared_mem=self.sg, args=gu)
+        self.kg(grid=self.grid_g, block=(32 * self.cg.splits, 1, 1), shared_mem=self.sg, args=gu)
         if self.pdl:
             launch_ex.launch_pdl(self.kd, self.grid_d, (32 * self.cd.splits, 1, 1), self.sd, dn)
         else:
@@ -152,20 +149,9 @@ def main() -> None:
     ap.add_argument("--raw", default=None, help="torch.save every block's marks here ({tokens: [(gate_up, down)]})")
     ap.add_argument("--down-stages", type=int, default=0, help="the down kernel's stages (0: its default)")
     ap.add_argument("--down-cap", type=int, default=0, help="blocks of the down kernel an SM may hold (0: no cap)")
-    ap.add_argument("--gate-up", default="", help="gate|up's config, rows:splits:stages[:pairs][:ls] (default: its "
-                    "default)")
     ap.add_argument("--ncu", action="store_true", help="run the plain experts 4 times (for ncu) and stop")
     args = ap.parse_args()
-    from m1_configs import parse_configs
-
     from tpserve.kernels import nvfp4_m1 as m1
-
-    try:
-        cgs = list(parse_configs(args.gate_up, "--gate-up", True).values())
-    except ValueError as exc:
-        ap.error(str(exc))
-    if len(cgs) > 1:
-        ap.error(f"--gate-up: one config, got {len(cgs)}")
 
     P, e, d, i = _experts_setup()
     d2 = P["d2"].reshape(e, 1).contiguous()
@@ -179,7 +165,7 @@ def main() -> None:
     res, raw = {}, {}
     for t in args.tokens:
         routes, touched, floor, ref = _nvfp4_moe_case(P, e, d, i, t)
-        ex = Experts(P, d2, t, e, d, i, args.down_stages, args.down_cap, cgs[0] if cgs else None)
+        ex = Experts(P, d2, t, e, d, i, args.down_stages, args.down_cap)
         tls = [ex.buffers() for _ in routes]
         y = ex(routes[0], tls[0]).float()
         base = m1.experts(routes[0][2], routes[0][1], routes[0][0], P["gp"], P["gb"], P["g2"], P["dp"], P["db"],

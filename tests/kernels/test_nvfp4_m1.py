@@ -142,19 +142,6 @@ def test_config_and_shape_errors_name_the_field():
         m1.experts(torch.randn(1, 256).bfloat16(), torch.ones(1, 17), torch.zeros(1, 17, dtype=torch.long), gu,
                    *[None] * 6, sum_choices=True)
     assert m1.Config(splits=2).smem(1, 2048, 8) == 2 * 2 * 2304 + 8 * 4096 + 32
-    assert m1.Config(splits=2, pairs=8).smem(2, 4096) == 8 * 2 * 2 * 2 * 2304 + 8192 + 32
-    text, name = m1.source(m1.Config(splits=2, pairs=8, lockstep=True), "gate_up", chain=True)
-    assert "#define PG 8\n" in text and "#define LOCKSTEP 1\n" in text and "#define CHAIN 1\n" in text
-    assert name.endswith("_pg8_ls_ch")
-    assert "#define CHAIN 0\n" in m1.source(m1.Config(), "dense", chain=True)[0]
-    with pytest.raises(ValueError, match="Config.pairs: only gate|up"):
-        m1.source(m1.Config(pairs=2), "down_sum")
-    with pytest.raises(ValueError, match="Config.pairs"):
-        m1.Config(pairs=0)
-    with pytest.raises(ValueError, match="Config.splits x pairs: at most 32 warps"):
-        m1.Config(splits=4, pairs=16)
-    with pytest.raises(ValueError, match="Config.lockstep: must be a bool"):
-        m1.Config(lockstep=1)
     assert launch_ex.supported(torch.device("cpu")) is False
     with pytest.raises(ValueError, match="args: tensors must be on a CUDA device"):
         launch_ex.launch_pdl(None, (1, 1, 1), (32, 1, 1), 0, [torch.zeros(1)])
@@ -216,16 +203,6 @@ def test_gpu_gemv_and_experts_match_fp32_math(decode):
     for cg, cd in ((other, cfg), (cfg, other)):  # (h as the down kernel's decode takes it)
         got = m1.experts(x, weights, ids, gup, gbs, gs2, dnp, dbs, ds2, 7.0, cg, cd)
         assert ((got.float() - ref).abs().max() / ref.abs().max()).item() < 1e-2, (cg, cd)
-    # a token's pairs in one gate|up block (in lock step or not), the two kernels chained: the same sums, bit for bit
-    plain = m1.experts(x, weights, ids, gup, gbs, gs2, dnp, dbs, ds2, 7.0, m1.Config(splits=2, decode=decode), cfg)
-    for cg in (m1.Config(splits=2, pairs=4, decode=decode), m1.Config(splits=2, pairs=2, lockstep=True, decode=decode)):
-        for chain in (False, True):
-            assert torch.equal(m1.experts(x, weights, ids, gup, gbs, gs2, dnp, dbs, ds2, 7.0, cg, cfg, chain=chain),
-                               plain), (cg, chain)
-    with pytest.raises(ValueError, match="Config.pairs: a block's pairs must be of one token"):
-        m1.experts(x, weights, ids, gup, gbs, gs2, dnp, dbs, ds2, 7.0, m1.Config(pairs=3, decode=decode), cfg)
-    with pytest.raises(ValueError, match="Config.lockstep: a block's warps must take equal chunk counts"):
-        m1.experts(x, weights, ids, gup, gbs, gs2, dnp, dbs, ds2, 7.0, m1.Config(splits=3, lockstep=True), cfg)
     if launch_ex.supported(x.device):  # captured in a CUDA graph (a programmatic edge), replayed
         graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
         with torch.cuda.stream(stream), torch.cuda.graph(graph):

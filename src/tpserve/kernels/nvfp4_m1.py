@@ -54,7 +54,6 @@ _SOURCE = r"""
 #define HT (R / PARTS)  // row tiles of one part (gate or up) a warp holds
 #define STAGE_BYTES (R * TILE_STAGE_BYTES)  // W [R][2 halves][lo|hi][32 lanes] uint4, then scales [R][lo|hi][8][16]
 #define WARP_SMEM (STAGES * STAGE_BYTES)
-#define NT (32 * KS * PG)  // threads a block
 
 __device__ __forceinline__ void cp16(unsigned dst, const void* src) {
   asm volatile("cp.async.cg.shared.global" W_HINT " [%0], [%1], 16;" :: "r"(dst), "l"(src));
@@ -105,30 +104,23 @@ __device__ __forceinline__ void decode_fp4_shift(unsigned w, unsigned* r) {
 // (MODE 1: row p / top_k; MODE 2: row p; MODE 3: rows t * top_k .. + top_k; MODE 0: row 0); blockIdx.y: pair p
 // (token t).
 // Dynamic shared memory: KS warps' stages, then x's rows as the MMAs take them (K bf16 each), then 32 zero bytes.
-extern "C" __global__ void __launch_bounds__(32 * KS * PG) NAME(
+extern "C" __global__ void __launch_bounds__(32 * KS) NAME(
     const unsigned char* __restrict__ w, const unsigned char* __restrict__ s, const float* __restrict__ s2,
     const unsigned short* __restrict__ x, const long long* __restrict__ ids, const float* __restrict__ route,
     void* __restrict__ y, int N, int K, int top_k, int num_experts,
     double limit_d) {  // (a double: torch's launcher passes Python floats as doubles)
   const float limit = (float)limit_d;
 #if __CUDA_ARCH__ >= 900
-  // programmatic dependent launch (kernels/launch_ex.py): gate|up lets down start as soon as all of its blocks run.
-  // CHAIN (gate|up itself a programmatic dependent of the kernel before): gate|up first waits for that kernel (ids
-  // and x are its outputs, or older), and only then lets down start, so that everything before gate|up is complete
-  // when down reads ids and W ahead of its own wait; down lets the next kernel start at once (that one waits
-  // before it reads anything written since)
-  if (MODE == 1 && CHAIN) asm volatile("griddepcontrol.wait;" ::: "memory");
-  if (MODE == 1 || CHAIN) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  // programmatic dependent launch (kernels/launch_ex.py): gate|up lets down start as soon as all of its blocks run
+  if (MODE == 1) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
   extern __shared__ __align__(16) unsigned char smem[];
-  __shared__ float red[PG][KS > 1 ? KS - 1 : 1][R][2][8];
+  __shared__ float red[KS > 1 ? KS - 1 : 1][R][2][8];
   __shared__ uint4 tab[32];
   __shared__ long long ch_e[MODE == 3 ? MAX_TOP_K : 1];  // MODE 3: each choice's expert (0 where out of range)
   __shared__ float ch_s[MODE == 3 ? MAX_TOP_K : 1];  // and its scale, route * s2 * 2^60 (0 out of range)
-  // warp: its stages' slot; ks: its K split; pg: its pair among the block's PG (MODE 1; they share x's row)
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, ks = warp % KS, pg = warp / KS, g = lane >> 2,
-            c = lane & 3;
-  const int p = blockIdx.y * PG + pg, row0 = blockIdx.x * 16 * HT;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
+  const int p = blockIdx.y, row0 = blockIdx.x * 16 * HT;
   const float unit = 1152921504606846976.0f;  // 2^60 (TABLE_LOG2)
   const long long e = MODE == 0 || MODE == 3 ? 0 : ids[p];
   const bool e_ok = e >= 0 && e < num_experts;
@@ -158,8 +150,8 @@ extern "C" __global__ void __launch_bounds__(32 * KS * PG) NAME(
   }
   unsigned char* ws = smem + warp * WARP_SMEM;
   const unsigned ws_addr = (unsigned)__cvta_generic_to_shared(ws);
-  // 256-value chunks (MODE 3: (choice, chunk) items, choice-major): a warp takes items ks, ks + KS, ...
-  const int nkb = K >> 8, items = MODE == 3 ? top_k * nkb : nkb, nk = (items - ks + KS - 1) / KS;
+  // 256-value chunks (MODE 3: (choice, chunk) items, choice-major): warp takes items warp, warp + KS, ...
+  const int nkb = K >> 8, items = MODE == 3 ? top_k * nkb : nkb, nk = (items - warp + KS - 1) / KS;
 
   // stage layout: W at [r][h][lo|hi][lane] (16 bytes each), then scales at [r][lo|hi][g][16 bytes]
 #define W_AT(st, r, h, q) ((st) * STAGE_BYTES + ((((r) * 2 + (h)) * 2 + (q)) * 32) * 16)
@@ -183,7 +175,7 @@ extern "C" __global__ void __launch_bounds__(32 * KS * PG) NAME(
   // W's first stages start loading before x is staged (W does not wait on x)
 #pragma unroll
   for (int i = 0; i < STAGES - 1; i++) {
-    if (i < nk) issue(i, ks + i * KS);
+    if (i < nk) issue(i, warp + i * KS);
     asm volatile("cp.async.commit_group;");
   }
 #if __CUDA_ARCH__ >= 900
@@ -195,15 +187,15 @@ extern "C" __global__ void __launch_bounds__(32 * KS * PG) NAME(
   // before), then each 8 values as the decode pairs them: "shift" (0, 4), (1, 5), (2, 6), (3, 7), times 2^66, where
   // the rows do not arrive so (h of a "shift" down kernel: gate|up wrote it so, X_IN_ORDER); "lut" in order
   const int x_rows = MODE == 3 ? top_k : 1;
-  unsigned short* xs = (unsigned short*)(smem + KS * PG * WARP_SMEM);
+  unsigned short* xs = (unsigned short*)(smem + KS * WARP_SMEM);
   const uint4* xg = (const uint4*)(x + (MODE == 1 ? (long)(p / top_k) * K : MODE == 2 ? (long)p * K
                                         : MODE == 3 ? (long)p * top_k * K : 0));
   const unsigned xs_addr = (unsigned)__cvta_generic_to_shared(xs);
-  for (int i = threadIdx.x; i < x_rows * (K / 8); i += NT) cp16x(xs_addr + 16 * i, xg + i);
+  for (int i = threadIdx.x; i < x_rows * (K / 8); i += 32 * KS) cp16x(xs_addr + 16 * i, xg + i);
   asm volatile("cp.async.commit_group;");
   asm volatile("cp.async.wait_group 0;" ::: "memory");  // (W's first stages too: the loop's first wait wants them)
   if (SHIFT && !X_IN_ORDER)
-    for (int i = threadIdx.x; i < x_rows * (K / 8); i += NT) ((uint4*)xs)[i] = x_shift_order(((uint4*)xs)[i]);
+    for (int i = threadIdx.x; i < x_rows * (K / 8); i += 32 * KS) ((uint4*)xs)[i] = x_shift_order(((uint4*)xs)[i]);
   unsigned short* xz = xs + (long)x_rows * K;  // 32 zero bytes
   if (threadIdx.x < 2) ((uint4*)xz)[threadIdx.x] = make_uint4(0, 0, 0, 0);
   if (warp == 0) tab[lane] = make_uint4(FP4_HI0, FP4_HI1, FP4_LO0, FP4_LO1);
@@ -224,13 +216,11 @@ extern "C" __global__ void __launch_bounds__(32 * KS * PG) NAME(
 
   for (int i = 0; i < nk; i++) {
     asm volatile("cp.async.wait_group %0;" :: "n"(STAGES - 2));
-    // the chunk's scales from the other lanes; and every lane is done with the slot refilled next. LOCKSTEP: the
-    // whole block's warps (same nk: the launch checks) pass chunk by chunk together
-    if (LOCKSTEP) __syncthreads(); else __syncwarp();
+    __syncwarp();  // the chunk's scales from the other lanes; and every lane is done with the slot refilled next
     const int nx = i + STAGES - 1;
-    if (nx < nk) issue(nx % STAGES, ks + nx * KS);
+    if (nx < nk) issue(nx % STAGES, warp + nx * KS);
     asm volatile("cp.async.commit_group;");
-    const int st = i % STAGES, it = ks + i * KS;
+    const int st = i % STAGES, it = warp + i * KS;
     // x's offset of the item (MODE 3: in its choice's row, whose scale its group sums take)
     const long kx = MODE == 3 ? (long)(it / nkb) * K + ((it % nkb) << 8) : (long)it << 8;
     const float cs = MODE == 3 ? ch_s[it / nkb] : 1.f;
@@ -281,16 +271,16 @@ extern "C" __global__ void __launch_bounds__(32 * KS * PG) NAME(
       acc[r][i] += __shfl_xor_sync(0xffffffffu, acc[r][i], 2);
     }
   if (KS > 1) {
-    if (ks > 0 && c == 0) {
+    if (warp > 0 && c == 0) {
 #pragma unroll
-      for (int r = 0; r < R; r++) red[pg][ks - 1][r][0][g] = acc[r][0], red[pg][ks - 1][r][1][g] = acc[r][1];
+      for (int r = 0; r < R; r++) red[warp - 1][r][0][g] = acc[r][0], red[warp - 1][r][1][g] = acc[r][1];
     }
     __syncthreads();
-    if (ks > 0) return;
+    if (warp > 0) return;
 #pragma unroll
     for (int v = 0; v < KS - 1; v++)
 #pragma unroll
-      for (int r = 0; r < R; r++) acc[r][0] += red[pg][v][r][0][g], acc[r][1] += red[pg][v][r][1][g];
+      for (int r = 0; r < R; r++) acc[r][0] += red[v][r][0][g], acc[r][1] += red[v][r][1][g];
   }
   if (c != 0) return;
 #pragma unroll
@@ -324,34 +314,26 @@ class Config:
     """rows: row tiles (16 rows of W) a warp holds, per part (gate|up holds `rows` of each); splits: warps a
     block, warp w taking K chunks (256 values) w, w + splits, ...; stages: chunks a warp has in shared memory
     (stages - 1 of them loading); l2_prefetch: bytes L2 fetches with each 16-byte copy (0: no hint); decode:
-    "lut" (prmt table lookups, mma_gemv's decode_fp4) or "shift" (decode_fp4_shift: shifts and masks); pairs
-    (gate|up only): (token, choice) pairs a block takes, splits warps each, all of one token (it must divide top_k);
-    lockstep: the block's warps pass each chunk together (a block barrier instead of the warp's)."""
+    "lut" (prmt table lookups, mma_gemv's decode_fp4) or "shift" (decode_fp4_shift: shifts and masks)."""
     rows: int = 1
     splits: int = 4
     stages: int = 2
     l2_prefetch: int = 256
     decode: str = "shift"
-    pairs: int = 1
-    lockstep: bool = False
 
     def __post_init__(self):
         if self.l2_prefetch not in (0, 64, 128, 256):
             raise ValueError(f"Config.l2_prefetch: must be 0, 64, 128 or 256 (bytes), got {self.l2_prefetch!r}")
         if self.decode not in ("lut", "shift"):
             raise ValueError(f"Config.decode: must be 'lut' or 'shift', got {self.decode!r}")
-        if not isinstance(self.lockstep, bool):
-            raise ValueError(f"Config.lockstep: must be a bool, got {self.lockstep!r}")
-        for name, lo, hi in (("rows", 1, 4), ("splits", 1, 16), ("stages", 2, 8), ("pairs", 1, 16)):
+        for name, lo, hi in (("rows", 1, 4), ("splits", 1, 16), ("stages", 2, 8)):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
                 raise ValueError(f"Config.{name}: must be an int in {lo}..{hi}, got {v!r}")
-        if self.splits * self.pairs > 32:
-            raise ValueError(f"Config.splits x pairs: at most 32 warps a block, got {self.splits} x {self.pairs}")
 
     def smem(self, parts: int, k: int, x_rows: int = 1) -> int:
         """Dynamic shared memory bytes a block uses at K = k: the warps' stages, x's rows, 32 zero bytes."""
-        return self.splits * self.pairs * self.stages * self.rows * parts * TILE_STAGE_BYTES + 2 * k * x_rows + 32
+        return self.splits * self.stages * self.rows * parts * TILE_STAGE_BYTES + 2 * k * x_rows + 32
 
 
 MODES = {"dense": 0, "gate_up": 1, "down": 2, "down_sum": 3}
@@ -359,21 +341,15 @@ MAX_PAIRS = 65535  # a CUDA grid's y dimension: one (token, choice) pair each
 MAX_TOP_K = 16  # "down_sum" (a token's choices summed in the down kernel) takes up to this many choices
 
 
-def source(cfg: Config, mode: str, h_shift: bool = False, chain: bool = False) -> tuple[str, str]:
+def source(cfg: Config, mode: str, h_shift: bool = False) -> tuple[str, str]:
     """(CUDA source, kernel name) of one configuration and mode ("dense", "gate_up", "down" or "down_sum");
     h_shift (gate_up): h written in the "shift" decode's order and scale, as the down modes of that decode read it
-    (`experts` pairs them so); chain (the experts' kernels): gate|up waits for the kernel before it, down lets the
-    kernel after it start (`experts`' chain)."""
-    if cfg.pairs > 1 and mode != "gate_up":
-        raise ValueError(f"Config.pairs: only gate|up takes several pairs a block, got {cfg.pairs} for {mode}")
+    (`experts` pairs them so)."""
     parts = 2 if mode == "gate_up" else 1
     h_shift = h_shift and mode == "gate_up"
-    chain = chain and mode != "dense"
     name = (f"tpserve_nvfp4_m1_{mode}_r{cfg.rows}_s{cfg.splits}_st{cfg.stages}_p{cfg.l2_prefetch}_{cfg.decode}"
-            + (f"_pg{cfg.pairs}" if cfg.pairs > 1 else "") + ("_ls" if cfg.lockstep else "")
-            + ("_hs" if h_shift else "") + ("_ch" if chain else ""))
+            + ("_hs" if h_shift else ""))
     defines = dict(R=cfg.rows * parts, PARTS=parts, KS=cfg.splits, STAGES=cfg.stages, MODE=MODES[mode], NAME=name,
-                   PG=cfg.pairs, LOCKSTEP=int(cfg.lockstep), CHAIN=int(chain),
                    H_SHIFT=int(h_shift), X_IN_ORDER=int(mode in ("down", "down_sum") and cfg.decode == "shift"),
                    TILE_W_BYTES=TILE_W_BYTES, TILE_STAGE_BYTES=TILE_STAGE_BYTES, MAX_TOP_K=MAX_TOP_K,
                    SHIFT=int(cfg.decode == "shift"), SEL_LO=f"{mg.SEL_LO:#x}u", DECODE_MASK=f"{mg.DECODE_MASK:#x}u",
@@ -384,10 +360,10 @@ def source(cfg: Config, mode: str, h_shift: bool = False, chain: bool = False) -
 
 
 @functools.lru_cache(maxsize=None)
-def _kernel(cfg: Config, mode: str, arch: str, device: int, h_shift: bool = False, chain: bool = False):
+def _kernel(cfg: Config, mode: str, arch: str, device: int, h_shift: bool = False):
     from torch.cuda import _compile_kernel
 
-    text, name = source(cfg, mode, h_shift, chain)
+    text, name = source(cfg, mode, h_shift)
     with torch.cuda.device(device):
         return _compile_kernel(text, name, compute_capability=arch)
 
@@ -421,29 +397,21 @@ def default_config(mode: str, n: int, pairs: int = 1) -> Config:
 
 def _launch(cfg: Config, mode: str, grid: tuple[int, int], w, s, s2, x, ids, route, y, n: int, k: int,
             top_k: int = 1, num_experts: int = 1, limit: float = float("inf"), pdl: bool = False,
-            h_shift: bool = False, chain: bool = False) -> None:
+            h_shift: bool = False) -> None:
     device = x.device.index
     if device != torch.cuda.current_device():
         raise ValueError(f"x: on cuda:{device}, but the current device is cuda:{torch.cuda.current_device()} "
                          "(call inside `with torch.cuda.device(...)`)")
-    items = (k // 256) * (top_k if mode == "down_sum" else 1)
-    if cfg.lockstep and items % cfg.splits:
-        raise ValueError(f"Config.lockstep: a block's warps must take equal chunk counts, but {items} chunks do not "
-                         f"split over {cfg.splits} warps")
-    if cfg.pairs > 1 and top_k % cfg.pairs:
-        raise ValueError(f"Config.pairs: a block's pairs must be of one token, but {cfg.pairs} does not divide top_k "
-                         f"{top_k}")
     major, minor = torch.cuda.get_device_capability(device)
-    kernel = _kernel(cfg, mode, f"{major}{minor}", device, h_shift, chain)
+    kernel = _kernel(cfg, mode, f"{major}{minor}", device, h_shift)
     smem = cfg.smem(2 if mode == "gate_up" else 1, k, top_k if mode == "down_sum" else 1)
     launch_ex.reserve_smem(kernel, smem)
     args = [w, s, s2, x, ids if ids is not None else s2, route if route is not None else s2, y, n, k, top_k,
             num_experts, float(limit)]
-    block = (32 * cfg.splits * cfg.pairs, 1, 1)
     if pdl:
-        launch_ex.launch_pdl(kernel, (grid[0], grid[1], 1), block, smem, args)
+        launch_ex.launch_pdl(kernel, (grid[0], grid[1], 1), (32 * cfg.splits, 1, 1), smem, args)
     else:
-        kernel(grid=(grid[0], grid[1], 1), block=block, shared_mem=smem, args=args)
+        kernel(grid=(grid[0], grid[1], 1), block=(32 * cfg.splits, 1, 1), shared_mem=smem, args=args)
 
 
 def gemv(x: torch.Tensor, w: torch.Tensor, bscale: torch.Tensor, scale2_rows: torch.Tensor,
@@ -472,7 +440,7 @@ def experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: 
             gu_bscale: torch.Tensor, gu_scale2: torch.Tensor, down: torch.Tensor, dn_bscale: torch.Tensor,
             dn_scale2: torch.Tensor, limit: float | None, cfg_gate_up: Config | None = None,
             cfg_down: Config | None = None, sum_choices: bool | None = None,
-            pdl: bool | None = None, chain: bool = False) -> torch.Tensor:
+            pdl: bool | None = None) -> torch.Tensor:
     """The MoE experts at decode (quant_methods.Nvfp4Experts' layout): x [T, D] bf16, weights / ids [T, top_k];
     gate_up uint8 [E, 2I, D/2] (gate rows, then up), gu_bscale e4m3 [E, 2I, D/16], gu_scale2 float32 [E, 2];
     down uint8 [E, D, I/2], dn_bscale [E, D, I/16], dn_scale2 [E, 1]; limit: SwiGLU's clamp (None: none).
@@ -480,10 +448,7 @@ def experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: 
     than writing each pair's fp32 row for route_triton.combine_choices (None: at one token, where it measured
     faster, 42.4 us against 47.0 for the MoE layer of BENCHMARKS.md's twenty-fifth session; level at 2 tokens,
     slower at 8). pdl: down launched as a programmatic dependent of gate|up (kernels/launch_ex.py: its blocks load their
-    first W stages while gate|up's last blocks run; None: where supported, sm_90+). chain (with pdl): gate|up too
-    launched as a programmatic dependent of the kernel before it (it waits for that one before it reads ids or x),
-    and down letting the kernel after it start at once, so that the two kernels' launches hide in a chain of such
-    kernels (kernels/pdl_triton.py's convention).
+    first W stages while gate|up's last blocks run; None: where supported, sm_90+).
     -> [T, D] bf16, each token's choices summed in fp32."""
     t, top_k = ids.shape
     num_experts, two_i, half_d = gate_up.shape
@@ -517,16 +482,14 @@ def experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: 
         # down's arguments first: a copy or cast among them would launch a kernel between gate|up and down
         dn_args = (mg._aligned(down, 16), dn_bscale.contiguous().view(torch.uint8), dn_scale2.float().contiguous(),
                    h.view(torch.int16), flat, weights.reshape(-1).float().contiguous())
-        gu_args = (mg._aligned(gate_up, 16), gu_bscale.contiguous().view(torch.uint8), gu_scale2.float().contiguous(),
-                   mg._aligned(x, 16).view(torch.int16), flat, None, h.view(torch.int16))
         if pdl is None:
             pdl = launch_ex.supported(x.device)
-        chain = bool(chain and pdl)
-        _launch(cg, "gate_up", (-(-inter // (16 * cg.rows)), p // cg.pairs), *gu_args, inter, d, top_k, num_experts,
-                lim, pdl=chain, h_shift=cd.decode == "shift", chain=chain)
+        _launch(cg, "gate_up", (-(-inter // (16 * cg.rows)), p), mg._aligned(gate_up, 16),
+                gu_bscale.contiguous().view(torch.uint8), gu_scale2.float().contiguous(),
+                mg._aligned(x, 16).view(torch.int16), flat, None, h.view(torch.int16), inter, d, top_k, num_experts,
+                lim, h_shift=cd.decode == "shift")
         _launch(cd, "down_sum" if sum_choices else "down", (-(-d // (16 * cd.rows)), t if sum_choices else p),
-                *dn_args, y.view(torch.int16) if sum_choices else y, d, inter, top_k, num_experts, pdl=pdl,
-                chain=chain)
+                *dn_args, y.view(torch.int16) if sum_choices else y, d, inter, top_k, num_experts, pdl=pdl)
     elif sum_choices:
         y.zero_()
     if sum_choices:
