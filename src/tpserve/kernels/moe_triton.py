@@ -18,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
+from tpserve.kernels.moe_tiles_triton import block_rows, routed_store, swiglu_store
 from tpserve.kernels.route_triton import align, combine_choices
 
 BLOCK_M = 16
@@ -30,9 +31,7 @@ def _gate_up_kernel(x_ptr, w_ptr, h_ptr, rows_ptr, block_expert_ptr, num_experts
     b = tl.program_id(0)
     e = tl.load(block_expert_ptr + b)
     if e < num_experts:
-        m = b * BLOCK_M + tl.arange(0, BLOCK_M)
-        a = tl.load(rows_ptr + m)
-        m_ok = a >= 0
+        m, a, m_ok = block_rows(rows_ptr, b, BLOCK_M)
         tok = tl.where(m_ok, a // top_k, 0).to(tl.int64)
         n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = n < INTER
@@ -48,11 +47,7 @@ def _gate_up_kernel(x_ptr, w_ptr, h_ptr, rows_ptr, block_expert_ptr, num_experts
             wu = tl.load(w + (INTER + n[None, :]).to(tl.int64) * D + k[:, None], mask=wk, other=0.0)
             acc_g = tl.dot(xa, wg, acc_g, input_precision=PRECISION)
             acc_u = tl.dot(xa, wu, acc_u, input_precision=PRECISION)
-        g = tl.minimum(acc_g, limit)
-        u = tl.minimum(tl.maximum(acc_u, -limit), limit)
-        h = g * tl.sigmoid(g) * u
-        tl.store(h_ptr + m[:, None].to(tl.int64) * INTER + n[None, :], h.to(h_ptr.dtype.element_ty),
-                 mask=m_ok[:, None] & n_ok[None, :])
+        swiglu_store(h_ptr, m, m_ok, n, n_ok, acc_g, acc_u, limit, INTER)
 
 
 @triton.jit
@@ -62,9 +57,7 @@ def _down_kernel(h_ptr, w_ptr, y_ptr, rows_ptr, block_expert_ptr, route_ptr, num
     b = tl.program_id(0)
     e = tl.load(block_expert_ptr + b)
     if e < num_experts:
-        m = b * BLOCK_M + tl.arange(0, BLOCK_M)
-        a = tl.load(rows_ptr + m)
-        m_ok = a >= 0
+        m, a, m_ok = block_rows(rows_ptr, b, BLOCK_M)
         n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = n < D
         w = w_ptr + e.to(tl.int64) * stride_we
@@ -77,9 +70,7 @@ def _down_kernel(h_ptr, w_ptr, y_ptr, rows_ptr, block_expert_ptr, route_ptr, num
             wd = tl.load(w + n[None, :].to(tl.int64) * INTER + k[:, None], mask=k_ok[:, None] & n_ok[None, :],
                          other=0.0)
             acc = tl.dot(ha, wd, acc, input_precision=PRECISION)
-        route = tl.load(route_ptr + tl.where(m_ok, a, 0), mask=m_ok, other=0.0)
-        a64 = tl.where(m_ok, a, 0).to(tl.int64)
-        tl.store(y_ptr + a64[:, None] * D + n[None, :], acc * route[:, None], mask=m_ok[:, None] & n_ok[None, :])
+        routed_store(y_ptr, route_ptr, a, m_ok, n, n_ok, acc, D)
 
 
 def experts_triton(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor,

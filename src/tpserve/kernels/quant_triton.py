@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from tpserve.kernels.moe_tiles_triton import block_rows, routed_store, swiglu_store
 from tpserve.kernels.route_triton import align, combine_choices
 from tpserve.kernels.qtile import OUT_BIAS, fp8_pair_order, fp8_tile, nvfp4_tile, pair_order
 from tpserve.kernels.quant_gemv import fp8_gemv_fits, split_k, use_asm, w4a16_gemv, w8a16_gemv
@@ -179,9 +180,7 @@ def _qgate_up_kernel(x_ptr, w_ptr, s_ptr, s2_ptr, h_ptr, rows_ptr, block_expert_
     b = tl.program_id(0)
     e = tl.load(block_expert_ptr + b)
     if e < num_experts:
-        m = b * BLOCK_M + tl.arange(0, BLOCK_M)
-        a = tl.load(rows_ptr + m)
-        m_ok = a >= 0
+        m, a, m_ok = block_rows(rows_ptr, b, BLOCK_M)
         tok = tl.where(m_ok, a // top_k, 0).to(tl.int64)
         n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = n < INTER
@@ -196,11 +195,7 @@ def _qgate_up_kernel(x_ptr, w_ptr, s_ptr, s2_ptr, h_ptr, rows_ptr, block_expert_
                            PRECISION, BLOCK_K, QTILE, QA)
             acc_u = _dot_w(acc_u, xrow, m_ok, w, s, s2, INTER + n64, UP_SROW + n64 // BNS, k0, n_ok, D, SK, BKS,
                            FORMAT, HOIST, PRECISION, BLOCK_K, QTILE, QA)
-        g = tl.minimum(acc_g, limit)
-        u = tl.minimum(tl.maximum(acc_u, -limit), limit)
-        h = g * tl.sigmoid(g) * u
-        tl.store(h_ptr + m[:, None].to(tl.int64) * INTER + n[None, :], h.to(h_ptr.dtype.element_ty),
-                 mask=m_ok[:, None] & n_ok[None, :])
+        swiglu_store(h_ptr, m, m_ok, n, n_ok, acc_g, acc_u, limit, INTER)
 
 
 @triton.jit
@@ -212,9 +207,7 @@ def _qdown_kernel(h_ptr, w_ptr, s_ptr, s2_ptr, y_ptr, rows_ptr, block_expert_ptr
     b = tl.program_id(0)
     e = tl.load(block_expert_ptr + b)
     if e < num_experts:
-        m = b * BLOCK_M + tl.arange(0, BLOCK_M)
-        a = tl.load(rows_ptr + m)
-        m_ok = a >= 0
+        m, a, m_ok = block_rows(rows_ptr, b, BLOCK_M)
         n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = n < D
         n64 = n.to(tl.int64)
@@ -225,9 +218,7 @@ def _qdown_kernel(h_ptr, w_ptr, s_ptr, s2_ptr, y_ptr, rows_ptr, block_expert_ptr
         for k0 in range(0, INTER, BLOCK_K):
             acc = _dot_w(acc, hrow, m_ok, w, s, s2, n64, n64 // BNS, k0, n_ok, INTER, SK, BKS, FORMAT, HOIST,
                          PRECISION, BLOCK_K, QTILE, QA)
-        route = tl.load(route_ptr + tl.where(m_ok, a, 0), mask=m_ok, other=0.0)
-        a64 = tl.where(m_ok, a, 0).to(tl.int64)
-        tl.store(y_ptr + a64[:, None] * D + n[None, :], acc * route[:, None], mask=m_ok[:, None] & n_ok[None, :])
+        routed_store(y_ptr, route_ptr, a, m_ok, n, n_ok, acc, D)
 
 
 def _qtile_mode(x: torch.Tensor, qtile: bool | None, asm: bool | None) -> int:
