@@ -172,6 +172,17 @@ def _src(k, d1, d2, d3, t0, t1, t2, t3, CONTIG: tl.constexpr):
 
 
 @triton.jit
+def _copy_in(x_ptr, mine, base, n, pid, nprog, d1, d2, d3, t0, t1, t2, t3, CONTIG: tl.constexpr,
+             BLOCK: tl.constexpr):
+    """mine[i] = x[base + i] (logical index, through _src) for i < n, this program's share."""
+    lanes = tl.arange(0, BLOCK)
+    for i0 in range(pid * BLOCK, n, nprog * BLOCK):
+        i = i0 + lanes
+        m = i < n
+        tl.store(mine + i, tl.load(x_ptr + _src(base + i, d1, d2, d3, t0, t1, t2, t3, CONTIG), mask=m), mask=m)
+
+
+@triton.jit
 def _round(acc, DT: tl.constexpr, INTERP: tl.constexpr):
     """float32 -> DT, round to nearest even (the GPU's cvt.rn; the interpreter truncates bf16,
     so there the rounding is done on the bits)."""
@@ -250,11 +261,7 @@ def allreduce_kernel(x_ptr, out_ptr, state_ptr, cnt_ptr, B0, B1, B2, B3, B4, B5,
                     tl.store(out_ptr + base + g, tl.load(src + g, mask=m), mask=m)
         _finish(state_ptr, cnt_ptr, pid, nprog, epoch + 2)
     else:
-        for i0 in range(pid * BLOCK, n, nprog * BLOCK):
-            i = i0 + lanes
-            m = i < n
-            v = tl.load(x_ptr + _src(base + i, d1, d2, d3, t0, t1, t2, t3, CONTIG), mask=m)
-            tl.store(mine + i, v, mask=m)
+        _copy_in(x_ptr, mine, base, n, pid, nprog, d1, d2, d3, t0, t1, t2, t3, CONTIG, BLOCK)
         _barrier(B0, B1, B2, B3, B4, B5, B6, B7, pid, epoch + 1, state_ptr, max_spin, trap,
                  RANK, WORLD, INTERP)
         for i0 in range(pid * BLOCK, n, nprog * BLOCK):
@@ -277,11 +284,7 @@ def allgather_kernel(x_ptr, out_ptr, state_ptr, cnt_ptr, B0, B1, B2, B3, B4, B5,
     slot_off, epoch, mine = _round_start(state_ptr, cnt_ptr, B0, B1, B2, B3, B4, B5, B6, B7, pid, slot_bytes,
                                          RANK, DT)
     lanes = tl.arange(0, BLOCK)
-    for i0 in range(pid * BLOCK, n, nprog * BLOCK):
-        i = i0 + lanes
-        m = i < n
-        v = tl.load(x_ptr + _src(base + i, d1, d2, d3, t0, t1, t2, t3, CONTIG), mask=m)
-        tl.store(mine + i, v, mask=m)
+    _copy_in(x_ptr, mine, base, n, pid, nprog, d1, d2, d3, t0, t1, t2, t3, CONTIG, BLOCK)
     _barrier(B0, B1, B2, B3, B4, B5, B6, B7, pid, epoch + 1, state_ptr, max_spin, trap,
              RANK, WORLD, INTERP)
     for i0 in range(pid * BLOCK, n, nprog * BLOCK):
