@@ -18,8 +18,8 @@ import torch.distributed as dist
 
 from tpserve.dist.comm import Communicator
 from tpserve.dist.tuning import TORCH
-from tpserve.dist.workspace_bench import (DTYPES, FUSED, HC_EXPAND, MOE_COMBINE, _compare, _iters,
-                                          _reference, _sync, median_us)
+from tpserve.dist.bench_common import (DTYPES, FUSED, HC_EXPAND, MOE_COMBINE, _compare, _iters, _reference, _sync,
+                                       median_us)
 
 FUSED_HIDDEN = 4096
 HC_MULT = 4  # GLM-5.3-Flash's mHC streams per token

@@ -121,7 +121,7 @@ def _spec(args: argparse.Namespace) -> dict:
     dtypes = (args.dtypes or ("bfloat16" if device == "cuda" else "float32")).split(",")
     ops = args.ops.split(",")
     from tpserve.dist.tuning import OPS
-    from tpserve.dist.workspace_bench import DTYPES, FUSED_OPS
+    from tpserve.dist.bench_common import DTYPES, FUSED_OPS
     for name in dtypes:
         if name not in DTYPES:
             raise SystemExit(f"unknown dtype {name!r}; choose from {sorted(DTYPES)}")
