@@ -238,7 +238,7 @@ class EngineConfig:
         if self.sp_min_tokens < 1:
             raise ValueError(f"sp_min_tokens must be >= 1, got {self.sp_min_tokens}")
         if self.quantization is not None:
-            from tpserve.model.quant import method_name
+            from tpserve.model.quant_config import method_name
 
             method_name(self.quantization)  # unknown / unsupported: a clear error naming it
         if isinstance(self.speculative_config, dict):  # LLM(speculative_config={...})

@@ -15,7 +15,7 @@ from tpserve.model.build import build_model
 from tpserve.model.config import ModelConfig, UnsupportedConfigError
 from tpserve.model.layers import ShardContext
 from tpserve.model.loader import CheckpointError
-from tpserve.model.quant import read_quant_config
+from tpserve.model.quant_config import read_quant_config
 from tpserve.tools.quantize import quantize_checkpoint
 
 

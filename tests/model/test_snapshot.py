@@ -69,7 +69,7 @@ def test_knobs_change_the_key(ckpt, tmp_path):
     assert len(snap.list_snapshots(tmp_path)) == 2
     cfg = ModelConfig.from_file(ckpt)
     store = snap.SnapshotStore(tmp_path)
-    from tpserve.model.quant import QuantConfig
+    from tpserve.model.quant_config import QuantConfig
 
     k1 = store.key(ckpt, cfg, ShardContext.single(torch.float32), QuantConfig("fp8", (16, 16)), {"a": "fp8"})
     k2 = store.key(ckpt, cfg, ShardContext.single(torch.bfloat16), QuantConfig("fp8", (16, 16)), {"a": "fp8"})

@@ -41,6 +41,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from tpserve import paths
+
 log = logging.getLogger("tpserve.dist")
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
@@ -188,9 +190,7 @@ def default_table(device_type: str) -> SizeTable:
 
 # -- the tuned cache ---------------------------------------------------------------------------
 def cache_dir() -> Path:
-    root = os.environ.get("TPSERVE_CACHE_DIR")
-    base = Path(root) if root else Path.home() / ".cache" / "tpserve"
-    return base / "collectives"
+    return paths.cache_dir() / "collectives"
 
 
 def source_hash() -> str:

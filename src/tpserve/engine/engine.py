@@ -12,7 +12,7 @@ import torch
 from tpserve.config import EngineConfig
 from tpserve.engine import logits_process, overlap, prompt_logprobs, sampler, speculate
 from tpserve.engine.detokenize import Detokenizer
-from tpserve.engine.executor import EngineDeadError, make_executor
+from tpserve.engine.executor import EngineDeadError, LocalExecutor
 from tpserve.engine.outputs import CompletionOutput, RequestOutput
 from tpserve.engine.request import Sequence, Status
 from tpserve.engine.runner import StepPlan
@@ -50,8 +50,14 @@ class LLMEngine:
         spec = ecfg.speculative
         if spec is not None and ecfg.load_format != "dummy":  # dummy: the MTP layer is random like the rest
             speculate.check_checkpoint(self.model_dir, self.model_config)
-        self.executor = make_executor(ecfg, str(self.model_dir), self.model_config, self.device, self.dtype,
-                                      rt.kernels)
+        if ecfg.tensor_parallel_size == 1:
+            self.executor = LocalExecutor(ecfg, str(self.model_dir), self.model_config, self.device, self.dtype,
+                                          rt.kernels)
+        else:  # (the worker processes' executor, above engine/executor.py: it imports that one)
+            from tpserve.dist.group import TPExecutor
+
+            self.executor = TPExecutor(ecfg, str(self.model_dir), self.model_config, self.device, self.dtype,
+                                       rt.kernels)
         shape = self.executor.cache_shape
         self.max_model_len = self._max_model_len(shape.num_blocks * shape.block_size)
         self.block_pool, self.slot_pool = BlockPool(shape.num_blocks), SlotPool(shape.num_slots)

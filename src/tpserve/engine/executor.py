@@ -16,11 +16,11 @@ from tpserve.engine.runner import CacheShape, Drafted, ModelRunner, StepPlan
 from tpserve.kernels.choice import Kernels
 from tpserve.model.config import ModelConfig
 from tpserve.model.layers import ShardContext
+from tpserve.model.plan import ACTIVATION_RESERVE
 
 log = logging.getLogger("tpserve.executor")
 
 CPU_DEFAULT_CACHE = 256 * 2**20
-ACTIVATION_RESERVE = 4 * 2**30  # CUDA: left free for activations of a max_num_batched_tokens step
 
 
 class EngineDeadError(RuntimeError):
@@ -102,12 +102,3 @@ class LocalExecutor:
 
     def shutdown(self) -> None:
         self.runner.close()
-
-
-def make_executor(ecfg: EngineConfig, model_dir: str, cfg: ModelConfig, device: torch.device,
-                  dtype: torch.dtype, kernels: Kernels):
-    if ecfg.tensor_parallel_size == 1:
-        return LocalExecutor(ecfg, model_dir, cfg, device, dtype, kernels)
-    from tpserve.dist.group import TPExecutor
-
-    return TPExecutor(ecfg, model_dir, cfg, device, dtype, kernels)

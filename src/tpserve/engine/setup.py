@@ -15,6 +15,7 @@ import torch
 from tpserve.config import EngineConfig
 from tpserve.kernels.choice import Kernels
 from tpserve.model.build import weight_options
+from tpserve.paths import cache_dir
 
 log = logging.getLogger("tpserve.setup")
 
@@ -29,13 +30,6 @@ class Runtime:
     device: torch.device
     dtype: torch.dtype
     kernels: Kernels
-
-
-def cache_dir() -> Path:
-    root = os.environ.get("TPSERVE_CACHE_DIR")
-    if root:
-        return Path(root)
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tpserve"
 
 
 def builtin_tiny_model() -> Path:

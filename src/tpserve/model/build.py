@@ -17,7 +17,8 @@ from torch import nn
 from tpserve.kernels.choice import Kernels
 from tpserve.model.config import ModelConfig
 from tpserve.model.layers import ShardContext, set_gemv_backend, set_norm_backend, set_pdl
-from tpserve.model.quant import QuantConfig, apply_plan, plan_for_dummy, plan_from_checkpoint, read_quant_config
+from tpserve.model.quant import apply_plan, plan_for_dummy, plan_from_checkpoint
+from tpserve.model.quant_config import QuantConfig, read_quant_config
 
 log = logging.getLogger("tpserve.build")
 
@@ -89,8 +90,7 @@ def build_model(model_dir: str | Path, cfg: ModelConfig, ctx: ShardContext, devi
     model, qc, plan = plan_model(model_dir, cfg, ctx, kernels, load_format, mtp)
     opts = kernels.weights
     if device.type == "cuda":  # the plan per rank, checked before anything is allocated
-        from tpserve.engine.executor import ACTIVATION_RESERVE
-        from tpserve.model.plan import memory_plan
+        from tpserve.model.plan import ACTIVATION_RESERVE, memory_plan
 
         mplan = memory_plan(model, cfg, rank=ctx.rank, world=ctx.world, dtype=ctx.dtype,
                             device_bytes=torch.cuda.get_device_properties(device).total_memory,

@@ -14,9 +14,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-
-class UnsupportedConfigError(ValueError):
-    """A config.json value tpserve cannot serve (the message names the field)."""
+from tpserve.model.errors import UnsupportedConfigError
 
 
 _LAYER_TYPES = ("linear_attention", "indexed_attention")
@@ -114,7 +112,7 @@ class ModelConfig:
             if "tie_word_embeddings" in raw:  # the top-level flag ties the LM head (transformers)
                 text["tie_word_embeddings"] = raw["tie_word_embeddings"]
         if raw.get("quantization_config") or text.get("quantization_config"):  # supported methods: model/quant.py
-            from tpserve.model.quant import parse_quant_config
+            from tpserve.model.quant_config import parse_quant_config
 
             parse_quant_config(raw.get("quantization_config") or text.get("quantization_config"))
         return cls._from_text_dict(text)

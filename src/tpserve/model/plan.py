@@ -15,6 +15,7 @@ from tpserve.model.config import ModelConfig
 
 GiB = 2**30
 REQUEST_TOKENS = 32768
+ACTIVATION_RESERVE = 4 * GiB  # CUDA: left free for activations of a max_num_batched_tokens step
 
 
 def cut_layers(cfg: ModelConfig, num_layers: int) -> ModelConfig:

@@ -32,6 +32,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from tpserve.model import st_reader
+from tpserve.paths import cache_dir
 
 FORMAT = 1
 LAYOUT_VERSION = 2  # 2: mHC `fn` stored in fp32
@@ -40,8 +41,6 @@ log = logging.getLogger("tpserve.snapshot")
 
 
 def default_root() -> Path:
-    from tpserve.engine.setup import cache_dir
-
     return cache_dir() / "snapshots"
 
 

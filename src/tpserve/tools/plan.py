@@ -23,13 +23,12 @@ def _main(args) -> int:
 
     from tpserve.config import parse_bytes
     from tpserve.dist.comm import Communicator
-    from tpserve.engine.executor import ACTIVATION_RESERVE
     from tpserve.kernels.choice import Kernels, WeightOptions
     from tpserve.model.build import plan_model
     from tpserve.model.config import ModelConfig
     from tpserve.model.layers import ShardContext
     from tpserve.model.loader import checkpoint_files
-    from tpserve.model.plan import cut_layers, memory_plan
+    from tpserve.model.plan import ACTIVATION_RESERVE, cut_layers, memory_plan
 
     cfg = ModelConfig.from_file(args.model)
     if args.num_layers:
