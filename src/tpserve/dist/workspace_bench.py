@@ -23,6 +23,7 @@ from tpserve.dist.bench_common import (DTYPES, FUSED, FUSED_OPS, HC_EXPAND, MOE_
 from tpserve.dist.comm import Communicator
 from tpserve.dist.tuning import op_bytes
 
+
 def _setup(rank: int, world: int, spec: dict) -> tuple[Communicator, torch.device]:
     from tpserve.config import EngineConfig
     if spec["device"] == "cuda":

@@ -53,7 +53,7 @@ class LLMEngine:
         if ecfg.tensor_parallel_size == 1:
             self.executor = LocalExecutor(ecfg, str(self.model_dir), self.model_config, self.device, self.dtype,
                                           rt.kernels)
-        else:  # (the worker processes' executor, above engine/executor.py: it imports that one)
+        else:  # TP > 1: worker processes (dist/group.py, which builds on engine/executor.py)
             from tpserve.dist.group import TPExecutor
 
             self.executor = TPExecutor(ecfg, str(self.model_dir), self.model_config, self.device, self.dtype,

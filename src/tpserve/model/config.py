@@ -16,7 +16,6 @@ from typing import Any
 
 from tpserve.model.errors import UnsupportedConfigError
 
-
 _LAYER_TYPES = ("linear_attention", "indexed_attention")
 _MLP_TYPES = ("dense", "sparse")
 _INDEXER_TYPES = ("full", "shared")
@@ -111,7 +110,7 @@ class ModelConfig:
             text = dict(text)
             if "tie_word_embeddings" in raw:  # the top-level flag ties the LM head (transformers)
                 text["tie_word_embeddings"] = raw["tie_word_embeddings"]
-        if raw.get("quantization_config") or text.get("quantization_config"):  # supported methods: model/quant.py
+        if raw.get("quantization_config") or text.get("quantization_config"):  # supported methods: model/quant_config.py
             from tpserve.model.quant_config import parse_quant_config
 
             parse_quant_config(raw.get("quantization_config") or text.get("quantization_config"))
