@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Thirty-second session, third call: gate|up's later blocks asking L2 for down's weights as they end
 # (nvfp4_m1 Config.tail): the GPU test with the form added, then bench/m1_tail.py at 1 and 2 tokens, twice.
-# It runs at commit EXPERIMENT (Config.tail and bench/m1_tail.py were removed in the commit after it).
+# It runs at commit 3363924 (Config.tail and bench/m1_tail.py were removed in the commit after it).
 set -uo pipefail
 source bench/gpu_env.sh
 step "GPU test: test_nvfp4_m1"

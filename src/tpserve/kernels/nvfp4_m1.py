@@ -95,23 +95,6 @@ __device__ __forceinline__ void decode_fp4_shift(unsigned w, unsigned* r) {
   r[3] = (w & 0x80008000u) | ((w >> 6) & 0x01C001C0u);
 }
 
-// TAIL (gate|up at one token, 1 plain, 2 evict_last): the blocks of the later half of the pairs, which end last,
-// ask L2 for a slice each of down's W and scales (aw, as_: [E, K rows, N/2 | N/16]) of the token's choices as they
-// end, so that down finds them there; bulk prefetches of 16 KiB, nothing lands in shared memory.
-__device__ __forceinline__ void l2_tail(const unsigned char* p, long bytes) {
-#if __CUDA_ARCH__ >= 900
-  for (long o = 0; o < bytes; o += 16384) {
-    const unsigned n = (unsigned)min(bytes - o, 16384L);
-    if (TAIL == 2)
-      asm volatile("{\n .reg .b64 pol;\n createpolicy.fractional.L2::evict_last.b64 pol, 1.0;\n"
-                   " cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, pol;\n}"
-                   :: "l"(p + o), "r"(n));
-    else
-      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(p + o), "r"(n));
-  }
-#endif
-}
-
 // MODE 0: dense, y bf16 [N], s2 [N] per row. MODE 1: gate|up experts (PARTS 2), h bf16 [P, N] =
 // silu(min(gate, limit)) * clamp(up, -limit, limit), W rows [0, N) gate and [N, 2N) up, s2 [E, 2].
 // H_SHIFT: h written as a "shift" down kernel takes it (x_shift_order's order and scale), read there as is
@@ -125,9 +108,6 @@ extern "C" __global__ void __launch_bounds__(32 * KS) NAME(
     const unsigned char* __restrict__ w, const unsigned char* __restrict__ s, const float* __restrict__ s2,
     const unsigned short* __restrict__ x, const long long* __restrict__ ids, const float* __restrict__ route,
     void* __restrict__ y, int N, int K, int top_k, int num_experts,
-#if TAIL
-    const unsigned char* __restrict__ aw, const unsigned char* __restrict__ as_,
-#endif
     double limit_d) {  // (a double: torch's launcher passes Python floats as doubles)
   const float limit = (float)limit_d;
 #if __CUDA_ARCH__ >= 900
@@ -283,21 +263,6 @@ extern "C" __global__ void __launch_bounds__(32 * KS) NAME(
     }
   }
   asm volatile("cp.async.wait_group 0;");
-#if TAIL
-  if (MODE == 1 && threadIdx.x == 0 && gridDim.y == top_k && 2 * p >= top_k) {
-    // slice idx of the later pairs' blocks: rows [idx * rps, + rps) of the choices' rows laid end to end
-    const long half = top_k / 2, slices = (top_k - half) * gridDim.x, idx = (p - half) * gridDim.x + blockIdx.x;
-    const long rows = (long)top_k * K, rps = rows / slices;
-    if (rows % slices == 0 && K % rps == 0) {
-      const long ch = idx * rps / K, r0 = idx * rps % K;
-      const long long ec = ids[ch];
-      if (ec >= 0 && ec < num_experts) {
-        l2_tail(aw + (ec * K + r0) * (long)(N / 2), rps * (N / 2));
-        l2_tail(as_ + (ec * K + r0) * (long)(N / 16), rps * (N / 16));
-      }
-    }
-  }
-#endif
 #pragma unroll
   for (int r = 0; r < R; r++)
 #pragma unroll
@@ -355,13 +320,10 @@ class Config:
     stages: int = 2
     l2_prefetch: int = 256
     decode: str = "shift"
-    tail: int = 0
 
     def __post_init__(self):
         if self.l2_prefetch not in (0, 64, 128, 256):
             raise ValueError(f"Config.l2_prefetch: must be 0, 64, 128 or 256 (bytes), got {self.l2_prefetch!r}")
-        if self.tail not in (0, 1, 2):
-            raise ValueError(f"Config.tail: must be 0, 1 or 2, got {self.tail!r}")
         if self.decode not in ("lut", "shift"):
             raise ValueError(f"Config.decode: must be 'lut' or 'shift', got {self.decode!r}")
         for name, lo, hi in (("rows", 1, 4), ("splits", 1, 16), ("stages", 2, 8)):
@@ -386,9 +348,9 @@ def source(cfg: Config, mode: str, h_shift: bool = False) -> tuple[str, str]:
     parts = 2 if mode == "gate_up" else 1
     h_shift = h_shift and mode == "gate_up"
     name = (f"tpserve_nvfp4_m1_{mode}_r{cfg.rows}_s{cfg.splits}_st{cfg.stages}_p{cfg.l2_prefetch}_{cfg.decode}"
-            + ("_hs" if h_shift else "") + (f"_t{cfg.tail}" if cfg.tail and mode == "gate_up" else ""))
+            + ("_hs" if h_shift else ""))
     defines = dict(R=cfg.rows * parts, PARTS=parts, KS=cfg.splits, STAGES=cfg.stages, MODE=MODES[mode], NAME=name,
-                   H_SHIFT=int(h_shift), TAIL=cfg.tail if mode == "gate_up" else 0, X_IN_ORDER=int(mode in ("down", "down_sum") and cfg.decode == "shift"),
+                   H_SHIFT=int(h_shift), X_IN_ORDER=int(mode in ("down", "down_sum") and cfg.decode == "shift"),
                    TILE_W_BYTES=TILE_W_BYTES, TILE_STAGE_BYTES=TILE_STAGE_BYTES, MAX_TOP_K=MAX_TOP_K,
                    SHIFT=int(cfg.decode == "shift"), SEL_LO=f"{mg.SEL_LO:#x}u", DECODE_MASK=f"{mg.DECODE_MASK:#x}u",
                    DECODE_SHIFT=mg.DECODE_SHIFT, **{k: f"{v:#010x}u" for k, v in mg.fp4_tables(TABLE_LOG2).items()},
@@ -435,7 +397,7 @@ def default_config(mode: str, n: int, pairs: int = 1) -> Config:
 
 def _launch(cfg: Config, mode: str, grid: tuple[int, int], w, s, s2, x, ids, route, y, n: int, k: int,
             top_k: int = 1, num_experts: int = 1, limit: float = float("inf"), pdl: bool = False,
-            h_shift: bool = False, tail: tuple = ()) -> None:
+            h_shift: bool = False) -> None:
     device = x.device.index
     if device != torch.cuda.current_device():
         raise ValueError(f"x: on cuda:{device}, but the current device is cuda:{torch.cuda.current_device()} "
@@ -445,7 +407,7 @@ def _launch(cfg: Config, mode: str, grid: tuple[int, int], w, s, s2, x, ids, rou
     smem = cfg.smem(2 if mode == "gate_up" else 1, k, top_k if mode == "down_sum" else 1)
     launch_ex.reserve_smem(kernel, smem)
     args = [w, s, s2, x, ids if ids is not None else s2, route if route is not None else s2, y, n, k, top_k,
-            num_experts, *(tail if cfg.tail and mode == "gate_up" else ()), float(limit)]
+            num_experts, float(limit)]
     if pdl:
         launch_ex.launch_pdl(kernel, (grid[0], grid[1], 1), (32 * cfg.splits, 1, 1), smem, args)
     else:
@@ -525,7 +487,7 @@ def experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: 
         _launch(cg, "gate_up", (-(-inter // (16 * cg.rows)), p), mg._aligned(gate_up, 16),
                 gu_bscale.contiguous().view(torch.uint8), gu_scale2.float().contiguous(),
                 mg._aligned(x, 16).view(torch.int16), flat, None, h.view(torch.int16), inter, d, top_k, num_experts,
-                lim, h_shift=cd.decode == "shift", tail=(dn_args[0], dn_args[1]))
+                lim, h_shift=cd.decode == "shift")
         _launch(cd, "down_sum" if sum_choices else "down", (-(-d // (16 * cd.rows)), t if sum_choices else p),
                 *dn_args, y.view(torch.int16) if sum_choices else y, d, inter, top_k, num_experts, pdl=pdl)
     elif sum_choices:
