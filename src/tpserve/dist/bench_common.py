@@ -18,12 +18,12 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 FUSED, HC_EXPAND, MOE_COMBINE = FUSED_OPS
 
 
-def _sync(device: torch.device) -> None:
+def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
-def _iters(nbytes: int, device: torch.device, scale: float) -> tuple[int, int]:
+def schedule(nbytes: int, device: torch.device, scale: float) -> tuple[int, int]:
     """(warm-up, timed) iterations: a fixed schedule from the size, identical on every rank."""
     if device.type == "cuda":
         n = int(scale * min(400, max(20, (1 << 28) // max(nbytes, 1))))
@@ -37,7 +37,7 @@ def median_us(fn, warm: int, iters: int, device: torch.device, graph: bool) -> f
     per replay when `graph`, captured after the warm-up) on GPUs, the wall clock on CPU."""
     for _ in range(warm):
         fn()
-    _sync(device)
+    sync(device)
     dist.barrier()
     if device.type != "cuda":
         samples = []
@@ -54,7 +54,7 @@ def median_us(fn, warm: int, iters: int, device: torch.device, graph: bool) -> f
                 fn()
         run = g.replay
         run()
-        _sync(device)
+        sync(device)
         dist.barrier()
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
               for _ in range(iters)]
@@ -62,11 +62,11 @@ def median_us(fn, warm: int, iters: int, device: torch.device, graph: bool) -> f
         start.record()
         run()
         end.record()
-    _sync(device)
+    sync(device)
     return statistics.median(s.elapsed_time(e) * 1e3 / per_replay for s, e in events)
 
 
-def _reference(op: str, xs: list[torch.Tensor], dim: int, rank: int) -> torch.Tensor:
+def reference(op: str, xs: list[torch.Tensor], dim: int, rank: int) -> torch.Tensor:
     if op == "all_gather":
         return torch.cat(xs, dim)
     acc = xs[0].float().clone()
@@ -78,7 +78,7 @@ def _reference(op: str, xs: list[torch.Tensor], dim: int, rank: int) -> torch.Te
     return total.chunk(len(xs), dim)[rank]
 
 
-def _compare(y: torch.Tensor, ref: torch.Tensor, backend: str, dt_name: str, world: int) -> str:
+def compare(y: torch.Tensor, ref: torch.Tensor, backend: str, dt_name: str, world: int) -> str:
     if tuple(y.shape) != tuple(ref.shape):
         return f"shape {tuple(y.shape)} != expected {tuple(ref.shape)}"
     if y.dtype != ref.dtype:

@@ -18,8 +18,8 @@ import zlib
 import torch
 import torch.distributed as dist
 
-from tpserve.dist.bench_common import (DTYPES, FUSED, FUSED_OPS, HC_EXPAND, MOE_COMBINE, _compare, _iters, _reference,
-                                       _sync, median_us)
+from tpserve.dist.bench_common import (DTYPES, FUSED, FUSED_OPS, HC_EXPAND, MOE_COMBINE, compare, median_us, reference,
+                                       schedule, sync)
 from tpserve.dist.comm import Communicator
 from tpserve.dist.tuning import op_bytes
 
@@ -55,7 +55,7 @@ def _setup(rank: int, world: int, spec: dict) -> tuple[Communicator, torch.devic
 def _time(comm: Communicator, op: str, backend: str, x: torch.Tensor, dim: int,
           device: torch.device, graph: bool, scale: float) -> float:
     """Median latency in microseconds of `op` through `backend` (rank 0's view)."""
-    warm, iters = _iters(op_bytes(op, x.numel(), x.element_size(), comm.world_size), device, scale)
+    warm, iters = schedule(op_bytes(op, x.numel(), x.element_size(), comm.world_size), device, scale)
     return median_us(lambda: comm.run(op, x, backend, dim), warm, iters, device, graph)
 
 
@@ -97,7 +97,7 @@ def timing_worker(rank: int, world: int, spec: dict) -> list[dict] | None:
                                   spec.get("iter_scale", 1.0))
                 except Exception as exc:  # noqa: BLE001 - shown in the table, not fatal
                     us[b] = f"error: {type(exc).__name__}: {exc}"[:200]
-                    _sync(device)
+                    sync(device)
                     dist.barrier()
             rows.append({"op": op, "dtype": dt_name, "world": world,
                          "bytes": op_bytes(op, x.numel(), x.element_size(), world),
@@ -154,7 +154,7 @@ def check_worker(rank: int, world: int, spec: dict) -> list[str]:
             for case_id, (op, shape, dim) in enumerate(_cases(world, cap)):
                 gens = [torch.Generator().manual_seed(1000 * case_id + r) for r in range(world)]
                 xs = [torch.randn(shape, generator=g).to(dtype).to(device) for g in gens]
-                ref = _reference(op, xs, dim, rank)
+                ref = reference(op, xs, dim, rank)
                 for layout in ("contiguous", "strided"):
                     mine = xs[rank] if layout == "contiguous" else _strided(xs[rank])
                     for backend in comm.available_backends(op, mine):
@@ -162,11 +162,11 @@ def check_worker(rank: int, world: int, spec: dict) -> list[str]:
                         try:
                             y = comm.run(op, mine.clone() if layout == "contiguous" else mine,
                                          backend, dim)
-                            _sync(device)
-                            problem = _compare(y, ref, backend, dt_name, world)
+                            sync(device)
+                            problem = compare(y, ref, backend, dt_name, world)
                         except Exception as exc:  # noqa: BLE001
                             problem = f"raised {type(exc).__name__}: {exc}"
-                            _sync(device)
+                            sync(device)
                         if problem:
                             failures.append(f"rank {rank}: {label}: {problem}")
                         if op != "reduce_scatter":
@@ -215,20 +215,20 @@ def _graph_check(comm: Communicator, device: torch.device, cap: int) -> list[str
     statics = {k: torch.zeros(s, dtype=torch.bfloat16, device=device) for k, s in shapes.items()}
     for (op, b), x in statics.items():  # compile every variant before capturing
         comm.run(op, x, b)
-    _sync(device)
+    sync(device)
     fused_in = None
     if hasattr(comm._ws, "all_reduce_add_rmsnorm"):
         fused_in = [torch.zeros(2, 512, dtype=torch.bfloat16, device=device) for _ in range(2)]
         fused_in.append(torch.ones(512, dtype=torch.bfloat16, device=device))
         comm._ws.all_reduce_add_rmsnorm(*fused_in, 1e-6)
-        _sync(device)
+        sync(device)
     hc_in = None
     if hasattr(comm._ws, "all_reduce_hc_expand"):  # post 1, comb 0: new streams = the total
         hc_in = [torch.zeros(3, 700, dtype=torch.bfloat16, device=device),
                  torch.zeros(3, 4, 700, dtype=torch.bfloat16, device=device),
                  torch.ones(3, 4, device=device), torch.zeros(3, 4, 4, device=device)]
         comm._ws.all_reduce_hc_expand(*hc_in)
-        _sync(device)
+        sync(device)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         outs = {k: comm.run(k[0], x, k[1]) for k, x in statics.items()}
@@ -250,21 +250,21 @@ def _graph_check(comm: Communicator, device: torch.device, cap: int) -> list[str
         graph.replay()
         eager = comm.run("all_reduce", xs_all[("all_reduce", "twoshot")][rank], "oneshot")
         if fused_out is not None:
-            _sync(device)
+            sync(device)
             want_res = 1.0 + sum(float(r + replay) for r in range(world))
             if not bool((fused_out[1] == want_res).all()) or not bool((fused_out[0] == 1).all()):
                 problems.append(f"CUDA graph replay {replay}: fused all-reduce + RMSNorm mismatch")
         if hc_out is not None:
-            _sync(device)
+            sync(device)
             if not bool((hc_out == sum(float(r + replay) for r in range(world))).all()):
                 problems.append(f"CUDA graph replay {replay}: fused all-reduce + mHC expand "
                                 "mismatch")
-        _sync(device)
+        sync(device)
         for k, out in outs.items():
-            want = _reference(k[0], xs_all[k], 0, rank)
+            want = reference(k[0], xs_all[k], 0, rank)
             if not torch.equal(out, want):
                 problems.append(f"CUDA graph replay {replay}: {k[0]} [{k[1]}] mismatch")
-        if not torch.equal(eager, _reference("all_reduce", xs_all[("all_reduce", "twoshot")], 0,
+        if not torch.equal(eager, reference("all_reduce", xs_all[("all_reduce", "twoshot")], 0,
                                              rank)):
             problems.append(f"eager all_reduce between graph replays {replay}: mismatch")
     return problems

@@ -18,8 +18,8 @@ import torch.distributed as dist
 
 from tpserve.dist.comm import Communicator
 from tpserve.dist.tuning import TORCH
-from tpserve.dist.bench_common import (DTYPES, FUSED, HC_EXPAND, MOE_COMBINE, _compare, _iters, _reference, _sync,
-                                       median_us)
+from tpserve.dist.bench_common import (DTYPES, FUSED, HC_EXPAND, MOE_COMBINE, compare, median_us, reference, schedule,
+                                       sync)
 
 FUSED_HIDDEN = 4096
 HC_MULT = 4  # GLM-5.3-Flash's mHC streams per token
@@ -125,7 +125,7 @@ def _moe_combine_paths(comm: Communicator, args: tuple[torch.Tensor, ...]) -> di
 def _time_fused(comm: Communicator, fn: Any, args: tuple, device: torch.device, graph: bool,
                 scale: float) -> float:
     partial = args[0]
-    warm, iters = _iters(partial.numel() * partial.element_size(), device, scale)
+    warm, iters = schedule(partial.numel() * partial.element_size(), device, scale)
     return median_us(lambda: fn(*args), warm, iters, device, graph)
 
 
@@ -140,7 +140,7 @@ def fused_row(comm: Communicator, op: str, dt_name: str, size: int, device: torc
                                    spec.get("iter_scale", 1.0))
         except Exception as exc:  # noqa: BLE001 - shown in the table, not fatal
             us[name] = f"error: {type(exc).__name__}: {exc}"[:200]
-            _sync(device)
+            sync(device)
             dist.barrier()
     sized = args[0][: args[0].shape[0] // TOP_K] if op == MOE_COMBINE else args[0]  # the combined [T, D] rows
     return {"op": op, "dtype": dt_name, "world": world, "bytes": sized.numel() * sized.element_size(),
@@ -169,11 +169,11 @@ def fused_check(comm: Communicator, dt_name: str, device: torch.device, cap: int
         res = torch.randn(shape, generator=torch.Generator().manual_seed(case)).to(dtype).to(device)
         w = (torch.rand(shape[-1], generator=torch.Generator().manual_seed(case)) + 0.5).to(dtype)
         w = w.to(device)
-        want_n, want_r = fused.add_rmsnorm(_reference("all_reduce", parts, 0, rank), res, w, 1e-6)
+        want_n, want_r = fused.add_rmsnorm(reference("all_reduce", parts, 0, rank), res, w, 1e-6)
         for name, fn in _fused_paths(comm, FUSED, (parts[rank], res, w)).items():
             try:
                 normed, new_res = fn(parts[rank], res, w)
-                _sync(device)
+                sync(device)
             except Exception as exc:  # noqa: BLE001
                 problems.append(f"{FUSED} {dt_name} {shape} [{name}]: raised {exc!r}")
                 continue
@@ -202,7 +202,7 @@ def hc_expand_check(comm: Communicator, dt_name: str, device: torch.device,
         parts = [torch.randn(shape, generator=g).to(dtype).to(device) for g in gens]
         streams, post, comb = _hc_inputs(shape, dtype, device,
                                          torch.Generator().manual_seed(case))
-        total = _reference("all_reduce", parts, 0, rank)
+        total = reference("all_reduce", parts, 0, rank)
         want = fused.hc_expand(total, streams, post, comb)
         bound = fused.hc_expand_bound(total, streams, post, comb)
         label = f"{HC_EXPAND} {dt_name} {shape}"
@@ -210,7 +210,7 @@ def hc_expand_check(comm: Communicator, dt_name: str, device: torch.device,
             try:
                 plain = fn(parts[rank], streams, torch.ones_like(post), torch.zeros_like(comb))
                 new = fn(parts[rank], streams, post, comb)
-                _sync(device)
+                sync(device)
             except Exception as exc:  # noqa: BLE001
                 problems.append(f"{label} [{name}]: raised {exc!r}")
                 continue
@@ -228,7 +228,7 @@ def hc_expand_check(comm: Communicator, dt_name: str, device: torch.device,
 def moe_combine_check(comm: Communicator, dt_name: str, device: torch.device, cap: int) -> list[str]:
     """Every reduce_scatter_moe_combine path (fused where the workspace serves it; combine, pad and the table's
     reduce-scatter) against the rank-order float32 sum of every rank's padded combine, rounded once: this rank's
-    slice, bitwise (within _compare's bound where the reduce-scatter is the process group's)."""
+    slice, bitwise (within compare's bound where the reduce-scatter is the process group's)."""
     from tpserve.dist import fused
     world, rank, dtype = comm.world_size, comm.rank, DTYPES[dt_name]
     combine = getattr(comm._ws, "MOE_COMBINE", "triton" if device.type == "cuda" else "torch")
@@ -245,11 +245,11 @@ def moe_combine_check(comm: Communicator, dt_name: str, device: torch.device, ca
         for name, fn in paths.items():
             try:
                 got = fn(*args[rank])
-                _sync(device)
+                sync(device)
             except Exception as exc:  # noqa: BLE001
                 problems.append(f"{MOE_COMBINE} {dt_name} {shape} [{name}]: raised {exc!r}")
                 continue
-            problem = _compare(got, want, "fused" if name == "fused" else pick, dt_name, world)
+            problem = compare(got, want, "fused" if name == "fused" else pick, dt_name, world)
             if problem:
                 problems.append(f"{MOE_COMBINE} {dt_name} {shape} [{name}]: {problem}")
     return problems

@@ -325,8 +325,8 @@ class Speculator:
             if not fused:  # (a fused step's time holds its drafting too: the cost model fits them apart)
                 self.policy.observe_step(step_tokens, max(step_seconds, 1e-9))
             if self.last_draft_seconds is not None:  # None: the drafts came with a prompt's MTP catch-up
-                if self.pending_rate is not None:  # (after a fused step the next one's launch filed it)
-                    self.while_waiting()
+                # a fused step's pending observation first (after a fused step the next one's launch filed it)
+                self.while_waiting()
                 seen = (batch, self.step_drafted, self.emitted, step_seconds + self.last_draft_seconds)
                 if fused:  # filed while the next step runs (its choice reads the rates of the steps before)
                     self.pending_rate = seen
@@ -371,10 +371,10 @@ class Speculator:
         return k
 
     def _left(self, running: list[Sequence]) -> int:
-        """The most tokens a running request may still emit (max_tokens, max_model_len; `_budget`'s caps + 1)."""
-        limit, left = self.engine.max_model_len + 1, 0
+        """The most tokens a running request may still emit (`_room`)."""
+        max_model_len, left = self.engine.max_model_len, 0
         for seq in running:  # (a loop: a generator's max costs more at the batch of 1 this matters for)
-            n = min(seq.max_tokens - len(seq.output_ids), limit - seq.num_tokens)
+            n = _room(seq, max_model_len)
             if n > left:
                 left = n
         return left
@@ -476,7 +476,7 @@ class Speculator:
             k = self.spec.num_speculative_tokens
         if k == 0:
             return 0
-        k = min(k, seq.max_tokens - len(seq.output_ids) - 1, self.engine.max_model_len - seq.num_tokens)
+        k = min(k, _room(seq, self.engine.max_model_len) - 1)
         while k >= 2 and not self.engine.scheduler.reserve(seq, seq.num_tokens + k - 2):
             k -= 1
         return max(k, 0)
@@ -512,6 +512,12 @@ class Speculator:
 def _argmax_only(seq: Sequence) -> bool:
     """A fused step can choose this sequence's tokens: the raw logits' argmax, no logprobs to report."""
     return seq.params.logprobs is None and sampler.plain_argmax(seq)
+
+
+def _room(seq: Sequence, max_model_len: int) -> int:
+    """The most tokens `seq` may still emit, as max_tokens and max_model_len allow (`_budget`: its drafts one
+    fewer, the step's own token being one of them)."""
+    return min(seq.max_tokens - len(seq.output_ids), max_model_len + 1 - seq.num_tokens)
 
 
 def _fixed(seq: Sequence) -> bool:
