@@ -1,6 +1,6 @@
 """tpserve's modules import one another without circles, deferred (function-level) imports included: where two
 modules need each other's code, it belongs in a module below both (as model/errors.py, model/quant_config.py,
-dist/bench_common.py, kernels/moe_tiles_triton.py and paths.py are). Imports of the package itself (`from tpserve
+tools/bench/collectives_common.py, kernels/moe_tiles_triton.py and paths.py are). Imports of the package itself (`from tpserve
 import LLM`, its public face) are left out."""
 
 from __future__ import annotations
@@ -67,6 +67,41 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
                 if len(group) > 1:
                     out.append(sorted(group))
     return out
+
+
+LAYERS = ("base", "kernels", "collectives", "model", "engine", "server", "train", "tools")
+BASE = {"config", "paths", "sampling_params", "builtin"}  # builtin: the shipped demo checkpoint (data)
+SIDE = {"llm": "server", "cli": "tools"}  # top-level modules that belong to a package's layer
+
+
+def layer(module: str) -> str:
+    """The layer of a tpserve module (`tpserve.engine.spec.policy` -> engine)."""
+    part = module.split(".")[1]
+    if part in BASE:
+        return "base"
+    part = SIDE.get(part, part)
+    if part not in LAYERS:
+        raise KeyError(f"{module}: not in any layer (add its package to LAYERS)")
+    return part
+
+
+def upward(graph: dict[str, set[str]]) -> list[str]:
+    """Every import that runs from a lower layer up to a higher one, as 'a (layer) -> b (layer)'."""
+    rank = {name: i for i, name in enumerate(LAYERS)}
+    return sorted(f"{m} ({layer(m)}) -> {d} ({layer(d)})" for m, deps in graph.items() if m != "tpserve"
+                  for d in deps if rank[layer(d)] > rank[layer(m)])
+
+
+def test_upward_finds_a_planted_one():
+    graph = {"tpserve.model.mla": {"tpserve.kernels.mla_triton", "tpserve.engine.cache"},
+             "tpserve.kernels.mla_triton": {"tpserve.config"}, "tpserve.engine.cache": set(), "tpserve.config": set()}
+    assert upward(graph) == ["tpserve.model.mla (model) -> tpserve.engine.cache (engine)"]
+
+
+def test_no_package_imports_a_higher_layer():
+    graph = import_graph()
+    assert {layer(m) for m in graph if m != "tpserve"} == set(LAYERS)
+    assert upward(graph) == []
 
 
 def test_circles_finds_a_planted_one():

@@ -23,8 +23,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 # the GPU kernels' proofs that issue-level checks rely on: the workspace collectives (one-round,
 # pipelined, fused, the MoE fold, the ring) and the quantized GEMMs
-INTERPRETED = ("tests/dist/test_peer_workspace_interpreter.py", "tests/dist/test_moe_combine_rs_interpreter.py",
-               "tests/dist/test_peer_workspace_ring_interpreter.py", "tests/kernels/test_quant_triton.py")
+INTERPRETED = ("tests/collectives/test_peer_workspace_interpreter.py", "tests/collectives/test_moe_combine_rs_interpreter.py",
+               "tests/collectives/test_peer_workspace_ring_interpreter.py", "tests/kernels/test_quant_triton.py")
 
 
 def test_the_interpreter_tests_pass_with_triton_installed_aside():
@@ -33,7 +33,8 @@ def test_the_interpreter_tests_pass_with_triton_installed_aside():
         pytest.skip("TPSERVE_TEST_TRITON_PATH unset (CI sets it: .ci/run)")
     if importlib.util.find_spec("triton") is not None:
         pytest.skip("Triton is importable here: the interpreter tests ran directly")
-    files = [f for f in INTERPRETED if (ROOT / f).is_file()]
+    files = list(INTERPRETED)
+    assert all((ROOT / f).is_file() for f in files), [f for f in files if not (ROOT / f).is_file()]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (path, os.environ.get("PYTHONPATH")) if p)}
     proc = subprocess.run([sys.executable, "-m", "pytest", "-rs", "-p", "no:cacheprovider", *files],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)

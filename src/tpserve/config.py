@@ -20,6 +20,19 @@ def _opt(default: Any, help: str, *, switch: bool = False, flag: str | None = No
                                             "choices": choices})
 
 
+# --quantization and a checkpoint's quant_method, by the names vLLM and ModelOpt use
+QUANTIZATION_ALIASES = {"none": "bf16", "bf16": "bf16", "fp8": "fp8", "nvfp4": "nvfp4", "modelopt_fp4": "nvfp4"}
+
+
+def quantization_method(name: str, what: str = "quantization") -> str:
+    """The method a quantization name stands for (bf16, fp8 or nvfp4); an unknown one is a ValueError naming it."""
+    key = name.strip().lower()
+    if key not in QUANTIZATION_ALIASES:
+        raise ValueError(f"{what}: unknown or unsupported quantization method {name!r}; "
+                         f"supported: fp8 (block-wise), nvfp4 (modelopt_fp4), none")
+    return QUANTIZATION_ALIASES[key]
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     model: str | None = _opt(None, "checkpoint directory (default: the built-in trained demo model)")
@@ -238,9 +251,7 @@ class EngineConfig:
         if self.sp_min_tokens < 1:
             raise ValueError(f"sp_min_tokens must be >= 1, got {self.sp_min_tokens}")
         if self.quantization is not None:
-            from tpserve.model.quant_config import method_name
-
-            method_name(self.quantization)  # unknown / unsupported: a clear error naming it
+            quantization_method(self.quantization)  # unknown / unsupported: a clear error naming it
         if isinstance(self.speculative_config, dict):  # LLM(speculative_config={...})
             object.__setattr__(self, "speculative_config", json.dumps(self.speculative_config, sort_keys=True))
         self.speculative  # noqa: B018 - parse now: a bad speculative_config is an error at construction
@@ -301,7 +312,7 @@ class EngineConfig:
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
-    """Speculative decoding with the checkpoint's MTP layer (engine/speculate.py)."""
+    """Speculative decoding with the checkpoint's MTP layer (engine/spec/speculator.py)."""
 
     method: str = "mtp"
     num_speculative_tokens: int = 3   # most drafts verified per step (k), 1..7

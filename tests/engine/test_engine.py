@@ -42,7 +42,7 @@ def test_preemption_recomputes_same_tokens(path):
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     roomy = _tokens(_llm(path).generate(prompts, params))
     # 20 blocks of 16 tokens cannot hold five sequences of ~75 tokens: the scheduler must preempt
-    from tpserve.engine.cache import bytes_per_block, bytes_per_slot
+    from tpserve.model.cache import bytes_per_block, bytes_per_slot
     from tpserve.model.config import ModelConfig
 
     cfg = ModelConfig.from_file(path)

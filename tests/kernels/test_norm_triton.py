@@ -1,5 +1,5 @@
 """Fused norm / mHC kernels (kernels/norm_triton.py, run by Triton's CPU interpreter) against the torch
-forms the model uses, within bounds derived from the arithmetic (dist/fused.py); and the switch that
+forms the model uses, within bounds derived from the arithmetic (collectives/fused.py); and the switch that
 puts a whole model on them.
 
 16-bit cases run in float16: the interpreter rounds float32 -> bfloat16 by truncation (numpy has no
@@ -21,7 +21,7 @@ from tpserve.model.tiny import tiny_config_dict
 def test_triton_norms_equal_torch_within_bounds():
     out = run_interpreted("""
         import json, torch
-        from tpserve.dist.fused import hc_expand, hc_expand_bound, rmsnorm_bound, _ulp
+        from tpserve.collectives.fused import hc_expand, hc_expand_bound, rmsnorm_bound, _ulp
         from tpserve.kernels import norm_triton as nt
         eps32 = torch.finfo(torch.float32).eps
         out = {}

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tpserve.dist.comm import Communicator
+from tpserve.collectives.comm import Communicator
 from tpserve.kernels.choice import Kernels, WeightOptions
 from tpserve.model.build import plan_model
 from tpserve.model.config import ModelConfig

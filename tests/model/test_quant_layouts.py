@@ -75,7 +75,7 @@ def test_quantize_writes_the_checkpoint_layouts(tiny, tmp_path):
 
 
 def _tp_model(path: Path, rank: int, world: int):
-    from tpserve.dist.comm import Communicator
+    from tpserve.collectives.comm import Communicator
 
     ctx = ShardContext(rank, world, torch.float32, Communicator(None, torch.device("cpu")))
     return build_model(path, ModelConfig.from_file(path), ctx, torch.device("cpu"), Kernels())

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 
 from helpers import wait_healthy
-from tpserve.dist.launch import free_port
+from tpserve.engine.tp.launch import free_port
 
 
 def spawned_workers(pid: int) -> list[int]:

@@ -14,7 +14,7 @@ import pytest
 
 from helpers import wait_healthy
 from live import LiveServer
-from tpserve.dist.launch import free_port
+from tpserve.engine.tp.launch import free_port
 
 
 def is_openai_error(r, status, code=None):

@@ -7,8 +7,8 @@ import httpx
 import pytest
 
 from live import LiveServer
-from tpserve.tools.bench_fuzz import run_schemathesis
-from tpserve.tools.hostile_corpus import cases, run_corpus
+from tpserve.tools.bench.fuzz import run_schemathesis
+from tpserve.tools.bench.hostile_corpus import cases, run_corpus
 
 MAX_REQUEST_BYTES = 1 << 20  # small, so the oversized cases stay cheap
 

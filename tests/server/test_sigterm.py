@@ -10,7 +10,7 @@ import time
 import httpx
 
 from helpers import wait_healthy
-from tpserve.dist.launch import free_port
+from tpserve.engine.tp.launch import free_port
 
 
 def test_sigterm_drains_then_exits(tiny, tmp_path):

@@ -23,7 +23,7 @@ def test_short_soak(tiny, tmp_path, monkeypatch):
 
 
 def test_slope_per_min():
-    from tpserve.tools.bench_soak import slope_per_min
+    from tpserve.tools.bench.soak import slope_per_min
 
     timeline = [(t, 100 + 0.5 * t / 60, 0, None, None) for t in range(0, 300, 5)]
     assert abs(slope_per_min(timeline, 1) - 0.5) < 1e-9

@@ -88,7 +88,7 @@ class ThreadServer:
     def __init__(self, app):
         import uvicorn
 
-        from tpserve.dist.launch import free_port
+        from tpserve.engine.tp.launch import free_port
 
         self.port = free_port()
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))

@@ -28,7 +28,7 @@ def locked(tiny):
 
 @pytest.mark.parametrize("cmd", COMMANDS, ids=lambda c: " ".join(c[:2]))
 def test_errors_are_one_line(cmd, locked, capsys):
-    from tpserve.dist.launch import free_port
+    from tpserve.engine.tp.launch import free_port
 
     assert main([*cmd, "--url", f"http://127.0.0.1:{free_port()}"]) == 2
     _one_line(capsys, "connection refused")

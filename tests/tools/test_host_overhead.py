@@ -11,7 +11,7 @@ from tpserve import LLM, SamplingParams
 
 @pytest.mark.parametrize("chain,fused", [(0, False), (3, False), (3, True)], ids=["per-depth", "chain", "fused"])
 def test_stand_in_drafts_are_all_accepted_and_follow_the_script(chain, fused):
-    """chain 3: the speculator takes a chain graph's draws [2, depths, n] (engine/speculate.py) and feeds
+    """chain 3: the speculator takes a chain graph's draws [2, depths, n] (engine/spec/speculator.py) and feeds
     each depth's drafts to the right sequence and position; fused: steps where every draft is pending run
     as fused steps (acceptance and next drafts from the executor at once: Speculator.verify_fused)."""
     mod = load_bench("host_overhead")

@@ -50,7 +50,7 @@ def test_faults_are_caught(faulty, tmp_path, fault, failing):
 
 
 def test_unreachable_and_bad_urls_are_one_line(capsys):
-    from tpserve.dist.launch import free_port
+    from tpserve.engine.tp.launch import free_port
 
     assert main(["smoke", "--url", f"http://127.0.0.1:{free_port()}"]) == 2
     err = capsys.readouterr().err

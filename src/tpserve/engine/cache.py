@@ -1,4 +1,4 @@
-"""Cache memory: the paged block pool (MLA latent + indexer rows) and the KDA state slots.
+"""Cache bookkeeping: the paged block pool (MLA latent + indexer rows) and the KDA state slots.
 
 The scheduler owns blocks and slots (BlockPool, SlotPool); the model only reads the tensors
 (CacheTensors) through the tables of each step. Freeing is exact: once every request has ended
@@ -6,11 +6,6 @@ or been aborted both pools are full again.
 """
 
 from __future__ import annotations
-
-import torch
-
-from tpserve.model.batch import CacheTensors
-from tpserve.model.config import ModelConfig
 
 
 class PoolExhausted(RuntimeError):
@@ -41,48 +36,3 @@ class BlockPool:
 
 class SlotPool(BlockPool):
     """KDA state slots: one per running sequence (same bookkeeping as blocks)."""
-
-
-def bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
-    item = torch.empty((), dtype=dtype).element_size()
-    per_token = len(cfg.mla_layers) * cfg.kv_lora_rank
-    full = [i for i in cfg.mla_layers if cfg.indexer_is_full(i)]
-    per_token += len(full) * 2 * cfg.index_head_dim
-    per_pool = len(full) * cfg.index_head_dim
-    return item * (block_size * per_token + (block_size // cfg.index_kpool) * per_pool)
-
-
-def bytes_per_slot(cfg: ModelConfig, world: int, dtype: torch.dtype) -> int:
-    heads = cfg.linear_num_heads // world
-    item = torch.empty((), dtype=dtype).element_size()
-    state = heads * cfg.linear_head_dim * cfg.linear_head_dim * 4
-    conv = 3 * heads * cfg.linear_head_dim * (cfg.linear_conv_kernel_dim - 1) * item
-    return len(cfg.kda_layers) * (state + conv)
-
-
-def allocate_cache(cfg: ModelConfig, *, num_blocks: int, block_size: int, num_slots: int, world: int,
-                   dtype: torch.dtype, device: torch.device) -> CacheTensors:
-    if block_size % cfg.index_kpool:
-        raise ValueError(f"block_size ({block_size}) must be a multiple of index_kpool ({cfg.index_kpool})")
-    cache = CacheTensors(block_size=block_size)
-    zeros = lambda *shape, dt=dtype: torch.zeros(shape, dtype=dt, device=device)  # noqa: E731
-    for i in cfg.mla_layers:
-        cache.latent[i] = zeros(num_blocks, block_size, cfg.kv_lora_rank)
-        if cfg.indexer_is_full(i):
-            cache.index_k[i] = zeros(num_blocks, block_size, cfg.index_head_dim)
-            cache.index_gate[i] = zeros(num_blocks, block_size, cfg.index_head_dim)
-            cache.pool_k[i] = zeros(num_blocks, block_size // cfg.index_kpool, cfg.index_head_dim)
-    heads = cfg.linear_num_heads // world
-    for i in cfg.kda_layers:
-        cache.kda_state[i] = zeros(num_slots, heads, cfg.linear_head_dim, cfg.linear_head_dim, dt=torch.float32)
-        cache.conv_state[i] = zeros(num_slots, 3 * heads * cfg.linear_head_dim, cfg.linear_conv_kernel_dim - 1)
-    return cache
-
-
-def reset_slots(cache: CacheTensors, slots: list[int]) -> None:
-    """Zero the KDA state of freshly assigned slots (a new or recomputed sequence)."""
-    if not slots:
-        return
-    for tensors in (cache.kda_state, cache.conv_state):
-        for t in tensors.values():
-            t[torch.tensor(slots, device=t.device)] = 0

@@ -10,7 +10,8 @@ from pathlib import Path
 import torch
 
 from tpserve.config import EngineConfig
-from tpserve.engine import logits_process, overlap, prompt_logprobs, sampler, speculate
+from tpserve.engine import logits_process, overlap, prompt_logprobs, sampler
+from tpserve.engine.spec import speculator as speculate
 from tpserve.engine.detokenize import Detokenizer
 from tpserve.engine.executor import EngineDeadError, LocalExecutor
 from tpserve.engine.outputs import CompletionOutput, RequestOutput
@@ -53,8 +54,8 @@ class LLMEngine:
         if ecfg.tensor_parallel_size == 1:
             self.executor = LocalExecutor(ecfg, str(self.model_dir), self.model_config, self.device, self.dtype,
                                           rt.kernels)
-        else:  # TP > 1: worker processes (dist/group.py, which builds on engine/executor.py)
-            from tpserve.dist.group import TPExecutor
+        else:  # TP > 1: worker processes (engine/tp/executor.py, which builds on engine/executor.py)
+            from tpserve.engine.tp.executor import TPExecutor
 
             self.executor = TPExecutor(ecfg, str(self.model_dir), self.model_config, self.device, self.dtype,
                                        rt.kernels)

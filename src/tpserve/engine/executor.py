@@ -11,7 +11,7 @@ import time
 import torch
 
 from tpserve.config import EngineConfig
-from tpserve.engine.cache import bytes_per_block, bytes_per_slot
+from tpserve.model.cache import bytes_per_block, bytes_per_slot
 from tpserve.engine.runner import CacheShape, Drafted, ModelRunner, StepPlan
 from tpserve.kernels.choice import Kernels
 from tpserve.model.config import ModelConfig

@@ -14,7 +14,7 @@ test_async_scheduling.py), with one exception vLLM's async scheduling shares: th
 sequence still drew its noise, so sampled requests without a seed (they share the engine's generator) draw
 differently after another request stops early; requests with a seed draw from their own. At TP > 1 the sampled
 tokens live on rank 0's device: the step that takes them sends them to the other ranks' devices behind its plan
-(dist/plan_wire.py STEP_PREV). With speculative decoding only on the speculator's idle steps (`Speculator.idle`:
+(engine/tp/plan_wire.py STEP_PREV). With speculative decoding only on the speculator's idle steps (`Speculator.idle`:
 a batch above the verify graphs).
 """
 

@@ -47,7 +47,7 @@ class Sequence:
     # outputs, and without stop strings no per-token detokenization (`text` is decoded once at the end)
     prompt_logprobs: list | None = None  # engine.prompt_logprobs: [None, {token id: Logprob}, ...]
     constraint: object | None = None  # engine.logits_process.SeqConstraint when the output is constrained
-    # speculative decoding (engine/speculate.py)
+    # speculative decoding (engine/spec/speculator.py)
     drafts: list[int] = field(default_factory=list)  # tokens drafted after the last one, verified next step
     draft_probs: list | None = None  # sampled requests: the draft distribution q of each draft [V]
     draft_sure: list[float] = field(default_factory=list)  # the drafter's probability of each draft

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tpserve.engine import cache as cache_mod
+from tpserve.model import cache as cache_mod
 from tpserve.engine.h2d import to_device
 from tpserve.engine.sampler import argmax_and_probability
 from tpserve.kernels.choice import Kernels

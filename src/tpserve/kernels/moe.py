@@ -9,7 +9,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from tpserve.dist.fused import moe_combine
+from tpserve.kernels.moe_combine import moe_combine
 
 
 def clamped_swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.Tensor:
@@ -50,7 +50,7 @@ def experts_grouped(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, g
                     down: torch.Tensor, limit: float, combine: str = "torch", act: str = "torch") -> torch.Tensor:
     """Same contract as experts_loop, through torch.nn.functional.grouped_mm: tokens sorted by expert
     once, two grouped GEMMs, no loop and no host sync (`experts_sorted`). The k choices of a token are
-    summed in fp32 and rounded once (dist/fused.moe_combine): combine "triton" in one kernel reading the
+    summed in fp32 and rounded once (collectives/fused.moe_combine): combine "triton" in one kernel reading the
     sorted outputs in place (kernels/route_triton.combine_sorted, cuda), "torch" by gathers in choice
     order (deterministic, unlike an index_add). `act` as in experts_sorted."""
     y, order = experts_sorted(x, weights, ids, gate_up, down, limit, act)

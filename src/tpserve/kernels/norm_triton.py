@@ -9,11 +9,11 @@ Floors: every kernel reads its inputs and writes its output once (a [T, D] bf16 
 nanoseconds at 4.3 TB/s); the point is the launch count, not bandwidth.
 
 Numerics (the torch forms are the reference and the CPU path: model/layers.py's RMSNorm and GatedRMSNorm,
-model/mhc.py's stream norm and collapse, dist/fused.py's hc_expand): the same formulas in
+model/mhc.py's stream norm and collapse, collectives/fused.py's hc_expand): the same formulas in
 fp32 with another summation order for the mean of squares (a tree over BLOCK-wide chunks) and for the
 mHC sums; every rounding to the output dtype happens where the torch form rounds, except in the expand,
 which adds in fp32 and rounds once (torch rounds the product, the matmul and the sum). Bounds:
-dist/fused.py's rmsnorm_bound and hc_expand_bound.
+collectives/fused.py's rmsnorm_bound and hc_expand_bound.
 """
 
 from __future__ import annotations
@@ -153,7 +153,7 @@ def _hc_expand_kernel(x_ptr, s_ptr, post_ptr, comb_ptr, out_ptr, D, x_stride, s_
 
 def hc_expand(total: torch.Tensor, streams: torch.Tensor, post: torch.Tensor, comb: torch.Tensor,
               pdl: bool = False) -> torch.Tensor:
-    """dist/fused.hc_expand in one kernel: post (x) total + comb^T @ streams -> [T, N, D] in streams' dtype."""
+    """collectives/fused.hc_expand in one kernel: post (x) total + comb^T @ streams -> [T, N, D] in streams' dtype."""
     t, n, d = streams.shape
     if streams.stride(-1) != 1:
         streams = streams.contiguous()

@@ -164,7 +164,7 @@ def combine_choices(y: torch.Tensor, top_k: int, dtype: torch.dtype, backend: st
 def combine_sorted_tile(y_ptr, inv_ptr, w_ptr, t, d, D, TOP_K: tl.constexpr, K_PAD: tl.constexpr):
     """Token t's combine at columns d (a BLOCK_D range), fp32: its k outputs read where they lie in the
     expert-sorted y (rows inv[t*k + j]), weighted and summed over j in one reduction. The one copy of this
-    arithmetic: combine_sorted and the fused reduce-scatter (dist/workspace_triton.py) both call it, so they
+    arithmetic: combine_sorted and the fused reduce-scatter (collectives/workspace_triton.py) both call it, so they
     agree bit for bit."""
     j = tl.arange(0, K_PAD)
     jm = j < TOP_K

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tpserve.dist.fused import pad_rows
+from tpserve.collectives.fused import pad_rows
 from tpserve.kernels.choice import Kernels
 from tpserve.model.batch import CacheTensors, ForwardBatch
 from tpserve.model.config import ModelConfig
@@ -78,7 +78,7 @@ class DecoderLayer(nn.Module):
                        batch: ForwardBatch) -> torch.Tensor:
         """The streams after a block: its rank-partial output summed and mixed in by the mHC
         expand; one fused collective with --fused-collectives at TP > 1 without sequence
-        parallelism (the same arithmetic: dist/fused.py). With it, an MoE's uncombined output
+        parallelism (the same arithmetic: collectives/fused.py). With it, an MoE's uncombined output
         (SortedMoeOutput, only under sequence parallelism) is combined by the reduce-scatter."""
         if self.fused_expand and not batch.sequence_parallel:
             return self.comm.all_reduce_hc_expand(partial, streams, post, comb)

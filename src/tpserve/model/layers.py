@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from tpserve.dist.comm import Communicator
+from tpserve.collectives.comm import Communicator
 from tpserve.model.quant_methods import Bf16Linear
 from tpserve.model.weights import COLUMN, REPLICATED, ROW, Shard, declare
 

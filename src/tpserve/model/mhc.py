@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tpserve.dist.fused import hc_expand
+from tpserve.collectives.fused import hc_expand
 from tpserve.kernels.mhc import hc_weights
 from tpserve.model.config import ModelConfig
 from tpserve.model.layers import ShardContext, norm_triton
@@ -87,6 +87,6 @@ class HyperConnection(nn.Module):
     @staticmethod
     def expand(block_out: torch.Tensor, residual: torch.Tensor, post: torch.Tensor,
                comb: torch.Tensor) -> torch.Tensor:
-        """New streams [T, N, D] = post (x) block_out + comb^T @ residual (dist/fused.py's
+        """New streams [T, N, D] = post (x) block_out + comb^T @ residual (collectives/fused.py's
         hc_expand: the arithmetic Communicator.all_reduce_hc_expand fuses with the all-reduce)."""
         return hc_expand(block_out, residual, post, comb)

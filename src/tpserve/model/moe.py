@@ -112,7 +112,7 @@ class Experts(nn.Module):
 
 @dataclass(frozen=True)
 class SortedMoeOutput:
-    """An MoE layer's partial output before the combine of its k choices (dist/fused.moe_combine):
+    """An MoE layer's partial output before the combine of its k choices (collectives/fused.moe_combine):
     the grouped experts' rows in expert order, the router's weights, the shared experts' output
     (None without them) and the combine backend the unfused path would use."""
 
@@ -142,7 +142,7 @@ class MoE(nn.Module):
 
     def forward_unreduced(self, x: torch.Tensor) -> torch.Tensor | SortedMoeOutput:
         """`forward`, or where the experts take the grouped path its pieces before the combine
-        (dist/fused.moe_combine of them is `forward`'s result, bit for bit)."""
+        (collectives/fused.moe_combine of them is `forward`'s result, bit for bit)."""
         weights, ids = self.gate(x)
         pieces = self.experts.forward_sorted(x, weights, ids)
         if pieces is None:

@@ -75,7 +75,7 @@ def memory_plan(model: nn.Module, cfg: ModelConfig, *, rank: int, world: int, dt
                 device_bytes: int, utilization: float, activation_bytes: int, block_size: int = 64,
                 request_tokens: int = REQUEST_TOKENS) -> MemoryPlan:
     """The plan for `model` (usually still on the meta device: nothing is allocated)."""
-    from tpserve.engine.cache import bytes_per_block, bytes_per_slot
+    from tpserve.model.cache import bytes_per_block, bytes_per_slot
 
     return MemoryPlan(rank=rank, world=world, device_bytes=int(device_bytes),
                       budget_bytes=int(device_bytes * utilization),

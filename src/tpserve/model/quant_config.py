@@ -10,17 +10,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tpserve.config import quantization_method
 from tpserve.model.errors import UnsupportedConfigError
-
-ALIASES = {"none": "bf16", "bf16": "bf16", "fp8": "fp8", "nvfp4": "nvfp4", "modelopt_fp4": "nvfp4"}
 
 
 def method_name(name: str, what: str = "quantization") -> str:
-    key = name.strip().lower()
-    if key not in ALIASES:
-        raise UnsupportedConfigError(f"{what}: unknown or unsupported quantization method {name!r}; "
-                                     f"supported: fp8 (block-wise), nvfp4 (modelopt_fp4), none")
-    return ALIASES[key]
+    try:
+        return quantization_method(name, what)
+    except ValueError as e:
+        raise UnsupportedConfigError(str(e)) from None
 
 
 @dataclass(frozen=True)

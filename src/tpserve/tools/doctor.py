@@ -1,6 +1,6 @@
 """`tpserve doctor [--pid PID] [--root DIR] [--json]`: check the host and running tpserve
 processes for silent slowdowns (GPU/NUMA placement of NCCL buffers, NCCL_CUMEM_ENABLE).
-The checks and their rules are in `tpserve.dist.doctor`. Exit code: 0 healthy, 1 warnings,
+The checks and their rules are in `tpserve.tools.doctor_checks`. Exit code: 0 healthy, 1 warnings,
 2 failures.
 """
 
@@ -42,7 +42,7 @@ def register(sub, bench, tune) -> None:
 
 def format_text(checks) -> str:
     """The checks as aligned columns, then a one-line verdict."""
-    from tpserve.dist.doctor import FAIL, WARN, exit_code
+    from tpserve.tools.doctor_checks import FAIL, WARN, exit_code
 
     width = max([len("CHECK")] + [len(c.name) for c in checks])
     lines = [f"{'STATUS':<6}  {'CHECK':<{width}}  DETAIL"]
@@ -55,7 +55,7 @@ def format_text(checks) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tpserve.dist.doctor import exit_code, run_doctor
+    from tpserve.tools.doctor_checks import exit_code, run_doctor
 
     if args.root is None:
         checks = run_doctor(Path("/"), pid=args.pid, nvml=True, exclude=(os.getpid(),))

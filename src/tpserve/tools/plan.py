@@ -22,7 +22,7 @@ def _main(args) -> int:
     import torch
 
     from tpserve.config import parse_bytes
-    from tpserve.dist.comm import Communicator
+    from tpserve.collectives.comm import Communicator
     from tpserve.kernels.choice import Kernels, WeightOptions
     from tpserve.model.build import plan_model
     from tpserve.model.config import ModelConfig

@@ -46,7 +46,7 @@ def set_log_level(level: str) -> None:
 
 
 def run(args) -> int:
-    from tpserve.dist.group import under_torchrun
+    from tpserve.engine.tp.executor import under_torchrun
 
     set_log_level(args.log_level)
     cfg = engine_config_from_args(args)
@@ -58,7 +58,7 @@ def run(args) -> int:
     if not trim_interval >= 0:
         raise ValueError("--malloc-trim-interval must be >= 0 (0: off)")
     if under_torchrun() and int(os.environ["RANK"]) != 0:
-        from tpserve.dist.group import run_torchrun_worker
+        from tpserve.engine.tp.executor import run_torchrun_worker
 
         run_torchrun_worker(cfg)
         return 0

@@ -1,0 +1,196 @@
+"""`tpserve bench serve`: a load test over the OpenAI API, shaped like `vllm bench serve`.
+
+Targets --url (any OpenAI-compatible server) or starts a server in this process. For each
+--concurrency level (a comma list sweeps) it sends --num-requests streaming completions
+(optionally arriving as a Poisson process, --request-rate) and reports TTFT, TPOT, ITL and
+E2E percentiles, throughput and errors. Every response is checked: a wrong token count, an
+HTTP error or a broken stream is an error, and the command exits 1.
+
+--cold-prefill salts every prompt so no prefix cache can serve it and proves it: each
+response's usage.prompt_tokens_details.cached_tokens must be 0; if one is missing or not 0 the
+run is marked invalid (exit 1). The GPU guard (gpu_guard.py) samples clocks, temperature and
+throttle reasons meanwhile and flags a throttled run. Results: a table, --json, --plot (PNG).
+Load generation: bench_load.py; prompts: bench_datasets.py.
+"""
+
+from __future__ import annotations
+
+from tpserve.tools.common import add_engine_args, engine_config_from_args
+
+
+def register(sub, bench, tune) -> None:
+    from tpserve.tools.bench.datasets import DATASETS
+
+    p = bench.add_parser("serve", help="load test: streaming requests, TTFT/TPOT/ITL/E2E percentiles, sweeps")
+    add_engine_args(p)
+    p.add_argument("--url", default=None, help="an already running server (default: start one here)")
+    p.add_argument("--api-key", default=None, help="bearer token for --url (default: $OPENAI_API_KEY)")
+    p.add_argument("--served-model", default=None, help="model name to send (default: the first listed)")
+    p.add_argument("--concurrency", default="64", help="max requests in flight; a comma list sweeps (1,4,16)")
+    p.add_argument("--num-requests", type=int, default=None, help="requests per level (default: the concurrency)")
+    p.add_argument("--request-rate", type=float, default=float("inf"),
+                   help="Poisson arrivals per second (default inf: all at once)")
+    p.add_argument("--max-tokens", type=int, default=200, help="output tokens per request (ignore_eos)")
+    p.add_argument("--dataset", default="random", choices=DATASETS)
+    p.add_argument("--dataset-path", default=None, help="JSONL file for --dataset jsonl")
+    p.add_argument("--prompt-len", type=int, default=32, help="prompt length in tokens (--dataset random)")
+    p.add_argument("--cold-prefill", action="store_true",
+                   help="salt every prompt and require cached_tokens == 0 in every response")
+    p.add_argument("--prompt-seed", type=int, default=0, help="seed of the prompts and the Poisson arrivals")
+    p.add_argument("--json", dest="json_out", default=None, help="write the results as JSON here ('-': stdout)")
+    p.add_argument("--plot", default=None, help="write a PNG (latency percentiles and throughput per level)")
+    p.set_defaults(func=run)
+
+
+def _levels(text: str) -> list[int]:
+    try:
+        levels = [int(x) for x in str(text).split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--concurrency must be integers separated by commas, got {text!r}") from None
+    if not levels or any(c < 1 for c in levels):
+        raise ValueError(f"--concurrency levels must be at least 1, got {text!r}")
+    return levels
+
+
+def report(res: dict) -> str:
+    lines = [f"{res['url']} ({res['model']}): dataset {res['dataset']}, {res['max_tokens']} output tokens per "
+             f"request{', cold prefill' if res['cold_prefill'] else ''}",
+             "| conc | rate | ok/req | out tok/s | req/s | TTFT p50/p90/p99 ms | TPOT p50/p90/p99 ms "
+             "| ITL p50/p90/p99 ms | E2E p50/p90/p99 ms |", "|" + " --- |" * 9]
+    f3 = lambda d: "/".join(f"{v:.1f}" for v in d.values())  # noqa: E731
+    for lv in res["levels"]:
+        lines.append(f"| {lv['concurrency']} | {lv['request_rate']} | {lv['completed']}/{lv['requests']} | "
+                     f"{lv['output_tok_per_s']:.1f} | {lv['requests_per_s']:.2f} | {f3(lv['ttft_ms'])} | "
+                     f"{f3(lv['tpot_ms'])} | {f3(lv['itl_ms'])} | {f3(lv['e2e_ms'])} |")
+    for lv in res["levels"]:
+        if "mean_accepted_length" in lv:
+            lines.append(f"speculative decoding at concurrency {lv['concurrency']}: mean accepted length "
+                         f"{lv['mean_accepted_length']:.2f}")
+    for lv in res["levels"]:
+        for err in sorted(set(lv["errors"]))[:3]:
+            lines.append(f"ERROR (concurrency {lv['concurrency']}, {lv['errors'].count(err)}x): {err}")
+    if res["cold_prefill"]:
+        lines.append("cold prefill: " + ("VALID, cached_tokens == 0 in every response" if res["cold_valid"] else
+                                         "INVALID: " + "; ".join(v for lv in res["levels"]
+                                                                 for v in lv.get("cold_violations", [])[:3])))
+    lines.append(res["gpu_guard_line"])
+    if "pool_full_after" in res:
+        lines.append(f"pool full again after the run: {res['pool_full_after']}")
+    return "\n".join(lines)
+
+
+def plot(res: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    levels = res["levels"]
+    xs = [lv["concurrency"] for lv in levels]
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    for ax, key, title in ((axes[0], "ttft_ms", "TTFT (ms)"), (axes[1], "tpot_ms", "TPOT (ms)")):
+        for q in ("p50", "p90", "p99"):
+            ax.plot(xs, [lv[key][q] for lv in levels], marker="o", label=q)
+        ax.set_title(title)
+    axes[2].plot(xs, [lv["output_tok_per_s"] for lv in levels], marker="o", color="C3")
+    axes[2].set_title("output tokens / s")
+    for ax in axes:
+        ax.set_xlabel("concurrency")
+        ax.set_xscale("log", base=2)
+        ax.grid(True, alpha=0.3)
+    axes[0].legend()
+    fig.suptitle(f"{res['model']} at {res['url']}: {res['dataset']}, {res['max_tokens']} tokens"
+                 f"{' (THROTTLED)' if res['gpu_guard']['throttled'] else ''}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def spec_counters(url: str, headers: dict) -> dict:
+    """The server's speculative-decoding counters from /metrics ({} when it has none or hides them)."""
+    import httpx
+
+    names = {"tpserve:spec_decode_num_drafts_total": "drafts",
+             "tpserve:spec_decode_num_accepted_tokens_total": "accepted"}
+    try:
+        text = httpx.get(url + "/metrics", headers=headers, timeout=10).text
+    except httpx.HTTPError:
+        return {}
+    out = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in names:
+            out[names[name]] = float(value)
+    return out
+
+
+def bench(url: str, args, headers: dict, model: str) -> dict:
+    import asyncio
+
+    from tpserve.tools.bench.datasets import load_prompts, salt
+    from tpserve.tools.bench.load import run_level
+    from tpserve.tools.bench.gpu_guard import GpuGuard
+
+    levels = []
+    with GpuGuard() as guard:
+        for k, conc in enumerate(_levels(args.concurrency)):
+            n = args.num_requests or conc
+            prompts = load_prompts(args.dataset, n, prompt_len=args.prompt_len, path=args.dataset_path,
+                                   seed=args.prompt_seed + k)
+            if args.cold_prefill:
+                prompts = salt(prompts)
+            before = spec_counters(url, headers)
+            levels.append(asyncio.run(run_level(url, model, prompts, concurrency=conc, max_tokens=args.max_tokens,
+                                                cold=args.cold_prefill, request_rate=args.request_rate,
+                                                seed=args.prompt_seed + k, headers=headers,
+                                                desc=f"concurrency {conc}")))
+            after = spec_counters(url, headers)
+            drafts = after.get("drafts", 0) - before.get("drafts", 0)
+            if drafts > 0:  # a server with speculative decoding: accepted drafts per verify, plus its own token
+                levels[-1]["mean_accepted_length"] = 1 + (after["accepted"] - before["accepted"]) / drafts
+    res = {"url": url, "model": model, "dataset": args.dataset, "max_tokens": args.max_tokens,
+           "cold_prefill": args.cold_prefill, "levels": levels,
+           "errors": [e for lv in levels for e in lv["errors"]], "gpu_guard": guard.summary(),
+           "gpu_guard_line": guard.line()}
+    if args.cold_prefill:
+        res["cold_valid"] = all(lv["cold_valid"] for lv in levels)
+    return res
+
+
+def run(args) -> int:
+    from tpserve.tools.client import Client, ToolError, emit_json, friendly
+
+    if args.max_tokens < 1:
+        raise ValueError(f"--max-tokens must be at least 1, got {args.max_tokens}")
+    _levels(args.concurrency)
+
+    @friendly
+    def go(args) -> int:
+        server = None
+        url = args.url
+        if url is None:
+            from tpserve.server.local import LocalServer
+
+            server = LocalServer(engine_config_from_args(args))
+            url = server.url
+        client = Client(url, args.api_key, args.served_model)
+        try:
+            model = client.model  # reachability and the API key, one clear error
+            res = bench(client.url, args, client.headers, model)
+            if server is not None:
+                res["pool_full_after"] = server.pools_full()
+        finally:
+            client.close()
+            if server is not None:
+                server.close()
+        if args.json_out != "-":
+            print(report(res))
+        emit_json(args.json_out, res)
+        if args.plot:
+            plot(res, args.plot)
+        bad = any(lv["errors"] for lv in res["levels"]) or res.get("cold_valid") is False
+        if not res["levels"] or not isinstance(res["levels"][0], dict):
+            raise ToolError("no results")
+        return 1 if bad or res.get("pool_full_after") is False else 0
+
+    return go(args)

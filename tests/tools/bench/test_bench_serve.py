@@ -1,0 +1,125 @@
+"""tpserve bench serve against the live tiny server (sweep, datasets, Poisson, cold prefill, PNG) and
+against fault-injecting proxies (each fault makes the run fail); the GPU guard with a fake NVML."""
+
+import json
+
+import pytest
+
+from live import LiveServer
+from tpserve.cli import main
+from tpserve.tools.bench.datasets import load_prompts, salt
+from tpserve.tools.bench.gpu_guard import GpuGuard
+
+
+def _bench(url, tmp_path, *extra):
+    out = tmp_path / "bench.json"
+    rc = main(["bench", "serve", "--url", url, "--max-tokens", "4", "--json", str(out), *extra])
+    return rc, json.loads(out.read_text())
+
+
+def test_sweep_cold_prefill_plot(live, tmp_path, capsys):
+    png = tmp_path / "bench.png"
+    rc, res = _bench(live.url, tmp_path, "--concurrency", "1,3", "--num-requests", "3", "--dataset", "structured",
+                     "--cold-prefill", "--plot", str(png))
+    assert rc == 0, res["errors"]
+    assert [lv["concurrency"] for lv in res["levels"]] == [1, 3]
+    for lv in res["levels"]:
+        assert lv["completed"] == 3 and lv["errors"] == []
+        for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
+            p = lv[key]
+            assert 0 < p["p50"] <= p["p90"] <= p["p99"]
+        assert lv["e2e_ms"]["p50"] >= lv["ttft_ms"]["p50"]
+    assert res["cold_valid"] and res["gpu_guard"]["throttled"] is False
+    assert png.stat().st_size > 10_000
+    out = capsys.readouterr().out
+    assert "cold prefill: VALID" in out and "GPU guard: no GPU" in out
+
+
+def test_jsonl_poisson(live, tmp_path):
+    data = tmp_path / "prompts.jsonl"
+    data.write_text('{"prompt": "Hello there"}\n\n{"text": "Tell me a story"}\n')
+    rc, res = _bench(live.url, tmp_path, "--dataset", "jsonl", "--dataset-path", str(data), "--concurrency", "2",
+                     "--num-requests", "3", "--request-rate", "20")
+    assert rc == 0 and res["levels"][0]["request_rate"] == 20.0 and res["levels"][0]["completed"] == 3
+
+
+@pytest.mark.parametrize("fault, message", [("max_tokens", "returned 5 tokens, asked for 4"),
+                                            ("http500", "HTTP 500"), ("broken_sse", "broken SSE stream")])
+def test_faults_fail_the_run(faulty, tmp_path, fault, message):
+    rc, res = _bench(faulty(fault).url, tmp_path, "--concurrency", "2")
+    assert rc == 1
+    assert len(res["errors"]) == 2 and all(message in e for e in res["errors"]), res["errors"]
+
+
+@pytest.mark.parametrize("fault, message", [("cached", "cached_tokens=3"), ("no_cached", "cached_tokens missing")])
+def test_cold_prefill_catches_cache_hits(faulty, tmp_path, fault, message):
+    rc, res = _bench(faulty(fault).url, tmp_path, "--concurrency", "2", "--cold-prefill")
+    assert rc == 1 and res["cold_valid"] is False and message in res["levels"][0]["cold_violations"][0]
+    rc, res = _bench(faulty(fault).url, tmp_path, "--concurrency", "2")  # not asked: not checked
+    assert rc == 0
+
+
+def test_datasets_and_salt(tmp_path):
+    assert len(load_prompts("random", 3, prompt_len=5)) == 3 and len(load_prompts("random", 1, prompt_len=5)[0]) == 5
+    code = load_prompts("code", 5)
+    assert all(isinstance(p, str) and p for p in code)
+    salted = salt(code) + salt([[5, 6, 7], [5, 6, 7]])
+    heads = [p[:30] if isinstance(p, str) else tuple(p[:8]) for p in salted]
+    assert len(set(heads)) == len(heads)  # every prompt starts differently
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": 3}\n')
+    with pytest.raises(ValueError, match="bad.jsonl:1"):
+        load_prompts("jsonl", 2, path=str(bad))
+
+
+class FakeNvml:
+    NVML_CLOCK_SM, NVML_TEMPERATURE_GPU = 1, 0
+
+    def __init__(self, reasons):
+        self.reasons = reasons
+
+    def nvmlDeviceGetCount(self):
+        return 2
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        return i
+
+    def nvmlDeviceGetClockInfo(self, h, kind):
+        return 1500 + h
+
+    def nvmlDeviceGetMaxClockInfo(self, h, kind):
+        return 1980
+
+    def nvmlDeviceGetTemperature(self, h, kind):
+        return 60 + h
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h):
+        return self.reasons if h == 1 else 0x1  # 0x1: idle, not a throttle
+
+
+def test_gpu_guard_flags_throttling():
+    with GpuGuard(interval_s=0.01, nvml=FakeNvml(0x40 | 0x4)) as g:
+        pass
+    s = g.summary()
+    assert s["throttled"] and s["throttle_reasons"] == ["hw_thermal", "sw_power_cap"]
+    assert s["temperature_c_max"] == 61 and s["sm_clock_mhz_min"] == 1500 and "THROTTLED" in g.line()
+    with GpuGuard(interval_s=0.01, nvml=FakeNvml(0)) as g:
+        pass
+    assert not g.summary()["throttled"] and "not throttled" in g.line()
+
+
+def test_mean_accepted_length_from_a_speculating_server(tmp_path, capsys):
+    """The built-in demo model served with MTP speculation: bench serve reads the spec_decode counters
+    from /metrics and reports the mean accepted length per level."""
+    from tpserve.engine.setup import builtin_demo_model
+
+    s = LiveServer(str(builtin_demo_model()), kv_cache_memory="16MiB", max_num_seqs=8,
+                   speculative_config='{"method": "mtp", "num_speculative_tokens": 3, "adaptive": false}')
+    try:
+        rc, res = _bench(s.url, tmp_path, "--concurrency", "2", "--num-requests", "2", "--max-tokens", "24",
+                         "--dataset", "structured")
+    finally:
+        s.close()
+    assert rc == 0, res["errors"]
+    assert 1.0 < res["levels"][0]["mean_accepted_length"] <= 4.0
+    assert "mean accepted length" in capsys.readouterr().out

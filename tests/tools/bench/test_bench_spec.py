@@ -1,0 +1,70 @@
+"""`tpserve bench spec`: its step timer and one small run on the built-in demo model."""
+
+import json
+
+
+def test_step_times_mark_the_prefill_steps(tiny):
+    from tpserve import LLM, SamplingParams
+    from tpserve.tools.bench.spec import step_times
+
+    sp = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    for async_scheduling in (False, True):
+        llm = LLM(str(tiny("default")), device="cpu", kv_cache_memory="8MiB", async_scheduling=async_scheduling)
+        with step_times(llm.engine) as steps:
+            llm.generate("one two three", sp)
+        # the prefill step emits the first token, three decode steps the rest (with async scheduling a decode
+        # step's token counts at its launch, and a last call lands the step in flight); then the engine is as
+        # before
+        want = [(True, 1), (False, 1), (False, 1), (False, 1)] + ([(False, 0)] if async_scheduling else [])
+        assert [(prefill, tokens) for _, prefill, tokens in steps] == want
+        assert all(seconds > 0 for seconds, _, _ in steps)
+        assert "step" not in vars(llm.engine) and "schedule" not in vars(llm.engine.scheduler)
+        llm.shutdown()
+
+
+def test_bench_spec_small_run(tmp_path, capsys):
+    from tpserve.cli import main
+
+    out = tmp_path / "spec.json"
+    rc = main(["bench", "spec", "--device", "cpu", "--batch", "1", "--k", "1", "--max-tokens", "4",
+               "--repeats", "1", "--json", str(out)])
+    res = json.loads(out.read_text())
+    assert rc == 0
+    assert [r["setting"] for r in res["rows"]] == ["off", "k=1", "adaptive (k<=1)"]
+    for r in res["rows"]:
+        assert r["outputs_equal"] == r["outputs"] == res["prompts"]  # float32: speculation is exact
+        assert r["tok_s"] > 0 and r["decode_tok_s"] > 0
+    off = res["rows"][0]
+    assert off["speedup"] == off["decode_speedup"] == 1.0
+    assert "| decode tok/s | decode speedup |" in capsys.readouterr().out
+
+
+def test_bench_spec_passes_every_engine_switch_through(monkeypatch):
+    """A switch given to `bench spec` (here --norm-backend torch, --max-num-batched-tokens 96) reaches the
+    engines it builds (it once passed only a fixed few fields and silently dropped the rest)."""
+    import tpserve
+    from tpserve.cli import main
+
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def fake_llm(*a, **kw):
+        seen.append(kw)
+        raise Stop
+
+    monkeypatch.setattr(tpserve, "LLM", fake_llm)
+    try:
+        main(["bench", "spec", "--device", "cpu", "--batch", "1", "--k", "1", "--max-tokens", "4", "--repeats", "1",
+              "--norm-backend", "torch", "--max-num-batched-tokens", "96"])
+    except Stop:
+        pass
+    assert seen and seen[0]["norm_backend"] == "torch" and seen[0]["max_num_batched_tokens"] == 96
+
+
+def test_bench_spec_no_fixed_leaves_out_the_fixed_k_rows():
+    from tpserve.tools.bench.spec import _settings
+
+    assert [name for name, _ in _settings([1, 3], fixed=False)] == ["off", "adaptive (k<=3)"]
+    assert [name for name, _ in _settings([1, 3])] == ["off", "k=1", "k=3", "adaptive (k<=3)"]
