@@ -83,3 +83,7 @@ def test_floors_use_the_card_the_run_is_on(monkeypatch, name, bw, peak):
     assert res["prefill"][64]["mfu"] == (peak and pytest.approx(1e15 / peak))
     given = bench_model.device_peaks(torch.device("cuda"), hbm_tbps=2.0, peak_tflops=500)
     assert given["hbm_bytes_per_s"] == 2.0e12 and given["bf16_flops"] == 500e12
+    monkeypatch.setenv("TPSERVE_BENCH_HBM_TBPS", "1.5")
+    monkeypatch.setenv("TPSERVE_BENCH_PEAK_TFLOPS", "300")
+    assert bench_model.device_peaks(torch.device("cuda"))["hbm_bytes_per_s"] == 1.5e12
+    assert bench_model.device_peaks(torch.device("cuda"))["bf16_flops"] == 300e12

@@ -3,14 +3,14 @@
 Builds a config with GLM-5.3-Flash's sizes and a chosen layer schedule (default "KKKM": 3 KDA
 + 1 MLA layers, MoE in every layer, as DESIGN.md's transformers baseline), random weights
 (--load-format dummy), and times engine steps: a whole prompt prefilled in one step, and decode
-steps at a given batch. Decode is compared with its weight-streaming floor (bytes / the card's HBM
-bandwidth) and prefill with its FLOPs / the card's dense bf16 peak, both from the card's spec by its name
-(--hbm-tbps / --peak-tflops for other cards; no floor on a CPU unless given).
+steps at a given batch. Floors: decode bytes / the card's HBM bandwidth, prefill FLOPs / its dense bf16 peak,
+from the card's spec by its name (device_peaks: --hbm-tbps / --peak-tflops for others; none on a CPU).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -18,20 +18,22 @@ from pathlib import Path
 
 from tpserve.tools.common import add_engine_args, engine_config_from_args
 
-# (name fragment, HBM TB/s, dense bf16 TFLOP/s), spec sheet figures; the first fragment in the device name wins.
-CARDS = (("H100 PCIe", 2.0, 756), ("H100 NVL", 3.9, 835), ("H100", 3.35, 989),
-         ("H200 NVL", 4.8, 835), ("H200", 4.8, 989))
+# (name fragment, HBM TB/s, dense bf16 TFLOP/s) from the spec sheets; the first fragment in the device name wins.
+CARDS = (("H100 PCIe", 2.0, 756), ("H100 NVL", 3.9, 835), ("H100", 3.35, 989), ("H200 NVL", 4.8, 835),
+         ("H200", 4.8, 989))
 
 
 def device_peaks(device, hbm_tbps: float | None = None, peak_tflops: float | None = None) -> dict:
-    """What the floors divide by: {"card", "hbm_bytes_per_s", "bf16_flops"}, each figure the override where given,
-    else the card's spec by its name (torch.cuda.get_device_name), else None (a CPU, an unknown card: no floor)."""
+    """What the floors divide by: {"card", "hbm_bytes_per_s", "bf16_flops"}, each figure the override where given
+    (arguments, else TPSERVE_BENCH_HBM_TBPS / TPSERVE_BENCH_PEAK_TFLOPS), else the card's spec by its name
+    (torch.cuda.get_device_name), else None (a CPU, an unknown card: no floor)."""
     import torch
 
     device = torch.device(device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
     spec = next(((bw, peak) for frag, bw, peak in CARDS if frag in name), (None, None))
-    bw, peak = hbm_tbps or spec[0], peak_tflops or spec[1]
+    bw = hbm_tbps or float(os.environ.get("TPSERVE_BENCH_HBM_TBPS") or 0) or spec[0]
+    peak = peak_tflops or float(os.environ.get("TPSERVE_BENCH_PEAK_TFLOPS") or 0) or spec[1]
     return {"card": name, "hbm_bytes_per_s": bw and bw * 1e12, "bf16_flops": peak and peak * 1e12}
 
 
@@ -48,8 +50,8 @@ def register(sub, bench, tune) -> None:
     p.add_argument("--batch", type=int, nargs="*", default=[1], help="decode batch sizes")
     p.add_argument("--repeats", type=int, default=3, help="prefill repetitions (median)")
     p.add_argument("--json", dest="json_out", default=None)
-    p.add_argument("--hbm-tbps", type=float, help="HBM TB/s of the decode floor (default: the card's spec by name)")
-    p.add_argument("--peak-tflops", type=float, help="bf16 TFLOP/s of prefill MFU (default: the card's spec by name)")
+    p.add_argument("--hbm-tbps", type=float, help="HBM TB/s for the decode floor (default: the card's spec)")
+    p.add_argument("--peak-tflops", type=float, help="bf16 TFLOP/s for prefill MFU (default: the card's spec)")
     p.add_argument("--compare-eager", action="store_true", help="run everything twice in this call: with "
                    "--enforce-eager (no CUDA graphs), then with decode graphs; print both and the ratios")
     p.add_argument("--plot", default=None, metavar="PNG", help="decode step time against batch size, with the floor")
@@ -178,13 +180,11 @@ def measure(llm, prefill: list[int], batches: list[int], steps: int, repeats: in
 
 
 def graph_replay_ms(engine, batch: int, reps: int = 20) -> float | None:
-    """The plain decode graph of `batch`'s bucket replayed back to back (no host work between replays:
-    the step time minus this is what the GPU waits for the host per step); None without graphs, at TP > 1
-    (the graphs live in the workers) and with speculation (its steps replay other graphs). Called between
-    two steps of a running batch: the replays repeat the step just run (the same cache rows and state
-    slots; the states advance again, so the batch's later tokens are not its greedy ones; timing only).
-    (Replayed after the batch had finished instead, the graph hit an illegal address on an H200; the
-    cause was not found.)"""
+    """The plain decode graph of `batch`'s bucket replayed back to back (the step time minus this is what the GPU
+    waits for the host per step); None without graphs, at TP > 1 (the graphs live in the workers) and with
+    speculation. Called between two steps of a running batch: the replays repeat the step just run (its states
+    advance again, so the batch's later tokens are not its greedy ones; timing only). (Replayed after the batch
+    had finished instead, the graph hit an illegal address on an H200; the cause was not found.)"""
     import torch
 
     graphs = getattr(getattr(engine.executor, "runner", None), "graphs", None)
