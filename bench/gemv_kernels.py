@@ -32,7 +32,7 @@ def model_shapes(layers: str) -> Counter:
     from tpserve.model.config import ModelConfig
     from tpserve.model.glm5_next import Glm5NextModel
     from tpserve.model.layers import Linear, ShardContext
-    from tpserve.tools.bench_model import real_width_config
+    from tpserve.tools.bench.model import real_width_config
 
     cfg = ModelConfig.from_dict(real_width_config(layers, False))
     with torch.device("meta"):

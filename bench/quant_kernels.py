@@ -29,10 +29,10 @@ import torch
 
 def card_figures() -> tuple[float | None, float | None]:
     """(HBM bytes/s, dense bf16 FLOP/s) of this process's CUDA card: the floors' divisors, its spec by its name or
-    TPSERVE_BENCH_HBM_TBPS / TPSERVE_BENCH_PEAK_TFLOPS (tools/bench_model.device_peaks); (None, None) without CUDA."""
+    TPSERVE_BENCH_HBM_TBPS / TPSERVE_BENCH_PEAK_TFLOPS (tools/bench/model.device_peaks); (None, None) without CUDA."""
     if not torch.cuda.is_available():
         return None, None
-    from tpserve.tools.bench_model import device_peaks
+    from tpserve.tools.bench.model import device_peaks
 
     peaks = device_peaks("cuda")
     if not (peaks["hbm_bytes_per_s"] and peaks["bf16_flops"]):
