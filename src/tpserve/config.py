@@ -230,7 +230,6 @@ class SpeculativeConfig:
     num_speculative_tokens: int = 3   # most drafts verified per step (k), 1..7
     adaptive: bool = True             # choose k in 0..num_speculative_tokens per step
     truncate_threshold: float = 0.0   # > 0: stop drafting a request when its predicted survival falls below
-                                      # (0.3 cost the adaptive mode ~8% at batch 1: BENCHMARKS.md, bench/spec_ab.py)
 
     @classmethod
     def parse(cls, raw: str | dict | None) -> "SpeculativeConfig | None":
