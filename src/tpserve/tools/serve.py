@@ -14,25 +14,27 @@ log = logging.getLogger("tpserve.serve")
 def register(sub, bench, tune) -> None:
     from tpserve.server.state import DEFAULT_MAX_REQUEST_BYTES
 
-    p = sub.add_parser("serve", help="serve the OpenAI-compatible API (built-in tiny model when no MODEL)")
+    p = sub.add_parser("serve", help="serve the OpenAI-compatible API",
+                       description="Serve the OpenAI-compatible API. `--help-all` also lists the kernel switches.")
     add_engine_args(p)
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 for every interface)")
-    p.add_argument("--port", type=int, default=8000, help="TCP port (0: pick a free one)")
-    p.add_argument("--served-model-name", nargs="+", default=None,
-                   help="name(s) clients use in `model` (default: the model argument)")
-    p.add_argument("--api-key", default=os.environ.get("TPSERVE_API_KEY"),
-                   help="require `Authorization: Bearer KEY` on every route but /health (env TPSERVE_API_KEY)")
-    p.add_argument("--metrics-public", action="store_true", help="serve /metrics without the API key")
-    p.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES,
-                   help="larger request bodies get 413")
-    p.add_argument("--drain-timeout", type=float, default=120.0,
-                   help="on SIGTERM, seconds to let running requests finish; streams still open then end "
-                        "with an error event and [DONE]")
-    p.add_argument("--malloc-trim-interval", type=float, default=None,
-                   help="seconds between glibc malloc_trim(0) calls that give free heap memory back to the OS "
-                        "(0: off; default: env TPSERVE_MALLOC_TRIM_INTERVAL, else 0)")
-    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
-                   help="level of tpserve's and uvicorn's loggers")
+    server = p.add_argument_group("server")
+    server.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0: every interface; "
+                        "default: 127.0.0.1)")
+    server.add_argument("--port", type=int, default=8000, metavar="N", help="TCP port (0: a free one; default: 8000)")
+    server.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
+                        help="name(s) clients use in `model` (default: the model argument)")
+    server.add_argument("--api-key", default=os.environ.get("TPSERVE_API_KEY"), metavar="KEY",
+                        help="require `Authorization: Bearer KEY` except on /health (default: $TPSERVE_API_KEY)")
+    server.add_argument("--metrics-public", action="store_true", help="serve /metrics without the API key")
+    server.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES, metavar="N",
+                        help=f"larger request bodies get 413 (default: {DEFAULT_MAX_REQUEST_BYTES})")
+    server.add_argument("--drain-timeout", type=float, default=120.0, metavar="S",
+                        help="on SIGTERM, seconds running requests may take to finish (default: 120)")
+    server.add_argument("--malloc-trim-interval", type=float, default=None, metavar="S",
+                        help="seconds between glibc malloc_trim(0) calls (0: off; default: "
+                             "$TPSERVE_MALLOC_TRIM_INTERVAL, else 0)")
+    server.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
+                        help="level of tpserve's and uvicorn's loggers (default: info)")
     p.set_defaults(func=run)
 
 

@@ -1,4 +1,4 @@
-"""Acceptance checks of the built-in demo model (issue 13). Run:
+"""Acceptance checks of the built-in demo model. Run:
 
     python -m tpserve.train.acceptance [--model DIR] [--out DIR] [--gsm8k /work/shared/data/gsm8k/test.jsonl]
 

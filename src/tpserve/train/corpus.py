@@ -314,8 +314,8 @@ def copy_chat(rng: random.Random) -> str:
     """Repeat a list of words: made-up ones, standard-library identifiers, every word of the word
     lists (verbs and adjectives too, held-out ones included: this is copying, not naming a tool) and
     words of the standard library's docstrings. The plainest copying exercise, over as many different
-    tokens as the corpus has: the second and third demo models copied into tool calls only the
-    words they had copied somewhere in training (BENCHMARKS.md, "third training run")."""
+    tokens as the corpus has: a model copies into tool calls only words it has copied somewhere in
+    training."""
     idents, words = stdlib_identifiers(), stdlib_words()
 
     def word():

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tpserve.cli import main
-from tpserve.tools import bench_model
+from tpserve.tools.bench import model as bench_model
 
 
 def test_bench_model_tiny_cpu(tmp_path, capsys):

@@ -1,10 +1,10 @@
 """`tpserve quality TASK --url U`: checks that catch a kernel or a switch silently hurting output.
 
-gsm8k     5-shot GSM8K, exact match on the final number (quality_gsm8k.py)
-humaneval HumanEval pass@1, the code run in a sandbox (quality_humaneval.py, sandbox.py)
-nll       per-token NLL of a fixed text via prompt_logprobs, two URLs compared (quality_compare.py)
-divergence first token where two servers' greedy outputs differ, over n prompts (quality_compare.py)
-count     count to 200, every number checked (quality_compare.py)
+gsm8k     5-shot GSM8K, exact match on the final number (gsm8k.py)
+humaneval HumanEval pass@1, the code run in a sandbox (humaneval.py, sandbox.py)
+nll       per-token NLL of a fixed text via prompt_logprobs, two URLs compared (compare.py)
+divergence first token where two servers' greedy outputs differ, over n prompts (compare.py)
+count     count to 200, every number checked (compare.py)
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from tpserve.tools.client import add_client_args
 
 
 def register(sub, bench, tune) -> None:
-    q = sub.add_parser("quality", help="quality checks against a running server (gsm8k, humaneval, nll, ...)")
+    q = sub.add_parser("quality", help="quality checks of a server: gsm8k, humaneval, nll, ...")
     tasks = q.add_subparsers(dest="quality_task", required=True, metavar="TASK")
 
     def task(name: str, help: str, module: str, two_urls: bool = False):
