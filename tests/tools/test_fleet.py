@@ -206,6 +206,34 @@ def test_front_router_over_worker_urls(fleet, tmp_path):
         assert front.proc.wait(60) == 0
 
 
+def test_vllm_router_adds_routes_and_removes(fleet):
+    pytest.importorskip("vllm_router")
+    from tpserve.tools.fleet.router import make_router
+
+    urls = [r["url"] for r in fleet.status()["replicas"]]
+    router = make_router("vllm-router", "127.0.0.1", free_port(), "round_robin", KEY, "error")
+    router.start()
+    try:
+        for url in urls:
+            router.add(url)
+        assert sorted(w["url"] for w in router.workers() if w["is_healthy"]) == sorted(urls)
+        before = fleet.counts()
+        body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"},
+                                              {"role": "assistant", "content": "a", "reasoning_content": "b"},
+                                              {"role": "user", "content": "again"}], "max_tokens": 2}
+        for _ in range(4):
+            r = httpx.post(router.local_url + "/v1/chat/completions", headers=AUTH, json=body, timeout=60)
+            assert r.status_code == 200, r.text
+        # vllm-router checks no key itself: the replicas do, with the header it passes on
+        assert httpx.post(router.local_url + "/v1/chat/completions", json=body, timeout=60).status_code == 401
+        gained = {k: v - before[k] for k, v in fleet.counts().items()}
+        assert gained == {"0": 2.0, "1": 2.0}, gained
+        router.remove(urls[0])
+        assert [w["url"] for w in router.workers()] == urls[1:]
+    finally:
+        router.stop(30)
+
+
 def test_sigterm_stops_router_and_replicas(fleet):
     pids = [r["pid"] for r in fleet.status()["replicas"]] + [fleet.status()["router"]["pid"]]
     fleet.proc.send_signal(signal.SIGTERM)

@@ -14,7 +14,7 @@ import threading
 
 from tpserve.engine.tp.launch import free_port
 from tpserve.tools.fleet.replica import Replica, ReplicaError, gpu_groups, replica_argv
-from tpserve.tools.fleet.router import POLICIES, ROUTERS, RouterError, SglangRouter
+from tpserve.tools.fleet.router import POLICIES, ROUTERS, RouterError, make_router
 
 log = logging.getLogger("tpserve.fleet")
 
@@ -26,7 +26,9 @@ def add_fleet_args(p) -> None:
                         "(default 1: one engine, no router; 0 with --worker-urls: a front router only)")
     g.add_argument("--worker-urls", nargs="+", default=[], metavar="URL",
                    help="replicas served on other machines (`tpserve serve` there), added to this router")
-    g.add_argument("--router", choices=ROUTERS, default=ROUTERS[0], help="the router in front of the replicas")
+    g.add_argument("--router", choices=ROUTERS, default=ROUTERS[0],
+                   help="the router in front of the replicas (vllm-router: the `vllm-router` extra; it checks no "
+                        "key on its admin routes, so keep it on a trusted network)")
     g.add_argument("--router-policy", choices=POLICIES, default="cache_aware",
                    help="cache_aware: a conversation stays on the replica holding its prefix, load permitting")
     g.add_argument("--admin-port", type=int, default=None,
@@ -70,8 +72,12 @@ def run_fleet(args, cfg) -> int:
     env[PARENT_ENV] = str(os.getpid())  # a replica outliving this process drains and exits
     if args.api_key:
         env["TPSERVE_API_KEY"] = args.api_key  # the replicas check the key the router sends them
-    router = SglangRouter(args.host, args.port, args.router_policy, args.api_key,
-                          log_level="warn" if args.log_level == "debug" else "error")
+    try:
+        router = make_router(args.router, args.host, args.port, args.router_policy, args.api_key,
+                             "warning" if args.log_level == "debug" else "error")
+    except RouterError as exc:
+        log.error("%s", exc)
+        return 1
     fleet = Fleet(replicas, router, lambda r: replica_argv(args, r.port), env, api_key=args.api_key,
                   drain_timeout=args.drain_timeout, start_timeout=args.replica_start_timeout,
                   remote_urls=args.worker_urls, snapshot_first=args.snapshot is not False)

@@ -121,9 +121,13 @@ def start(replica: Replica, argv: list[str], env: dict[str, str]) -> None:
     threading.Thread(target=relay, args=(replica.proc.stdout, f"[replica {replica.index}] "), daemon=True).start()
 
 
-def relay(stream, prefix: str) -> None:
-    for line in iter(stream.readline, b""):
-        sys.stderr.write(prefix + line.decode("utf-8", "replace"))
+def relay(stream, prefix: str, quiet=None) -> None:
+    """Copy a child's output to our stderr, each line prefixed (those `quiet` picks dropped)."""
+    for raw in iter(stream.readline, b""):
+        line = raw.decode("utf-8", "replace")
+        if quiet is not None and quiet(line):
+            continue
+        sys.stderr.write(prefix + line)
         sys.stderr.flush()
     stream.close()
 
