@@ -6,6 +6,7 @@ from tpserve.cli import build_parser
 from tpserve.tools.fleet.cli import fleet_wanted, local_replicas
 from tpserve.tools.fleet.metrics import merge, render
 from tpserve.tools.fleet.replica import ReplicaError, gpu_groups, replica_argv
+from tpserve.tools.fleet.router import RouterError, make_router
 
 
 def parse(*argv):
@@ -59,3 +60,8 @@ def test_metrics_merge_labels_every_sample():
     assert 'tpserve:request_success_total{finished_reason="stop",replica="0"} 3.0' in text
     assert 'tpserve:request_success_total{finished_reason="stop",replica="1"} 5.0' in text
     assert 'tpserve:num_requests_running{replica="1"} 0.0' in text
+
+
+def test_vllm_router_power_of_two_is_refused():
+    with pytest.raises(RouterError, match="power_of_two"):
+        make_router("vllm-router", "127.0.0.1", 1, "power_of_two", None, "error")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import secrets
+import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -42,7 +43,9 @@ class AdminServer:
             def log_message(self, *args):
                 pass
 
-        self.server = ThreadingHTTPServer((host, port), Handler)
+        server_cls = type("Server", (ThreadingHTTPServer,), {"address_family": socket.AF_INET6}) if ":" in host \
+            else ThreadingHTTPServer
+        self.server = server_cls((host, port), Handler)
         self.server.daemon_threads = True
         self.port = self.server.server_address[1]
         self._thread = threading.Thread(target=self.server.serve_forever, name="fleet-admin", daemon=True)

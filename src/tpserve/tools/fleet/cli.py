@@ -61,7 +61,9 @@ def run_fleet(args, cfg) -> int:
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"--worker-urls: {url!r} is not an http(s):// URL")
     try:  # a taken public port fails now, not after the replicas have loaded
-        bind_socket(args.host, args.port).close()
+        probe = bind_socket(args.host, args.port)
+        args.port = probe.getsockname()[1]  # --port 0: the free port found here, for the router
+        probe.close()
     except OSError as exc:
         log.error("cannot listen on %s:%d (%s; is the port taken?)", args.host, args.port, exc.strerror or exc)
         return 1
@@ -80,7 +82,7 @@ def run_fleet(args, cfg) -> int:
         return 1
     fleet = Fleet(replicas, router, lambda r: replica_argv(args, r.port), env, api_key=args.api_key,
                   drain_timeout=args.drain_timeout, start_timeout=args.replica_start_timeout,
-                  remote_urls=args.worker_urls, snapshot_first=args.snapshot is not False)
+                  remote_urls=args.worker_urls, snapshot_first=args.snapshot is not False and cfg.load_format != "dummy")
     admin_port = args.port + 1 if args.admin_port is None else args.admin_port
     try:
         admin = AdminServer(fleet, args.host, admin_port, args.api_key, args.metrics_public)

@@ -204,6 +204,10 @@ def make_router(kind: str, host: str, port: int, policy: str, api_key: str | Non
     except ImportError:
         hint = "sglang-router==0.3.2" if kind == "sglang-router" else "'tpserve[vllm-router]'"
         raise RouterError(f"--router {kind}: the package is not installed (pip install {hint})") from None
+    if kind == "vllm-router" and policy == "power_of_two":
+        # it starts with no workers (each joins once healthy), and its power_of_two refuses fewer than 2
+        raise RouterError("--router vllm-router cannot start --router-policy power_of_two without workers; use "
+                          "sglang-router or another policy")
     if kind == "vllm-router" and host not in ("127.0.0.1", "localhost", "::1"):
         log.warning("vllm-router checks no key on its admin routes (/add_worker, /remove_worker): whoever reaches "
                     "%s:%d can change the replicas; keep it on a trusted network or use sglang-router", host, port)
