@@ -5,7 +5,8 @@ owns the public port and serves only the inference routes, so what belongs to th
                                 remote ones are listed), else 503 (no key)
   GET  /metrics                 every replica's metrics labelled `replica`, the router's, replica_up
   GET  /admin/replicas          replicas (url, pid, state, start time, restarts), router, last rolling restart
-  POST /admin/rolling_restart   202: a rolling restart starts (as SIGHUP does); 409 while one runs
+  POST /admin/rolling_restart   202: a rolling restart starts (as SIGHUP does); 409 while one runs, 503 while
+                                the fleet starts
 
 Every route but /health needs `Authorization: Bearer <--api-key>` when a key is set (/metrics not with
 --metrics-public)."""
@@ -110,6 +111,8 @@ class AdminServer:
         return 200, self.fleet.status()
 
     def rolling_restart(self):
+        if not self.fleet.started.is_set():
+            return 503, _error("the fleet is still starting", "ServiceUnavailableError", 503)
         if self.fleet.rolling_restart("admin endpoint"):
             return 202, {"status": "started", "replicas": len(self.fleet.replicas)}
         return 409, _error("a rolling restart is already running", "ConflictError", 409)

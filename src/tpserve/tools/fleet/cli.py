@@ -80,9 +80,10 @@ def run_fleet(args, cfg) -> int:
     except RouterError as exc:
         log.error("%s", exc)
         return 1
+    snapshots = args.snapshot is not False and cfg.load_format != "dummy"
     fleet = Fleet(replicas, router, lambda r: replica_argv(args, r.port), env, api_key=args.api_key,
                   drain_timeout=args.drain_timeout, start_timeout=args.replica_start_timeout,
-                  remote_urls=args.worker_urls, snapshot_first=args.snapshot is not False and cfg.load_format != "dummy")
+                  remote_urls=args.worker_urls, snapshot_first=snapshots)
     admin_port = args.port + 1 if args.admin_port is None else args.admin_port
     try:
         admin = AdminServer(fleet, args.host, admin_port, args.api_key, args.metrics_public)

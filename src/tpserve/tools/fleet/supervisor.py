@@ -113,7 +113,10 @@ class Fleet:
 
     # ------------------------------------------------------------------ rolling restart
     def rolling_restart(self, reason: str) -> bool:
-        """Start a rolling restart in the background; False when one is already running."""
+        """Start a rolling restart in the background; False while the fleet starts or one is already running."""
+        if not self.started.is_set():
+            log.warning("rolling restart (%s) refused: the fleet is still starting", reason)
+            return False
         if not self._rolling.acquire(blocking=False):
             log.warning("rolling restart (%s) refused: one is already running", reason)
             return False
@@ -144,7 +147,11 @@ class Fleet:
     def _roll_one(self, r: Replica) -> None:
         t0, old_pid = time.monotonic(), r.proc.pid if r.proc else None
         r.state = "draining"
-        self.router.remove(r.url)
+        try:
+            self.router.remove(r.url)
+        except RouterError:
+            r.state = "serving"  # still running: a restarted router takes it back
+            raise
         log.info("replica %d (pid %s): out of rotation; draining its running requests (up to %.0f s)", r.index,
                  old_pid, self.drain_timeout)
         time.sleep(REMOVE_GRACE_S)
