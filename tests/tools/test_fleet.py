@@ -253,3 +253,29 @@ def test_sigterm_stops_router_and_replicas(fleet):
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
     assert "fleet stopped" in fleet.log()
+
+
+def test_router_goes_when_the_fleet_is_killed():
+    """The router holds the public port: it must not outlive a SIGKILLed fleet (PR_SET_PDEATHSIG on Linux)."""
+    script = ("import sys, time\nfrom tpserve.tools.fleet.router import make_router\n"
+              "r = make_router('sglang-router', '127.0.0.1', int(sys.argv[1]), 'round_robin', None, 'error')\n"
+              "r.start()\nprint(r.proc.pid, flush=True)\ntime.sleep(600)\n")
+    port = free_port()
+    fleet = subprocess.Popen([sys.executable, "-c", script, str(port)], stdout=subprocess.PIPE)
+    try:
+        router_pid = int(fleet.stdout.readline())
+        assert httpx.get(f"http://127.0.0.1:{port}/liveness", timeout=5).status_code == 200
+        fleet.kill()
+        fleet.wait()
+
+        def gone():
+            try:
+                os.kill(router_pid, 0)
+            except ProcessLookupError:
+                return True
+            return False
+
+        wait_for(gone, 30, "the router to exit")
+    finally:
+        if fleet.poll() is None:
+            fleet.kill()
