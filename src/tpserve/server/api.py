@@ -21,6 +21,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from tpserve import __version__
 from tpserve.engine.async_engine import QueueFullError
 from tpserve.engine.executor import EngineDeadError
 from tpserve.server.memory import MallocTrimmer
@@ -119,6 +120,23 @@ def build_app(state: ServerState) -> FastAPI:
     @app.get("/metrics", **route_docs(None, None, text=True))
     async def metrics():
         return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @app.get("/server_info", **route_docs(None, None))
+    @app.get("/get_server_info", include_in_schema=False)
+    async def server_info():
+        # what routers read when a worker registers: the model id is served_model_name (no model path, which
+        # a router would try to load a tokenizer from)
+        ecfg = state.engine.engine.ecfg
+        return JSONResponse({"served_model_name": state.served_model_names[0],
+                             "served_model_names": state.served_model_names, "tp_size": ecfg.tensor_parallel_size,
+                             "dp_size": 1, "max_model_len": state.max_model_len, "version": __version__})
+
+    @app.get("/get_load", **route_docs(None, None))
+    async def get_load():
+        # sglang-router's power_of_two sums num_tokens over this list (one entry per data-parallel rank)
+        s, block = state.engine.stats(), state.engine.engine.executor.cache_shape.block_size
+        return JSONResponse([{"dp_rank": 0, "num_reqs": s["running"], "num_waiting_reqs": s["waiting"],
+                              "num_tokens": (s["blocks_total"] - s["blocks_free"]) * block}])
 
     def card(name: str) -> ModelCard:
         return ModelCard(id=name, root=str(state.engine.engine.model_dir), max_model_len=state.max_model_len)

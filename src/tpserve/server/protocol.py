@@ -28,6 +28,7 @@ from tpserve.server.chat import REASONING_EFFORTS, ParamError, normalize_message
 from tpserve.server.request_parts import MAX_LOGIT_BIAS, Messages, OpenAIModel, ResponseFormat
 from tpserve.server.responses import *  # noqa: F403  (re-exported: one import for the app)
 from tpserve.server.responses import __all__ as _response_names
+from tpserve.server.router_fields import without_router_defaults
 
 __all__ = [
     "ChatCompletionRequest",
@@ -417,6 +418,10 @@ def parse_request(model: type[BaseModel], body: Any) -> tuple[BaseModel | None, 
     """(request, None) or (None, OpenAI error body) for a decoded JSON body."""
     if not isinstance(body, dict):
         return None, error_body("request body must be a JSON object")
+    try:
+        body = without_router_defaults(model, body)
+    except ParamError as exc:
+        return None, error_body(str(exc), param=exc.param)
     try:
         return model.model_validate(body), None
     except ValidationError as exc:

@@ -35,6 +35,9 @@ def register(sub, bench, tune) -> None:
                              "$TPSERVE_MALLOC_TRIM_INTERVAL, else 0)")
     server.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
                         help="level of tpserve's and uvicorn's loggers (default: info)")
+    from tpserve.tools.fleet.cli import add_fleet_args
+
+    add_fleet_args(p)
     p.set_defaults(func=run)
 
 
@@ -59,6 +62,13 @@ def run(args) -> int:
     trim_interval = trim_interval_from_env() if args.malloc_trim_interval is None else args.malloc_trim_interval
     if not trim_interval >= 0:
         raise ValueError("--malloc-trim-interval must be >= 0 (0: off)")
+    from tpserve.tools.fleet.cli import fleet_wanted, run_fleet
+
+    if fleet_wanted(args):
+        if under_torchrun():
+            raise ValueError("--data-parallel-size / --worker-urls do not run under torchrun: start each replica "
+                             "with torchrun and list them with --worker-urls on the front (docs/replicas.md)")
+        return run_fleet(args, cfg)
     if under_torchrun() and int(os.environ["RANK"]) != 0:
         from tpserve.engine.tp.executor import run_torchrun_worker
 
@@ -76,11 +86,16 @@ def run(args) -> int:
         log.error("the server did not start: cannot listen on %s:%d (%s; is the port taken?)", args.host, args.port,
                   exc.strerror or exc)
         return 1
+    from tpserve.server.loading import LoadingResponder
+
+    loading = LoadingResponder(sock).start()  # /health answers 503 until the engine is up
     try:
         engine = LLMEngine(cfg)
     except BaseException:
+        loading.stop()
         sock.close()
         raise
+    loading.stop()
     async_engine = AsyncEngine(engine, max_waiting=cfg.max_waiting)
     builtin = "glm5-next-demo" if engine.model_dir.name == DEMO_NAME else "tiny-glm5-next"
     names = args.served_model_name or [cfg.model or builtin]
