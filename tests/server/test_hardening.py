@@ -150,6 +150,26 @@ def test_log_level_debug_and_drain_cut_streams_end_with_error_and_done(tiny):
         assert got["plain"].status_code == 503 and "shutting down" in got["plain"].json()["error"]["message"]
         out = proc.stdout.read()
         assert "INFO tpserve.engine: engine ready" in out  # tpserve's own loggers follow --log-level
+        assert f"listening on {url} (OpenAI API under /v1" in out and "as model " in out  # uvicorn's own says none
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_no_tokenizer_length_warning(tiny, capfd):
+    """The server checks max_model_len itself: transformers' warning about the tokenizer's smaller
+    model_max_length ("will result in indexing errors") is not printed."""
+    from transformers import AutoTokenizer
+
+    from tpserve.server.api import lift_tokenizer_limit
+
+    text = "hello world " * 40
+    for lifted in (False, True):
+        tok = AutoTokenizer.from_pretrained(str(tiny("default")))
+        tok.model_max_length = 8
+        if lifted:
+            lift_tokenizer_limit(tok)
+        capfd.readouterr()
+        assert len(tok.encode(text)) > 8
+        err = capfd.readouterr().err
+        assert ("longer than the specified maximum sequence length" in err) is not lifted, err
