@@ -83,13 +83,14 @@ def request_constraint(state: ServerState, req) -> StructuredOutput | None:
     fmt = req.response_format
     if fmt is None or fmt.type == "text":
         return None
+    schema = fmt.json_schema.json_schema if fmt.type == "json_schema" else fmt.object_schema
+    param = "response_format.json_schema.schema" if fmt.type == "json_schema" else "response_format.schema"
     try:
-        if fmt.type == "json_object":
+        if schema is None:
             return grammar_compiler(state).json_object()
-        return grammar_compiler(state).json_schema(close_objects(fmt.json_schema.json_schema))
+        return grammar_compiler(state).json_schema(close_objects(schema))
     except ValueError as exc:
-        raise ApiError(400, f"response_format.json_schema.schema: {exc}",
-                       param="response_format.json_schema.schema") from None
+        raise ApiError(400, f"{param}: {exc}", param=param) from None
 
 
 def structured_outputs_constraint(state: ServerState, so) -> StructuredOutput:
