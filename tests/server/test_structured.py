@@ -223,7 +223,8 @@ def test_structured_outputs(server, so, check):
 
 
 def test_bad_structured_outputs_are_400(server):
-    for so, param in (({"regex": "(("}, "structured_outputs.regex"), ({"grammar": "start: ("}, "structured_outputs.grammar"),
+    for so, param in (({"regex": "(("}, "structured_outputs.regex"),
+                      ({"grammar": "start: ("}, "structured_outputs.grammar"),
                       ({"json": {"type": "objectx"}}, "structured_outputs.json")):
         r = post(server, "/v1/completions", {"prompt": "x", "structured_outputs": so})
         assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
