@@ -100,7 +100,7 @@ def prompt_logprobs_json(entries, ids: list[int], k: int) -> list | None:
     if entries is None:
         return None
     return [None if e is None else {str(t): {"logprob": lp.logprob, "rank": lp.rank, "decoded_token": lp.decoded_token}
-                                    for t, lp in e.items() if t == ids[i] or (lp.rank or k + 1) <= k}
+                                    for t, lp in e.items() if t == ids[i] or lp.rank <= k}
             for i, e in enumerate(entries)]
 
 
