@@ -53,6 +53,13 @@ def generation_defaults(model_dir: Path) -> dict[str, Any]:
     return {k: raw[k] for k in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty") if k in raw}
 
 
+def lift_tokenizer_limit(tokenizer) -> None:
+    """Prompts are checked against max_model_len; transformers' warning about the tokenizer's own
+    model_max_length (often smaller, and no limit of this engine) would only mislead the log."""
+    if tokenizer is not None and hasattr(tokenizer, "model_max_length"):
+        tokenizer.model_max_length = int(1e30)  # transformers' value for "no limit"
+
+
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def api_error(_: Request, exc: ApiError):
@@ -65,7 +72,7 @@ def _install_error_handlers(app: FastAPI) -> None:
             message = f"{request.method} {request.url.path}: no such route"
         elif exc.status_code == 405:
             message = f"{request.method} is not allowed on {request.url.path}"
-        body = error_body(message, _STATUS_TYPES.get(exc.status_code, "HTTPError"), None, exc.status_code)
+        body = error_body(message, _STATUS_TYPES.get(exc.status_code, "HTTPError"))
         return JSONResponse(body, status_code=exc.status_code, headers=getattr(exc, "headers", None))
 
     @app.exception_handler(RequestValidationError)
@@ -105,6 +112,7 @@ def build_app(state: ServerState) -> FastAPI:
     app.state.tpserve = state
     state.drain_cut = state.drain_cut or asyncio.Event()
     state.metrics = state.metrics or ServerMetrics(state.engine.stats)
+    lift_tokenizer_limit(state.tokenizer)
     app.add_middleware(GuardMiddleware, state=state)
     _install_error_handlers(app)
     v1 = APIRouter(prefix="/v1")
@@ -113,7 +121,7 @@ def build_app(state: ServerState) -> FastAPI:
     async def health():
         reason = state.engine.dead_reason
         if reason:
-            return JSONResponse(error_body(f"engine is dead: {reason}", "ServiceUnavailableError", None, 503),
+            return JSONResponse(error_body(f"engine is dead: {reason}", "ServiceUnavailableError"),
                                 status_code=503)
         return Response(status_code=200)
 

@@ -105,7 +105,10 @@ def run(args) -> int:
                         malloc_trim_interval=trim_interval)
     runner = ServerRunner(build_app(state), state, sock, host=args.host, port=args.port, log_level=args.log_level,
                           drain_timeout=args.drain_timeout)
-    log.info("serving %s as %s", engine.model_dir, names)
+    host = f"[{args.host}]" if ":" in args.host else args.host
+    log.info("serving %s as model %s", engine.model_dir, " / ".join(names))
+    log.info("listening on http://%s:%d (OpenAI API under /v1: chat/completions, completions, responses, models; "
+             "also /health, /metrics, /tokenize)", host, sock.getsockname()[1])
     # uvicorn drains on SIGTERM, then re-raises the signal with the handler that was there before
     # it started: make that one a clean exit, so the engine (and its TP workers) shut down too.
     signal.signal(signal.SIGTERM, _exit_cleanly)
