@@ -228,3 +228,13 @@ def test_bad_structured_outputs_are_400(server):
                       ({"json": {"type": "objectx"}}, "structured_outputs.json")):
         r = post(server, "/v1/completions", {"prompt": "x", "structured_outputs": so})
         assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+def test_min_tokens_gives_way_to_a_finished_grammar(server):
+    """min_tokens holds back a stop while the grammar still allows other tokens; once it allows only the end,
+    the output ends there (no banned-everything row sampled into junk)."""
+    r = post(server, "/v1/completions", {"prompt": "x", "structured_outputs": {"choice": ["yes", "no"]},
+                                         "min_tokens": 4, "max_tokens": 16, "seed": 3})
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    assert choice["text"] in ("yes", "no") and choice["finish_reason"] == "stop", choice
