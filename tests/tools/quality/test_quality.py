@@ -75,9 +75,23 @@ def test_divergence_same_and_different(live, scripted, faulty, tmp_path):
 
 
 def test_count(live, scripted, tmp_path):
+    """A chat message by default (the answer may open with a sentence), --raw a completion of '1, 2, 3,'."""
     rc, res = _run(tmp_path, "count", "--url", scripted.url)
-    assert rc == 0 and res["results"][0]["ok"]
-    rc, res = _run(tmp_path, "count", "--url", live.url, "--max-tokens", "8")
-    assert rc == 1 and not res["results"][0]["ok"]
+    assert rc == 0 and res["mode"] == "chat" and res["results"][0]["ok"]
+    assert res["results"][0]["text"].startswith("Here they are: 1, 2, 3,")
+    rc, res = _run(tmp_path, "count", "--url", scripted.url, "--raw")
+    assert rc == 0 and res["mode"] == "raw" and res["results"][0]["text"].startswith(" 4, 5")
+    for extra in ((), ("--raw",)):
+        rc, res = _run(tmp_path, "count", "--url", live.url, "--max-tokens", "8", *extra)
+        assert rc == 1 and not res["results"][0]["ok"]
+
+
+def test_check_count():
     assert check_count("4, 5, 7") == (False, "expected 6, got 7")
     assert check_count("4, 5") == (False, "stopped after 5")
+    assert check_count("7, 4, 5, 6", end=6) == (False, "expected 4, got 7")  # a continuation starts at once
+    one_to_ten = ", ".join(map(str, range(1, 11)))
+    assert check_count(f"From 1 to 10: {one_to_ten}.", start=1, end=10, anywhere=True) == (True, "counted to 10")
+    assert check_count(f"{one_to_ten}, 11", start=1, end=10, anywhere=True) == (False, "counted on past 10")
+    assert check_count("1, 2, 3, 5, 1, 2, 4", start=1, end=10, anywhere=True) == (False, "expected 4, got 5")
+    assert check_count("Sure!", start=1, end=10, anywhere=True) == (False, "no numbers")
