@@ -234,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gsm8k", default="/work/shared/data/gsm8k", help="folder with train.jsonl and test.jsonl")
     p.add_argument("--only", nargs="*", default=["counting", "tools", "plain_tools", "one_word", "clients", "mtp",
                                                  "gsm8k"])
-    p.add_argument("--device", default="cpu", help="device of the served checks' engine (float32)")
+    p.add_argument("--device", default="cpu", help="device of the served checks' engine (cpu, cuda)")
     args = p.parse_args(argv)
     unknown = set(args.only) - {"counting", "count_sweep", "mtp", "gsm8k", *SERVED}
     if unknown:

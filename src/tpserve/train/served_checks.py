@@ -30,13 +30,14 @@ ONE_WORD_SEED = 20261218
 
 
 class Served:
-    """The model behind the OpenAI server in this process (float32)."""
+    """The model behind the OpenAI server in this process, as `tpserve serve` runs it (dtype auto:
+    float32 on the CPU, bfloat16 on a GPU)."""
 
     def __init__(self, model_dir: Path, device: str = "cpu"):
         from tpserve.config import EngineConfig
         from tpserve.server.local import LocalServer
 
-        self.server = LocalServer(EngineConfig(model=str(model_dir), device=device, dtype="float32"),
+        self.server = LocalServer(EngineConfig(model=str(model_dir), device=device, dtype="auto"),
                                   served_model_names=["demo"])
         self.url = self.server.url
 
