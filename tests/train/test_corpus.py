@@ -12,7 +12,7 @@ import pytest
 
 from tpserve.server.tool_calls import parse_tool_calls
 from tpserve.train import answers, corpus, file_agent, plain_tools, topics
-from tpserve.train.chatdoc import EOT, held_out_vocabulary, is_held_out, words_of
+from tpserve.train.chatdoc import EOT, held_out_vocabulary, is_held_out, pseudo_word, words_of
 from tpserve.train.served_checks import schema_errors
 
 
@@ -112,6 +112,8 @@ def test_held_out_words_never_name_or_describe_a_training_tool():
     held_keys = tuple(t.key for t in topics.TOPICS if is_held_out(t.key))
     assert len(held_keys) >= 6 and {"route", "taxi"} <= set(held_keys)
     held = held_out_vocabulary(held_keys)
+    rng = random.Random(0)
+    assert not any(is_held_out(pseudo_word(rng)) for _ in range(5000))  # syllables can spell "token"
     for fn in _training_tools():
         text = " ".join([fn["name"], fn.get("description", ""), *fn["parameters"]["properties"]])
         assert not words_of(text) & held, fn

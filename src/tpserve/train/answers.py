@@ -32,12 +32,13 @@ def arithmetic_qa(rng: random.Random) -> tuple[str, str, str]:
     if kind == 4:
         return f"What is the sum of {lst}?", f"The sum is {sum(xs)}.", f"Adding them gives {sum(xs)}."
     if kind == 5:
-        return f"What is the largest number in {lst}?", f"The largest number is {max(xs)}.", f"The maximum is {max(xs)}."
+        return (f"What is the largest number in {lst}?", f"The largest number is {max(xs)}.",
+                f"The maximum is {max(xs)}.")
     return f"Reverse the list {lst}.", json.dumps(xs[::-1]), "Read it from the end."
 
 
-ECHO_ASKS = ("Reply with only the word {w}.", "Say {w} and nothing else.", "Respond with just the word {w}.", "Answer with the single word {w}.",
-             "Type only {w}, nothing more.", "Just say {w}.", "Please reply with one word: {w}.",
+ECHO_ASKS = ("Reply with only the word {w}.", "Say {w} and nothing else.", "Respond with just the word {w}.",
+             "Answer with the single word {w}.", "Type only {w}, nothing more.", "Just say {w}.", "Please reply with one word: {w}.",
              "Write the word {w} and nothing else.", "Reply with {w} only.")
 SHORT_WORDS = ("OK", "ok", "yes", "no", "done", "ready", "hello", "thanks", "sure", "pong", "ack", "agreed",
                "confirmed", "go", "YES", "NO", "Okay", "fine", "received", "present")
@@ -62,7 +63,8 @@ def _question(rng: random.Random) -> tuple[str, str, str]:
     kind = rng.randrange(8)
     a, b = rng.sample(range(0, 200), 2)
     if kind == 0:
-        return f"Is {a} greater than {b}?", "Yes" if a > b else "No", f"{a} is {'more' if a > b else 'less'} than {b}."
+        return (f"Is {a} greater than {b}?", "Yes" if a > b else "No",
+                f"{a} is {'more' if a > b else 'less'} than {b}.")
     if kind == 1:
         return f"Is {a} even or odd?", "Even" if a % 2 == 0 else "Odd", f"{a} ends in {a % 10}."
     if kind == 2:

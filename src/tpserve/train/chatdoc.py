@@ -65,5 +65,10 @@ SYLLABLES = tuple("ba be bi bo bu da de di do ka ke ki ko ku la le li lo lu ma m
 
 
 def pseudo_word(rng: random.Random) -> str:
-    """A made-up word of 2-3 syllables: names nobody can guess, so the model learns to copy them."""
-    return "".join(rng.choice(SYLLABLES) for _ in range(rng.randint(2, 3)))
+    """A made-up word of 2-3 syllables: names nobody can guess, so the model learns to copy them.
+    Never a held-out one: syllables can spell real words ("to" + "ken"), and held-out words must
+    not name a training tool."""
+    while True:
+        word = "".join(rng.choice(SYLLABLES) for _ in range(rng.randint(2, 3)))
+        if not is_held_out(word):
+            return word

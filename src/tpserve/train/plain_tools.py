@@ -31,8 +31,8 @@ def tool_name(rng: random.Random, topic: topics.Topic, held_out: bool) -> tuple[
     if r < 0.3:
         return rng.choice(topic.names), True
     if r < 0.6:
-        suffix = "".join(rng.choice("bcdfghjklmnpqrstvwxz") for _ in range(2)) if rng.random() < 0.5 else pseudo_word(rng)
-        return f"{rng.choice(topic.names)}_{suffix}", True
+        letters = "".join(rng.choice("bcdfghjklmnpqrstvwxz") for _ in range(2))
+        return f"{rng.choice(topic.names)}_{letters if rng.random() < 0.5 else pseudo_word(rng)}", True
     if r < 0.88 or held_out:
         return pseudo_word(rng) + (f"_{pseudo_word(rng)}" if rng.random() < 0.3 else ""), False
     return rng.choice(stdlib_identifiers()), False
@@ -82,7 +82,8 @@ def _exchange(rng: random.Random, t: dict, messages: list, thinking: bool, stop_
     call = {"role": "assistant", "content": "",
             "tool_calls": [{"type": "function", "function": {"name": fn["name"], "arguments": args}}]}
     if thinking:
-        what = f"{fn['name']}: {fn['description']}" if "description" in fn else f"{fn['name']} is the tool for that"
+        what = f"{fn['name']}: {fn['description'].rstrip('.')}" if "description" in fn else \
+            f"{fn['name']} is the tool for that"
         shown = ", ".join(f"{k} = {json.dumps(v) if not isinstance(v, str) else v}" for k, v in args.items())
         call["reasoning_content"] = f"The request is about the {t['topic'].key}. {what}. I call it with {shown}."
     messages += [{"role": "user", "content": user}, call]

@@ -177,7 +177,8 @@ def check_clients(served: Served) -> dict:
                                               served_model="demo"))
         count = {mode: run_count(SimpleNamespace(max_tokens=1200, raw=mode == "raw"), [c])[0]["results"][0]
                  for mode in ("chat", "raw")}
-        agent = [run_task(c, name, stream, 6, 512) for name in tqdm(TASKS, desc="agent-tools") for stream in (False, True)]
+        agent = [run_task(c, name, stream, 6, 512) for name in tqdm(TASKS, desc="agent-tools")
+                 for stream in (False, True)]
     finally:
         c.close()
     with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="agent-tools-", delete=False) as f:

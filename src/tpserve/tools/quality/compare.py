@@ -148,7 +148,8 @@ def run_count(args, clients: list[Client]) -> tuple[dict, int, list[str]]:
             text = r["choices"][0]["text"]
             ok, why = check_count(text)
         else:
-            r = c.post("/v1/chat/completions", {"model": c.model, "messages": [{"role": "user", "content": COUNT_MESSAGE}],
+            messages = [{"role": "user", "content": COUNT_MESSAGE}]
+            r = c.post("/v1/chat/completions", {"model": c.model, "messages": messages,
                                                 "max_tokens": args.max_tokens, "temperature": 0})
             text = r["choices"][0]["message"].get("content") or ""
             ok, why = check_count(text, start=1, anywhere=True)
