@@ -234,7 +234,7 @@ def test_training_tools_never_use_held_out_names():
 
 def test_counting_documents_stop_at_round_targets():
     """Users ask for round targets; a count crossing 100 or 200 without stopping must not be all the
-    model sees there (the fourth demo model counted on past exactly 100 and 200)."""
+    model sees there (else it counts on past exactly 100 and 200)."""
     import random
     import re
 

@@ -6,7 +6,7 @@ rounds it, then the product of the two 16-bit values in fp32, rounded once (torc
 the same), so the result differs from torch's only where exp rounds differently (an fp32 ulp before the
 16-bit rounding). GLM-5.3-Flash runs it 45 times per step (3 dense MLPs, 42 shared experts): ~135
 launches saved. Floors: reads 2 and writes 1 activations per token (a few KB at decode); measured 1.1 us
-per call in the demo model's decode graph on an H200 (bench/results/decode_profile_prep_triton_h200.json).
+per call in the demo model's decode graph on an H200 (bench/decode_profile.py).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ pool row (tokens that end no pool write the reserved dummy row). In torch that i
 layer per step (two gathers, casts, add, softmax, product, sum, scatter); GLM-5.3-Flash has 11 MLA
 layers. Here one program per token reads 2 x kpool x d 16-bit values (8 KB at kpool 16, d 128) and
 writes d: one launch (1.6 us per call in the demo model's decode graph on an H200,
-bench/results/decode_profile_indexer_triton_h200.json). Against torch: the same roundings, the softmax's exp and the sum in another
+bench/decode_profile.py). Against torch: the same roundings, the softmax's exp and the sum in another
 order (a few fp32 ulps before the final rounding; tests/kernels/test_indexer_triton.py).
 
 Decode scores (model/indexer.py `_select_tokens`): a decode / verify token scores every complete pool of

@@ -19,7 +19,7 @@ that make q, k and v contiguous for fla's kernel. GLM-5.3-Flash has 34 KDA layer
 
 Floors: both read and write a few KB per token (the conv state, [T, 3C] activations); at batch 1
 each is one launch against ~20. Measured on an H200 inside the demo model's decode graph: conv_rows 3.8
-us, gate_beta 1.3 us per call (bench/results/decode_profile_prep_triton_h200.json). Against the torch forms: the same formulas and order, but
+us, gate_beta 1.3 us per call (bench/decode_profile.py). Against the torch forms: the same formulas and order, but
 the compiler may fuse a product and an add (FMA), and exp may round differently: a few fp32 ulps
 before the final rounding (tests/kernels/test_kda_prep.py states the bounds).
 """

@@ -5,7 +5,7 @@ with the token innermost, so Triton's default layout gives each lane its own tok
 matrix (n padded to a power of two, the padding kept at zero) in registers, and the softmax and every
 Sinkhorn sum run inside the lane: no shuffles or shared-memory transposes between the row and column
 sums. (The first form, [token, i, j] in four warps, spent 9.2 us per call at one token on an H200,
-~90 calls per step for the whole model: bench/results/decode_profile_demo_norms_h200.json.) Floors:
+~90 calls per step for the whole model: bench/decode_profile.py.) Floors:
 it reads (2+n)*n + writes (2+n)*n floats per token, i.e. nothing; the cost is the serial Sinkhorn
 chain (2 * sinkhorn_iters sums and divisions), one launch instead of ~120.
 """

@@ -20,7 +20,7 @@ few KB. GLM-5.3-Flash has 42 MoE layers, so ~1,400 launches per decode step. Her
 Floors: all read and write a few KB at decode; at batch 1 each is one launch, with the router GEMV 4
 launches against ~33 (the demo model's decode step: 693 -> 478 kernels with the first three,
 BENCHMARKS.md). Measured on an H200 inside the demo model's decode graph, per call: route_topk 1.2 us,
-align 2.9 us, combine 1.2 us (bench/results/decode_profile_indexer_triton_h200.json).
+align 2.9 us, combine 1.2 us (bench/decode_profile.py).
 """
 
 from __future__ import annotations

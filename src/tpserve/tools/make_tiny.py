@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 def register(sub, bench, tune) -> None:
-    p = sub.add_parser("make-tiny", help="write a tiny random glm5_next checkpoint (tests, demos)")
+    p = sub.add_parser("make-tiny", help="write a tiny random glm5_next checkpoint (tests)")
     p.add_argument("dir", help="output directory (must not exist or be empty, unless --force)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--layers", type=int, default=4, help="number of layers (KDA x3 then MLA, repeating)")
