@@ -6,7 +6,7 @@
 --switch: an engine option (norm_backend, moe_route_backend, ... with torch,triton; a boolean switch such as
 merge_linears or async_scheduling with --values false,true); every other option keeps its default. The demo model is trained (not chaotic like the
 random tiny checkpoints), so in bf16 the two backends
-should agree on its structured prompts (train/acceptance.py) except at near ties. Prints how many of
+should agree on its structured prompts (tools/acceptance.py) except at near ties. Prints how many of
 the prompts give identical tokens and the first position where any differ. cuda only.
 """
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 
 from tpserve import LLM, SamplingParams
-from tpserve.train.acceptance import mtp_prompts
+from tpserve.tools.acceptance import mtp_prompts
 
 
 def main() -> None:

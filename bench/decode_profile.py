@@ -26,7 +26,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from tpserve import LLM, SamplingParams
-from tpserve.train.acceptance import mtp_prompts
+from tpserve.tools.acceptance import mtp_prompts
 
 PHASES = (("executor", "execute"), ("executor", "commit"), ("executor", "draft"), ("executor", "execute_spec"))
 

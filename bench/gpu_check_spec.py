@@ -7,7 +7,7 @@ demo model and its structured prompts (plus free text), in float32 and bfloat16;
 import argparse
 
 from tpserve import LLM, SamplingParams
-from tpserve.train.acceptance import mtp_prompts
+from tpserve.tools.acceptance import mtp_prompts
 
 TEXT = ["The capital of France is", "def fibonacci(n):", "Q: What is 12 + 7?\nA:", "Once upon a time"]
 

@@ -32,7 +32,7 @@ import torch
 from tpserve import LLM, SamplingParams
 from tpserve.engine.runner import Drafted
 from tpserve.tools.bench.spec import step_times
-from tpserve.train.acceptance import mtp_prompts
+from tpserve.tools.acceptance import mtp_prompts
 
 
 def script_token(position: int) -> int:

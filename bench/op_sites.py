@@ -21,7 +21,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from tpserve import LLM, SamplingParams
-from tpserve.train.acceptance import mtp_prompts
+from tpserve.tools.acceptance import mtp_prompts
 
 NO_KERNEL = {"view", "_unsafe_view", "as_strided", "slice", "select", "unsqueeze", "squeeze", "expand", "t",
              "transpose", "permute", "detach", "alias", "reshape", "unbind", "split", "split_with_sizes", "narrow",

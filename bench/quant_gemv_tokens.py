@@ -23,7 +23,7 @@ from spec_ab import timed_pass  # noqa: E402
 from tpserve import LLM, SamplingParams  # noqa: E402
 from tpserve.engine.setup import builtin_demo_model  # noqa: E402
 from tpserve.tools.quantize import quantize_checkpoint  # noqa: E402
-from tpserve.train.acceptance import mtp_prompts  # noqa: E402
+from tpserve.tools.acceptance import mtp_prompts  # noqa: E402
 
 
 def main() -> None:

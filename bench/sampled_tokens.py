@@ -10,7 +10,7 @@ import argparse
 import json
 
 from tpserve import LLM, SamplingParams
-from tpserve.train.acceptance import mtp_prompts
+from tpserve.tools.acceptance import mtp_prompts
 
 SETTINGS = [dict(temperature=0), dict(temperature=0.8, seed=1), dict(temperature=0.8, top_p=0.95, seed=2),
             dict(temperature=0.8, top_k=50, seed=3), dict(temperature=1.0, min_p=0.05, top_k=20, seed=4),

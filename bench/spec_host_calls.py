@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import host_overhead  # noqa: E402
 
 from tpserve import LLM, SamplingParams  # noqa: E402
-from tpserve.train.acceptance import mtp_prompts  # noqa: E402
+from tpserve.tools.acceptance import mtp_prompts  # noqa: E402
 
 CALLS = {"speculator": ("_next_k", "fusable", "verify_fused", "_extend_drafts", "_finish", "propose"),
          "rates": ("observe", "override"), "policy": ("begin_step", "choose_k", "observe_acceptance", "observe_step", "observe_draft"),

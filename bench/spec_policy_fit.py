@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 
 from tpserve import LLM, SamplingParams
-from tpserve.train.acceptance import mtp_prompts
+from tpserve.tools.acceptance import mtp_prompts
 
 
 def main() -> None:

@@ -12,7 +12,7 @@ import re
 
 from tpserve import LLM, SamplingParams
 from tpserve.train import corpus
-from tpserve.train.acceptance import builtin_dir
+from tpserve.tools.acceptance import builtin_dir
 
 STYLES = {"word lists": 0.999, "made-up words": 0.0, "identifiers": corpus.PSEUDO_NAMES,
           "docstring words": corpus.PSEUDO_NAMES + corpus.IDENTIFIER_NAMES, "held out": None}

@@ -156,7 +156,7 @@ def test_engine_with_small_op_kernels_keeps_tokens_and_speculative_exactness(tin
         import json
         import tpserve.engine.setup as setup
         from tpserve import LLM, SamplingParams
-        from tpserve.train.acceptance import mtp_prompts
+        from tpserve.tools.acceptance import mtp_prompts
         plain = setup._triton_or_torch
         interpreted = ("kda_prep_backend", "act_backend", "indexer_backend", "mla_decode_backend", "argmax_backend")
         setup._triton_or_torch = lambda name, choice, device: (

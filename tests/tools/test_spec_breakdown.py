@@ -10,7 +10,7 @@ from helpers import load_bench
 @pytest.mark.timeout(300)
 def test_breakdown_phases_fit_inside_the_steps(tiny):
     from tpserve import LLM, SamplingParams
-    from tpserve.train.acceptance import mtp_prompts
+    from tpserve.tools.acceptance import mtp_prompts
 
     bd = load_bench("spec_breakdown")
     prompts = mtp_prompts()[:2]

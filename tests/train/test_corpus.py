@@ -13,7 +13,7 @@ import pytest
 from tpserve.server.tool_calls import parse_tool_calls
 from tpserve.train import answers, corpus, file_agent, plain_tools, topics
 from tpserve.train.chatdoc import EOT, held_out_vocabulary, is_held_out, pseudo_word, words_of
-from tpserve.train.served_checks import schema_errors
+from tpserve.tools.served_checks import schema_errors
 
 
 def _declared(doc: str) -> list[dict]:

@@ -208,7 +208,7 @@ def test_training_tools_never_use_held_out_names():
     import random
 
     from tpserve.train import corpus
-    from tpserve.train.acceptance import held_out_tool_cases
+    from tpserve.tools.acceptance import held_out_tool_cases
 
     held_parts = set()
     for case in held_out_tool_cases():

@@ -1,7 +1,7 @@
 """`tpserve bench spec`: speculative decoding (MTP drafts) against plain decoding, in one run.
 
 On the built-in demo model (or --model with MTP weights) and its structured prompts (counting,
-JSON, tool calls: train/acceptance.py; each at least once, in generate calls of --batch requests),
+JSON, tool calls: tools/acceptance.py; each at least once, in generate calls of --batch requests),
 greedy, at each --batch: plain decoding, every fixed k of
 --k (adaptive off, no truncation) and the adaptive policy. Reports output tok/s and the speedup over
 plain, end to end and for decoding alone (the steps without a prefill chunk: with speculation the
@@ -88,8 +88,8 @@ def step_times(engine):
 
 
 def structured_groups(batch: int) -> list[list[str]]:
-    """Every structured prompt (train/acceptance.py) at least once, in generate calls of `batch`."""
-    from tpserve.train.acceptance import mtp_prompts
+    """Every structured prompt (tools/acceptance.py) at least once, in generate calls of `batch`."""
+    from tpserve.tools.acceptance import mtp_prompts
 
     structured = mtp_prompts()
     prompts = [structured[i % len(structured)] for i in range(max(batch, len(structured)))]
@@ -123,7 +123,7 @@ def measure(args) -> dict:
     from tqdm import tqdm
 
     from tpserve import LLM, SamplingParams
-    from tpserve.train.acceptance import mtp_prompts
+    from tpserve.tools.acceptance import mtp_prompts
 
     base = engine_config_from_args(args)
     sp = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)

@@ -1,6 +1,6 @@
 """Acceptance checks of the built-in demo model. Run:
 
-    python -m tpserve.train.acceptance [--model DIR] [--out DIR] [--only CHECK ...] [--device cpu]
+    python -m tpserve.tools.acceptance [--model DIR] [--out DIR] [--only CHECK ...] [--device cpu]
 
 counting     greedy chat "Count from 1 to 200." (reasoning off and on) gives 1..200 in order and stops.
 tools        30 prompts that name a tool held out of training (new names and argument schemas),
@@ -30,7 +30,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from tpserve.train import corpus
-from tpserve.train.served_checks import (TOOL_SEED, Served, check_clients, check_one_word, check_plain_tools,
+from tpserve.tools.served_checks import (TOOL_SEED, Served, check_clients, check_one_word, check_plain_tools,
                                          check_tools, held_out_tool_cases)
 
 SERVED = {"tools": check_tools, "plain_tools": check_plain_tools, "one_word": check_one_word,
