@@ -30,7 +30,7 @@ HBM = 4.3e12
 
 def model_shapes(layers: str) -> Counter:
     from tpserve.kernels.choice import Kernels
-    from tpserve.kernels.gemv_triton import MIN_N
+    from tpserve.kernels.linear.gemv_triton import MIN_N
     from tpserve.model.config import ModelConfig
     from tpserve.model.glm5_next import Glm5NextModel
     from tpserve.model.layers import Linear, ShardContext
@@ -50,7 +50,7 @@ def _cycling(fns):
 
 
 def main() -> None:
-    from tpserve.kernels import gemv_triton
+    from tpserve.kernels.linear import gemv_triton
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", default="KKKM")

@@ -4,7 +4,7 @@ import sys
 
 import torch
 
-from tpserve.kernels.kda import select_fla_options
+from tpserve.kernels.attention.kda import select_fla_options
 
 print("| head_dim | gate | recurrent kernel used | chosen chunk_kda options | report |\n| --- | --- | --- | --- | --- |")
 for head_dim in (16, 64, 128):

@@ -35,7 +35,7 @@ BODIES = {
 
 def variant(name: str):
     """A fresh copy of kernels/nvfp4_m1.py whose decode_fp4_shift body is BODIES[name] (its own kernel cache)."""
-    from tpserve.kernels import nvfp4_m1
+    from tpserve.kernels.quant import nvfp4_m1_cuda as nvfp4_m1
 
     spec = importlib.util.spec_from_file_location(f"nvfp4_m1_{name.replace('-', '_')}", nvfp4_m1.__file__)
     mod = importlib.util.module_from_spec(spec)
@@ -55,7 +55,7 @@ def main() -> None:
     args = ap.parse_args()
     from quant_decode_sweep import m1_forms_run
 
-    from tpserve.kernels import nvfp4_m1
+    from tpserve.kernels.quant import nvfp4_m1_cuda as nvfp4_m1
 
     forms = {"default": (nvfp4_m1, None, None, {})}
     forms.update({name: (variant(name), None, None, {}) for name in BODIES})

@@ -36,7 +36,7 @@ def main() -> None:
     ap.add_argument("--tokens", default="1,2,8")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    from tpserve.kernels import nvfp4_m1 as m1
+    from tpserve.kernels.quant import nvfp4_m1_cuda as m1
 
     try:  # (Config checks each field's range)
         down, gate_up = parse_configs(args.down, "--down"), parse_configs(args.gate_up, "--gate-up")

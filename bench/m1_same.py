@@ -18,7 +18,7 @@ from quant_decode_sweep import _experts_setup, _fp4  # noqa: E402
 
 
 def outputs() -> dict:
-    from tpserve.kernels import nvfp4_m1 as m1
+    from tpserve.kernels.quant import nvfp4_m1_cuda as m1
 
     torch.manual_seed(0)
     P, e, d, i = _experts_setup()

@@ -28,8 +28,8 @@ FORMS = {"nvfp4-row": (_fp4, "row"), "nvfp4-qa": (_fp4, "a"), "nvfp4-qb": (_fp4,
 
 
 def cuda_case(case: str, a: list[int]) -> int:
-    from tpserve.kernels import mma_gemv as mg
-    from tpserve.kernels import nvfp4_m1 as m1
+    from tpserve.kernels.quant import gemv_cuda as mg
+    from tpserve.kernels.quant import nvfp4_m1_cuda as m1
 
     fmt = "fp8" if case == "mma-fp8" else "nvfp4"
     quantize = (_fp8 if fmt == "fp8" else _fp4)()[0]

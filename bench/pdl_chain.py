@@ -19,7 +19,7 @@ import statistics
 
 import torch
 
-from tpserve.kernels import gemv_triton
+from tpserve.kernels.linear import gemv_triton
 
 SHAPES = [(2048, 4096), (4096, 2048), (8192, 4096), (4096, 8192)]  # (N, K): each N is the next K
 BANDWIDTH = 4.3e12

@@ -35,7 +35,7 @@ def compile_kernel(args):
     w = "*i16" if qtile else ("*fp8e4nv" if fp8 else "*u8")
     s = "*fp32" if fp8 else "*fp8e4nv"
     if args.kernel == "gemv" and fp8 and args.decode == "element":  # one row: FMAs, no dot
-        from tpserve.kernels import quant_gemv as qg
+        from tpserve.kernels.quant import gemv_triton as qg
 
         fn = qg._fp8_row_kernel
         sig = dict(x_ptr="*bf16", w_ptr=w, s_ptr=s, y_ptr="*bf16", N="i32")
@@ -43,7 +43,7 @@ def compile_kernel(args):
                   BLOCK_N=args.block_n, BLOCK_K=args.block_k, PREFETCH=args.prefetch)
         aligned = range(4)
     elif args.kernel == "gemv" and args.decode == "row":  # nvfp4, one row: nvfp4_codes then FMAs, no dot
-        from tpserve.kernels import quant_gemv as qg
+        from tpserve.kernels.quant import gemv_triton as qg
 
         fn = qg._nvfp4_row_kernel
         sig = dict(x_ptr="*bf16", w_ptr="*i16", s_ptr=s, s2_ptr="*fp32", y_ptr="*bf16", N="i32")
@@ -51,7 +51,7 @@ def compile_kernel(args):
                   F16=not args.bf16)
         aligned = range(5)
     elif args.kernel == "gemv" and args.decode == "planes":  # nvfp4, any M: nibble planes in the MMA's registers
-        from tpserve.kernels import quant_gemv as qg
+        from tpserve.kernels.quant import gemv_triton as qg
 
         fn = qg._nvfp4_planes_kernel
         sig = dict(x_ptr="*bf16", w_ptr="*i16", s_ptr=s, s2_ptr="*fp32", y_ptr="*bf16", M="i32", N="i32")
@@ -59,7 +59,7 @@ def compile_kernel(args):
                   X32=False)
         aligned = range(5)
     elif args.kernel == "gemv":
-        from tpserve.kernels import quant_gemv as qg
+        from tpserve.kernels.quant import gemv_triton as qg
 
         fn = qg._gemv_kernel
         sig = dict(x_ptr="*bf16", w_ptr=w, s_ptr=s, s2_ptr="*fp32", y_ptr="*bf16", M="i32", N="i32")
@@ -70,7 +70,7 @@ def compile_kernel(args):
                   ASM=qtile)
         aligned = range(5)
     else:
-        from tpserve.kernels import quant_triton as qt
+        from tpserve.kernels.quant import gemm_triton as qt
 
         fn = qt._qgate_up_kernel
         sig = dict(x_ptr="*bf16", w_ptr=w, s_ptr=s, s2_ptr="*fp32", h_ptr="*bf16", rows_ptr="*i32",

@@ -69,9 +69,9 @@ def test_moe_combine_definition_and_blocks(dtype):
 
 
 def test_experts_grouped_is_sorted_experts_then_the_combine():
-    """kernels/moe.experts_grouped's torch form is fused.moe_combine (choice order, not an
+    """kernels/moe/ref.experts_grouped's torch form is fused.moe_combine (choice order, not an
     index_add): bitwise; and close to the loop (bf16 GEMM roundings apart)."""
-    from tpserve.kernels import moe
+    from tpserve.kernels.moe import ref as moe
 
     e, d, i, k, t = 6, 64, 32, 3, 11
     g = torch.Generator().manual_seed(5)

@@ -24,7 +24,7 @@ and the CPU path are the model's own arithmetic); the CUDA kernel (workspace_tri
 
 MoE combine + reduce-scatter (Communicator.reduce_scatter_moe_combine): with sequence parallelism
 an MoE layer's partial output is reduce-scattered, and on the grouped experts path
-(kernels/moe.experts_grouped) that output is first combined from the experts' expert-sorted rows:
+(kernels/moe/ref.experts_grouped) that output is first combined from the experts' expert-sorted rows:
 
     combined[t] = sum_j fp32(weights[t, j]) * fp32(y[inv[t*k + j]])   j = 0 .. k-1, in fp32,
                   rounded once to y.dtype                               (inv: order's inverse)
@@ -33,8 +33,8 @@ an MoE layer's partial output is reduce-scattered, and on the grouped experts pa
 
 y [T*k, D] holds the experts' outputs in expert order (row i is choice order[i] of the
 token-major choices), weights [T, k] the router's. `moe_combine` is the combine in torch (the k
-terms added in order j = 0, 1, ...; kernels/moe.experts_grouped's torch form is this function);
-`moe_combine(..., backend="triton")` is kernels/route_triton.combine_sorted's sum instead (CUDA).
+terms added in order j = 0, 1, ...; kernels/moe/ref.experts_grouped's torch form is this function);
+`moe_combine(..., backend="triton")` is kernels/moe/route_triton.combine_sorted's sum instead (CUDA).
 The fused paths write each rank's combined rows straight into the reduce-scatter's workspace slot
 (no [T, D] tensor written and read back): the CPU workspace (workspace.py) with this file's torch
 arithmetic row block by row block, the CUDA workspace with combine_sorted's own tile code (one
@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import torch
 
-from tpserve.kernels.moe_combine import MOE_COMBINES, inverse_order, moe_combine, moe_combine_block  # noqa: F401
+from tpserve.kernels.moe.combine import MOE_COMBINES, inverse_order, moe_combine, moe_combine_block  # noqa: F401
 
 
 def check_args(partial: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor) -> None:

@@ -280,7 +280,7 @@ class StepGraphs:
     def _draw(self, logits: torch.Tensor, out: torch.Tensor) -> None:
         """argmax_and_probability of logits [n, V] into out (a float64 [2, n] view)."""
         if self.runner.kernels.argmax == "triton":
-            from tpserve.kernels.argmax_triton import argmax_and_probability_triton
+            from tpserve.kernels.linear.argmax_triton import argmax_and_probability_triton
 
             argmax_and_probability_triton(logits, out)
         else:

@@ -88,7 +88,7 @@ class ModelRunner:
         """Check fla-core's kernels against the torch references once, on this device and head size;
         use those that agree: the recurrent kernel for decode / verify / commit, chunk_kda (with the
         options that agree) for prefill chunks; the torch path for what does not agree."""
-        from tpserve.kernels.kda import select_fla_options
+        from tpserve.kernels.attention.kda import select_fla_options
         from tpserve.model.kda import KdaAttention
 
         layers = [m for m in self.model.modules() if isinstance(m, KdaAttention)]

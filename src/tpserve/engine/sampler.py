@@ -142,9 +142,9 @@ def argmax_and_probability(logits: torch.Tensor, backend: str = "torch") -> torc
     """[N, V] logits -> float64 [2, N]: each row's argmax (the first on ties, as argmax) and its
     probability under the softmax, stacked for one device-to-host copy. The MTP drafter's greedy
     draws; the draft graphs compute it inside the graph. backend "triton": one kernel
-    (kernels/argmax_triton.py, `--argmax-backend`)."""
+    (kernels/linear/argmax_triton.py, `--argmax-backend`)."""
     if backend == "triton":
-        from tpserve.kernels.argmax_triton import argmax_and_probability_triton
+        from tpserve.kernels.linear.argmax_triton import argmax_and_probability_triton
 
         return argmax_and_probability_triton(logits)
     top = logits.max(-1)

@@ -60,7 +60,7 @@ class Indexer(nn.Module):
                  topk: str = "torch"):
         super().__init__()
         self.layer = layer
-        self.fused_pools = backend == "triton"  # kernels/indexer_triton.py: pool compression and decode scores
+        self.fused_pools = backend == "triton"  # kernels/attention/indexer_triton.py: pool compression and decode scores
         self.top_pools = topk == "triton" and self.fused_pools  # ... and the decode top-k over complete pools
         self.n_heads, self.head_dim, self.kpool = cfg.index_n_heads, cfg.index_head_dim, cfg.index_kpool
         self.pools_to_keep = cfg.index_topk // cfg.index_kpool
@@ -112,7 +112,7 @@ class Indexer(nn.Module):
         reserved dummy block's pool row (the last one), so no host loop or host read is needed."""
         pool_flat = cache.pool_k[self.layer].view(-1, self.head_dim)
         if self.fused_pools:  # the pools' rows found in the kernel; tokens that complete none write nothing
-            from tpserve.kernels.indexer_triton import fill_pools
+            from tpserve.kernels.attention.indexer_triton import fill_pools
 
             fill_pools(cache.index_k[self.layer].view(-1, self.head_dim),
                        cache.index_gate[self.layer].view(-1, self.head_dim), self.index_kpool_compress_ape,
@@ -158,7 +158,7 @@ class Indexer(nn.Module):
         n, n_pools = scores.shape
         k = min(self.pools_to_keep, n_pools)
         if visible is None and k > 0:  # positions, validity and tail in one kernel
-            from tpserve.kernels.indexer_triton import expand_selection, top_pools
+            from tpserve.kernels.attention.indexer_triton import expand_selection, top_pools
 
             chosen = top_pools(scores, pos, k, self.kpool) if self.top_pools else scores.topk(k, dim=-1).indices
             return expand_selection(chosen, pos, self.width, self.pools_to_keep, self.kpool, self.tail)
@@ -195,7 +195,7 @@ class Indexer(nn.Module):
             # which depends on the width (tie choices can differ from the fixed-width graph step)
             n_pools = max(batch.total_len(i) for i in range(batch.decode_seqs)) // self.kpool
         if self.fused_pools:
-            from tpserve.kernels.indexer_triton import decode_scores
+            from tpserve.kernels.attention.indexer_triton import decode_scores
 
             scores = decode_scores(q, w, pos, batch.token_seq[:n], batch.block_tables,
                                    cache.pool_k[self.layer].view(-1, self.head_dim), cache.block_size, self.kpool,

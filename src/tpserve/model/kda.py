@@ -13,7 +13,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from tpserve.kernels import conv, kda as kda_ops
+from tpserve.kernels.attention import conv
+from tpserve.kernels.attention import kda as kda_ops
 from tpserve.model import merged
 from tpserve.model.batch import CacheTensors, ForwardBatch
 from tpserve.model.config import ModelConfig
@@ -30,7 +31,7 @@ class KdaAttention(nn.Module):
         d, dh, qkv = cfg.hidden_size, cfg.linear_head_dim, cfg.linear_qkv_dim
         self.layer, self.head_dim, self.backend = layer, dh, backend
         # "triton": the short conv of decode / verify rows, the forget gate and beta in Triton
-        # (kernels/kda_prep_triton.py); the gate kernel has the lower-bound form only
+        # (kernels/attention/kda_prep_triton.py); the gate kernel has the lower-bound form only
         self.prep_conv = prep == "triton"
         self.prep_gate = prep == "triton" and cfg.linear_lower_bound is not None
         self.fla_options: dict | None = {}  # chunk_kda options chosen by the runner's self-test (None: torch chunks)
@@ -62,7 +63,7 @@ class KdaAttention(nn.Module):
             mixed = self._conv(raw, batch, cache.conv_state[self.layer])
             q, k, v = (y.reshape(t, h, dh) for y in mixed.split(h * dh, dim=-1))
         if self.prep_gate:
-            from tpserve.kernels.kda_prep_triton import gate_beta
+            from tpserve.kernels.attention.kda_prep_triton import gate_beta
 
             g, beta = gate_beta(self.f_b_proj(fa), self.dt_bias, self.A_log, b, dh,
                                 self.lower_bound, self.pdl)
@@ -123,10 +124,10 @@ class KdaAttention(nn.Module):
 
     def _conv_fused(self, mixed: torch.Tensor, batch: ForwardBatch,
                     conv_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """`_conv` with decode and verify rows through one Triton kernel (kernels/kda_prep_triton.py; a
+        """`_conv` with decode and verify rows through one Triton kernel (kernels/attention/kda_prep_triton.py; a
         verify row equals the decode step it stands for); prefill chunks through `conv_chunk`. -> q, k, v
         [T, C/3] each (contiguous when the step has no prefill)."""
-        from tpserve.kernels.kda_prep_triton import conv_chunk, conv_rows
+        from tpserve.kernels.attention.kda_prep_triton import conv_chunk, conv_rows
 
         weight = self.conv_weight.squeeze(1)
         if batch.fixed_shapes and batch.query_len > 1:  # a graph verify step: every sequence verifies

@@ -34,13 +34,13 @@ class ShardContext:
 class Linear(nn.Module):
     """y = x W^T (+ b); W declared with its full shape [out, in] and a Shard. The weight layout,
     loading and forward belong to `self.quant` (model/quant_methods.py: bf16, fp8, nvfp4, ...).
-    `decode_gemv` (set_gemv_backend): 16-bit weights take kernels/gemv_triton.py at 1-16 rows; `quant_gemv_cuda`
+    `decode_gemv` (set_gemv_backend): 16-bit weights take kernels/linear/gemv_triton.py at 1-16 rows; `quant_gemv_cuda`
     (set_gemv_backend's `quant`): FP8 / NVFP4 weights take the CUDA GEMVs at decode where they are the default
-    (kernels/mma_gemv.py; one NVFP4 row kernels/nvfp4_m1.py)."""
+    (kernels/quant/gemv_cuda.py; one NVFP4 row kernels/quant/nvfp4_m1_cuda.py)."""
 
     decode_gemv = False
     quant_gemv_cuda = False
-    pdl = False  # set_pdl: the Triton GEMV launched as a programmatic dependent (kernels/pdl_triton.py)
+    pdl = False  # set_pdl: the Triton GEMV launched as a programmatic dependent (kernels/launch/pdl_triton.py)
 
     def __init__(self, ctx: ShardContext, in_features: int, out_features: int, shard: Shard = REPLICATED,
                  bias: bool = False):
@@ -94,7 +94,7 @@ def replicated(ctx: ShardContext, i: int, o: int, bias: bool = False) -> Linear:
 
 class RMSNorm(nn.Module):
     """transformers' Glm5NextTextRMSNorm: normalise in fp32, cast back, then scale. `norm_backend`
-    "triton": one fused kernel (kernels/norm_triton.py; set_norm_backend sets a whole model's)."""
+    "triton": one fused kernel (kernels/norms/norm_triton.py; set_norm_backend sets a whole model's)."""
 
     norm_backend = "torch"
     pdl = False  # set_pdl
@@ -135,15 +135,15 @@ class GatedRMSNorm(nn.Module):
 
 
 def norm_triton():
-    """kernels/norm_triton.py, imported on first use (Triton is there only where the backend is triton)."""
-    from tpserve.kernels import norm_triton as module
+    """kernels/norms/norm_triton.py, imported on first use (Triton is there only where the backend is triton)."""
+    from tpserve.kernels.norms import norm_triton as module
 
     return module
 
 
 def set_gemv_backend(model: nn.Module, backend: str, quant: str = "triton") -> None:
     """Every Linear of `model` takes the Triton decode GEMV where it fits ("triton") or cuBLAS ("torch"); with
-    quantized weights the CUDA GEMVs (`quant` "cuda": kernels/mma_gemv.py, nvfp4_m1.py) or the Triton one
+    quantized weights the CUDA GEMVs (`quant` "cuda": kernels/quant/gemv_cuda.py, nvfp4_m1.py) or the Triton one
     ("triton")."""
     if backend not in ("triton", "torch"):
         raise ValueError(f"gemv_backend: expected triton or torch, got {backend!r}")
@@ -157,7 +157,7 @@ def set_gemv_backend(model: nn.Module, backend: str, quant: str = "triton") -> N
 def set_pdl(model: nn.Module, on: bool) -> None:
     """Every module of `model` with a `pdl` switch (Linear's GEMVs, the norms, the mHC's kernels, the dense MLPs'
     SwiGLU, KDA's conv and gate, the router's top-k) launches its kernels as programmatic dependents of the kernel
-    before (kernels/pdl_triton.py; mma_gemv through kernels/launch_ex.py; sm_90+: engine/setup.pdl decides)."""
+    before (kernels/launch/pdl_triton.py; mma_gemv through kernels/launch/ex_cuda.py; sm_90+: engine/setup.pdl decides)."""
     for m in model.modules():
         if hasattr(type(m), "pdl"):
             m.pdl = bool(on)

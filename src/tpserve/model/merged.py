@@ -89,7 +89,7 @@ def stacked(module: nn.Module, group: str, x: torch.Tensor) -> torch.Tensor:
 def stacked_linear(first: nn.Module, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """x W^T with the members' GEMV choice (model/layers.set_gemv_backend)."""
     if first.decode_gemv and x.is_cuda:
-        from tpserve.kernels import gemv_triton
+        from tpserve.kernels.linear import gemv_triton
 
         if gemv_triton.fits(x, w):
             return gemv_triton.gemv(x, w, first.pdl)

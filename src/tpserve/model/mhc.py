@@ -1,10 +1,10 @@
 """mHC hyper-connections: `hc_mult` residual streams per token.
 
 Per block a projection of the (normalised, flattened) streams gives pre / post / comb
-weights; comb is made doubly stochastic by Sinkhorn steps (kernels/mhc.py: plain torch ops, or one
+weights; comb is made doubly stochastic by Sinkhorn steps (kernels/norms/mhc.py: plain torch ops, or one
 Triton kernel). `collapse` gives the block input, `expand` mixes the block output back into the
 streams. In steps with prefill tokens, `project` "triton" runs the stream norm and the projection as one kernel
-on bf16 streams (kernels/hc_project_triton.py; its weight split into bf16 parts once, by `prepare_runtime`).
+on bf16 streams (kernels/norms/hc_project_triton.py; its weight split into bf16 parts once, by `prepare_runtime`).
 Replicated on every rank (it is tiny: fn is [(2+N)*N, N*hidden]); all of its math runs in fp32, as in
 transformers.
 """
@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tpserve.collectives.fused import hc_expand
-from tpserve.kernels.mhc import hc_weights
+from tpserve.kernels.norms.mhc import hc_weights
 from tpserve.model.config import ModelConfig
 from tpserve.model.layers import ShardContext, norm_triton
 from tpserve.model.weights import REPLICATED, declare
@@ -41,13 +41,13 @@ class HyperConnection(nn.Module):
 
     @property
     def projects_fused(self) -> bool:
-        """Prefill steps take the fused projection (kernels/hc_project_triton.py: bf16 streams only)."""
+        """Prefill steps take the fused projection (kernels/norms/hc_project_triton.py: bf16 streams only)."""
         return self.project == "triton" and self.stream_dtype == torch.bfloat16
 
     def prepare_runtime(self) -> None:
         """After the weights are in (model/build.py): the fused projection's weight, on cuda."""
         if self.projects_fused and self.fn.is_cuda:
-            from tpserve.kernels.mhc import project_weight
+            from tpserve.kernels.norms.mhc import project_weight
 
             self.project_parts = project_weight(self.fn, torch.bfloat16)
 
@@ -61,7 +61,7 @@ class HyperConnection(nn.Module):
         n = self.n
         fused = self.norm_backend == "triton"
         if prefill and self.project_parts is not None:
-            from tpserve.kernels.hc_project_triton import hc_project
+            from tpserve.kernels.norms.hc_project_triton import hc_project
 
             mixed = hc_project(streams.reshape(streams.shape[0], -1), self.project_parts, self.norm_eps)
         elif fused:

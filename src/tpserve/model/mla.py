@@ -5,7 +5,7 @@ Prefill chunks expand the latent of the whole context into per-head keys/values 
 under the selection mask (dense), or absorb kv_b_proj like decode tokens and attend over their selected rows
 only (sparse: `--mla-prefill`, auto from 8,192 positions); decode and verify tokens (also inside a mixed step)
 absorb kv_b_proj into the query and attend over their selected latent rows only (with `--mla-decode-backend
-triton` read from the paged cache in place by kernels/mla_triton.py, else gathered by torch).
+triton` read from the paged cache in place by kernels/attention/mla_triton.py, else gathered by torch).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ class MlaAttention(nn.Module):
                  indexer: str = "torch", decode: str = "torch", indexer_topk: str = "torch"):
         super().__init__()
         self.prefill_mode = prefill
-        self.fused_sparse = decode == "triton"  # kernels/mla_triton.py: the paged latent read in place
+        self.fused_sparse = decode == "triton"  # kernels/attention/mla_triton.py: the paged latent read in place
         d, bias = cfg.hidden_size, cfg.attention_bias
         self.layer = layer
         self.heads = ctx.split(cfg.num_attention_heads, "num_attention_heads")
@@ -120,7 +120,7 @@ class MlaAttention(nn.Module):
         w_uk, w_uv = self._kv_weights()
         q_lat = torch.einsum("bhd,hdc->bhc", q, w_uk)
         if self.fused_sparse:
-            from tpserve.kernels.mla_triton import DECODE, PREFILL, sparse_mla
+            from tpserve.kernels.attention.mla_triton import DECODE, PREFILL, sparse_mla
 
             o_lat = sparse_mla(q_lat, sel, token_seq[:q.shape[0]], block_tables, latent_flat, block_size, self.scaling,
                                config=PREFILL if prefill else DECODE)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from tpserve.kernels.moe import clamped_swiglu
+from tpserve.kernels.moe.ref import clamped_swiglu
 from tpserve.model import merged
 from tpserve.model.layers import ShardContext, column, row
 
@@ -16,7 +16,7 @@ class DenseMLP(nn.Module):
 
     def __init__(self, ctx: ShardContext, hidden: int, intermediate: int, limit: float, act: str = "torch"):
         super().__init__()
-        self.act = act  # "triton": the clamped SwiGLU in one kernel (kernels/act_triton.py)
+        self.act = act  # "triton": the clamped SwiGLU in one kernel (kernels/linear/act_triton.py)
         ctx.split(intermediate, "MLP intermediate size")
         self.gate_proj = column(ctx, hidden, intermediate)
         self.up_proj = column(ctx, hidden, intermediate)
@@ -26,7 +26,7 @@ class DenseMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = merged.outputs(self, "gate_up", x)
         if self.act == "triton" and gate.dim() == 2:
-            from tpserve.kernels.act_triton import clamped_swiglu_triton
+            from tpserve.kernels.linear.act_triton import clamped_swiglu_triton
 
             return self.down_proj(clamped_swiglu_triton(gate, up, self.limit, self.pdl))
         return self.down_proj(clamped_swiglu(gate, up, self.limit))

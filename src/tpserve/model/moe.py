@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tpserve.kernels import moe as moe_ops
+from tpserve.kernels.moe import ref as moe_ops
 from tpserve.kernels.choice import Kernels
 from tpserve.model.config import ModelConfig
 from tpserve.model.layers import ShardContext
@@ -28,7 +28,7 @@ class Router(nn.Module):
 
     def __init__(self, ctx: ShardContext, cfg: ModelConfig, kernels: Kernels = Kernels()):
         super().__init__()
-        # kernels/route_triton.py: sigmoid, bias, top-k and normalisation in one kernel (n_group 1 only)
+        # kernels/moe/route_triton.py: sigmoid, bias, top-k and normalisation in one kernel (n_group 1 only)
         self.fused = kernels.moe_route == "triton" and cfg.n_group == 1
         e = cfg.n_routed_experts
         declare(self, "weight", (e, cfg.hidden_size), REPLICATED, dtype=ctx.dtype, world=ctx.world)
@@ -40,7 +40,7 @@ class Router(nn.Module):
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [T, D] -> (weights [T, k] fp32, expert ids [T, k])."""
         if self.fused:
-            from tpserve.kernels.route_triton import route_topk
+            from tpserve.kernels.moe.route_triton import route_topk
 
             return route_topk(router_logits(x, self.weight), self.e_score_correction_bias, self.top_k, self.norm,
                               self.scaling, self.pdl)
@@ -99,8 +99,8 @@ class Experts(nn.Module):
 
     def forward_sorted(self, x: torch.Tensor, weights: torch.Tensor,
                        ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """(y, order) of kernels/moe.experts_sorted where `forward` would take the grouped path
-        (16-bit unquantized experts, kernels/moe.takes_grouped), else None."""
+        """(y, order) of kernels/moe/ref.experts_sorted where `forward` would take the grouped path
+        (16-bit unquantized experts, kernels/moe/ref.takes_grouped), else None."""
         k = self.kernels
         if self.quant.name != "bf16" or not moe_ops.takes_grouped(x, k.moe, k.moe_triton_max_tokens):
             return None
@@ -120,7 +120,7 @@ class SortedMoeOutput:
     order: torch.Tensor              # [T * k]
     weights: torch.Tensor            # [T, k] fp32
     shared: torch.Tensor | None      # [T, D]
-    combine: str                     # "torch" or "triton" (kernels/route_triton.combine_sorted)
+    combine: str                     # "torch" or "triton" (kernels/moe/route_triton.combine_sorted)
 
 
 class MoE(nn.Module):
@@ -130,7 +130,7 @@ class MoE(nn.Module):
         self.experts = Experts(ctx, cfg, kernels)
         width = cfg.moe_intermediate_size * cfg.n_shared_experts
         self.shared_experts = DenseMLP(ctx, cfg.hidden_size, width, cfg.swiglu_limit, kernels.act) if width else None
-        # the grouped experts' combine (kernels/moe.experts_grouped): its sum where the reduce-scatter does it
+        # the grouped experts' combine (kernels/moe/ref.experts_grouped): its sum where the reduce-scatter does it
         self.combine_backend = "triton" if kernels.moe_route == "triton" else "torch"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tpserve.kernels import quant_ops
-from tpserve.kernels import quant_ref as qr
+from tpserve.kernels.quant import dispatch as quant_ops
+from tpserve.kernels.quant import ref as qr
 from tpserve.model.weights import REPLICATED, Shard, add_source, declare
 
 FP8 = torch.float8_e4m3fn
@@ -50,7 +50,7 @@ class Bf16Linear:
 
     def forward(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if layer.decode_gemv and bias is None and x.is_cuda:  # model/layers.set_gemv_backend
-            from tpserve.kernels import gemv_triton
+            from tpserve.kernels.linear import gemv_triton
 
             if gemv_triton.fits(x, layer.weight):
                 return gemv_triton.gemv(x, layer.weight, layer.pdl)

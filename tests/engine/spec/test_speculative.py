@@ -15,7 +15,7 @@ import torch
 from tpserve import LLM, SamplingParams
 from tpserve.config import EngineConfig
 from tpserve.engine.scheduler import Scheduled
-from tpserve.kernels import conv
+from tpserve.kernels.attention import conv
 from tpserve.model.batch import CacheTensors, ForwardBatch
 from tpserve.model.kda import KdaAttention, commit
 
