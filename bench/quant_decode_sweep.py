@@ -126,7 +126,7 @@ def _fp8():
 
 def _fp4():
     from tpserve.kernels.quant import ref as qr
-    from tpserve.kernels.quant.gemv_triton import w4a16_gemv
+    from tpserve.kernels.quant.gemv_nvfp4_triton import w4a16_gemv
 
     def quantize(w):
         p, bs, s2 = qr.nvfp4_quantize(w)
@@ -215,7 +215,7 @@ def sec_w4def(res):
     """W4A16 at one row, both shapes: the default (the one-row kernel, float16 decode) beside the eighteenth
     session's best (qtile B) and its default (the float32-bits decode); and the one-row kernel's PTX decode
     against the same bits in plain Triton (float16 and bf16), bit for bit."""
-    from tpserve.kernels.quant.gemv_triton import w4a16_gemv
+    from tpserve.kernels.quant.gemv_nvfp4_triton import w4a16_gemv
 
     quantize, _, _, nbytes = _fp4()
     for n, k in ((12288, 4096), (4096, 12288)):
@@ -254,7 +254,7 @@ def sec_w4planes(res):
     mma.sync ones (16-64 rows on 1-4 warps) at 12288 x 4096, one row; the best five then at 8 and 16 rows and on
     4096 x 12288, each case beside the default there (one row: the one-row kernel; more: the per-value decode); and
     its PTX decode against plain Triton, bit for bit (one K split)."""
-    from tpserve.kernels.quant.gemv_triton import w4a16_gemv
+    from tpserve.kernels.quant.gemv_nvfp4_triton import w4a16_gemv
 
     quantize, call, _, nbytes = _fp4()
     cfgs = [(bn, bk, nw, ns, wv, "planes", False) for bn, nw in ((64, 4), (128, 8)) for bk in (128, 256, 512)
@@ -282,7 +282,7 @@ def sec_w4tiled(res):
     steps read 16-256 contiguous bytes a row (the FP8 one-row kernel at 84% reads 4 KB): the planes kernel on tiled
     weights (quant_gemv.nvfp4_tiled: each step one contiguous chunk) against the same configs on row-major weights,
     and the one-row kernel with whole-row K tiles (0.5-2 KB a row), every config printed."""
-    from tpserve.kernels.quant.gemv_triton import nvfp4_tiled, w4a16_gemv
+    from tpserve.kernels.quant.gemv_nvfp4_triton import nvfp4_tiled, w4a16_gemv
 
     quantize, call, _, nbytes = _fp4()
     planes = [(64, 256, 4, 3, 0), (64, 256, 4, 3, 2), (64, 512, 4, 3, 2), (128, 256, 8, 3, 0), (32, 256, 1, 3, 0),
@@ -500,7 +500,8 @@ def sec_mma4(res):
 def sec_mmadef(res):
     """The GEMVs' defaults as they stand (w8a16_gemv / w4a16_gemv: kernels/mma_gemv.py where it is the default)
     against the Triton kernels they replaced (mma=False), 1-8 rows, both shapes, in one run."""
-    from tpserve.kernels.quant.gemv_triton import w4a16_gemv, w8a16_gemv
+    from tpserve.kernels.quant.gemv_nvfp4_triton import w4a16_gemv
+    from tpserve.kernels.quant.gemv_triton import w8a16_gemv
 
     forms = {"fp8": (_fp8, lambda x, p, mma: w8a16_gemv(x, *p, (128, 128), mma=mma)),
              "nvfp4": (_fp4, lambda x, p, mma: w4a16_gemv(x, *p, mma=mma))}
@@ -689,7 +690,7 @@ def _nvfp4_moe_case(P, e, d, i, t):
 
 def sec_m1(res):
     from tpserve.kernels.quant import nvfp4_m1_cuda as m1
-    from tpserve.kernels.quant.gemv_triton import w4a16_gemv
+    from tpserve.kernels.quant.gemv_nvfp4_triton import w4a16_gemv
     from tpserve.kernels.quant.gemm_triton import experts_nvfp4_triton
 
     quantize, _, _, nbytes = _fp4()
@@ -788,7 +789,7 @@ def sec_m1def(res):
     experts at 1, 8, 16 and 32 tokens (8 routings in turn), each checked against fp32 math."""
     from tpserve.kernels.quant import gemv_cuda as mg
     from tpserve.kernels.quant import nvfp4_m1_cuda as m1
-    from tpserve.kernels.quant.gemv_triton import w4a16_gemv
+    from tpserve.kernels.quant.gemv_nvfp4_triton import w4a16_gemv
     from tpserve.kernels.quant.gemm_triton import experts_nvfp4_triton
 
     quantize, _, _, nbytes = _fp4()
@@ -1099,7 +1100,8 @@ def sec_mmapdl(res):
     bit there): a run of calls captured in one graph (quant_kernels.timed: the weight copies in turn, so no call
     finds its W in L2), each call's kernel a dependent of the one before where PDL is on. The floor is one call's
     weight bytes / 4.3 TB/s."""
-    from tpserve.kernels.quant.gemv_triton import w4a16_gemv, w8a16_gemv
+    from tpserve.kernels.quant.gemv_nvfp4_triton import w4a16_gemv
+    from tpserve.kernels.quant.gemv_triton import w8a16_gemv
 
     forms = {"fp8": (_fp8, lambda x, p, pdl: w8a16_gemv(x, *p, (128, 128), pdl=pdl)),
              "nvfp4": (_fp4, lambda x, p, pdl: w4a16_gemv(x, *p, pdl=pdl))}

@@ -175,7 +175,7 @@ def sec_w8a16(res):
 
 def sec_w4a16(res):
     from tpserve.kernels.quant import ref as qr
-    from tpserve.kernels.quant.gemv_triton import w4a16_gemv
+    from tpserve.kernels.quant.gemv_nvfp4_triton import w4a16_gemv
     from tpserve.kernels.quant.gemm_triton import w4a16_gemm
 
     def quantize(w):
@@ -198,7 +198,7 @@ def sec_w4a16(res):
 
 def sec_w8a8(res):
     from tpserve.kernels.quant import ref as qr
-    from tpserve.kernels.quant.dispatch import w8a8_block_scaled_mm
+    from tpserve.kernels.quant.ref import w8a8_block_scaled_mm
 
     print("\n| W8A8 scaled_mm blockwise | M x N x K | us | TFLOP/s | bf16 matmul us | speedup | rel err |")
     print("| --- | --- | --- | --- | --- | --- | --- |")

@@ -18,7 +18,7 @@ follows a block's all-reduce; the hyper-connection expand does (model/mhc.py):
     new_streams = post (x) total + comb^T @ streams  [T, N, D], post [T, N] and comb [T, N, N]
                                                      cast to the streams' dtype first
 
-`hc_expand` is that expand in torch (HyperConnection.expand is this function, so the unfused path
+`hc_expand` (kernels/norms/ref.py) is that expand in torch (the model's torch path, so the unfused path
 and the CPU path are the model's own arithmetic); the CUDA kernel (workspace_triton_pipe.py) sums
 `total` bitwise as the all-reduce does and gives new_streams within `hc_expand_bound`.
 
@@ -48,6 +48,7 @@ from __future__ import annotations
 import torch
 
 from tpserve.kernels.moe.combine import MOE_COMBINES, inverse_order, moe_combine, moe_combine_block  # noqa: F401
+from tpserve.kernels.norms.ref import hc_expand  # noqa: F401  (the expand's definition)
 
 
 def check_args(partial: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor) -> None:
@@ -101,14 +102,6 @@ def check_hc_args(partial: torch.Tensor, streams: torch.Tensor, post: torch.Tens
         if x.device != partial.device:
             raise ValueError(f"{name}: {arg} is on {x.device}, partial on {partial.device}; "
                              "all four must be on one device")
-
-
-def hc_expand(total: torch.Tensor, streams: torch.Tensor, post: torch.Tensor,
-              comb: torch.Tensor) -> torch.Tensor:
-    """New streams [T, N, D] = post (x) total + comb^T @ streams (model/mhc.py's expand)."""
-    dtype = streams.dtype
-    return post.to(dtype).unsqueeze(-1) * total.unsqueeze(-2) + torch.matmul(
-        comb.to(dtype).transpose(-1, -2), streams)
 
 
 def _ulp(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -95,7 +95,7 @@ def resolve_runtime(ecfg: EngineConfig) -> Runtime:
         dtype = DTYPES[ecfg.dtype]
     backend = ecfg.kda_backend
     if backend == "auto":
-        from tpserve.kernels.attention.kda import fla_available
+        from tpserve.kernels.attention.kda_fla import fla_available
 
         # fla-core's chunk kernel uses TF32 tensor cores (about 1e-3 off a float32 reference), so
         # float32 runs, which exist to be compared token for token, keep the exact torch path

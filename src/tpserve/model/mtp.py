@@ -19,7 +19,6 @@ import dataclasses
 
 import torch
 
-from tpserve.kernels.choice import Kernels
 from tpserve.model.batch import CacheTensors, ForwardBatch
 from tpserve.model.config import ModelConfig
 from tpserve.model.glm5_next import DecoderLayer
@@ -45,8 +44,8 @@ class MtpLayer(DecoderLayer):
     """A DecoderLayer (index num_hidden_layers of mtp_config(cfg)) plus enorm, hnorm, eh_proj and
     shared_head.norm: its parameter names are the checkpoint's after `layers.{L}.`."""
 
-    def __init__(self, ctx: ShardContext, cfg: ModelConfig, kernels: Kernels):
-        super().__init__(ctx, mtp_config(cfg), cfg.num_hidden_layers, kernels)
+    def __init__(self, ctx: ShardContext, cfg: ModelConfig):
+        super().__init__(ctx, mtp_config(cfg), cfg.num_hidden_layers)
         d = cfg.hidden_size
         self.hc_mult = cfg.hc_mult
         self.enorm = RMSNorm(ctx, d, cfg.rms_norm_eps)

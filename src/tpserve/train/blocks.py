@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from tpserve.kernels.attention.kda import kda_chunked
 from tpserve.kernels.norms.mhc import hc_weights_torch
-from tpserve.kernels.moe.ref import clamped_swiglu
+from tpserve.kernels.linear.ref import clamped_swiglu
 
 KDA_CHUNK = 32  # the chunked form's [heads, chunks, C, C, K] decay tensor is the largest activation
 

@@ -30,17 +30,11 @@ class MtpHead(nn.Module):
     def __init__(self, ctx: ShardContext, cfg: ModelConfig):
         super().__init__()
         d = cfg.hidden_size
-        self.layer = DecoderLayer(ctx, mtp_config(cfg), cfg.num_hidden_layers, _kernels())
+        self.layer = DecoderLayer(ctx, mtp_config(cfg), cfg.num_hidden_layers)
         self.enorm = RMSNorm(ctx, d, cfg.rms_norm_eps)
         self.hnorm = RMSNorm(ctx, d, cfg.rms_norm_eps)
         self.eh_proj = replicated(ctx, 2 * d, d)
         self.shared_head_norm = RMSNorm(ctx, d, cfg.rms_norm_eps)
-
-
-def _kernels():
-    from tpserve.kernels.choice import Kernels
-
-    return Kernels()
 
 
 @dataclass

@@ -83,10 +83,12 @@ def test_fla_backend_with_torch_chunks_equals_torch_backend(monkeypatch):
         states[slots] = new
         return out
 
-    monkeypatch.setattr(kda, "fla_decode_inplace", torch_inplace)
+    from tpserve.kernels.attention import kda_fla
+
+    monkeypatch.setattr(kda_fla, "fla_decode_inplace", torch_inplace)
     cfg = ModelConfig(hidden_size=32, linear_num_heads=2, linear_head_dim=8, num_hidden_layers=1,
                       layer_types=("linear_attention",), mlp_layer_types=("dense",), indexer_types=("full",))
-    layer = KdaAttention(ShardContext.single(torch.float32), cfg, 0, "torch")
+    layer = KdaAttention(ShardContext.single(torch.float32), cfg, 0)
     randomize_(layer, seed=0)
     lens, slots = [1, 1, 70, 1], [3, 0, 2, 4]
     cu = [0]

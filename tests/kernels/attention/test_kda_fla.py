@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from tpserve.kernels.attention import kda as kda_ops
+from tpserve.kernels.attention import kda_fla
 
-pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() and kda_ops.fla_available()),
+pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() and kda_fla.fla_available()),
                                 reason="needs CUDA and fla-core")
 
 H, D = 4, 128
@@ -32,7 +33,7 @@ def test_decode_with_strided_rows_matches_torch():
     pool = _pool(5)
     slots = torch.tensor([4, 0, 2], device="cuda")
     want_o, want_s = kda_ops.kda_recurrent_batched(q, k, v, g, beta, pool[slots])
-    o = kda_ops.fla_decode_inplace(q, k, v, g, beta, pool, slots)
+    o = kda_fla.fla_decode_inplace(q, k, v, g, beta, pool, slots)
     scale = max(1.0, want_o.abs().max().item())
     assert (o - want_o).abs().max().item() < 2e-3 * scale
     assert (pool[slots] - want_s).abs().max().item() < 2e-3 * scale
@@ -48,7 +49,7 @@ def _decode_steps(rows, pool, slots, n, counts=None):
         if not live:
             continue
         r = torch.tensor([i * n + j for i in live], device="cuda")
-        outs[r] = kda_ops.fla_decode_inplace(q[r], k[r], v[r], g[r], beta[r], pool, slots[live])
+        outs[r] = kda_fla.fla_decode_inplace(q[r], k[r], v[r], g[r], beta[r], pool, slots[live])
     return outs
 
 
@@ -60,7 +61,7 @@ def test_verify_equals_decode_steps_and_writes_no_slot():
     ref_pool = pool.clone()
     want = _decode_steps(rows, ref_pool, slots, n)
     before = pool.clone()
-    got = kda_ops.fla_verify(*rows, pool, slots, n)
+    got = kda_fla.fla_verify(*rows, pool, slots, n)
     assert torch.equal(got, want)
     assert torch.equal(pool[:-1], before[:-1])  # only the dummy slot may change
 
@@ -73,5 +74,5 @@ def test_commit_equals_counted_decode_steps():
     counts = [0, 1, 3, 4]
     ref_pool = pool.clone()
     _decode_steps(rows, ref_pool, slots, n, counts)
-    kda_ops.fla_commit(*rows, pool, slots, torch.tensor(counts, device="cuda"), n)
+    kda_fla.fla_commit(*rows, pool, slots, torch.tensor(counts, device="cuda"), n)
     assert torch.equal(pool[:-1], ref_pool[:-1])

@@ -172,7 +172,7 @@ def test_engine_with_small_op_kernels_keeps_tokens_and_speculative_exactness():
             runs[name] = [o.outputs[0].token_ids for o in llm.generate(prompts, sp)]
             model = llm.engine.executor.runner.model
             mla = model.layers[2].self_attn
-            prep = model.layers[0].self_attn.prep_conv and mla.indexer.fused_pools and mla.fused_sparse
+            prep = bool(model.layers[0].self_attn.conv_rows) and mla.indexer.fused_pools and bool(mla.sparse_mla)
             llm.shutdown()
             runs[name + " prep"] = prep
         print(json.dumps(runs))

@@ -1,9 +1,11 @@
 """Programmatic dependent launch between our Triton kernels (kernels/launch/pdl_triton.py, switch --pdl).
 
-CPU: the switch's resolution and the modules it sets; the PTX order of each kernel compiled for sm_90 with PDL on
+CPU: the switch's resolution and the ops it reaches; the PTX order of each kernel compiled for sm_90 with PDL on
 (signal, then the GEMV's weight loads, then the wait, before any other load or store) where Triton can assemble
 (the interpreter suite's child). GPU (sm_90+): every kernel with PDL gives its plain launch's output bit for bit,
 launched eagerly and as a chain captured in a CUDA graph; a model's greedy tokens with --pdl on and off."""
+
+import dataclasses
 
 import pytest
 import torch
@@ -22,26 +24,37 @@ def test_pdl_switch_resolves_off_on_cpu_and_refuses_on():
         resolve_pdl("yes", torch.device("cpu"))
 
 
-def test_set_pdl_reaches_every_module_with_triton_kernels():
+def test_pdl_is_part_of_the_resolved_ops_every_module_runs():
+    """--pdl resolves into the ops (kernels/registry.py): the ops whose kernels launch as programmatic dependents
+    carry it where their backend is a fast one, and every module of a model runs those resolved ops."""
+    from tpserve.kernels.choice import Kernels
+    from tpserve.kernels.registry import Bound, registered, resolve
+    from tpserve.model.config import ModelConfig
     from tpserve.model.glm5_next import Glm5NextModel
-    from tpserve.model.kda import KdaAttention
-    from tpserve.model.layers import GatedRMSNorm, Linear, RMSNorm, ShardContext, set_pdl
+    from tpserve.model.layers import GatedRMSNorm, Linear, RMSNorm, ShardContext
     from tpserve.model.mhc import HyperConnection
     from tpserve.model.mlp import DenseMLP
     from tpserve.model.moe import Router
-    from tpserve.model.config import ModelConfig
     from tpserve.model.tiny import tiny_config_dict
 
+    fast = Kernels(norm="triton", mhc="triton", act="triton", kda_prep="triton", moe_route="triton", gemv="triton",
+                   quant_gemv="cuda")
+    with_pdl = {name for name, (_, _, _, pdl) in registered().items() if pdl}
+    assert with_pdl == {"rms_norm", "gated_rms_norm", "hc_stream_norm", "hc_collapse", "hc_expand", "hc_weights",
+                        "swiglu", "route", "kda_conv_rows", "kda_gate_beta"}
+    on, off = resolve(dataclasses.replace(fast, pdl=True)), resolve(fast)
+    assert all(getattr(on, name).pdl and not getattr(off, name).pdl for name in with_pdl)
+    assert on.linear.pdl and not off.linear.pdl
+    assert not any(op.pdl for op in vars(resolve(Kernels(pdl=True))).values() if isinstance(op, Bound))  # torch
     with torch.device("meta"):
-        model = Glm5NextModel(ShardContext.single(torch.float32), ModelConfig.from_dict(tiny_config_dict()))
-    kinds = (Linear, RMSNorm, GatedRMSNorm, HyperConnection, DenseMLP, KdaAttention, Router)
-    mods = [m for m in model.modules() if isinstance(m, kinds)]
-    assert {type(m) for m in mods} >= {Linear, RMSNorm, HyperConnection, KdaAttention, Router}
-    assert not any(m.pdl for m in mods)
-    set_pdl(model, True)
-    assert all(m.pdl is True for m in mods)
-    set_pdl(model, False)
-    assert not any(m.pdl for m in mods)
+        model = Glm5NextModel(ShardContext.single(torch.float32, "meta", dataclasses.replace(fast, pdl=True)),
+                              ModelConfig.from_dict(tiny_config_dict()))
+    mods = [m for m in model.modules() if isinstance(m, (Linear, RMSNorm, GatedRMSNorm, HyperConnection, DenseMLP,
+                                                          Router))]
+    assert {type(m) for m in mods} >= {Linear, RMSNorm, HyperConnection, Router, DenseMLP}
+    held = [m.ctx.ops.linear if isinstance(m, Linear) else m.ops.hc_expand if isinstance(m, HyperConnection)
+            else m.swiglu if isinstance(m, DenseMLP) else m.route if isinstance(m, Router) else m.op for m in mods]
+    assert all(op.pdl for op in held)
 
 
 def _ptx_cases():

@@ -11,7 +11,7 @@ from interpreted import run_interpreted
 def test_swiglu_kernel_against_torch():
     out = run_interpreted("""
         import json, torch
-        from tpserve.kernels.moe.ref import clamped_swiglu
+        from tpserve.kernels.linear.ref import clamped_swiglu
         from tpserve.kernels.linear.act_triton import clamped_swiglu_triton
         res = {}
         for t, n, dtype, limit in [(3, 100, torch.float32, 1.5), (2, 3000, torch.float16, 10.0),
@@ -38,13 +38,14 @@ def test_swiglu_kernel_against_torch():
 
 
 def test_grouped_experts_take_the_kernel_under_act_triton():
-    """experts_forward's grouped path (prefill) with act "triton" runs the clamped SwiGLU between its two
+    """The bf16 experts' grouped path (prefill) with act "triton" runs the clamped SwiGLU between its two
     grouped GEMMs through the kernel (counted), and agrees with act "torch" up to the kernel's bound
     carried through the down projection (bf16: well inside 2^-5 of the output's scale)."""
     out = run_interpreted("""
         import json, torch
+        from tpserve.kernels.choice import Kernels
         from tpserve.kernels.linear import act_triton
-        from tpserve.kernels.moe import ref as moe
+        from tpserve.kernels.registry import resolve
         calls = []
         kernel = act_triton.clamped_swiglu_triton
         act_triton.clamped_swiglu_triton = lambda *a: calls.append(1) or kernel(*a)
@@ -57,7 +58,9 @@ def test_grouped_experts_take_the_kernel_under_act_triton():
         w = torch.rand(t, k, generator=g)
         res = {}
         for act in ("torch", "triton"):
-            res[act] = moe.experts_forward(x, w, ids, gu, dn, 7.0, backend="triton", max_tokens=0, act=act)
+            experts = resolve(Kernels(moe="triton", moe_triton_max_tokens=0, act=act)).experts
+            assert experts.kernel("bf16", x) == "grouped_mm"
+            res[act] = experts.bf16(x, w, ids, gu, dn, 7.0)
         diff = ((res["triton"].float() - res["torch"].float()).abs().max() / res["torch"].float().abs().max()).item()
         print(json.dumps({"calls": len(calls), "rel": diff}))
     """)

@@ -1,5 +1,5 @@
 """The drafter's argmax-and-probability kernel (kernels/linear/argmax_triton.py, Triton's CPU interpreter) against
-engine/sampler.py's torch form.
+its torch reference (kernels/linear/ref.py).
 
 The argmax must be the same index, ties included (the first, as torch.argmax): the draft token. The
 probability is 1 / sum(exp(x - max)) over blocks with a rescaled running sum, where torch computes
@@ -12,7 +12,7 @@ from interpreted import run_interpreted
 def test_argmax_and_probability_kernel_against_torch():
     out = run_interpreted("""
         import json, torch
-        from tpserve.engine.sampler import argmax_and_probability
+        from tpserve.kernels.linear.ref import argmax_and_probability
         from tpserve.kernels.linear.argmax_triton import argmax_and_probability_triton
         res = {}
         for n, v, dtype, scale in [(3, 4096, torch.float32, 4.0), (2, 5000, torch.float32, 1.0),

@@ -4,8 +4,10 @@ interpreter) against the torch loop."""
 import pytest
 import torch
 
+from tpserve.kernels.choice import Kernels
 from tpserve.kernels.moe import ref as moe
 from tpserve.kernels.moe import align as moe_align
+from tpserve.kernels.registry import resolve
 
 from interpreted import run_interpreted
 
@@ -79,8 +81,11 @@ def test_dispatch_respects_the_token_limit(monkeypatch):
     weights, ids = _route(5, 2, 4, seed=0)
     gate_up, down = _weights(4, 16, 8, seed=0)
     x = torch.randn(5, 16)
-    moe.experts_forward(x, weights, ids, gate_up, down, 10.0, "triton", max_tokens=5)
-    loop = moe.experts_forward(x, weights, ids, gate_up, down, 10.0, "triton", max_tokens=4)
+    def experts(moe_backend, max_tokens):
+        return resolve(Kernels(moe=moe_backend, moe_triton_max_tokens=max_tokens)).experts
+
+    experts("triton", 5).bf16(x, weights, ids, gate_up, down, 10.0)
+    loop = experts("triton", 4).bf16(x, weights, ids, gate_up, down, 10.0)  # (fp32 x: no grouped_mm either)
     torch.testing.assert_close(loop, moe.experts_loop(x, weights, ids, gate_up, down, 10.0))
-    moe.experts_forward(x, weights, ids, gate_up, down, 10.0, "torch", max_tokens=100)
+    experts("torch", 100).bf16(x, weights, ids, gate_up, down, 10.0)
     assert calls == [5]

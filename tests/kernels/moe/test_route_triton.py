@@ -1,5 +1,5 @@
 """MoE routing and the expert-sorted layout in Triton (kernels/moe/route_triton.py, run by Triton's CPU
-interpreter) against the torch forms: the Router's own torch path and kernels/moe/align.py."""
+interpreter) against the torch forms: moe/route.py (the Router's torch reference) and moe/align.py."""
 
 import torch
 from interpreted import run_interpreted
@@ -26,17 +26,16 @@ def test_router_kernel_equals_torch_router():
             over = dict(n_routed_experts=e, num_experts_per_tok=k, norm_topk_prob=norm, routed_scaling_factor=scaling,
                         n_group=1, topk_group=1)
             cfg = ModelConfig.from_dict(tiny_config_dict(**over))
-            ctx = ShardContext.single(torch.float32)
             g = torch.Generator().manual_seed(t * 1000 + e)
-            fused = Router(ctx, cfg, Kernels(moe_route="triton"))
-            ref = Router(ctx, cfg)
+            fused = Router(ShardContext.single(torch.float32, kernels=Kernels(moe_route="triton")), cfg)
+            ref = Router(ShardContext.single(torch.float32), cfg)
             w = torch.randn(e, cfg.hidden_size, generator=g) / cfg.hidden_size**0.5
             b = 0.1 * torch.randn(e, generator=g)
             for r in (fused, ref):
                 r.weight = torch.nn.Parameter(w.clone(), requires_grad=False)
                 r.e_score_correction_bias = torch.nn.Parameter(b.clone(), requires_grad=False)
             x = torch.randn(t, cfg.hidden_size, generator=g)
-            assert fused.fused and not ref.fused
+            assert fused.route.backend == "triton" and ref.route.backend == "torch"
             wf, idf = fused(x)
             wr, idr = ref(x)
             # the k choices come in another order: compare sorted by expert id
@@ -123,9 +122,9 @@ def test_experts_same_output_with_either_layout():
 def test_router_keeps_torch_for_group_limited_routing():
     over = dict(n_routed_experts=16, num_experts_per_tok=2, n_group=4, topk_group=2)
     cfg = ModelConfig.from_dict(tiny_config_dict(**over))
-    ctx = ShardContext.single(torch.float32)
-    assert not Router(ctx, cfg, Kernels(moe_route="triton")).fused
-    assert Router(ctx, ModelConfig.from_dict(tiny_config_dict()), Kernels(moe_route="triton")).fused
+    ctx = ShardContext.single(torch.float32, kernels=Kernels(moe_route="triton"))
+    assert Router(ctx, cfg).route.backend == "torch"
+    assert Router(ctx, ModelConfig.from_dict(tiny_config_dict())).route.backend == "triton"
 
 
 def test_combine_choices_against_torch_sum():

@@ -12,7 +12,7 @@ from interpreted import run_interpreted
 
 from tpserve.kernels.choice import Kernels
 from tpserve.model.glm5_next import Glm5NextModel
-from tpserve.model.layers import GatedRMSNorm, RMSNorm, ShardContext, set_norm_backend
+from tpserve.model.layers import GatedRMSNorm, RMSNorm, ShardContext
 from tpserve.model.mhc import HyperConnection
 from tpserve.model.config import ModelConfig
 from tpserve.model.tiny import tiny_config_dict
@@ -82,17 +82,23 @@ def test_gated_norm_rejects_a_gate_of_another_shape():
         gated_rms_norm(torch.zeros(2, 8), torch.zeros(2, 4), torch.ones(8), 1e-5)
 
 
-def test_set_norm_backend_reaches_every_norm_and_hyper_connection():
+def test_norm_backend_reaches_every_norm_and_hyper_connection():
+    from tpserve.kernels.registry import resolve
+
     cfg = ModelConfig.from_dict(tiny_config_dict())
-    with torch.device("meta"):
-        model = Glm5NextModel(ShardContext.single(torch.float32, "meta"), cfg, Kernels())
-    norms = [m for m in model.modules() if isinstance(m, (RMSNorm, GatedRMSNorm, HyperConnection))]
-    assert any(isinstance(m, GatedRMSNorm) for m in norms) and any(isinstance(m, HyperConnection) for m in norms)
-    assert all(m.norm_backend == "torch" for m in norms)
-    set_norm_backend(model, "triton")
-    assert all(m.norm_backend == "triton" for m in norms)
-    with pytest.raises(ValueError, match="norm_backend"):
-        set_norm_backend(model, "cuda")
+
+    def backends(kernels):
+        with torch.device("meta"):
+            model = Glm5NextModel(ShardContext.single(torch.float32, "meta", kernels), cfg)
+        mods = [m for m in model.modules() if isinstance(m, (RMSNorm, GatedRMSNorm, HyperConnection))]
+        assert any(isinstance(m, GatedRMSNorm) for m in mods) and any(isinstance(m, HyperConnection) for m in mods)
+        return {(m.ops.hc_stream_norm.backend, m.ops.hc_collapse.backend, m.ops.hc_expand.backend)
+                if isinstance(m, HyperConnection) else m.op.backend for m in mods}
+
+    assert backends(Kernels()) == {"torch", ("torch",) * 3}
+    assert backends(Kernels(norm="triton")) == {"triton", ("triton",) * 3}
+    with pytest.raises(ValueError, match="norm_backend: 'cuda' is not a backend of op rms_norm"):
+        resolve(Kernels(norm="cuda"))
 
 
 def test_norm_backend_triton_needs_cuda():

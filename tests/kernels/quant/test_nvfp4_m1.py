@@ -1,5 +1,5 @@
-"""kernels/quant/nvfp4_m1_cuda.py: the one-row NVFP4 GEMV's lane arithmetic emulated on the CPU (scale groups in the MMA's
-columns, the 2^60 tables, the e4m3 scales at 2^-120), against the dequantized float64 product; the kernels
+"""kernels/quant/nvfp4_m1_cuda.py: the one-row NVFP4 GEMV's lane arithmetic emulated on the CPU (scale groups
+in the MMA's columns, the 2^60 tables, the e4m3 scales at 2^-120), against the dequantized float64 product; the kernels
 themselves run on a GPU (the last tests, skipped without one; BENCHMARKS.md has the H200 checks)."""
 
 import pytest
@@ -7,6 +7,7 @@ import torch
 
 from tpserve.kernels.quant import gemv_cuda as mg
 from tpserve.kernels.quant import nvfp4_m1_cuda as m1
+from tpserve.kernels.quant import nvfp4_m1_source_cuda as m1s
 from tpserve.kernels.launch import ex_cuda as launch_ex
 from tpserve.kernels.quant import ref as qr
 
@@ -109,7 +110,7 @@ def test_tables_are_e2m1_times_2_pow_60():
     assert shifted == [-v * 2.0**m1.SHIFT_W_LOG2 for v in (mg.E2M1[c - 8] for c in codes)]
     assert m1.SHIFT_W_LOG2 + m1.SHIFT_X_LOG2 == -m1.TABLE_LOG2
     assert mg.fp4_tables(0) == mg.FP4_TABLES
-    assert "1152921504606846976.0f" in m1._SOURCE and 2.0**m1.TABLE_LOG2 == 1152921504606846976.0
+    assert "1152921504606846976.0f" in m1s._SOURCE and 2.0**m1.TABLE_LOG2 == 1152921504606846976.0
 
 
 def test_config_and_shape_errors_name_the_field():
@@ -215,12 +216,13 @@ def test_gpu_gemv_and_experts_match_fp32_math(decode):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the CUDA kernels need a GPU")
 def test_gpu_engine_experts_take_m1_under_cuda_backend_and_agree_with_triton():
-    """quant_ops.experts_nvfp4 (the engine's NVFP4 MoE): --quant-gemv-backend cuda runs nvfp4_m1 at up to
+    """The engine's NVFP4 MoE (Ops.experts.nvfp4): --quant-gemv-backend cuda runs nvfp4_m1 at up to
     M1_MAX_TOKENS tokens, triton the grouped Triton kernels; both against fp32 math."""
     from types import SimpleNamespace
 
-    from tpserve.kernels.quant import dispatch as quant_ops
     from tpserve.kernels.choice import Kernels
+    from tpserve.kernels.quant import dispatch
+    from tpserve.kernels.registry import resolve
 
     torch.manual_seed(1)
     e, d, i = 8, 512, 256
@@ -232,13 +234,15 @@ def test_gpu_engine_experts_take_m1_under_cuda_backend_and_agree_with_triton():
         gate_up_scale2=torch.stack([torch.stack([a[2], b[2]]) for a, b, _ in parts]),
         down_proj=torch.stack([c[0] for _, _, c in parts]), down_bscale=torch.stack([c[1] for _, _, c in parts]),
         down_scale2=torch.stack([c[2].reshape(1) for _, _, c in parts]))
-    x = torch.randn(quant_ops.M1_MAX_TOKENS, d, device="cuda").bfloat16()
+    x = torch.randn(dispatch.M1_MAX_TOKENS, d, device="cuda").bfloat16()
     ids = torch.stack([torch.randperm(e, device="cuda")[:2] for _ in range(x.shape[0])])
     weights = torch.rand(x.shape[0], 2, device="cuda")
     ref = moe_ops_loop(x, weights, ids, layer, i)
     for backend in ("cuda", "triton"):
         kernels = Kernels(moe="triton", moe_route="triton", quant_decode="qtile-b", quant_gemv=backend)
-        got = quant_ops.experts_nvfp4(x, weights, ids, layer, 10.0, kernels).float()
+        experts = resolve(kernels).experts
+        assert experts.kernel("nvfp4", x, i) == ("cuda_nvfp4_m1" if backend == "cuda" else "triton_nvfp4_experts")
+        got = experts.nvfp4(x, weights, ids, layer, 10.0).float()
         assert ((got - ref).abs().max() / ref.abs().max()).item() < 1e-2, backend
         if backend == "cuda":  # (it ran nvfp4_m1, not a fallback)
             assert torch.equal(got, m1.experts(x, weights, ids, layer.gate_up_proj, layer.gate_up_bscale,

@@ -11,20 +11,25 @@ import pytest
 import torch
 
 from tpserve.kernels.moe import ref as moe
-from tpserve.kernels.quant import dispatch as quant_ops
 from tpserve.kernels.quant import ref as qr
+from tpserve.kernels.registry import resolve
 
 from interpreted import run_interpreted
 
 
 def test_gemms_match_dequantized_math():
-    """Both kernels where they apply: "auto" (the GEMV up to 16 rows where its tiles fit the scale
-    blocks, the tiled kernel otherwise), and the GEMV forced with each of its tile shapes."""
+    """The kernels where they apply: "dispatch" (the kernel kernels/quant/dispatch.py's table picks on a CUDA
+    device with Triton: the GEMVs up to 16 rows where their tiles fit the scale blocks, the tiled kernel
+    otherwise), "tiled", and the GEMVs forced with each of their tile shapes."""
     out = run_interpreted("""
         import json, torch
-        from tpserve.kernels.quant import ref as qr
+        from tpserve.kernels.quant import dispatch, ref as qr
         from tpserve.kernels.quant.gemm_triton import w8a16_gemm, w4a16_gemm
-        from tpserve.kernels.quant.gemv_triton import w8a16_gemv, w4a16_gemv
+        from tpserve.kernels.quant.gemv_triton import w8a16_gemv
+        from tpserve.kernels.quant.gemv_nvfp4_triton import w4a16_gemv
+        from tpserve.kernels.registry import resolve
+        dispatch.on_triton = lambda x: True  # (the interpreter runs the kernels on CPU tensors)
+        lin = resolve().linear
         res = {}
         g = torch.Generator().manual_seed(0)
         def err(y, ref):
@@ -39,8 +44,9 @@ def test_gemms_match_dequantized_math():
             x = torch.randn(m, k, generator=g).to(dtype)
             q, s = qr.fp8_block_quantize(w, block)
             ref = x.double() @ qr.fp8_block_dequantize(q, s, block).double().T
-            for kernel in ("auto", "tiled"):
-                res[f"fp8 {kernel} {m}x{n}x{k} {block} {dtype}"] = err(w8a16_gemm(x, q, s, block, kernel=kernel), ref)
+            if m <= 16:
+                res[f"fp8 dispatch {m}x{n}x{k} {block} {dtype}"] = err(lin.fp8_block(x, q, s, block), ref)
+            res[f"fp8 tiled {m}x{n}x{k} {block} {dtype}"] = err(w8a16_gemm(x, q, s, block), ref)
             if block == (128, 128) and m <= 16:
                 for bn, bk in ((16, 128), (32, 64)):
                     res[f"fp8 gemv {bn}x{bk} {m}x{n}x{k} {dtype}"] = err(
@@ -61,11 +67,14 @@ def test_gemms_match_dequantized_math():
             qc, sc = qr.fp8_channel_quantize(w)
             ref = x.double() @ qr.fp8_channel_dequantize(qc, sc).double().T
             res[f"fp8-channel {m}x{n}x{k} {dtype}"] = err(w8a16_gemm(x, qc, sc[:, None], (1, k)), ref)
+            if m <= 16:
+                res[f"fp8-channel dispatch {m}x{n}x{k} {dtype}"] = err(lin.fp8_channel(x, qc, sc), ref)
             p, bs, s2 = qr.nvfp4_quantize(w)
             ref = x.double() @ qr.nvfp4_dequantize(p, bs, s2).double().T
             s2r = s2.reshape(1).expand(n).contiguous()
-            for kernel in ("auto", "tiled"):
-                res[f"nvfp4 {kernel} {m}x{n}x{k} {dtype}"] = err(w4a16_gemm(x, p, bs, s2r, kernel=kernel), ref)
+            res[f"nvfp4 tiled {m}x{n}x{k} {dtype}"] = err(w4a16_gemm(x, p, bs, s2r), ref)
+            if m <= 16:
+                res[f"nvfp4 dispatch {m}x{n}x{k} {dtype}"] = err(lin.nvfp4(x, p, bs, s2), ref)
             if m <= 16 and k % 256 == 0:
                 for bn, bk in ((16, 128), (32, 256)):
                     for d32 in (False, True):
@@ -94,6 +103,7 @@ def test_gemms_match_dequantized_math():
     assert sum("nvfp4 gemv row" in name for name in out) >= 12
     assert sum("nvfp4 gemv planes" in name for name in out) >= 12
     assert sum("nvfp4 gemv default" in name for name in out) >= 4
+    assert sum("dispatch" in name for name in out) >= 24
     for name, err in out.items():
         assert err < (5e-3 if "float16" in name else 1e-5), (name, err)
 
@@ -111,7 +121,7 @@ def test_fp8_gemv_rejects_a_k_tile_across_scale_blocks_except_one_row():
 
 def test_w4a16_gemv_rejects_wrong_kernel_arguments():
     pytest.importorskip("triton")
-    from tpserve.kernels.quant.gemv_triton import w4a16_gemv
+    from tpserve.kernels.quant.gemv_nvfp4_triton import w4a16_gemv
 
     w = torch.zeros(16, 256, dtype=torch.uint8)
     bs = torch.ones(16, 32).to(torch.float8_e4m3fn)
@@ -136,7 +146,7 @@ def test_w4a16_planes_kernel_on_tiled_weights_equals_row_major():
     out = run_interpreted("""
         import json, torch
         from tpserve.kernels.quant import ref as qr
-        from tpserve.kernels.quant.gemv_triton import nvfp4_tiled, w4a16_gemv
+        from tpserve.kernels.quant.gemv_nvfp4_triton import nvfp4_tiled, w4a16_gemv
         g = torch.Generator().manual_seed(1)
         n, k, res = 128, 512, {}
         w = torch.randn(n, k, generator=g) / k**0.5
@@ -162,7 +172,7 @@ def test_w4a16_planes_kernel_on_tiled_weights_equals_row_major():
 
 def test_w4a16_tiled_weights_need_the_planes_kernel_at_their_tiles():
     pytest.importorskip("triton")
-    from tpserve.kernels.quant.gemv_triton import nvfp4_tiled, w4a16_gemv
+    from tpserve.kernels.quant.gemv_nvfp4_triton import nvfp4_tiled, w4a16_gemv
 
     w = torch.zeros(128, 256, dtype=torch.uint8)
     bs = torch.ones(128, 32).to(torch.float8_e4m3fn)
@@ -181,10 +191,10 @@ def test_grouped_quantized_experts_match_the_reference_loop():
         import json, torch
         from types import SimpleNamespace
 
-        from tpserve.kernels.choice import Kernels
-        from tpserve.kernels.quant import dispatch as quant_ops
         from tpserve.kernels.quant import ref as qr
         from tpserve.kernels.quant.gemm_triton import experts_fp8_triton, experts_nvfp4_triton
+        from tpserve.kernels.registry import resolve
+        loop = resolve().experts  # (moe torch: the loop over dequantized experts)
         res = {}
         for t, k, e, d, i, block in [(1, 2, 6, 64, 32, (16, 16)), (9, 3, 5, 96, 48, (16, 32)),
                                      (5, 2, 4, 128, 64, (16, 64))]:
@@ -195,7 +205,6 @@ def test_grouped_quantized_experts_match_the_reference_loop():
             gu = torch.randn(e, 2 * i, d, generator=g) / d**0.5
             dn = torch.randn(e, d, i, generator=g) / i**0.5
             limit = 1.5
-            torch_k = Kernels(moe="torch")
             # fp8: gate and up quantized separately (their scale rows stacked), as the loader fills them
             qg = [qr.fp8_block_quantize(gu[x_, :i], block) for x_ in range(e)]
             qu = [qr.fp8_block_quantize(gu[x_, i:], block) for x_ in range(e)]
@@ -203,7 +212,7 @@ def test_grouped_quantized_experts_match_the_reference_loop():
             gq = torch.stack([torch.cat([a[0], b[0]]) for a, b in zip(qg, qu)])
             gs = torch.stack([torch.cat([a[1], b[1]]) for a, b in zip(qg, qu)])
             dq, ds = torch.stack([a[0] for a in qd]), torch.stack([a[1] for a in qd])
-            want = quant_ops.experts_fp8(x, weights, ids, gq, gs, dq, ds, block, limit, torch_k)
+            want = loop.fp8(x, weights, ids, gq, gs, dq, ds, block, limit)
             for qtile, qa in ((False, True), (True, True), (True, False)):  # per element; qtile.fp8_tile as A / B
                 got = experts_fp8_triton(x, weights, ids, gq, gs, dq, ds, block, limit, qtile=qtile, qtile_a=qa)
                 res[f"fp8 t{t} qtile={qtile} a={qa}"] = ((got - want).abs().max() / want.abs().max()).item()
@@ -217,7 +226,7 @@ def test_grouped_quantized_experts_match_the_reference_loop():
                 gate_up_scale2=torch.stack([torch.stack([a[2], b[2]]) for a, b in zip(pg, pu)]),
                 down_proj=torch.stack([a[0] for a in pd]), down_bscale=torch.stack([a[1] for a in pd]),
                 down_scale2=torch.stack([a[2].reshape(1) for a in pd]))
-            want = quant_ops.experts_nvfp4(x, weights, ids, layer, limit, torch_k)
+            want = loop.nvfp4(x, weights, ids, layer, limit)
             row2 = layer.gate_up_scale2.repeat_interleave(i, dim=1)
             for qtile, qa in ((False, True), (True, True), (True, False)):
                 got = experts_nvfp4_triton(x, weights, ids, layer.gate_up_proj, layer.gate_up_bscale, row2,
@@ -246,8 +255,6 @@ def test_grouped_mm_equals_loop(t):
     want = moe.experts_loop(x.float(), weights, ids, gu.float(), dn.float(), 1.5)
     got = moe.experts_grouped(x, weights, ids, gu, dn, 1.5).float()
     assert ((got - want).abs().max() / want.abs().max()).item() < 2e-2
-    # and in fp32 grouped_mm is not available on every backend; the loop is the reference there
-    assert quant_ops.SMALL_M == 16
 
 
 def test_reference_linear_paths_equal_dequantized_matmul():
@@ -255,6 +262,7 @@ def test_reference_linear_paths_equal_dequantized_matmul():
     w = torch.randn(40, 64, generator=g)
     x = torch.randn(3, 64, generator=g)
     q, s = qr.fp8_block_quantize(w, (16, 16))
-    torch.testing.assert_close(quant_ops.fp8_block_linear(x, q, s, (16, 16)), x @ qr.fp8_block_dequantize(q, s, (16, 16)).T)
+    lin = resolve().linear
+    torch.testing.assert_close(lin.fp8_block(x, q, s, (16, 16)), x @ qr.fp8_block_dequantize(q, s, (16, 16)).T)
     p, bs, s2 = qr.nvfp4_quantize(w)
-    torch.testing.assert_close(quant_ops.nvfp4_linear(x, p, bs, s2), x @ qr.nvfp4_dequantize(p, bs, s2).T)
+    torch.testing.assert_close(lin.nvfp4(x, p, bs, s2), x @ qr.nvfp4_dequantize(p, bs, s2).T)

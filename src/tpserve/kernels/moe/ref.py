@@ -1,5 +1,6 @@
-"""Routed experts: the torch loop (reference), grouped_mm (bf16, any size, no host sync) and the
-dispatch to the grouped Triton kernels. The expert-sorted layout lives in kernels/moe/align.py.
+"""Routed experts in torch: the loop over the used experts (the reference) and grouped_mm (16-bit, any size, no
+host sync). quant/dispatch.py chooses among these and the Triton / CUDA experts; the expert-sorted layout of the
+grouped kernels is align.py's.
 """
 
 from __future__ import annotations
@@ -9,12 +10,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from tpserve.kernels.linear.ref import clamped_swiglu
 from tpserve.kernels.moe.combine import moe_combine
-
-
-def clamped_swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.Tensor:
-    """silu(min(gate, limit)) * clamp(up, -limit, limit)."""
-    return F.silu(gate.clamp(max=limit)) * up.clamp(-limit, limit)
 
 
 def experts_loop_fn(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, num_experts: int,
@@ -47,22 +44,24 @@ def experts_loop(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate
 
 
 def experts_grouped(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor,
-                    down: torch.Tensor, limit: float, combine: str = "torch", act: str = "torch") -> torch.Tensor:
+                    down: torch.Tensor, limit: float, combine: str = "torch",
+                    swiglu: Callable = clamped_swiglu) -> torch.Tensor:
     """Same contract as experts_loop, through torch.nn.functional.grouped_mm: tokens sorted by expert
     once, two grouped GEMMs, no loop and no host sync (`experts_sorted`). The k choices of a token are
-    summed in fp32 and rounded once (collectives/fused.moe_combine): combine "triton" in one kernel reading the
-    sorted outputs in place (kernels/moe/route_triton.combine_sorted, cuda), "torch" by gathers in choice
-    order (deterministic, unlike an index_add). `act` as in experts_sorted."""
-    y, order = experts_sorted(x, weights, ids, gate_up, down, limit, act)
+    summed in fp32 and rounded once (moe/combine.py): combine "triton" in one kernel reading the sorted
+    outputs in place (route_triton.combine_sorted, cuda), "torch" by gathers in choice order (deterministic,
+    unlike an index_add). `swiglu` as in experts_sorted."""
+    y, order = experts_sorted(x, weights, ids, gate_up, down, limit, swiglu)
     return moe_combine(y, order, weights, backend="triton" if combine == "triton" else "torch")
 
 
 def experts_sorted(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor,
-                   down: torch.Tensor, limit: float, act: str = "torch") -> tuple[torch.Tensor, torch.Tensor]:
+                   down: torch.Tensor, limit: float,
+                   swiglu: Callable = clamped_swiglu) -> tuple[torch.Tensor, torch.Tensor]:
     """The grouped experts before their combine: (y [T * k, D] in x.dtype, order [T * k]), row i of y the
-    output of expert ids.flatten()[order[i]] for token order[i] // k (unweighted). `act` "triton" (the
-    `--act-backend` switch): the clamped SwiGLU between the two GEMMs in one kernel (kernels/act_triton)
-    instead of torch's four, each a pass over [T * k, I] (at 16k tokens and I 2048, 0.5 GB a pass)."""
+    output of expert ids.flatten()[order[i]] for token order[i] // k (unweighted). `swiglu`: the clamped
+    SwiGLU between the two GEMMs (the resolved `swiglu` op: with --act-backend triton one kernel instead of
+    torch's four passes over [T * k, I])."""
     k = ids.shape[1]
     e = gate_up.shape[0]
     flat = ids.reshape(-1)
@@ -73,30 +72,6 @@ def experts_sorted(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, ga
     tok = order // k
     h = F.grouped_mm(x[tok], gate_up.transpose(1, 2), offs=offs)
     gate, up = h.chunk(2, dim=-1)
-    if act == "triton":
-        from tpserve.kernels.linear.act_triton import clamped_swiglu_triton
-
-        hidden = clamped_swiglu_triton(gate, up, limit)
-    else:
-        hidden = clamped_swiglu(gate, up, limit).to(x.dtype)
+    hidden = swiglu(gate, up, limit).to(x.dtype)
     y = F.grouped_mm(hidden, down.transpose(1, 2), offs=offs)
     return y, order
-
-
-def takes_grouped(x: torch.Tensor, backend: str, max_tokens: int) -> bool:
-    """Whether `experts_forward` takes `experts_grouped` for x."""
-    return (backend == "triton" and not 0 < x.shape[0] <= max_tokens
-            and x.dtype in (torch.bfloat16, torch.float16))
-
-
-def experts_forward(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor,
-                    down: torch.Tensor, limit: float, backend: str = "torch", max_tokens: int = 0,
-                    route_backend: str = "torch", act: str = "torch") -> torch.Tensor:
-    if backend == "triton":
-        if 0 < x.shape[0] <= max_tokens:
-            from tpserve.kernels.moe.grouped_triton import experts_triton
-
-            return experts_triton(x, weights, ids, gate_up, down, limit, route_backend=route_backend)
-        if takes_grouped(x, backend, max_tokens):  # large forwards on cuda: grouped_mm, no loop
-            return experts_grouped(x, weights, ids, gate_up, down, limit, combine=route_backend, act=act)
-    return experts_loop(x, weights, ids, gate_up, down, limit)

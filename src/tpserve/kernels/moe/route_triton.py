@@ -3,12 +3,13 @@
 
 The torch forms cost a decode step about 11 kernels per MoE layer for the router (sigmoid, bias, top-k,
 gather, normalise, scale, two fp32 casts), about 20 for `align_by_expert` (counts, cumsums, argsort,
-searchsorted, gathers) and 2 for the k-choice sum: ~33 launches of ~1.7 us each for work that reads a
+searchsorted, gathers) and 2 for the k-choice sum: ~33 launches for work that reads a
 few KB. GLM-5.3-Flash has 42 MoE layers, so ~1,400 launches per decode step. Here:
 
 - `route_topk`: one program per token: sigmoid of the fp32 logits, plus the correction bias, top-k by k
   rounds of argmax over the experts in registers, the chosen sigmoid scores normalised and scaled.
-  Group-limited choice (n_group > 1) is not implemented here: the Router keeps torch for it.
+  Group-limited choice (n_group > 1) is not implemented here: the Router keeps torch for it (`route`
+  wraps the router GEMM and this kernel).
 - `align_by_expert_triton`: one program: expert counts by atomics on a scratch row, padded run ends by a
   cumsum over the experts, each block's expert by counting the run ends at or before it (a searchsorted),
   and each assignment's row by an atomic cursor per expert. Same layout as kernels/moe/align.py, except
@@ -18,9 +19,7 @@ few KB. GLM-5.3-Flash has 42 MoE layers, so ~1,400 launches per decode step. Her
   kernel (torch: a sum and a cast).
 
 Floors: all read and write a few KB at decode; at batch 1 each is one launch, with the router GEMV 4
-launches against ~33 (the demo model's decode step: 693 -> 478 kernels with the first three,
-BENCHMARKS.md). Measured on an H200 inside the demo model's decode graph, per call: route_topk 1.2 us,
-align 2.9 us, combine 1.2 us (bench/results/decode_profile_indexer_triton_h200.json).
+launches against ~33 (BENCHMARKS.md, fused MoE routing).
 """
 
 from __future__ import annotations
@@ -30,8 +29,8 @@ import triton
 import triton.language as tl
 
 from tpserve.kernels.launch import pdl_triton
-
 from tpserve.kernels.moe.align import align_by_expert, max_blocks
+from tpserve.kernels.moe.route import router_logits
 
 ALIGN_CHUNK = 256
 ALIGN_BLOCK_CHUNK = 16
@@ -77,6 +76,15 @@ def route_topk(logits: torch.Tensor, bias: torch.Tensor, top_k: int, norm: bool,
                              NORM=bool(norm), E_PAD=triton.next_power_of_2(e),
                              K_PAD=triton.next_power_of_2(top_k), num_warps=4, PDL=pdl, launch_pdl=pdl)
     return weights, ids
+
+
+def route(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, top_k: int, n_group: int, topk_group: int,
+          norm: bool, scaling: float, pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """moe/route.route's contract with one expert group: the router GEMM (route.router_logits), then
+    `route_topk`."""
+    if n_group != 1:
+        raise ValueError(f"n_group: the Triton router takes one expert group, got {n_group} (route.route does)")
+    return route_topk(router_logits(x, weight), bias, top_k, norm, scaling, pdl)
 
 
 @triton.jit
@@ -194,12 +202,11 @@ def combine_block_d(d: int) -> int:
 
 
 def combine_sorted(y: torch.Tensor, order: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """The grouped MoE's combine (kernels/moe/ref.experts_grouped): y [T * k, D] (expert outputs, row i belonging to
-    choice order[i] of the token-major choices), weights [T, k] -> [T, D] in y.dtype: each token's k outputs
-    read where they lie (the inverse of `order`), weighted and summed in fp32, rounded once. In torch the
-    outputs go to fp32, get weighted and are index_add-ed (atomics, order not fixed): a real-width 16k-token
-    prefill spent ~15 ms of 275 in index_add (four MoE layers, BENCHMARKS.md fourteenth session); here one
-    read of y and one write of the output."""
+    """The grouped MoE's combine (moe/ref.experts_grouped; moe/combine.py defines it): y [T * k, D] (expert
+    outputs, row i belonging to choice order[i] of the token-major choices), weights [T, k] -> [T, D] in y.dtype:
+    each token's k outputs read where they lie (the inverse of `order`), weighted and summed in fp32, rounded
+    once; one read of y and one write of the output (an index_add in torch, with atomics, was a visible share
+    of a long prefill)."""
     tk, d = y.shape
     t, k = weights.shape
     if tk != t * k or order.shape != (tk,) or not y.is_contiguous():

@@ -27,15 +27,6 @@ def hc_weights_torch(mixed: torch.Tensor, base: torch.Tensor, scale: torch.Tenso
     return pre, post, comb
 
 
-def hc_weights(mixed: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, n: int, iters: int, eps: float,
-               backend: str = "torch", pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    if backend == "triton":
-        from tpserve.kernels.norms.mhc_triton import hc_weights_triton
-
-        return hc_weights_triton(mixed, base, scale, n, iters, eps, pdl)
-    return hc_weights_torch(mixed, base, scale, n, iters, eps)
-
-
 def split_weight(fn: torch.Tensor) -> torch.Tensor:
     """fn [W, K] -> [3, W, K] bf16 parts hi, lo, lo2 (each the bf16 rounding of what the earlier parts leave)
     whose sum is fn to 2^-24 relative: the mHC projection's weight for kernels/norms/hc_project_triton.py."""

@@ -8,10 +8,10 @@ s [N, K/16] float8_e4m3fn; a float32 global scale per row): each byte is loaded 
 codes decoded and scaled, and they meet the even and odd columns of X in two dots. Tiles are cast
 to the activation dtype for tl.dot; accumulation is fp32.
 
-- `w8a16_gemm` / `w4a16_gemm`: y = x W^T, split over K so that even one row spreads over the
-  whole GPU; partial sums are added in fp32 (atomic) and cast once. Up to 16 rows they hand over
-  to the decode GEMV of gemv_triton.py (row-major weight tiles, scales per tile or per group).
-- `experts_fp8_triton` / `experts_nvfp4_triton`: the grouped expert GEMMs of kernels/moe/grouped_triton.py
+- `w8a16_gemm` / `w4a16_gemm`: y = x W^T, split over K at up to 16 rows so that even one row spreads
+  over the whole GPU; partial sums are added in fp32 (atomic) and cast once. quant/dispatch.py takes
+  them where the decode GEMVs (gemv_triton.py) do not fit.
+- `experts_fp8_triton` / `experts_nvfp4_triton`: the grouped expert GEMMs of moe/grouped_triton.py
   (tokens sorted by expert, padded per expert to BLOCK_M rows, no host sync) on quantized experts.
 """
 
@@ -21,13 +21,12 @@ import torch
 import triton
 import triton.language as tl
 
-from tpserve.kernels.moe.tiles_triton import block_rows, routed_store, swiglu_store
 from tpserve.kernels.moe.route_triton import align, combine_choices
+from tpserve.kernels.moe.tiles_triton import block_rows, routed_store, swiglu_store
+from tpserve.kernels.quant.gemv_triton import split_k, use_asm
 from tpserve.kernels.quant.qtile_triton import OUT_BIAS, fp8_pair_order, fp8_tile, nvfp4_tile, pair_order
-from tpserve.kernels.quant.gemv_triton import fp8_gemv_fits, split_k, use_asm, w4a16_gemv, w8a16_gemv
 
 BLOCK_M = 16
-GEMV_MAX_M = 16  # rows up to which the decode GEMV (gemv_triton.py) replaces the tiled kernel
 
 
 @triton.jit
@@ -145,27 +144,18 @@ def _gemm(x, w, s, s2, fmt: int, k: int, sk: int, bns: int, bks: int, block_n: i
     return y.to(x.dtype)
 
 
-def w8a16_gemm(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, block: tuple[int, int], kernel: str = "auto",
-               mma: bool | None = None, pdl: bool = False, **tiles) -> torch.Tensor:
-    """x [M, K] (16-bit or fp32) @ dequant(w fp8 [N, K], s [ceil(N/bn), ceil(K/bk)])^T -> [M, N] in x.dtype.
-    kernel: "auto" (the decode GEMV of gemv_triton.py for M <= 16 where its K tile fits the scale
-    blocks, else the tiled kernel), "gemv" or "tiled"; tiles: block_n / block_k overrides (benchmarks); mma: the
-    GEMV's CUDA kernel (kernels/quant/gemv_cuda.py) where it is the default (None) or not at all (False); pdl: that
-    kernel launched as a programmatic dependent of the kernel before."""
-    k = w.shape[1]
+def w8a16_gemm(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, block: tuple[int, int], **tiles) -> torch.Tensor:
+    """x [M, K] (16-bit or fp32) @ dequant(w fp8 [N, K], s [ceil(N/bn), ceil(K/bk)])^T -> [M, N] in x.dtype, the
+    tiled kernel (split over K at up to 16 rows); tiles: block_n / block_k overrides (benchmarks)."""
     s = s.contiguous()
-    if kernel == "gemv" or kernel == "auto" and x.shape[0] <= GEMV_MAX_M and fp8_gemv_fits(k, block) and not tiles:
-        return w8a16_gemv(x, w, s, block, mma=mma, pdl=pdl, **tiles)
-    return _gemm(x, w, s, s, 0, k, s.shape[1], block[0], block[1], **tiles)
+    return _gemm(x, w, s, s, 0, w.shape[1], s.shape[1], block[0], block[1], **tiles)
 
 
 def w4a16_gemm(x: torch.Tensor, w: torch.Tensor, bscale: torch.Tensor, scale2_rows: torch.Tensor,
-               kernel: str = "auto", mma: bool | None = None, pdl: bool = False, **tiles) -> torch.Tensor:
-    """x [M, K] @ dequant(nvfp4 w [N, K/2], bscale [N, K/16], scale2_rows [N])^T -> [M, N] in x.dtype.
-    kernel, mma and pdl as in w8a16_gemm (the GEMV needs K a multiple of its 256-wide tile)."""
+               **tiles) -> torch.Tensor:
+    """x [M, K] @ dequant(nvfp4 w [N, K/2], bscale [N, K/16], scale2_rows [N])^T -> [M, N] in x.dtype, the tiled
+    kernel; tiles as in w8a16_gemm."""
     k = w.shape[1] * 2
-    if kernel == "gemv" or kernel == "auto" and x.shape[0] <= GEMV_MAX_M and k % 256 == 0 and not tiles:
-        return w4a16_gemv(x, w, bscale, scale2_rows, mma=mma, pdl=pdl, **tiles)
     return _gemm(x, w, bscale.contiguous(), scale2_rows.float().contiguous(), 1, k, k // 16, 1, 16, **tiles)
 
 
@@ -234,12 +224,11 @@ def _qtile_mode(x: torch.Tensor, qtile: bool | None, asm: bool | None) -> int:
 def _experts(x, weights, ids, fmt, gu, gu_s, gu_s2, dn, dn_s, dn_s2, limit, sk_gu, sk_dn, bns, bks, up_srow,
              route_backend: str = "torch", qtile: int = 0, qtile_a: bool = True, block_n: int = 64,
              block_k: int | None = None, num_warps: int = 4, num_stages: int | None = None):
-    if num_stages is None:  # one token: five stages (H200, default tiles: NVFP4 71 us per MoE call against over
-        # 76 with three, FP8 70 against 83; BENCHMARKS.md, eighteenth session); more tokens: three (five was
-        # slower at 8 tokens)
+    if num_stages is None:  # one token: five stages, more: three (the faster on an H200; BENCHMARKS.md, quantized
+        # experts)
         num_stages = 5 if ids.shape[0] == 1 else 3
-    if block_k is None:  # qtile: 64 x 256 nvfp4 tiles, the best at 8 tokens on the H200 (BENCHMARKS.md,
-        # seventeenth session); fp8 tiles must sit in one 128-wide scale block
+    if block_k is None:  # qtile: 64 x 256 nvfp4 tiles (the best measured at 8 tokens); fp8 tiles must sit in one
+        # 128-wide scale block
         block_k = (128 if fmt == 0 else 256) if qtile else 64
     t, top_k = ids.shape
     num_experts, two_i = gu.shape[:2]

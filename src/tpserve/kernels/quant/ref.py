@@ -1,4 +1,5 @@
-"""Reference (torch) quantize / dequantize for the weight layouts tpserve reads and writes.
+"""Reference (torch) quantize / dequantize for the weight layouts tpserve reads and writes, and the W8A8
+blockwise torch._scaled_mm (sm90) quant/dispatch.py takes for FP8 prefill.
 
 FP8 block (DeepSeek / GLM): float8_e4m3fn weight [N, K] and float32 `weight_scale_inv`
 [ceil(N/B), ceil(K/B)]; w = q * scale_inv[n // B, k // B].
@@ -109,3 +110,16 @@ def nvfp4_dequantize(packed: torch.Tensor, block_scale: torch.Tensor, scale2: to
     if s2.dim() and s2.shape[-1] == vals.shape[-2]:
         s2 = s2[..., None]
     return (vals * s * s2).to(dtype)
+
+
+def w8a8_block_scaled_mm(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """x [M, K] 16-bit, w fp8 [N, K], s [N/128, K/128]: activations quantized per token x 128 columns, then
+    torch._scaled_mm's DeepSeek-style blockwise FP8 GEMM (sm90), the scale layouts as DESIGN.md notes."""
+    m, k = x.shape
+    xb = x.float().view(m, k // 128, 128)
+    amax = xb.abs().amax(-1).clamp(min=1e-12)
+    sa = amax / FP8_MAX
+    xq = (xb / sa[..., None]).clamp(-FP8_MAX, FP8_MAX).view(m, k).to(FP8)
+    # scale_b: the [K/128, N/128] transpose of the weight's scales as a view (outer-dim-major), as DESIGN.md
+    # notes: a contiguous copy is refused
+    return torch._scaled_mm(xq, w.t(), scale_a=sa.t().contiguous().t(), scale_b=s.t(), out_dtype=x.dtype)
