@@ -23,7 +23,7 @@ def bf16(bits: int) -> float:
 
 def decode_fp4(w: int, t: dict) -> list[int]:
     """kernels/quant/gemv_cuda.py's decode_fp4: 8 e2m1 codes (w, low nibble first) -> 4 bf16x2 (k, k + 1) pairs: prmt
-    lookups of the magnitudes' bf16 bytes in the tables t (mma_gemv.fp4_tables), the signs ORed into the high
+    lookups of the magnitudes' bf16 bytes in the tables t (quant/ptx_cuda.fp4_tables), the signs ORed into the high
     bytes from (w << 4, w), the bytes interleaved."""
     m, s4 = w & 0x77777777, (w << 4) & 0xFFFFFFFF
     mh = m >> 16

@@ -1,5 +1,5 @@
 """kernels/launch/ex_cuda.py's shared-memory helpers on the CPU: the driver calls of `cap_blocks` through a stand-in for
-libcuda (the GPU tests of mma_gemv run them for real; BENCHMARKS.md, twenty-seventh session)."""
+libcuda (the GPU tests of quant/gemv_cuda.py run them for real)."""
 
 import ctypes
 from types import SimpleNamespace

@@ -8,9 +8,8 @@ probabilities rounded to the key dtype, times the keys (rounded), summed in fp32
 pool row (tokens that end no pool write the reserved dummy row). In torch that is ~9 launches per MLA
 layer per step (two gathers, casts, add, softmax, product, sum, scatter); GLM-5.3-Flash has 11 MLA
 layers. Here one program per token reads 2 x kpool x d 16-bit values (8 KB at kpool 16, d 128) and
-writes d: one launch (1.6 us per call in the demo model's decode graph on an H200,
-bench/results/decode_profile_indexer_triton_h200.json). Against torch: the same roundings, the softmax's exp and the sum in another
-order (a few fp32 ulps before the final rounding; tests/kernels/attention/test_indexer_triton.py).
+writes d: one launch. Against torch: the same roundings, the softmax's exp and the sum in another order (a
+few fp32 ulps before the final rounding; tests/kernels/attention/test_indexer_triton.py).
 
 Decode scores (model/indexer.py `_select_tokens`): a decode / verify token scores every complete pool of
 its own sequence, sum_h w_h relu(q_h . key / sqrt(d)). In torch, over a graph step's fixed width (every
@@ -22,8 +21,8 @@ up in the block table and reads them in place; blocks of pools not complete at t
 write the mask value, so the work follows the context, not the width. Floors per token at 1k context
 (64 pools, GLM-5.3-Flash: 32 heads, d 128): 16 KB of keys and 0.5 MFLOP: launch-bound. 16-bit inputs
 dot on the tensor cores (exact products, fp32 sums), float32 with IEEE dots; against torch's fp32 matmuls
-only the summation order differs (bound in the test). Measured in the engine (BENCHMARKS.md, tenth
-session): real-width KKKMKKKM decode 0.92-0.94x of the torch form's step time at batch 1, 32, 64.
+only the summation order differs (bound in the test). The engine's decode steps gained from it (BENCHMARKS.md,
+the indexer's decode scores).
 """
 
 from __future__ import annotations
@@ -232,9 +231,8 @@ def top_pools(scores: torch.Tensor, positions: torch.Tensor, k: int, kpool: int,
     never read. Single kernel (chunked False): the complete pools go through a register sort of C keys, C - k
     new ones per round. Chunked (True): chunks of C pools sorted by parallel programs (their best k kept), then
     one merge sort of those (skipped when one chunk holds every complete pool). None (default): chunked when
-    the row holds more than one chunk (P > C). On an H200 (bench/topk_pools.py, k 128 of P = 8,192 pools; the
-    fourteenth session): single 11.3-11.9 us up to 1,024 complete pools (16k tokens), 56 / 101 us at 4,096 /
-    8,192; chunked 12.4-13.4 us up to 1,024, 24-26 us at 4,096 and 8,192; torch.topk over the row 29-54 us."""
+    the row holds more than one chunk (P > C), where it measured faster (bench/topk_pools.py; both faster than
+    torch.topk over the row)."""
     n, p = scores.shape
     if scores.dtype != torch.float32 or not 0 < k <= p:
         raise ValueError(f"top_pools: scores must be float32 [n, P >= k], got {scores.dtype} {tuple(scores.shape)}, k={k}")

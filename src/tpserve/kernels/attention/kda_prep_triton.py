@@ -17,10 +17,9 @@ that make q, k and v contiguous for fla's kernel. GLM-5.3-Flash has 34 KDA layer
 - `gate_beta`: the forget gate (lower_bound * sigmoid(exp(A_log) * (f + dt_bias)); the softplus form of
   configs without a lower bound keeps torch) in fp32 and beta = sigmoid(b), for every row of a forward.
 
-Floors: both read and write a few KB per token (the conv state, [T, 3C] activations); at batch 1
-each is one launch against ~20. Measured on an H200 inside the demo model's decode graph: conv_rows 3.8
-us, gate_beta 1.3 us per call (bench/results/decode_profile_prep_triton_h200.json). Against the torch forms: the same formulas and order, but
-the compiler may fuse a product and an add (FMA), and exp may round differently: a few fp32 ulps
+Floors: both read and write a few KB per token (the conv state, [T, 3C] activations); at batch 1 each is one
+launch against ~20. Against the torch forms (attention/conv.py, attention/kda.gate_beta): the same formulas and
+order, but the compiler may fuse a product and an add (FMA), and exp may round differently: a few fp32 ulps
 before the final rounding (tests/kernels/attention/test_kda_prep.py states the bounds).
 """
 
@@ -126,11 +125,10 @@ def conv_chunk(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, out: 
                ) -> tuple[torch.Tensor, torch.Tensor]:
     """A prefill chunk of one sequence: x [n, C] after its conv state [C, k-1] -> (silu(conv) [n, C] in x.dtype,
     written into `out` when given; the new state [C, k-1], the chunk's last k - 1 inputs), as
-    kernels/attention/conv.causal_conv_seq (products and sum in fp32 in tap order, where torch's conv1d sums in its own
+    attention/conv.causal_conv_seq (products and sum in fp32 in tap order, where torch's conv1d sums in its own
     order). In torch the chunk is transposed, concatenated after the state, cast to fp32, convolved, passed
-    through SiLU and transposed back: a real-width 16k-token prefill spent 12.4 ms in the conv and 11.1 ms in
-    the concatenation of 275 ms of kernels (three KDA layers, BENCHMARKS.md fourteenth session); the floor is
-    one read of x and one write of out."""
+    through SiLU and transposed back, a large share of a long prefill; the floor is one read of x and one write
+    of out."""
     n, c = x.shape
     k = weight.shape[1]
     if x.stride(1) != 1 or state.shape != (c, k - 1):

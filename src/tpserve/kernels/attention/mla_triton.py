@@ -4,21 +4,20 @@ Decode and verify tokens (and sparse prefill queries) attend in latent space ove
 positions only (model/mla.py `_sparse`). In torch that is the block-table lookup of every selected
 position (6 ops), a gather of the selected latent rows ([N, W, C]: 2 MB per token at W = 2051,
 C = 512), the score einsum, scaling, two masks, the softmax, casts and the value einsum: 16 ops per MLA
-layer in float32 (`bench/op_sites.py`; bf16 adds two casts) and the gathered copy written and read again. Here each program takes one token, a block
-of heads and a range of the selection (flash-decoding: at batch 1 a token's ~2k rows are split across
-programs so more than a few SMs read them), looks each selected position up in the block table, reads
-its latent row straight from the paged cache, and keeps an online softmax; a second kernel combines the
-ranges (one launch when a single range covers the selection). Ranges are added until the grid holds two
-waves of programs on an H200 (`ranges_for`). Measured (BENCHMARKS.md, tenth session; 64 heads, C 512,
-W 2051, bf16, graph replays): 16.5 us at 1 token (torch form 57.5), 41.5 at 8, 122 at 32, 222 at 64.
+layer in float32 (`bench/op_sites.py`; bf16 adds two casts) and the gathered copy written and read again.
+Here each program takes one token, a block of heads and a range of the selection (flash-decoding: at batch
+1 a token's ~2k rows are split across programs so more than a few SMs read them), looks each selected
+position up in the block table, reads its latent row straight from the paged cache, and keeps an online
+softmax; a second kernel combines the ranges (one launch when a single range covers the selection). Ranges
+are added until the grid holds two waves of programs on an H200 (`ranges_for`). Measured against the torch
+form: BENCHMARKS.md, sparse MLA.
 
 Prefill chunks (`--mla-prefill sparse`, or auto from 8,192 positions) take the same kernel with another launch
 shape (`PREFILL`): all 64 heads of a token per program, 64 rows a step, 8 warps, 2 pipeline stages. A token's
-selected rows are then read once rather than once per 16-head block, and both dots are 64 rows tall. Floors at
-4,096 queries x 2,051 rows: 4.4 TFLOP (5.6 ms at 790 TFLOP/s; the 16k-long cache, 16 MB, sits in L2). Measured
-(fifteenth session, `bench/mla_sparse_bench.py --prefill`): 5.88 ms (24% of the FLOP peak) against 11.6 ms with
-the decode shape; its registers spill (255 per thread, 38 spilled), and variants that held fewer (scores over
-column chunks, split output columns) needed more shared memory than an SM has or ran slower.
+selected rows are then read once rather than once per 16-head block, and both dots are 64 rows tall (about
+twice as fast as the decode shape there, `bench/mla_sparse_bench.py --prefill`). Its registers spill, and
+variants that held fewer (scores over column chunks, split output columns) needed more shared memory than an
+SM has or ran slower.
 
 Floors (GLM-5.3-Flash, TP=1: 64 heads, C = 512, W = 2051, bf16): per token 2.1 MB of latent read once
 per head block (4 blocks of 16 heads; L2 serves the repeats) and 2 x 64 x 2051 x 512 = 134 MFLOP; at
@@ -44,7 +43,7 @@ import triton.language as tl
 HEAD_BLOCK = 16   # heads per program (tl.dot needs >= 16 rows; fewer heads are masked)
 ROW_BLOCK = 32    # selected rows per inner step
 FULL_GRID = 264   # two waves on an H200's 132 SMs: ranges fill up to it, never past it (a third wave of a few
-# programs cost 60 vs 42 us at 8 tokens; bench/mla_sparse_bench.py --ranges); past it one range per token
+# programs measured slower; bench/mla_sparse_bench.py --ranges); past it one range per token
 
 
 @triton.jit
@@ -138,9 +137,8 @@ class SparseConfig:
 
 DECODE = SparseConfig()
 # Prefill chunks: all 64 heads of a token in one program, so each selected row is read once (not once per 16
-# heads) and both dots are 64 rows tall. bench/mla_sparse_bench.py --prefill on an H200 (BENCHMARKS.md, fifteenth
-# session), 4,096 queries x 2,051 rows: 5.88 ms against 11.6 for DECODE (1.98x). Decode and verify steps keep
-# DECODE: their configuration must not depend on a graph bucket's padding (tokens equal with graphs on and off).
+# heads) and both dots are 64 rows tall. Decode and verify steps keep DECODE: their configuration must not
+# depend on a graph bucket's padding (tokens equal with graphs on and off).
 PREFILL = SparseConfig(64, 64, 8, 2)
 
 

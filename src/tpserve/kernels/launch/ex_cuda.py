@@ -1,5 +1,5 @@
-"""Launches of the NVRTC kernels that `torch.cuda._compile_kernel` builds (kernels/quant/gemv_cuda.py, nvfp4_m1_cuda.py): through
-the driver's cuLaunchKernelEx (ctypes), for what torch's own launcher cannot give (sm_90+): programmatic dependent
+"""Launches of the NVRTC kernels that `torch.cuda._compile_kernel` builds (quant/gemv_cuda.py, quant/nvfp4_m1_cuda.py):
+through the driver's cuLaunchKernelEx (ctypes), for what torch's own launcher cannot give (sm_90+): programmatic dependent
 launch (PDL); and their shared memory: the opt-in past 48 KiB (`reserve_smem`) and a cap on the blocks an SM holds
 (`cap_blocks`, `one_wave_cap`).
 
@@ -119,12 +119,11 @@ def cap_blocks(kernel, device: int, smem: int, cap: int) -> int:
 
 
 def one_wave_cap(blocks: int, sms: int) -> int:
-    """The cap (mma_gemv's Config.max_blocks) a PDL launch of `blocks` blocks gets on `sms` SMs: the fewest blocks
+    """The cap (gemv_cuda's Config.max_blocks) a PDL launch of `blocks` blocks gets on `sms` SMs: the fewest blocks
     an SM must hold for the grid to run in one wave (0, no cap, past 4). Without a cap a grid of the default configs
-    leaves room on every SM (FP8 4096 x 12288: 256 blocks, 3 fit an SM), which the dependent grid's blocks take
-    before this one ends, then sitting unevenly; with it (2 there) a chain of dependent GEMVs ran 1.2x faster on an
-    H200 (BENCHMARKS.md, twenty-seventh session). Launched plainly the cap changed nothing there, so only PDL
-    launches take it."""
+    leaves room on every SM, which the dependent grid's blocks take before this one ends, then sitting unevenly;
+    with it a chain of dependent GEMVs ran faster (BENCHMARKS.md, the FP8 GEMV under PDL). Launched plainly the
+    cap changed nothing, so only PDL launches take it."""
     cap = -(-blocks // sms)
     return cap if cap <= 4 else 0
 

@@ -8,11 +8,8 @@ load what does not depend on this one, weights) while this one's last blocks run
 anything an earlier kernel wrote or writes anything at all. Every block waits (unconditionally, before it ends), so
 a kernel never completes before the one it follows: the order of the stream holds from kernel to kernel. Kernels
 launched plainly (torch's, cuBLAS, fla's) are fully ordered as always. Captured into CUDA graphs as programmatic
-edges. With PDL off (the CPU interpreter, older GPUs) these helpers compile to nothing.
-
-Measured on an H200 (bench/pdl_chain.py: 32 of the KKKM model's dense GEMVs in one graph, one row): 0.85 us off
-each kernel boundary, the chain 404.6 -> 377.3 us (77% -> 83% of its weight-streaming floor); BENCHMARKS.md,
-twenty-sixth session.
+edges. With PDL off (the CPU interpreter, older GPUs) these helpers compile to nothing. What it saves at each
+kernel boundary: bench/pdl_chain.py (BENCHMARKS.md, programmatic dependent launch).
 """
 
 from __future__ import annotations

@@ -5,8 +5,7 @@ each rounding to the model dtype. Here one: SiLU in fp32, rounded to the output 
 rounds it, then the product of the two 16-bit values in fp32, rounded once (torch's 16-bit product does
 the same), so the result differs from torch's only where exp rounds differently (an fp32 ulp before the
 16-bit rounding). GLM-5.3-Flash runs it 45 times per step (3 dense MLPs, 42 shared experts): ~135
-launches saved. Floors: reads 2 and writes 1 activations per token (a few KB at decode); measured 1.1 us
-per call in the demo model's decode graph on an H200 (bench/results/decode_profile_prep_triton_h200.json).
+launches saved. Floors: reads 2 and writes 1 activations per token (a few KB at decode).
 """
 
 from __future__ import annotations

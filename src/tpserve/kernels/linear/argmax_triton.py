@@ -1,12 +1,12 @@
 """The MTP drafter's greedy draw per row in one Triton kernel (switch `--argmax-backend`): each row's argmax
 (the first index on ties, as torch.argmax) and its probability under the softmax, 1 / sum(exp(x - max)).
 
-The torch form (engine/sampler.py `argmax_and_probability`: max, logsumexp, sub, exp, two casts, stack) is
+The torch form (linear/ref.py `argmax_and_probability`: max, logsumexp, sub, exp, two casts, stack) is
 ~9 launches per call, and a speculative step makes one call per drafted depth (3 per step at k = 3) inside
 its graphs. Here one program per row walks the row once in blocks, keeping the running maximum, its first
 index and the sum of exp(x - running max) rescaled as the maximum grows (online softmax). Floors: reads the
-row once (the demo's 4,096 logits: 16 KB; GLM-5.3-Flash's 154,880: 620 KB, ~0.15 us of HBM time; one
-program per row walks it at one SM's pace), so what it saves is launches. The probability is computed as
+row once (GLM-5.3-Flash's 154,880 logits: 620 KB; one program per row walks it at one SM's pace), so what
+it saves is launches. The probability is computed as
 1 / sum instead of exp(max - logsumexp): the two differ by fp32 rounding (a few ulps), nothing a draft's
 truncation threshold or calibration can see.
 """

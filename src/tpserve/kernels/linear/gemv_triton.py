@@ -1,21 +1,14 @@
 """Decode GEMMs on 16-bit weights (M <= 16 rows): y = x W^T in one launch (switch `--gemv-backend`).
 
-At M <= 16 a linear layer only streams its weight: W [N, K] bf16 is 2 N K bytes, so 4096 x 4096
--> 33.5 MB -> 7.8 us at 4.3 TB/s, 12288 x 4096 -> 23.4 us; the FLOPs (2 M N K) are nothing against
-790 TFLOP/s. cuBLAS picks 64x8 / 128x8 tiles there, often split-K with a separate reduce kernel.
-Here each program owns BLOCK_N output columns and reads their rows of W whole (K contiguous, 16-byte
-loads), no split-K, so there is no reduce launch and no fp32 scratch: enough programs for every SM
-need N >= ~2048 (`fits`), the layers below that stay on cuBLAS. M = 1 multiplies in fp32 and sums
-along K; 1 < M <= 16 runs tl.dot on a 16-row tile (fp32 accumulate). The tile shape is autotuned per
-(N, K, M tile) at the first call (the graph warm-up runs before capture, so tuning never happens
-inside one). Against cuBLAS only the fp32 summation order differs (tests/kernels/linear/test_gemv_triton.py
-bounds it).
-
-Measured on an H200 (`bench/gemv_kernels.py`, weights out of L2; BENCHMARKS.md, thirteenth session): the
-real-width KKKM model's dense linears at M = 1 take 399.1 us per step here against cuBLAS's 420.1 us
-(floor 290.7 us); 0.89-0.99x of cuBLAS at M = 1, up to 1.15x slower at M = 4-16 on 4096 x 2048 and
-32768 x 512. In the engine it gained nothing (decode batch 1: 1.841 ms against 1.784 / 1.795 ms with
-cuBLAS before and after), so `--gemv-backend auto` stays on cuBLAS.
+At M <= 16 a linear layer only streams its weight (2 N K bytes; the FLOPs, 2 M N K, are nothing against it).
+cuBLAS picks 64x8 / 128x8 tiles there, often split-K with a separate reduce kernel. Here each program owns
+BLOCK_N output columns and reads their rows of W whole (K contiguous, 16-byte loads), no split-K, so there is
+no reduce launch and no fp32 scratch: enough programs for every SM need N >= ~2048 (`fits`), the layers below
+that stay on cuBLAS. M = 1 multiplies in fp32 and sums along K; 1 < M <= 16 runs tl.dot on a 16-row tile (fp32
+accumulate). The tile shape is autotuned per (N, K, M tile) at the first call (the graph warm-up runs before
+capture, so tuning never happens inside one). Against cuBLAS only the fp32 summation order differs
+(tests/kernels/linear/test_gemv_triton.py bounds it). `--gemv-backend auto` takes it on CUDA (engine/setup.py);
+against cuBLAS: BENCHMARKS.md, the Triton GEMV and merged linears.
 """
 
 from __future__ import annotations
@@ -98,7 +91,7 @@ def fits(x: torch.Tensor, w: torch.Tensor) -> bool:
 
 def gemv(x: torch.Tensor, w: torch.Tensor, pdl: bool = False) -> torch.Tensor:
     """x [M <= 16, K] @ w [N, K]^T -> [M, N] in x.dtype (F.linear without bias). pdl: launched as a programmatic
-    dependent of the kernel before (sm_90+; kernels/launch/pdl_triton.py) at one row: W's first tile loads before that
+    dependent of the kernel before (sm_90+; launch/pdl_triton.py) at one row: W's first tile loads before that
     kernel ends (more rows launch plainly)."""
     if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1] or not 0 < x.shape[0] <= MAX_M:
         raise ValueError(f"gemv: x {tuple(x.shape)} and w {tuple(w.shape)} must be [1..{MAX_M}, K] and [N, K]")
@@ -108,10 +101,8 @@ def gemv(x: torch.Tensor, w: torch.Tensor, pdl: bool = False) -> torch.Tensor:
     n = w.shape[0]
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     block_m = 1 if m == 1 else MAX_M
-    # PDL at one row only: at 8 rows the PDL-compiled kernel ran a 32-GEMV chain 1.40x slower (the first tile
-    # hoisted or not; BENCHMARKS.md, twenty-sixth session), and the engine gained nothing at batch 2 / 8. Held to
-    # one wave of blocks an SM (as mma_gemv under PDL) it ran 1.08x slower, and the engine lost 1-3% at batch 2 / 8
-    # (twenty-seventh session; the code is at af9b995)
+    # PDL at one row only: at more rows the PDL-compiled kernel ran slower, capped to one wave of blocks an SM too
+    # (BENCHMARKS.md, programmatic dependent launch)
     pdl = pdl and m == 1
     _gemv_kernel[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](
         x, w, y, m, n, k, x.stride(0), w.stride(0), y.stride(0),

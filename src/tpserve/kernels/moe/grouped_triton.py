@@ -1,15 +1,14 @@
 """Grouped expert GEMMs in Triton for small forwards (decode), with no host sync.
 
 Assignments (token t, choice j) are sorted by expert and padded per expert to BLOCK_M rows
-(kernels/moe/ref.py: align_by_expert). Kernel 1, per (block, I tile): gate and up tiles of
+(align.py / route_triton.py: align). Kernel 1, per (block, I tile): gate and up tiles of
 x[rows] @ W_gate_up[e]^T in two fp32 accumulators, then the clamped SwiGLU, into H [rows, I].
 Kernel 2, per (block, D tile): H[rows] @ W_down[e]^T times the routing weight, into
 Y [assignments, D] fp32; the k choices of a token are summed afterwards (fp32, one rounding).
 D, INTER and top_k are compile-time constants (one compile per model shape and TP size).
 
-Floors at batch 1, GLM-5.3-Flash (D 4096, I 2048, top-8, bf16): 8 experts x 3 x 2048 x 4096 x 2 B
-= 403 MB per layer, 94 us at 4.3 TB/s; FLOPs are negligible. The torch loop it replaces costs
-~7 launches per used expert plus a host sync per layer (at batch 32 about 200 experts per layer).
+At decode the chosen experts' weights are the bytes that count (FLOPs are negligible). The torch loop it
+replaces costs ~7 launches per used expert plus a host sync per layer.
 """
 
 from __future__ import annotations

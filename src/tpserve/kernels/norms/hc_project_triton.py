@@ -1,34 +1,22 @@
 """The mHC projection of a prefill step in one Triton kernel: mixed = rms_normalize(streams) @ fn^T.
 
-model/mhc.py's torch form (and the fused-norm path before this kernel) writes the normalised streams in fp32
-([T, n*D]: 1 GiB at 16,384 tokens, n*D = 16,384) and reads them back into an fp32 GEMM against fn
-[(2+n)*n, n*D]: the fifteenth session's 16k prefill profile spent ~8.6 ms in those fp32 GEMMs plus the
-stream norms' share of 7.5 ms of norm kernels, for 8 mHC blocks. Here one pass reads the bf16 streams once,
-summing each row's squares and its dot products with fn together, and scales the sums by the row's inverse
-RMS at the end: mixed[t, j] = r_t * sum_c x[t, c] fn[j, c], r_t = 1 / sqrt(mean_c x[t, c]^2 + eps).
+The torch form writes the normalised streams in fp32 ([T, n*D]: 1 GiB at 16,384 tokens, n*D = 16,384) and reads
+them back into an fp32 GEMM against fn [(2+n)*n, n*D]. Here one pass reads the bf16 streams once, summing each
+row's squares and its dot products with fn together, and scales the sums by the row's inverse RMS at the end:
+mixed[t, j] = r_t * sum_c x[t, c] fn[j, c], r_t = 1 / sqrt(mean_c x[t, c]^2 + eps). It is bandwidth-bound
+(the streams' bytes against a few GFLOP); 128 rows a program keep the split weight's re-reads from L2 few
+(bench/prefill_kernels.py --hc-block-t; BENCHMARKS.md, mHC projection).
 
-Exact products on bf16 tensor cores: fn is split once, after loading (kernels/norms/mhc.py `split_weight`), into three
+Exact products on bf16 tensor cores: fn is split once, after loading (norms/mhc.py `split_weight`), into three
 bf16 parts hi + lo + lo2 whose sum is fn to within 2^-24 relative (each part holds the next 8 bits), and every
-bf16 x bf16 product is exact in fp32. The sums are not an fp32 GEMM's: measured on an H200 (fifteenth session,
-bench/prefill_kernels.py, 16,384 columns) the error is 4.6e-5 of the largest output against 3.6e-6 for the fp32
-GEMM path (the tensor cores' accumulation does not round each addition to nearest), inside the bound below and
-~85x under bf16's resolution (2^-8), where the projection's results (the mHC weights) are used. Only bf16 streams take
-this path (their values are exact in bf16).
-
-Floors at 16,384 tokens, n*D = 16,384: reading the streams, 512 MiB, 0.12 ms at 4.3 TB/s; 3 x 2 x T x n*D x 32
-(fn padded to 32 rows) = 52 GFLOP, 0.07 ms at 790 TFLOP/s: bandwidth-bound. Measured (H200, 16 rows per
-program): 0.861 ms against 1.126 ms for the fused norm + fp32 GEMM (0.76x), 0.289 / 0.367 ms at 4,096 tokens;
-far from the floor because every program re-read the split weight (2.3 MiB) from L2 for its 16 rows. Rows per
-program (`block_t`; sixteenth session, `bench/prefill_kernels.py --hc-block-t 16 32 64 128`), ms at 16,384 / 4,096
-tokens: 16 rows 0.860 / 0.271, 32 rows 0.840 / 0.215, 64 rows 0.418 / 0.281, **128 rows 0.245 / 0.226** (the
-default now; 2.0x the floor at 16k).
-
-Memory: the split weight is 3 x 24 x 16,384 bf16 per block, 212 MB over the real model's 90 blocks on every rank
-(model/plan.py counts it with the weights).
+bf16 x bf16 product is exact in fp32. The sums are not an fp32 GEMM's (the tensor cores' accumulation does not
+round each addition to nearest): the error stays inside the bound below, far under bf16's resolution (2^-8),
+where the projection's results (the mHC weights) are used. Only bf16 streams take this path (their values are
+exact in bf16). The split weight is 3 x (2+n)*n x n*D bf16 per block (model/plan.py counts it with the weights).
 
 Used for steps with prefill tokens only (model/mhc.py): a program streams K for its rows, so at decode the
-weight read (3 x 24 x 16,384 bf16 = 2.3 MiB per program) would run through one SM; decode and verify steps
-(every CUDA graph) keep the two-kernel path, so graphs and eager decode steps compute alike.
+weight read would run through one SM; decode and verify steps (every CUDA graph) keep the two-kernel path, so
+graphs and eager decode steps compute alike.
 
 Bound against exact arithmetic, per output (u = 2^-24; S = r sum_c |x_c fn_jc|): the split leaves <= u S;
 3K exact products summed in fp32: <= 3K u S; the mean of K squares in fp32 moves r by <= (K/2 + 3) u

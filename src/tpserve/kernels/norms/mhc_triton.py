@@ -1,13 +1,11 @@
-"""One Triton kernel for the mHC weights (see kernels/norms/mhc.py for the math and the torch reference).
+"""One Triton kernel for the mHC weights (norms/mhc.py has the math and the torch reference).
 
-Each program takes BLOCK_T tokens in one warp, a token per lane: tensors are laid out [i, j, token]
-with the token innermost, so Triton's default layout gives each lane its own token's n x n comb
-matrix (n padded to a power of two, the padding kept at zero) in registers, and the softmax and every
-Sinkhorn sum run inside the lane: no shuffles or shared-memory transposes between the row and column
-sums. (The first form, [token, i, j] in four warps, spent 9.2 us per call at one token on an H200,
-~90 calls per step for the whole model: bench/results/decode_profile_demo_norms_h200.json.) Floors:
-it reads (2+n)*n + writes (2+n)*n floats per token, i.e. nothing; the cost is the serial Sinkhorn
-chain (2 * sinkhorn_iters sums and divisions), one launch instead of ~120.
+Each program takes BLOCK_T tokens in one warp, a token per lane: tensors are laid out [i, j, token] with the
+token innermost, so Triton's default layout gives each lane its own token's n x n comb matrix (n padded to a
+power of two, the padding kept at zero) in registers, and the softmax and every Sinkhorn sum run inside the
+lane: no shuffles or shared-memory transposes between the row and column sums (a [token, i, j] layout over
+four warps needed them and was slower). It reads and writes (2+n)*n floats per token; the cost is the serial
+Sinkhorn chain (2 * sinkhorn_iters sums and divisions), one launch instead of ~120.
 """
 
 from __future__ import annotations

@@ -1,19 +1,16 @@
 """Fused Triton kernels for the small per-token ops of a decode step: norms and the mHC collapse / expand.
 
-Why: a decode step of this model is hundreds of tiny kernels, and on a GPU each costs ~2 us however
-little it does (bench/decode_profile.py: the demo model's batch-1 step replays ~1,040 kernels from its
-CUDA graph). model/layers.RMSNorm in torch is 8 of them (cast, square, mean, add, rsqrt, mul, cast,
-mul), the KDA output norm 12 (its weight and gate cast too, the sigmoid, two more products), the mHC
-stream norm 6, its collapse 3 and its expand 5 (counted from the torch forms); here each is one.
-Floors: every kernel reads its inputs and writes its output once (a [T, D] bf16 row of 6,144 is 12 KiB:
-nanoseconds at 4.3 TB/s); the point is the launch count, not bandwidth.
+Why: a decode step of this model is hundreds of tiny kernels, each with a fixed launch cost however little it
+does. RMSNorm in torch is 8 of them (cast, square, mean, add, rsqrt, mul, cast, mul), the KDA output norm 12
+(its weight and gate cast too, the sigmoid, two more products), the mHC stream norm 6, its collapse 3 and its
+expand 5; here each is one. Every kernel reads its inputs and writes its output once: the point is the launch
+count, not bandwidth.
 
-Numerics (the torch forms are the reference and the CPU path: model/layers.py's RMSNorm and GatedRMSNorm,
-model/mhc.py's stream norm and collapse, collectives/fused.py's hc_expand): the same formulas in
-fp32 with another summation order for the mean of squares (a tree over BLOCK-wide chunks) and for the
-mHC sums; every rounding to the output dtype happens where the torch form rounds, except in the expand,
-which adds in fp32 and rounds once (torch rounds the product, the matmul and the sum). Bounds:
-collectives/fused.py's rmsnorm_bound and hc_expand_bound.
+Numerics (norms/ref.py's torch forms are the reference and the CPU path): the same formulas in fp32 with another
+summation order for the mean of squares (a tree over BLOCK-wide chunks) and for the mHC sums; every rounding to
+the output dtype happens where the torch form rounds, except in the expand, which adds in fp32 and rounds once
+(torch rounds the product, the matmul and the sum). Bounds: collectives/fused.py's rmsnorm_bound and
+hc_expand_bound.
 """
 
 from __future__ import annotations

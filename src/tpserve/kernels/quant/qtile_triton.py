@@ -1,11 +1,9 @@
 """Quantized weight tiles decoded to bf16 for tl.dot, two values per 32-bit operation (Triton helpers).
 
-Why: at decode the quantized kernels are bound by instruction issue, not by bytes. An SM issues 128
-lane-operations per clock; 12288 x 4096 weights over 132 SMs at 1.98 GHz cost 1.5 us per operation
-per weight, while NVFP4's bytes (N K (1/2 + 1/16)) take 6.6 us at 4.3 TB/s. One code at a time in
-float32 (quant_gemv's `fp32_decode`: shifts, masks, an FMA and a group sum) spends ~6 operations per
-code, so the GEMV ran at 35% of its floor and the grouped experts at 8%; Triton's own e4m3 -> bf16
-goes through an F2F per value, a quarter-rate pipe.
+Why: at decode the quantized kernels are bound by instruction issue, not by bytes: an SM issues 128
+lane-operations per clock, so a few operations per weight cost as much as NVFP4's bytes take to stream. One
+code at a time in float32 (gemv_triton's `fp32_decode`: shifts, masks, an FMA and a group sum) spends ~6
+operations per code; Triton's own e4m3 -> bf16 goes through an F2F per value, a quarter-rate pipe.
 
 How (NVFP4, `nvfp4_tile`): the packed weight is read as 16-bit words (four codes, k = 4i + j in nibble
 j). Two words sit in one 32-bit register, so nibble j of both is at the same bit offset of each half,
@@ -24,8 +22,8 @@ Pair order: a 32-bit result holds the same code of two adjacent words, i.e. colu
 register, so the tiles come out with their columns permuted to put those two side by side
 (`pair_order` / `fp8_pair_order` put the activations in the same order; a dot does not care about
 the order of K, and both permutations only relabel each thread's registers). The callers use the
-tile as A (W @ X^T), or, with PAIR=False (k order), as B (X @ W^T: the form first measured on the
-H200; the decoded pairs then pass through byte permutes and register moves).
+tile as A (W @ X^T), or, with PAIR=False (k order), as B (X @ W^T; the decoded pairs then pass through byte
+permutes and register moves).
 
 `ASM=True`: the decode in inline PTX (CUDA only); ASM=False computes the same bf16 bits with ordinary
 Triton arithmetic (float32 bit tricks, then exact products rounded to bf16), for the CPU interpreter
