@@ -5,8 +5,8 @@ Linear methods: `bf16` (unquantized, the model dtype), `fp8` (block-B FP8, DeepS
 `nvfp4` (ModelOpt layout), `fp8-channel` (--dense-fp8: a bf16 checkpoint converted at load).
 Expert methods: `bf16`, `fp8`, `nvfp4` over fused gate|up [E, 2I, D] and down [E, D, I].
 The forwards run the layer's resolved dispatch (`layer.ctx.ops.linear` / `.experts`: kernels/quant/dispatch.py,
-one table deciding the kernel for the format and the rows). A tensor-parallel split must not cut a quantization block (128 rows/cols for FP8, 16 input
-columns for NVFP4): that raises ValueError naming the layer.
+one table deciding the kernel for the format and the rows). A tensor-parallel split must not cut a quantization
+block (128 rows/cols for FP8, 16 input columns for NVFP4): that raises ValueError naming the layer.
 """
 
 from __future__ import annotations

@@ -74,7 +74,7 @@ def conv_rows(x: torch.Tensor, pool: torch.Tensor, slots: torch.Tensor, weight: 
     """x [B * n, C] (C = q|k|v channels, rows sequence-major); pool [S, C, k-1] conv states; slots [B];
     weight [C, k] fp32 -> (q, k, v) [B * n, C/3] each, in x.dtype: views of `out` [B * n, C] when given
     (written in place), else of one new [3, B * n, C/3] buffer. update (n == 1 only): the slots' states
-    advance by the row. pdl: launched as a programmatic dependent of the kernel before (kernels/launch/pdl_triton.py)."""
+    advance by the row. pdl: launched as a programmatic dependent of the kernel before (launch/pdl_triton.py)."""
     t, c = x.shape
     if update and n != 1:
         raise ValueError("conv_rows: update needs one row per sequence")

@@ -1,7 +1,7 @@
-"""Launches of the NVRTC kernels that `torch.cuda._compile_kernel` builds (quant/gemv_cuda.py, quant/nvfp4_m1_cuda.py):
-through the driver's cuLaunchKernelEx (ctypes), for what torch's own launcher cannot give (sm_90+): programmatic dependent
-launch (PDL); and their shared memory: the opt-in past 48 KiB (`reserve_smem`) and a cap on the blocks an SM holds
-(`cap_blocks`, `one_wave_cap`).
+"""Launches of the NVRTC kernels that `torch.cuda._compile_kernel` builds (quant/gemv_cuda.py,
+quant/nvfp4_m1_cuda.py): through the driver's cuLaunchKernelEx (ctypes), for what torch's own launcher cannot give
+(sm_90+): programmatic dependent launch (PDL); and their shared memory: the opt-in past 48 KiB (`reserve_smem`)
+and a cap on the blocks an SM holds (`cap_blocks`, `one_wave_cap`).
 
 A kernel launched with programmatic stream serialization may start before the kernel ahead of it in the stream has
 finished: once every block of that one has run `griddepcontrol.launch_dependents` (or exited). It must run

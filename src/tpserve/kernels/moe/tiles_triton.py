@@ -1,5 +1,5 @@
-"""The parts the grouped expert kernels share (kernels/moe/grouped_triton.py on bf16 experts, kernels/quant/gemm_triton.py on
-FP8 / NVFP4 ones): a block's rows of the expert-sorted layout, gate|up's clamped SwiGLU into H, and down's routed
+"""The parts the grouped expert kernels share (moe/grouped_triton.py on bf16 experts, quant/gemm_triton.py on FP8 /
+NVFP4 ones): a block's rows of the expert-sorted layout, gate|up's clamped SwiGLU into H, and down's routed
 rows into Y."""
 
 from __future__ import annotations

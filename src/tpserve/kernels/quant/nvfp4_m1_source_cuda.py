@@ -15,11 +15,11 @@ Three changes from gemv_source_cuda.py's NVFP4 GEMV (whose lane layout this keep
   Each lane reads back only its own 16-byte pieces of W; the 16 scale bytes of a row and chunk arrive 4 bytes a
   lane and are read across the warp (a `__syncwarp` after each wait). x's row is staged once per block, every
   16-byte copy in flight at once (`cp.async`, one wait), then put in the order and scale the decode wants.
-- **Two decodes** (Config.decode): "lut" is ptx_cuda.decode_fp4's prmt table lookups (tables times 2^60). "shift" moves each
-  code's sign and 3 magnitude bits into a bf16 with shifts and masks (0.5 ALU operations a code fewer; left shifts
-  as multiplies that may go to the FMA pipe): the value times 2^-126, the e = 0 codes as bf16 subnormals, so it
-  is exact only where the tensor cores keep subnormal inputs (checked on the GPU, tests). Nsight Compute found
-  these kernels bound by the ALU pipe (half rate, ~50% busy), not by DRAM. The scalings (TABLE_LOG2 and the
+- **Two decodes** (Config.decode): "lut" is ptx_cuda.decode_fp4's prmt table lookups (tables times 2^60). "shift"
+  moves each code's sign and 3 magnitude bits into a bf16 with shifts and masks (0.5 ALU operations a code fewer;
+  left shifts as multiplies that may go to the FMA pipe): the value times 2^-126, the e = 0 codes as bf16
+  subnormals, so it is exact only where the tensor cores keep subnormal inputs (checked on the GPU, tests).
+  Nsight Compute found these kernels bound by the ALU pipe, not by DRAM. The scalings (TABLE_LOG2 and the
   SHIFT_* constants below) keep every product and sum in fp32's normal range; their unit 2^-60 rides on the
   global scale.
 
