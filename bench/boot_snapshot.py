@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     if args.boot:
         boot(args)
         return None
-    from tpserve.tools.bench_model import real_width_config
+    from tpserve.tools.bench.model import real_width_config
 
     ckpt, snaps = args.dir / "ckpt", args.dir / "snapshots"
     if not (ckpt / "model.safetensors.index.json").is_file():

@@ -7,7 +7,7 @@
 #
 # Needs only what the lent CUDA image has: torch (CUDA build, symmetric memory), triton, numpy,
 # tqdm, matplotlib. No wheels to carry: tpserve runs from ./src (PYTHONPATH), through
-# `python -m tpserve.tools.collectives`, which imports none of the server dependencies.
+# `python -m tpserve.tools.bench.collectives`, which imports none of the server dependencies.
 # NVLink multicast stays off (NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1).
 #
 # Steps (each under its own time limit; a failed step does not stop the next):
@@ -31,7 +31,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 export PYTHONUNBUFFERED=1
 PY=${PY:-python3}
 WORLD=${WORLD:-$($PY -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)}
-CLI=("$PY" -m tpserve.tools.collectives)
+CLI=("$PY" -m tpserve.tools.bench.collectives)
 STATUS=()
 
 step() {  # step NAME SECONDS CMD...
@@ -96,7 +96,7 @@ for mode in eager graph; do
   echo "--- $mode all_reduce timings (all_gather / reduce_scatter tables: log.txt)"
   $PY - "$OUT/$mode.json" <<'PY'
 import json, sys
-from tpserve.tools.collectives import print_rows
+from tpserve.tools.bench.collectives import print_rows
 d = json.load(open(sys.argv[1]))
 rows = [r for r in d["rows"] if r["op"] == "all_reduce"]
 world = rows[0]["world"] if rows else 0

@@ -7,7 +7,7 @@ kernels/gemv_triton.MIN_N outputs, deduplicated, with how many such layers the m
 shape and M: correctness of both against a float64 product of the same bf16 inputs (max error over
 the output's magnitude), then time per call from CUDA-graph replays of 20 calls (median of 5; quant_kernels.timed), each
 call on another copy of the weight so that the copies (>= 256 MB) cannot sit in L2 (50 MB); the floor
-is the weight's bytes / 4.3 TB/s. Prints a table and the per-step sum over the model's layers at M = 1.
+is the weight's bytes / the card's HBM bandwidth. Prints a table and the per-step sum over the model's layers at M = 1.
 """
 
 from __future__ import annotations
@@ -23,9 +23,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-from quant_kernels import timed  # noqa: E402  (graph replays of 20 calls, median of 5)
-
-HBM = 4.3e12
+from quant_kernels import HBM, timed  # noqa: E402  (graph replays of 20 calls, median of 5; the card's bandwidth)
 
 
 def model_shapes(layers: str) -> Counter:
@@ -34,7 +32,7 @@ def model_shapes(layers: str) -> Counter:
     from tpserve.model.config import ModelConfig
     from tpserve.model.glm5_next import Glm5NextModel
     from tpserve.model.layers import Linear, ShardContext
-    from tpserve.tools.bench_model import real_width_config
+    from tpserve.tools.bench.model import real_width_config
 
     cfg = ModelConfig.from_dict(real_width_config(layers, False))
     with torch.device("meta"):

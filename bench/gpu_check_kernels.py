@@ -4,8 +4,8 @@ Correctness (max abs diff; for bf16 MoE also the error relative to the output's 
 call (wall clock around call + synchronize, median of 30 after 3 warm-ups: both forms include their
 launches and the loop's host sync, which is what a decode step pays). MoE at GLM-5.3-Flash's sizes
 (288 experts, D 4096, top-8, bf16; I 2048 = TP=1, 1024 = one rank of TP=2), one layer of random
-weights; floor = the larger of (bytes of the experts the batch touches / 4.3 TB/s) and
-(FLOPs / 790 TFLOP/s).
+weights; floor = the larger of (bytes of the experts the batch touches / the card's HBM bandwidth) and
+(FLOPs / its dense bf16 peak; bench/quant_kernels.card_figures).
 Usage: python bench/gpu_check_kernels.py [--tokens 1,8,32,128,256,512] [--inter 2048,1024] [--reference]
 """
 
@@ -21,9 +21,9 @@ from tpserve.kernels.moe import ref as moe
 from tpserve.kernels.norms.mhc import hc_weights_torch
 from tpserve.kernels.norms.mhc_triton import hc_weights_triton
 from tpserve.kernels.moe.grouped_triton import experts_triton
+from quant_kernels import card_figures  # bench/ (the script's directory)
 
-HBM = 4.3e12
-BF16_FLOPS = 790e12
+HBM, BF16_FLOPS = card_figures()
 
 
 def wall_ms(fn, reps: int = 30) -> float:

@@ -1,5 +1,6 @@
-# Sourced by the bench/gpu_run_*.sh scripts (one device call each): $OUT for logs, the carried
-# wheels in .whl installed to /tmp/site, NVLink multicast off everywhere, and the `step` banner.
+# The device machine's environment, sourced by bench/gpu_run.sh and the other device scripts (one device call
+# each): $OUT for logs, the carried wheels in .whl installed to /tmp/site, NVLink multicast off everywhere, the
+# `step` banner and the Triton cache carry.
 # The wheels (the device machine has torch and Triton, not these), fetched once from the repo root:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl \
@@ -17,8 +18,7 @@ step() { echo; echo "=== $1 ($(date +%T))"; }
 # the end of a script writes the compiled binaries and metadata (no IR text), gzipped, to
 # $OUT/triton_cache.tar.gz when it fits what a call returns (16 MiB a file). To use it next time:
 # mkdir -p .carry_triton && cp FILES_AT/triton_cache.tar.gz .carry_triton/, and carry ".carry_triton"
-# with ".whl". Fixed path: Triton's cache groups name their files by absolute path. (New in the
-# seventh session; not yet exercised on a device.)
+# with ".whl". Fixed path: Triton's cache groups name their files by absolute path.
 export TRITON_CACHE_DIR=/tmp/triton-cache; mkdir -p "$TRITON_CACHE_DIR"
 if [ -f .carry_triton/triton_cache.tar.gz ]; then
   tar -xzf .carry_triton/triton_cache.tar.gz -C "$TRITON_CACHE_DIR" && echo "triton cache: restored $(du -sm "$TRITON_CACHE_DIR" | cut -f1) MB"

@@ -21,7 +21,7 @@ def main() -> int:
     from transformers import Glm5NextConfig, Glm5NextForConditionalGeneration
 
     from tpserve.model.tiny import TINY_VISION
-    from tpserve.tools.bench_model import real_width_config
+    from tpserve.tools.bench.model import real_width_config
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--layers", default="KKKM")

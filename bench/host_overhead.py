@@ -31,7 +31,7 @@ import torch
 
 from tpserve import LLM, SamplingParams
 from tpserve.engine.runner import Drafted
-from tpserve.tools.bench_spec import step_times
+from tpserve.tools.bench.spec import step_times
 from tpserve.train.acceptance import mtp_prompts
 
 

@@ -7,12 +7,12 @@ model/mla.py `_sparse`, at GLM-5.3-Flash's widths (TP=1: 64 heads, latent 512, s
 
 Per token count: the largest error of each form against a float64 reference (and the kernel's against
 the torch form), and the median time of 200 CUDA-graph replays after warm-up (CUDA events); the floor is the selected
-latent rows read once (bytes / 4.3 TB/s).
+latent rows read once (bytes / the card's HBM bandwidth).
 
 With --prefill: the queries of one sequence (as a sparse prefill chunk sends them), each with its own random
 selection of `--width` rows of the `--context`-long cache, timed per launch config (kernels/mla_triton.py
 `SparseConfig`: heads per program, rows per step, warps, pipeline stages); the floor is
-the FLOPs (2 dots of H x W x C per token) / 790 TFLOP/s, and each config's output is compared with the
+the FLOPs (2 dots of H x W x C per token) / the card's dense bf16 peak, and each config's output is compared with the
 decode config's (max |difference| / max |output|).
 """
 
@@ -22,9 +22,9 @@ import argparse
 import json
 
 import torch
+from quant_kernels import card_figures  # bench/ (the script's directory)
 
-HBM = 4.3e12
-PEAK = 790e12
+HBM, PEAK = card_figures()  # the card's HBM bytes/s and bf16 FLOP/s; (None, None) without CUDA
 
 
 def torch_form(q_lat, sel, seq, tables, latent, bs, scaling):
@@ -193,7 +193,7 @@ def plot_prefill(rows: list[dict], path: str) -> None:
     fig, ax = plt.subplots(figsize=(7, 0.32 * len(shown) + 1.4))
     ax.barh([r["config"] for r in shown], [r["ms"] for r in shown], color="tab:blue")
     floor = shown[0]["floor_ms"]
-    ax.axvline(floor, color="black", linestyle="--", label=f"FLOP floor {floor:.2f} ms (790 TFLOP/s)")
+    ax.axvline(floor, color="black", linestyle="--", label=f"FLOP floor {floor:.2f} ms")
     ax.invert_yaxis()
     ax.set_xlabel(f"ms per call, {n:,} queries x their selected rows (H200)")
     ax.set_title("sparse MLA prefill launch shapes\n(h heads, r rows, w warps, s stages; c / q / +rows: removed variants)", fontsize=10)

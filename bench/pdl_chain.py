@@ -6,9 +6,9 @@
 The chain cycles through the real-width KKKM model's dense shapes so that each output is the next input:
 x [M, 4096] -> 2048 x 4096 -> 4096 x 2048 -> 8192 x 4096 -> 4096 x 8192 -> ..., `--repeats` times, every
 weight its own copy (1.3 GB at 8 repeats: L2 holds none of it). Each form is captured once and replayed; the
-median replay over the number of kernels is the time a kernel; the floor is the weights' bytes / 4.3 TB/s. The
-outputs of the forms must be bit for bit equal (the same tiles, the same sums). At more than one row `gemv`
-launches plainly with or without `pdl` (a control: both forms run the same kernel). CUDA only (sm_90+ for PDL).
+median replay over the number of kernels is the time a kernel; the floor is the weights' bytes / the card's HBM
+bandwidth. The outputs of the forms must be bit for bit equal (the same tiles, the same sums). At more than one row
+`gemv` launches plainly with or without `pdl` (a control: both forms run the same kernel). CUDA only (sm_90+ for PDL).
 """
 
 from __future__ import annotations
@@ -20,9 +20,10 @@ import statistics
 import torch
 
 from tpserve.kernels.linear import gemv_triton
+from quant_kernels import card_figures  # bench/ (the script's directory)
 
 SHAPES = [(2048, 4096), (4096, 2048), (8192, 4096), (4096, 8192)]  # (N, K): each N is the next K
-BANDWIDTH = 4.3e12
+BANDWIDTH, _ = card_figures()
 
 
 def chain(x: torch.Tensor, weights: list[torch.Tensor], pdl: bool) -> torch.Tensor:

@@ -7,7 +7,7 @@ path it replaces in prefill steps; both also against float64 on the first 512 ro
     python bench/prefill_kernels.py [--tokens 4096 16384] [--json FILE]
 
 Checks (max |difference| over the output's max |value|, bf16) and times per call (CUDA events, median of 20 after
-warm-up), with each kernel's floor (bytes / 4.3 TB/s). cuda only.
+warm-up), with each kernel's floor (bytes / the card's HBM bandwidth). cuda only.
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ import json
 import statistics
 
 import torch
+from quant_kernels import card_figures  # bench/ (the script's directory)
 
-HBM = 4.3e12
+HBM, _ = card_figures()
 
 
 def timed(fn, reps: int = 20) -> float:

@@ -1,8 +1,8 @@
 """Where the quantized decode kernels lose time: wide sweeps (pipeline depth, prefetch, wide FP8 K tiles) and a
 per-kernel profile of the grouped MoE decode, on one GPU.
 
-Floors (bytes / 4.3 TB/s): W8A16 12288 x 4096 11.7 us, W4A16 6.6 us; MoE decode (288 experts, top-8, D 4096,
-I 2048) the touched experts' bytes (NVFP4 26 us at 1 token, FP8 47 us). bench/quant_kernels.py swept tiles and
+Floors (bytes / the card's HBM bandwidth, quant_kernels.card_figures): W8A16 12288 x 4096 50.3 MB, W4A16 28.3 MB;
+MoE decode (288 experts, top-8, D 4096, I 2048) the touched experts' bytes. bench/quant_kernels.py swept tiles and
 warps with Triton's default three pipeline stages; the FP8 GEMV at one row (FMAs, no dot) is not software-pipelined
 at all (its loads feed no dot: no LDGSTS in its sm_90 SASS), so each program waits a whole memory latency per K
 tile. Sections:
@@ -12,7 +12,7 @@ tile. Sections:
            times (torch.profiler: routing, gate / up, down, combine) and the GEMM kernels' share of the floor
   prefill  bf16 grouped MoE prefill at 4k / 16k tokens: as timed before, as the engine runs it, the GEMMs alone
   fp8det   the FP8 GEMV's qtile at M = 8: PTX against plain Triton with one K split and with fp32 atomics (split K),
-           plain against plain, and each one's error against fp32 math (the seventeenth session saw PTX != plain)
+           plain against plain, and each one's error against fp32 math (PTX != plain was once seen at M = 8)
   w4one    W4A16 at one row, 12288 x 4096: tiles, warps, stages and K splits of qtile A / B and the one-row kernel,
            every config printed
   rows     the one-row kernels (NVFP4 and FP8) on both shapes, every config printed
@@ -65,8 +65,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from quant_kernels import (HBM, MAX_REL_ERR, ROUTE, copies_for, quantized_experts, rel, run_sections,  # noqa: E402
-                           timed)
+from quant_kernels import (BF16_PEAK, HBM, MAX_REL_ERR, ROUTE, copies_for, quantized_experts, rel,  # noqa: E402
+                           run_sections, timed)
 
 
 def sweep(configs, make, check, top=5):
@@ -103,8 +103,8 @@ def _fp8():
     # (block_n, block_k, warps, stages, waves, qtile, prefetch)
     row = ([(bn, bk, 4, 3, 0, False, pf) for bn in (16, 32, 64) for bk in (128, 256, 512) for pf in (False, True)]
            + [(64, bk, 8, 3, 0, False, pf) for bk in (256, 512) for pf in (False, True)]
-           + [(32, 128, 4, 3, 4, False, False)]  # the seventeenth session's best at M = 1: split K, 4 waves
-           # the first call's best was 16 x 512 on 4 warps, no prefetch: narrower and wider around it
+           + [(32, 128, 4, 3, 4, False, False)]  # an earlier best at M = 1: split K, 4 waves
+           # and around 16 x 512 on 4 warps, no prefetch: narrower and wider
            + [(bn, bk, nw, 3, wv, False, False) for bn, bk, nw in ((8, 512, 2), (8, 1024, 4), (16, 1024, 4),
                                                                     (16, 512, 2), (16, 512, 8), (16, 2048, 8),
                                                                     (32, 1024, 8))
@@ -144,7 +144,7 @@ def _fp4():
         return w4a16_gemv(x, *p, block_n=bn, block_k=bk, num_warps=nw, num_stages=ns, waves=wv, qtile=bool(qt),
                           qtile_a=qt != "b", fp32_decode=False)
 
-    # (block_n, block_k, warps, stages, waves, qtile form or "row", _); the eighteenth session's best first
+    # (block_n, block_k, warps, stages, waves, qtile form or "row", _); the earlier best first
     tiles = [(32, 512, 4, 3, 0, "b", False), (64, 256, 4, 3, 0, "a", False)]
     # one pipeline stage: no shared-memory ring for W, so more programs fit an SM (a 64 x 256 A-form program
     # with three stages takes 74 KB and runs one warp per scheduler); more warps per program
@@ -199,7 +199,7 @@ def sec_gemv(res, only=None):
 def sec_w4one(res):
     """W4A16 at one row, 12288 x 4096, every config's time printed: the grid and occupancy sweep after Nsight
     Compute showed the NVFP4 GEMVs at 2.7 (one-row kernel, qtile B) and 1.6 (qtile A) active warps per scheduler
-    against the FP8 one-row kernel's 9.4 (bench/results/s19b_ncu_*.txt): smaller tiles, 8 warps, one pipeline
+    against the FP8 one-row kernel's 9.4: smaller tiles, 8 warps, one pipeline
     stage (no shared-memory ring, so more programs fit an SM) and K splits."""
     cfgs = ([(64, bk, 4, ns, wv, "a", False) for bk in (64, 128, 256) for ns in (1, 2) for wv in (0, 2, 4, 8)]
             + [(128, bk, 8, ns, wv, "a", False) for bk in (128, 256) for ns in (1, 2) for wv in (0, 2, 4)]
@@ -249,7 +249,7 @@ def sec_w4def(res):
 
 
 def sec_w4planes(res):
-    """W4A16 through the nibble-planes kernel (kernels/quant_gemv._nvfp4_planes_kernel, twenty-first session): 72
+    """W4A16 through the nibble-planes kernel (kernels/quant_gemv._nvfp4_planes_kernel): 72
     wgmma configs (rows 64 on 4 warps or 128 on 8, K tiles 128-512, 2-4 stages, K split over 0-8 waves) and 72
     mma.sync ones (16-64 rows on 1-4 warps) at 12288 x 4096, one row; the best five then at 8 and 16 rows and on
     4096 x 12288, each case beside the default there (one row: the one-row kernel; more: the per-value decode); and
@@ -260,7 +260,7 @@ def sec_w4planes(res):
     cfgs = [(bn, bk, nw, ns, wv, "planes", False) for bn, nw in ((64, 4), (128, 8)) for bk in (128, 256, 512)
             for ns in (2, 3, 4) for wv in (0, 2, 4, 8)]
     # fewer than 4 warps a 64-row tile: Triton takes mma.sync (no wgmma, whose register operand makes it wait
-    # after every dot, first call: ~20 us at any grid size)
+    # after every dot: ~20 us at any grid size)
     cfgs += [(bn, bk, nw, ns, wv, "planes", False) for bn, nw in ((16, 1), (16, 2), (32, 1), (32, 2), (32, 4), (64, 2))
              for bk in (128, 256) for ns in (2, 3) for wv in (0, 2, 4)]
     for n, k in ((12288, 4096), (4096, 12288)):
@@ -323,9 +323,8 @@ def _all_configs(res, name, spec, shapes, cfgs, m=1):
 
 
 def sec_rows(res):
-    """The one-row kernels on both shapes, every config printed: NVFP4 (the float16 decode; the nineteenth session's
-    sixth call ran a variant since reverted, its codes joined in k order against one x tile per K step) and FP8
-    (wider K tiles and fewer rows per program for 4096 x 12288, at 75% of its floor in the eighteenth session)."""
+    """The one-row kernels on both shapes, every config printed: NVFP4 (the float16 decode) and FP8 (wider K tiles
+    and fewer rows per program for 4096 x 12288)."""
     shapes = ((12288, 4096), (4096, 12288))
     row4 = [(bn, bk, nw, 1, wv, "row", False) for bn in (16, 32) for bk in (256, 512, 1024) for nw in (4, 8)
             for wv in (0, 4, 8)]
@@ -455,9 +454,8 @@ def _mma_sweep(res, tag: str, configs, top: int | None = None) -> None:
 
 def sec_mma2(res):
     """kernels/mma_gemv.py at 8 rows, around the first sweep's best (interleaved K chunks): more warps a block
-    (the interleave width), two to four row tiles a warp, both formats. (The twenty-third session's third call also
-    ran each config with the driver's smallest shared-memory carveout, for more L1 to hold x: slower or level
-    everywhere, so the option was removed.)"""
+    (the interleave width), two to four row tiles a warp, both formats. (The driver's smallest shared-memory carveout,
+    for more L1 to hold x, measured slower or level everywhere and was removed.)"""
     from tpserve.kernels.quant import gemv_cuda as mg
 
     fp8 = [mg.Config("fp8", r, sp, d, pf, True) for r in (1, 2) for sp in (4, 6, 8, 10, 12, 16) for d in (2, 3)
@@ -468,8 +466,8 @@ def sec_mma2(res):
 
 def sec_mma3(res):
     """kernels/mma_gemv.py at 8 rows: the defaults beside more warps a block and a deeper pipeline, both formats and
-    shapes. (The twenty-third session's fifth call also ran each config asking a chunk's x into L1 with its W loads,
-    `prefetch.global.L1`: 1.2-1.4x slower everywhere, so that option was removed.)"""
+    shapes. (Asking a chunk's x into L1 with its W loads, `prefetch.global.L1`, measured 1.2-1.4x slower everywhere
+    and was removed.)"""
     from tpserve.kernels.quant import gemv_cuda as mg
 
     def configs(fmt, n, k):
@@ -483,8 +481,7 @@ def sec_mma3(res):
 def sec_mma4(res):
     """kernels/mma_gemv.py at 8 rows: the defaults beside 16 warps a block with two blocks held per SM
     (`min_blocks`: ptxas caps the registers at 64, so every block of 4096 x 12288 is resident at once and a block
-    reads 2 KB of each row together), and other configs held to more blocks per SM. (Its one run, the twenty-third
-    session's tenth call, built the defaults with min_blocks 1 too: see bench/gpu_run_session23g.sh.)"""
+    reads 2 KB of each row together), and other configs held to more blocks per SM."""
     from tpserve.kernels.quant import gemv_cuda as mg
 
     def configs(fmt, n, k):
@@ -554,7 +551,7 @@ def sec_moe(res):
                                                                       # more warps per program: at one token a
                                                                       # 64 x 256 program on 4 warps is alone on
                                                                       # its SM (shared memory), one warp per
-                                                                      # scheduler (first call: 40% of the floor)
+                                                                      # scheduler (40% of the floor)
                                                                       (64, 256, 8, "b"), (64, 256, 8, "a"),
                                                                       (128, 256, 8, "a"), (64, 128, 8, "b"))
                         for ns in (1, 2, 3, 4, 5)]),
@@ -637,7 +634,7 @@ def sec_prefill(res):
     g = torch.Generator(device="cuda").manual_seed(0)
     gu = torch.randn(e, 2 * i, d, device="cuda", generator=g, dtype=torch.bfloat16) / d**0.5
     dn = torch.randn(e, d, i, device="cuda", generator=g, dtype=torch.bfloat16) / i**0.5
-    peak = 790e12
+    peak = BF16_PEAK
     for t in (4096, 16384):
         ids = torch.stack([torch.randperm(e, device="cuda")[:k] for _ in range(t)])
         w = torch.rand(t, k, device="cuda")
@@ -826,10 +823,8 @@ def sec_m1def(res):
 
 def sec_m1exp(res):
     """nvfp4_m1's experts at 1 and 8 tokens: the gate|up config swept with down at its default, then down's with
-    gate|up at its default (whole MoE layer timed, 8 routings in turn; each config against fp32 math first). (The
-    twenty-fourth session's eighth call also ran the experts with gate|up's blocks asking L2 for their pair's down
-    weights, `prefetch_down`, section m1pf: 1.16-1.21x slower at 1, 2 and 8 tokens, so option and section were
-    removed.)"""
+    gate|up at its default (whole MoE layer timed, 8 routings in turn; each config against fp32 math first). (Gate|up's
+    blocks asking L2 for their pair's down weights measured 1.16-1.21x slower at 1, 2 and 8 tokens and were removed.)"""
     from tpserve.kernels.quant import nvfp4_m1_cuda as m1
 
     P, e, d, i = _experts_setup()
@@ -942,7 +937,7 @@ def sec_mmasmem(res):
     w8a16_gemv's / w4a16_gemv's default ("default") and mma_gemv's default config ("mma regs")."""
     from tpserve.kernels.quant import gemv_cuda as mg
 
-    def configs(fmt):  # (16 warps: the fifth call's Nsight Compute found 4096 x 12288's 256 blocks of 8 warps
+    def configs(fmt):  # (16 warps: Nsight Compute found 4096 x 12288's 256 blocks of 8 warps
         # holding ~15 warps an SM, the grid too small to fill it: 16 warps fit twice an SM only from shared memory)
         return [mg.Config(fmt, r, sp, d, 256, True, 0, "smem") for r in (1, 2) for sp in (2, 4, 8, 16)
                 for d in (2, 3, 4, 6)] + [mg.Config(fmt, 1, 16, d, 256, True) for d in (2, 3)]
@@ -1023,8 +1018,7 @@ def sec_m1x(res):
     in the same process where M1X_BASE names its file (e.g. .base_src/src/tpserve/kernels/nvfp4_m1.py): an A/B whose
     two sides share the process, the weights and the routings (timings of one form moved by ~8% between processes).
     Each form checked against fp32 math, then timed three times in alternation (graph replays of 40 calls, 8
-    routings in turn). The twenty-eighth session's forms (x's chunk in the stages, caps on the blocks an SM holds,
-    gate|up split over K, down_sum on per-pair readiness) are at commits 224bcc0, eda5d20 and 48b5c3a."""
+    routings in turn)."""
     import importlib.util
     import os
 
@@ -1065,7 +1059,7 @@ def _m1_alternate(res, tag: str, forms: dict, tokens) -> None:
 
 
 def m1_forms_run(tag: str, forms: dict, tokens_text: str, json_path: str | None, error) -> None:
-    """For the small m1 scripts (bench/m1_alu_bound.py, bench/m1_configs.py): --tokens parsed (error(message) where
+    """For the small m1 scripts (bench/m1_experts.py): --tokens parsed (error(message) where
     it is not a list of positive integers), `_m1_alternate` over the forms, the results written to json_path."""
     try:
         tokens = [int(t) for t in tokens_text.split(",") if t.strip()]
@@ -1099,7 +1093,7 @@ def sec_mmapdl(res):
     at one row NVFP4's nvfp4_m1 both times, FP8's Triton row kernel plainly and mma_gemv under PDL, so not bit for
     bit there): a run of calls captured in one graph (quant_kernels.timed: the weight copies in turn, so no call
     finds its W in L2), each call's kernel a dependent of the one before where PDL is on. The floor is one call's
-    weight bytes / 4.3 TB/s."""
+    weight bytes / the card's HBM bandwidth."""
     from tpserve.kernels.quant.gemv_nvfp4_triton import w4a16_gemv
     from tpserve.kernels.quant.gemv_triton import w8a16_gemv
 
@@ -1133,8 +1127,7 @@ def sec_mmacap(res):
     """mma_gemv's default configs with Config.max_blocks (a cap on the blocks an SM holds, through unused shared
     memory: launch_ex.capped_smem) against none, each launched plainly and as programmatic dependents (mmapdl's
     chain), 1, 2 and 8 rows, both formats and shapes, each form twice in alternation; the driver's occupancy for
-    each cap printed. (At its one run, the twenty-seventh session's fifth call, PDL launches took no cap unasked;
-    now cap 0 under PDL means launch_ex.one_wave_cap.)"""
+    each cap printed (cap 0 under PDL means launch_ex.one_wave_cap)."""
     import ctypes
 
     from tpserve.kernels.launch import ex_cuda as launch_ex

@@ -1,6 +1,6 @@
 """Quantized GEMM and MoE kernels on one GPU: accuracy against dequantized fp32 math and time.
 
-Needs only torch + Triton (no other tpserve dependency). Sections (each prints its own table):
+Floors: bytes / the card's HBM bandwidth, FLOPs / its dense bf16 peak (card_figures). Sections (each its table):
   w8a16   fp8 block-128 W8A16 at M 1/8/16: the tiled split-K kernel and the decode GEMV
           (kernels/quant_gemv.py, best of a config sweep: tiles, warps, K split or not), vs the FP8
           weight-streaming floor and vs cuBLAS bf16 on the same shape (whose floor is twice as many bytes)
@@ -26,8 +26,22 @@ from pathlib import Path
 
 import torch
 
-HBM = 4.3e12
-BF16_PEAK = 790e12
+
+def card_figures() -> tuple[float | None, float | None]:
+    """(HBM bytes/s, dense bf16 FLOP/s) of this process's CUDA card: the floors' divisors, its spec by its name or
+    TPSERVE_BENCH_HBM_TBPS / TPSERVE_BENCH_PEAK_TFLOPS (tools/bench/model.device_peaks); (None, None) without CUDA."""
+    if not torch.cuda.is_available():
+        return None, None
+    from tpserve.tools.bench.model import device_peaks
+
+    peaks = device_peaks("cuda")
+    if not (peaks["hbm_bytes_per_s"] and peaks["bf16_flops"]):
+        raise SystemExit(f"no floor figures for {peaks['card']}: set TPSERVE_BENCH_HBM_TBPS, TPSERVE_BENCH_PEAK_TFLOPS")
+    return peaks["hbm_bytes_per_s"], peaks["bf16_flops"]
+
+
+HBM, BF16_PEAK = card_figures()
+
 ROUTE = "triton"  # the MoE's expert-sorted layout and combine as the engine builds them on CUDA
 
 
@@ -302,7 +316,7 @@ def sec_moe(res):
             row = dict(kind=name, tokens=t, touched=touched, us=tt * 1e6, floor_us=floor * 1e6, pct=100 * floor / tt,
                        rel_err=err, config=cfg)
             if name != "bf16" and cfg[3]:  # qtile's PTX decode against the same bits in plain Triton
-                b_cfgs = [c for c in configs if c[3] == "b"]  # and the tile as B (the first call's form)
+                b_cfgs = [c for c in configs if c[3] == "b"]  # and the tile as B
                 t_b, c_b = _best(b_cfgs, lambda c: [(lambda r=r: fn(*r, c)) for r in routes],
                                  check=lambda c: rel(fn(ids0, w0, x0, c), ref))
                 row["b_operand_us"], row["b_operand_config"] = t_b * 1e6, c_b
@@ -316,7 +330,7 @@ def sec_moe(res):
                 print(f"  {name} PTX decode == plain Triton decode: {row['asm_equals_portable']}; per-element decode "
                       f"(the old path) {row['per_element_us']:.0f} us; tile as B {row['b_operand_us']:.0f} us "
                       f"{row['b_operand_config']}", flush=True)
-    print("\n| MoE prefill bf16 grouped_mm | tokens | ms | TFLOP/s | MFU (790) |")
+    print("\n| MoE prefill bf16 grouped_mm | tokens | ms | TFLOP/s | MFU |")
     print("| --- | --- | --- | --- | --- |")
     for t in (4096, 16384):
         ids = torch.stack([torch.randperm(e, device="cuda")[:k] for _ in range(t)])

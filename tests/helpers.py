@@ -22,6 +22,11 @@ TINY_CONFIGS: dict[str, dict] = {
                     tie_word_embeddings=True),
     # the indexer's no-tail branch: a query sees only complete pools (plus itself through its pool)
     "notail": dict(layers=4, seed=4, index_kpool=4, index_topk=12, index_kpool_always_select_tail=False),
+    # with an MTP layer (layer 4, the published layout), every tensor random: drafts are rarely accepted
+    "mtp_random": dict(layers=4, seed=6, mtp=True),
+    # with an MTP layer whose drafts the model often accepts (`_agreeable_drafter`): speculative decoding's
+    # mechanics (accepted runs, stops inside them, rejections) on a checkpoint in the published layout
+    "mtp": dict(layers=4, seed=5, mtp=True, agree=0.1),
 }
 
 
@@ -29,8 +34,35 @@ def make_checkpoint(root: Path, name: str) -> Path:
     from tpserve.model.tiny import make_tiny
 
     spec = dict(TINY_CONFIGS[name])
-    layers, seed = spec.pop("layers"), spec.pop("seed")
-    return make_tiny(root / name, seed=seed, layers=layers, **spec)
+    layers, seed, agree = spec.pop("layers"), spec.pop("seed"), spec.pop("agree", None)
+    path = make_tiny(root / name, seed=seed, layers=layers, **spec)
+    if agree is not None:
+        _agreeable_drafter(path, layers, agree)
+    return path
+
+
+def _agreeable_drafter(path: Path, mtp_layer: int, scale: float) -> None:
+    """Rewrite a tiny checkpoint so that its MTP layer often drafts what the model then emits: every block's
+    output projection (o_proj, down_proj) scaled by `scale`, so the model's hidden state at a position is
+    mostly its token's embedding; the drafter then maps the embedding of the next token through the same norm
+    weight (eh_proj = [I | small], enorm = 1, shared_head.norm = the final norm) and predicts the token after
+    it about as the model will. The blocks still move the logits (about half the drafts are rejected)."""
+    import re
+
+    from safetensors.torch import load_file, save_file
+
+    file = path / "model.safetensors"
+    t = load_file(str(file))
+    for k in t:
+        if re.search(r"\.(o_proj|down_proj)\.weight$", k):
+            t[k] = t[k] * scale
+    p = f"model.language_model.layers.{mtp_layer}."
+    d = t[p + "enorm.weight"].shape[0]
+    small = torch.randn(d, d, generator=torch.Generator().manual_seed(0)) * (0.1 / d ** 0.5)
+    t[p + "eh_proj.weight"] = torch.cat([torch.eye(d), small], dim=1)
+    t[p + "enorm.weight"] = torch.ones(d)
+    t[p + "shared_head.norm.weight"] = t["model.language_model.norm.weight"].clone()
+    save_file(t, str(file), metadata={"format": "pt"})
 
 
 @functools.lru_cache(maxsize=4)

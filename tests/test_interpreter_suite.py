@@ -6,7 +6,7 @@ GPU kernels in Triton's CPU interpreter skip there. `TPSERVE_TEST_TRITON_PATH` n
 holding Triton (and a numpy its interpreter accepts), installed aside (`.ci/run` does:
 `pip install --target`); this test then runs those tests in a child pytest with it and fails if
 any fails or skips. Skipped where the variable is unset, or where Triton is importable here (the
-interpreter tests then ran directly in this session).
+interpreter tests then run directly in this pytest run).
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-# the GPU kernels' proofs that issue-level checks rely on: the workspace collectives (one-round,
-# pipelined, fused, the MoE fold, the ring) and the quantized GEMMs
+# the GPU kernels proven in the interpreter: the workspace collectives (one-round, pipelined, fused,
+# the MoE fold, the ring) and the quantized GEMMs
 INTERPRETED = ("tests/collectives/test_peer_workspace_interpreter.py", "tests/collectives/test_moe_combine_rs_interpreter.py",
                "tests/collectives/test_peer_workspace_ring_interpreter.py", "tests/kernels/quant/test_quant_triton.py")
 

@@ -23,7 +23,6 @@ TOOL_MODULES = (
     "tpserve.tools.bench.serve",
     "tpserve.tools.bench.model",
     "tpserve.tools.bench.spec",
-    # operator tools (issue 14)
     "tpserve.tools.smoke",
     "tpserve.tools.bench.prefill_block",
     "tpserve.tools.quality.cli",
@@ -36,13 +35,37 @@ TOOL_MODULES = (
 )
 
 
+class CommandListFormatter(argparse.HelpFormatter):
+    """Command lists one line each: argparse measures subcommand names two columns short of where it prints them."""
+
+    def add_argument(self, action: argparse.Action) -> None:
+        super().add_argument(action)
+        if isinstance(action, argparse._SubParsersAction) and action.choices:
+            width = max(map(len, action.choices)) + self._current_indent + 2
+            self._action_max_length = max(self._action_max_length, width)
+
+
+def _print_help(parser: argparse.ArgumentParser):
+    """A parser's `func` for bare `tpserve` / `tpserve bench`: its help, exit code 0."""
+    return lambda args: parser.print_help() or 0
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tpserve", description="Serve GLM-5.3-Flash with tensor parallelism.")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench_command", required=True,
-                                                                       metavar="WHAT")
-    tune = sub.add_parser("tune", help="tuning").add_subparsers(dest="tune_command", required=True,
-                                                                 metavar="WHAT")
+    from tpserve import __version__
+
+    parser = argparse.ArgumentParser(prog="tpserve", formatter_class=CommandListFormatter,
+                                     description="Serve GLM-5.3-Flash (glm5_next) with tensor parallelism.",
+                                     epilog="`tpserve COMMAND --help` for a command's options. README.md, "
+                                            "docs/architecture.md.")
+    parser.add_argument("--version", action="version", version=f"tpserve {__version__}")
+    parser.set_defaults(func=_print_help(parser))
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    groups = {}
+    for name, text in (("bench", "benchmarks: serve, model, spec, collectives, fuzz, soak, ..."),
+                       ("tune", "tune the collectives' size table")):
+        p = sub.add_parser(name, help=text, description=text, formatter_class=CommandListFormatter)
+        p.set_defaults(func=_print_help(p))
+        groups[name] = p.add_subparsers(dest=f"{name}_command", metavar="WHAT")
     for name in TOOL_MODULES:
         try:
             module = importlib.import_module(name)
@@ -50,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
             if exc.name != name:
                 raise
             continue
-        module.register(sub, bench=bench, tune=tune)
+        module.register(sub, bench=groups["bench"], tune=groups["tune"])
     return parser
 
 

@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
-def _opt(default: Any, help: str, *, switch: bool = False, flag: str | None = None,
+def _opt(default: Any, help: str, *, switch: bool = False, advanced: bool = False, flag: str | None = None,
          choices: tuple[str, ...] | None = None) -> Any:
-    return field(default=default, metadata={"help": help, "switch": switch, "flag": flag,
+    """A field with its CLI help; `switch`: listed in docs/switches.md; `advanced`: shown by --help-all only."""
+    return field(default=default, metadata={"help": help, "switch": switch, "advanced": advanced, "flag": flag,
                                             "choices": choices})
 
 
@@ -35,201 +36,112 @@ def quantization_method(name: str, what: str = "quantization") -> str:
 
 @dataclass(frozen=True)
 class EngineConfig:
-    model: str | None = _opt(None, "checkpoint directory (default: the built-in trained demo model)")
-    device: str = _opt("auto", "cpu, cuda or auto (cuda when available)",
-                       choices=("auto", "cpu", "cuda"))
-    dtype: str = _opt("auto", "weight/activation dtype: auto (bfloat16 on cuda, float32 on cpu), "
-                      "float32, bfloat16, float16",
+    model: str | None = _opt(None, "checkpoint directory (default: the built-in demo model)")
+    device: str = _opt("auto", "cpu, cuda or auto (cuda when available)", choices=("auto", "cpu", "cuda"))
+    dtype: str = _opt("auto", "auto (bfloat16 on cuda, float32 on cpu), float32, bfloat16 or float16",
                       choices=("auto", "float32", "bfloat16", "float16"))
-    seed: int = _opt(0, "seed of the engine's sampler (requests may bring their own)")
-    skip_tokenizer_init: bool = _opt(False, "work on token ids only; no tokenizer is loaded")
-    tokenizer_cache_words: int = _opt(1024, "words the tokenizer's BPE cache keeps (HF tokenizers' own default, "
-                                      "10,000, holds up to ~80 MiB of long unique words in a server's heap); 0: none")
-    load_format: str = _opt("auto", "auto: read the safetensors weights; dummy: random weights (benchmarks; "
-                            "only config.json is needed)", choices=("auto", "dummy"))
-    tensor_parallel_size: int = _opt(1, "number of tensor-parallel ranks", flag="--tp")
+    seed: int = _opt(0, "seed of the engine's sampler (a request may bring its own)")
+    skip_tokenizer_init: bool = _opt(False, "work on token ids only; load no tokenizer")
+    tokenizer_cache_words: int = _opt(1024, "words the tokenizer's BPE cache keeps (0: none; docs/serving.md)",
+                                      advanced=True)
+    load_format: str = _opt("auto", "auto: the safetensors weights; dummy: random weights (needs only config.json)",
+                            choices=("auto", "dummy"))
+    tensor_parallel_size: int = _opt(1, "number of tensor-parallel ranks (one GPU each)", flag="--tp")
     max_model_len: int | None = _opt(None, "longest prompt + output (default: the checkpoint's)")
     max_num_seqs: int = _opt(64, "most requests running at once")
-    max_num_batched_tokens: int = _opt(2048, "most tokens in one forward step (prefill chunk size)")
-    max_waiting: int = _opt(1024, "most requests waiting; beyond this the server answers 503")
+    max_num_batched_tokens: int = _opt(2048, "most tokens in one forward step (the prefill chunk size)")
+    max_waiting: int = _opt(1024, "most requests waiting; beyond it the server answers 503")
     block_size: int = _opt(64, "tokens per cache block (a multiple of index_kpool)")
     kv_cache_memory: float | None = _opt(
-        None, "bytes for the MLA/indexer block pool (accepts 2GiB, 512MiB ...); default: "
-        "from --gpu-memory-utilization on cuda, 256MiB on cpu")
+        None, "bytes for the MLA / indexer block pool, e.g. 2GiB "
+        "(default: from --gpu-memory-utilization on cuda, 256MiB on cpu)")
     gpu_memory_utilization: float = _opt(0.85, "fraction of GPU memory the engine may use")
-    # ---- speedup switches (docs/switches.md) ----
-    mla_prefill: str = _opt("auto", "MLA attention of prefill chunks: dense (the context's latent expanded to "
-                            "keys/values, SDPA under the selection mask), sparse (each query attends only its "
-                            "<= index_topk selected latent rows, kv_b_proj absorbed; with --mla-decode-backend triton "
-                            "one kernel call per 4,096 queries, all 64 heads of a token per program), or auto "
-                            "(sparse for a sequence whose chunk reaches 8,192 positions, else dense: on an H200 "
-                            "dense took 58.6-59.3 ms against sparse 59.8-60.6 at 4k tokens, sparse 95.9-96.1 "
-                            "against dense 99.6 at 8k, BENCHMARKS.md fifteenth session)",
-                            switch=True, choices=("auto", "sparse", "dense"))
-    enforce_eager: bool = _opt(False, "run every step eagerly: no CUDA graphs (by default, decode steps of up "
-                               "to --max-num-seqs sequences replay graphs captured at start, and with "
-                               "speculation the verify, KDA commit and MTP draft steps of up to 16; cuda only)",
-                               switch=True)
-    merge_linears: bool = _opt(True, "linears that read the same input run as one GEMM over their weights stacked at "
-                               "load (the dense MLPs' gate + up, KDA's q + k + v and f_a + g_a + b, MLA's q_a + "
-                               "kv_a; 16-bit weights without bias): one weight stream and one launch at decode "
-                               "instead of one per linear (model/merged.py)", switch=True)
-    async_scheduling: bool = _opt(True, "launch a decode step before the host has read the previous step's tokens "
-                                  "(they feed the next step on the device): appending tokens, stop checks and "
-                                  "detokenizing overlap the GPU's next step (vLLM's --async-scheduling). Decode "
-                                  "steps of requests without penalties or grammars, at any TP (with speculation: its "
-                                  "idle steps above the verify graphs); other steps run synchronously; outputs "
-                                  "identical either way (engine/overlap.py)", switch=True)
-    draft_graph: str = _opt("fused", "MTP drafting in graph steps: chain (the catch-up and every chained depth in "
-                            "one CUDA graph, each greedy draft fed to the next depth on the GPU: one replay and "
-                            "one host copy per step), fused (chain, and a step where every request verifies "
-                            "num_speculative_tokens drafts greedily runs the acceptance, KDA commit, catch-up and "
-                            "chain in one more graph right after the verify graph: two replays and one host copy "
-                            "per step; sequences with fewer drafts padded) or depth (a replay and a host copy per "
-                            "depth); chain is used when every drafting request is greedy and drafts "
-                            "num_speculative_tokens", switch=True,
-                            choices=("fused", "chain", "depth"))
-    kda_backend: str = _opt("auto", "KDA kernels: fla (fla-core Triton, cuda only; its recurrent kernel (decode, "
-                            "verify, commit) and chunked kernel (prefill) self-tested at start, each replaced by "
-                            "torch where it disagrees), torch, or auto (fla on cuda in bf16/fp16, torch in fp32)",
-                            switch=True, choices=("auto", "fla", "torch"))
-    kda_prep_backend: str = _opt("auto", "KDA layers' short conv of decode and verify rows (state updated in "
-                                 "place), forget gate and beta: triton (two kernels, cuda only), torch (about 20 "
-                                 "small ops per layer), or auto (triton on cuda)", switch=True,
-                                 choices=("auto", "triton", "torch"))
-    mhc_backend: str = _opt("auto", "mHC weights (pre / post / Sinkhorn-normalised comb): triton (one fused "
-                            "kernel, cuda only), torch (about 120 small ops per block), or auto (triton on "
-                            "cuda)", switch=True, choices=("auto", "triton", "torch"))
-    mhc_project_backend: str = _opt("auto", "the mHC stream norm and projection of steps with prefill tokens: triton "
-                                    "(one kernel reading the bf16 streams once, the projection's fp32 weight split "
-                                    "into three bf16 parts for exact products on tensor cores; bf16 models on cuda, "
-                                    "kernels/hc_project_triton.py; on an H200 0.86 against 1.13 ms per block at "
-                                    "16k tokens, its error 4.6e-5 of the largest output against 3.6e-6), torch (the "
-                                    "norm written in fp32, then an fp32 GEMM), or auto (triton on cuda). Decode and "
-                                    "verify steps keep the two kernels",
-                                    switch=True, choices=("auto", "triton", "torch"))
-    norm_backend: str = _opt("auto", "RMSNorms, the KDA output norm and the mHC stream norm, collapse and expand: "
-                             "triton (one fused kernel each, cuda only; the demo model's decode step replays 747 "
-                             "kernels instead of 1,042), torch (plain ops, the reference), or auto (triton on cuda)",
-                             switch=True, choices=("auto", "triton", "torch"))
-    argmax_backend: str = _opt("auto", "the MTP drafter's greedy draws in speculative decoding (each row's argmax "
-                               "and its probability): triton (one kernel per call, cuda only), torch (max, "
-                               "logsumexp, exp, casts and a stack: about 9 launches per drafted depth), or auto "
-                               "(triton on cuda)", switch=True, choices=("auto", "triton", "torch"))
-    gemv_backend: str = _opt("auto", "dense linear layers at decode (1-16 rows, 16-bit weights with at least 2048 "
-                             "outputs): triton (one GEMV launch streaming the weight, no split-K reduce; "
-                             "kernels/gemv_triton.py, cuda only), torch (cuBLAS), or auto (triton on cuda: with merged "
-                             "linears the real-width KKKM decode step took 1.510 / 3.81 / 5.52 ms at batch 1 / 8 / "
-                             "16 against cuBLAS's 1.549 / 3.83 / 5.54 ms on an H200, BENCHMARKS.md fourteenth "
-                             "session)", switch=True, choices=("auto", "triton", "torch"))
-    pdl: str = _opt("auto", "programmatic dependent launch between our kernels of a step (the Triton one-row GEMV, "
-                    "norms, mHC weights / collapse / expand, SwiGLU, KDA conv and gate, MoE routing: "
-                    "kernels/pdl_triton.py; the FP8 / NVFP4 GEMV at 2-8 rows: kernels/mma_gemv.py): a kernel's "
-                    "blocks are scheduled, and the GEMVs' first weight tiles load, while the kernel before it "
-                    "finishes; outputs unchanged. on (a CUDA device of sm_90 or later, with Triton), off, or auto "
-                    "(on where supported: on an H200 real-width KKKMKKKM decoded a batch of 1 in 2.084-2.088 "
-                    "instead of 2.178-2.185 ms a step with NVFP4 experts, a batch of 2 in 2.400-2.403 instead of "
-                    "2.511-2.512 ms with FP8 linears, BENCHMARKS.md twenty-sixth session)",
-                    switch=True, choices=("auto", "on", "off"))
-    act_backend: str = _opt("auto", "the clamped SwiGLU of the dense MLPs, shared experts and grouped routed "
-                            "experts: triton (one kernel, cuda only), torch (four ops), or auto (triton on cuda)",
-                            switch=True,
+    # ---- speedup switches (docs/switches.md; measurements in docs/performance.md) ----
+    mla_prefill: str = _opt("auto", "MLA of prefill chunks: dense (SDPA under the selection mask), sparse (the "
+                            "selected rows only), or auto (sparse once the context reaches 8,192 tokens)",
+                            switch=True, advanced=True, choices=("auto", "sparse", "dense"))
+    enforce_eager: bool = _opt(False, "no CUDA graphs: run every step eagerly (cuda only)", switch=True)
+    merge_linears: bool = _opt(True, "run linears that share an input (gate + up, q + k + v, ...) as one GEMM "
+                               "over stacked weights", switch=True, advanced=True)
+    async_scheduling: bool = _opt(True, "launch the next decode step before the host reads this step's tokens "
+                                  "(outputs unchanged)", switch=True, advanced=True)
+    draft_graph: str = _opt("fused", "MTP drafting in CUDA graphs: fused (greedy acceptance and drafts in one "
+                            "graph after verify), chain (one replay), depth (one per depth)",
+                            switch=True, advanced=True, choices=("fused", "chain", "depth"))
+    kda_backend: str = _opt("auto", "KDA kernels: fla (fla-core, cuda), torch, or auto (fla on cuda in "
+                            "bf16 / fp16, else torch)", switch=True, advanced=True, choices=("auto", "fla", "torch"))
+    kda_prep_backend: str = _opt("auto", "KDA short conv, forget gate and beta of decode / verify rows: triton "
+                                 "(cuda), torch, or auto (triton on cuda)",
+                                 switch=True, advanced=True, choices=("auto", "triton", "torch"))
+    mhc_backend: str = _opt("auto", "mHC weights (pre / post / Sinkhorn comb): triton (one kernel, cuda), torch, "
+                            "or auto (triton on cuda)", switch=True, advanced=True,
                             choices=("auto", "triton", "torch"))
-    moe_backend: str = _opt("auto", "routed experts: triton (grouped GEMMs over tokens sorted by expert, no host "
-                            "sync; cuda only, forwards of at most --moe-triton-max-tokens tokens), torch (a "
-                            "loop over the chosen experts), or auto (triton on cuda)", switch=True,
+    mhc_project_backend: str = _opt("auto", "mHC stream norm + projection of prefill steps: triton (one kernel, "
+                                    "bf16 on cuda), torch (fp32), or auto (triton on cuda)",
+                                    switch=True, advanced=True, choices=("auto", "triton", "torch"))
+    norm_backend: str = _opt("auto", "RMSNorms and the mHC stream norm / collapse / expand: triton (fused "
+                             "kernels, cuda), torch, or auto (triton on cuda)",
+                             switch=True, advanced=True, choices=("auto", "triton", "torch"))
+    argmax_backend: str = _opt("auto", "the MTP drafter's greedy draws (argmax and probability): triton "
+                               "(one kernel, cuda), torch, or auto (triton on cuda)",
+                               switch=True, advanced=True, choices=("auto", "triton", "torch"))
+    gemv_backend: str = _opt("auto", "16-bit dense linears at 1-16 rows: triton (one GEMV launch, cuda), "
+                             "torch (cuBLAS), or auto (triton on cuda)",
+                             switch=True, advanced=True, choices=("auto", "triton", "torch"))
+    pdl: str = _opt("auto", "programmatic dependent launch between a step's kernels: on (sm_90+ with Triton), "
+                    "off, or auto (on where supported)", switch=True, advanced=True, choices=("auto", "on", "off"))
+    act_backend: str = _opt("auto", "clamped SwiGLU of MLPs and experts: triton (one kernel, cuda), torch, "
+                            "or auto (triton on cuda)", switch=True, advanced=True,
                             choices=("auto", "triton", "torch"))
-    quant_decode_backend: str = _opt("auto", "how the grouped Triton experts turn FP8 / NVFP4 weights into bf16 "
-                                     "tiles: qtile (kernels/qtile.py: two values per 32-bit operation in inline "
-                                     "PTX, the tile as the tensor cores' A operand), qtile-b (the same decode, the "
-                                     "tile as their B operand), element (each weight decoded on its own in float32), "
-                                     "or auto (qtile-b on cuda unless the dtype is float16: an MoE layer at 1 "
-                                     "token on an H200 took 78 instead of 303 us in NVFP4, 82 instead of 121 us "
-                                     "in FP8, BENCHMARKS.md seventeenth session)",
-                                     switch=True, choices=("auto", "qtile", "qtile-b", "element"))
-    quant_gemv_backend: str = _opt("auto", "FP8 block-128 and NVFP4 linear layers and NVFP4 experts at decode: cuda "
-                                   "(compiled by NVRTC at first use: kernels/mma_gemv.py at 2-8 bf16 rows, each lane "
-                                   "loading its weights straight into the tensor cores' operands; kernels/nvfp4_m1.py "
-                                   "for one NVFP4 row and, with the Triton MoE, for NVFP4 experts at up to 8 tokens, "
-                                   "scale groups in the MMA's columns), triton (kernels/quant_gemv.py and the grouped "
-                                   "Triton experts), or auto (cuda where NVRTC builds it, else triton: on an H200 at "
-                                   "8 rows FP8 14.4 / 15.1 us against Triton's 19.6 / 23.5 us, NVFP4 14.1 / 17.6 "
-                                   "against 19.7 / 22.3 us, on 12288 x 4096 / 4096 x 12288, BENCHMARKS.md "
-                                   "twenty-third session; an NVFP4 MoE layer at 8 tokens 254 against 397 us, "
-                                   "twenty-fourth)",
-                                   switch=True, choices=("auto", "cuda", "triton"))
-    moe_route_backend: str = _opt("auto", "MoE routing (sigmoid, bias, top-k, normalise), the experts' "
-                                  "token-sorted layout and the sum of each token's k expert outputs: triton (one "
-                                  "kernel each, cuda only; group-limited routing, n_group > 1, keeps torch), torch "
-                                  "(plain ops, about 33 kernels per MoE layer), or auto (triton on cuda)",
-                                  switch=True, choices=("auto", "triton", "torch"))
-    indexer_topk_backend: str = _opt("auto", "the indexer's top-k pools of decode / verify tokens (with "
-                                     "--indexer-backend triton): triton (kernels that sort only the pools "
-                                     "complete at each token's position, in parallel chunks when the block table "
-                                     "addresses more than 1,024 pools; cuda only), torch (torch.topk over every "
-                                     "pool the block table addresses: 8,192 at 131,072 positions), or auto "
-                                     "(triton with --indexer-backend triton). On an H200 triton took 12-13 us per "
-                                     "call up to 16k-token contexts and 24-26 us at 64k / 128k, torch 29-54 us "
-                                     "(BENCHMARKS.md, fourteenth session)", switch=True,
-                                     choices=("auto", "triton", "torch"))
-    indexer_backend: str = _opt("auto", "the DSA indexer's pool compression (every completed pool: softmax of the "
-                                "gates over the pool, weighted sum of the keys), the decode / verify tokens' pool "
-                                "scores (read from the paged pool cache in place) and their selection's positions: "
-                                "triton (one kernel each, cuda only), torch (25 ops per MLA layer and 39 per step in "
-                                "float32, bench/op_sites.py), or auto (triton on cuda)",
-                                switch=True,
-                                choices=("auto", "triton", "torch"))
-    mla_decode_backend: str = _opt("auto", "sparse MLA of decode / verify tokens (and sparse prefill queries) over "
-                                   "the indexer's selected latent rows: triton (the paged cache read in place, an "
-                                   "online softmax split over the selection; cuda only), torch (a gather of the "
-                                   "selected rows, 18 ops per MLA layer in float32), or auto (triton on cuda)",
-                                   switch=True, choices=("auto", "triton", "torch"))
-    moe_triton_max_tokens: int = _opt(2048, "largest forward (tokens) that takes the triton MoE (it needs a "
-                                      "tokens x top-k x hidden fp32 buffer: 268 MB at 2048); longer bf16/fp16 "
-                                      "ones take torch grouped_mm (no loop)", switch=True)
-    sequence_parallel: bool = _opt(True, "split the residual stream across ranks for forwards of "
-                                   "at least --sp-min-tokens tokens (TP>1 only)", switch=True,
-                                   flag="--sp")
-    sp_min_tokens: int = _opt(1024, "token count from which sequence parallelism is used",
-                              switch=True)
-    custom_allreduce: bool = _opt(True, "workspace all-reduce / all-gather / reduce-scatter over "
-                                  "peer memory where the size table says it wins", switch=True)
-    allreduce_workspace_mb: int = _opt(8, "per-rank workspace of the custom collectives (MiB)",
-                                       switch=True)
+    moe_backend: str = _opt("auto", "routed experts: triton (grouped GEMMs, no host sync; cuda), torch (a loop "
+                            "over experts), or auto (triton on cuda)", switch=True, advanced=True,
+                            choices=("auto", "triton", "torch"))
+    quant_decode_backend: str = _opt("auto", "FP8 / NVFP4 tiles of the Triton experts: qtile, qtile-b (packed "
+                                     "decode), element, or auto (qtile-b on cuda unless float16)", switch=True,
+                                     advanced=True, choices=("auto", "qtile", "qtile-b", "element"))
+    quant_gemv_backend: str = _opt("auto", "FP8 / NVFP4 linears and NVFP4 experts at decode: cuda (NVRTC "
+                                   "kernels), triton, or auto (cuda where NVRTC builds, else triton)",
+                                   switch=True, advanced=True, choices=("auto", "cuda", "triton"))
+    moe_route_backend: str = _opt("auto", "MoE routing, sorted layout and sum of the k outputs: triton (cuda; "
+                                  "not n_group > 1), torch, or auto (triton on cuda)",
+                                  switch=True, advanced=True, choices=("auto", "triton", "torch"))
+    indexer_topk_backend: str = _opt("auto", "top-k pools of decode / verify tokens: triton (complete pools "
+                                     "only; cuda), torch (torch.topk), or auto (as --indexer-backend)",
+                                     switch=True, advanced=True, choices=("auto", "triton", "torch"))
+    indexer_backend: str = _opt("auto", "DSA indexer's pool compression, decode scores and selection: triton "
+                                "(cuda), torch, or auto (triton on cuda)",
+                                switch=True, advanced=True, choices=("auto", "triton", "torch"))
+    mla_decode_backend: str = _opt("auto", "sparse MLA of decode / verify tokens: triton (paged cache read in "
+                                   "place; cuda), torch (gather), or auto (triton on cuda)",
+                                   switch=True, advanced=True, choices=("auto", "triton", "torch"))
+    moe_triton_max_tokens: int = _opt(2048, "largest forward (tokens) the triton MoE takes (a tokens x top-k x "
+                                      "hidden fp32 buffer); longer ones use grouped_mm", switch=True, advanced=True)
+    sequence_parallel: bool = _opt(True, "split the residual stream across ranks for forwards of at least "
+                                   "--sp-min-tokens tokens (TP > 1)", switch=True, advanced=True, flag="--sp")
+    sp_min_tokens: int = _opt(1024, "token count from which sequence parallelism is used", switch=True,
+                              advanced=True)
+    custom_allreduce: bool = _opt(True, "workspace all-reduce / all-gather / reduce-scatter over peer memory "
+                                  "where the size table picks it", switch=True, advanced=True)
+    allreduce_workspace_mb: int = _opt(8, "per-rank workspace of the custom collectives (MiB)", switch=True,
+                                       advanced=True)
     collective_table: str | None = _opt(None, "size table JSON from `tpserve tune collectives` "
                                         "(default: the tuned cache, else the shipped table)",
-                                        switch=True)
-    allreduce_topology: str = _opt("mesh", "workspace all-reduce topology: mesh (every rank reads every "
-                                   "peer) or ring (neighbours only, for boxes linked in a ring; "
-                                   "bitwise the same sums; cpu shared memory or cuda peer memory, "
-                                   "any world size; all-gather / reduce-scatter then use the "
-                                   "process group, the fused collectives their separate ops)",
-                                   switch=True, choices=("mesh", "ring"))
-    fused_collectives: bool = _opt(True, "fuse each block's all-reduce with the mHC expand that follows it (TP>1, "
-                                   "steps without sequence parallelism: decode steps, prefills shorter than "
-                                   "--sp-min-tokens): one kernel on cuda where the workspace serves the all-reduce "
-                                   "in one round, the same two ops (bit for bit) elsewhere; and, with sequence "
-                                   "parallelism, fold the MoE combine of the grouped experts (16-bit, unquantized) "
-                                   "into the reduce-scatter that follows it: the combined rows computed straight "
-                                   "into the workspace (cpu or cuda, at any size the workspace serves), the combine "
-                                   "then the reduce-scatter (bit for bit) elsewhere; a size table rule \"unfused\" "
-                                   "(`tpserve tune collectives` writes one where the separate ops measure faster) "
-                                   "keeps either fold off at that size",
-                                   switch=True)
+                                        switch=True, advanced=True)
+    allreduce_topology: str = _opt("mesh", "workspace all-reduce: mesh (every rank reads every peer) or ring "
+                                   "(neighbours only; the same sums)", switch=True, advanced=True,
+                                   choices=("mesh", "ring"))
+    fused_collectives: bool = _opt(True, "fuse the all-reduce with the mHC expand after it, and the MoE combine "
+                                   "into the reduce-scatter (TP > 1)", switch=True, advanced=True)
     speculative_config: str | None = _opt(
-        None, "speculative decoding, as JSON (vLLM's keys): {\"method\": \"mtp\", \"num_speculative_tokens\": 3} "
-        "drafts with the checkpoint's MTP layer and verifies the drafts in one step; keys adaptive (true: k per "
-        "step from measured acceptance and step cost) and truncate_threshold (0: off; t > 0 stops drafting a "
-        "request when its predicted survival falls below t). Off by default", switch=True)
+        None, "speculative decoding as JSON (vLLM's keys), e.g. '{\"method\": \"mtp\", "
+        "\"num_speculative_tokens\": 3}' (default: off; docs/serving.md)", switch=True)
     hf_overrides: str | None = _opt(
-        None, "model config fields to override, as JSON (vLLM's name), e.g. {\"num_hidden_layers\": 8} runs the "
-        "checkpoint's first 8 layers (benchmarks of a model that does not fit); printed at start")
+        None, "model config fields to override, as JSON, e.g. '{\"num_hidden_layers\": 8}'")
     # ---- weights: quantization and snapshots (model/quant.py, model/snapshot.py) ----
-    quantization: str | None = _opt(None, "quantization method (vLLM's name): fp8 (block-wise), nvfp4 / modelopt_fp4, "
-                                    "or none; default: what the checkpoint's quantization_config says")
-    dense_fp8: bool = _opt(False, "convert a bf16 checkpoint's dense linears to FP8 at load (per-channel scales, "
-                           "W8A16 GEMMs)", switch=True)
-    snapshot: bool | None = _opt(None, "processed-weight snapshots: restore them, or write them on first boot "
+    quantization: str | None = _opt(None, "fp8 (block-wise), nvfp4 / modelopt_fp4 or none "
+                                    "(default: the checkpoint's quantization_config)")
+    dense_fp8: bool = _opt(False, "convert a bf16 checkpoint's dense linears to FP8 at load", switch=True)
+    snapshot: bool | None = _opt(None, "restore processed-weight snapshots, or write them on first boot "
                                  "(default: on for cuda, off on cpu)", switch=True)
     snapshot_dir: str | None = _opt(None, "where snapshots live (default: <cache dir>/snapshots)", switch=True)
 
@@ -318,7 +230,6 @@ class SpeculativeConfig:
     num_speculative_tokens: int = 3   # most drafts verified per step (k), 1..7
     adaptive: bool = True             # choose k in 0..num_speculative_tokens per step
     truncate_threshold: float = 0.0   # > 0: stop drafting a request when its predicted survival falls below
-                                      # (0.3 cost the adaptive mode ~8% at batch 1: BENCHMARKS.md, bench/spec_ab.py)
 
     @classmethod
     def parse(cls, raw: str | dict | None) -> "SpeculativeConfig | None":

@@ -167,8 +167,8 @@ def test_ring_touches_only_neighbours_in_the_interpreter():
 
 
 def test_cuda_ring_topology_builds_the_peer_workspace(monkeypatch):
-    """comm._make_workspace no longer falls back to NCCL for a ring above 2 ranks on CUDA: it
-    builds the peer workspace with the ring topology (no GPU needed: the builder is stubbed)."""
+    """For a ring above 2 ranks on CUDA, comm._make_workspace builds the peer workspace with the ring
+    topology, not NCCL (no GPU needed: the builder is stubbed)."""
     from tpserve.collectives import ipc
     from tpserve.collectives.comm import Communicator
 

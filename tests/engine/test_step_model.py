@@ -166,7 +166,7 @@ def test_fill_writes_the_whole_step_whatever_was_filled_before(tiny):
         check(p, b)
 
 
-def test_fill_writes_verify_steps_whatever_was_filled_before():
+def test_fill_writes_verify_steps_whatever_was_filled_before(tiny):
     """StepGraphs._fill for verify steps (q rows per sequence, fewer for some: padding rows after them) against
     the layout written from scratch: one and two sequences (a loop), more (array expressions), a decode fill
     of another layout in between. Real rows map to sequence i's rows from i * q; every padding row is the
@@ -177,7 +177,8 @@ def test_fill_writes_verify_steps_whatever_was_filled_before():
 
     from tpserve import LLM
 
-    llm = LLM(device="cpu", max_num_seqs=8, kv_cache_memory="64MiB", block_size=16,  # the demo model (MTP)
+    llm = LLM(str(tiny("mtp")), device="cpu", max_num_seqs=8, kv_cache_memory="64MiB", block_size=16,
+              skip_tokenizer_init=True,
               speculative_config={"method": "mtp", "num_speculative_tokens": 3, "adaptive": False})
     runner = llm.engine.executor.runner
     runner.setup_graphs(8, None, enforce_eager=False, pad_on_cpu=True, num_speculative_tokens=3)

@@ -108,6 +108,25 @@ def test_derived_schedules_follow_transformers():
     assert list(cfg.layer_types) == ref.layer_types
 
 
+@pytest.mark.parametrize("alias,kind", [("deepseek_sparse_attention", "indexed_attention"),
+                                        ("qwen_sparse_attention", "indexed_attention"),
+                                        ("full_attention", "indexed_attention"), ("mamba", "linear_attention")])
+def test_layer_type_aliases_map_as_transformers_maps_them(alias, kind):
+    from transformers import Glm5NextConfig
+
+    types = ["linear_attention"] * 3 + [alias]
+    raw = {"model_type": "glm5_next", "text_config": {"num_hidden_layers": 4, "layer_types": types}}
+    cfg = ModelConfig.from_dict(raw)
+    assert cfg.layer_types[3] == kind and cfg.mla_layers == ((3,) if kind == "indexed_attention" else ())
+    assert list(cfg.layer_types) == Glm5NextConfig(text_config=raw["text_config"]).text_config.layer_types
+
+
+def test_num_nextn_predict_layers_is_checked():
+    assert ModelConfig.from_dict({"num_hidden_layers": 4, "num_nextn_predict_layers": 1}).num_nextn_predict_layers == 1
+    with pytest.raises(UnsupportedConfigError, match="num_nextn_predict_layers"):
+        ModelConfig.from_dict({"num_hidden_layers": 4, "num_nextn_predict_layers": -1})
+
+
 def test_sharded_checkpoint_and_bf16_load(tiny, tmp_path):
     path = _copy(tiny, tmp_path)
     tensors = load_file(str(path / "model.safetensors"))

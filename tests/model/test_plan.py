@@ -1,5 +1,6 @@
-"""Start-up memory plan from the real GLM-5.3-Flash config (fixtures/glm53_flash/config.json, the
-numbers of DESIGN.md), computed on the meta device: nothing is allocated."""
+"""Start-up memory plan from the real GLM-5.3-Flash config (fixtures/glm53_flash/config.json: the published
+config's values, docs/checkpoints.md; the numbers of DESIGN.md), computed on the meta device: nothing is
+allocated."""
 
 import functools
 from pathlib import Path
@@ -34,6 +35,15 @@ def test_fixture_is_the_real_config():
     assert (cfg.num_hidden_layers, cfg.hidden_size, cfg.vocab_size) == (45, 4096, 154880)
     assert (cfg.n_routed_experts, cfg.moe_intermediate_size, cfg.num_experts_per_tok) == (288, 2048, 8)
     assert (len(cfg.mla_layers), len(cfg.kda_layers), cfg.mlp_layer_types.count("sparse")) == (11, 34, 42)
+    # the published spelling of the MLA layers (deepseek_sparse_attention), kpool, eos ids, the MTP layer
+    assert cfg.mla_layers == tuple(range(3, 45, 4)) and cfg.index_kpool == 4
+    assert cfg.eos_token_id == (154820, 154827, 154829) and cfg.pad_token_id == 154820
+    assert cfg.num_nextn_predict_layers == 1 and (cfg.linear_num_heads, cfg.linear_head_dim) == (64, 128)
+    from transformers import AutoConfig
+
+    ref = AutoConfig.from_pretrained(REAL).text_config
+    assert list(cfg.layer_types) == ref.layer_types and list(cfg.indexer_types) == ref.indexer_types
+    assert (cfg.index_kpool, cfg.linear_lower_bound) == (ref.index_kpool, ref.linear_lower_bound)
 
 
 def test_nvfp4_experts_at_tp2_fit_and_the_weights_are_exact():

@@ -1,7 +1,6 @@
 """Auth on every route, OpenAI-shaped 404/405/413, model routes, tool_calls omitted, /tokenize
 options, and `tpserve serve` process behaviour (port taken, --log-level, drain cut)."""
 
-import os
 import signal
 import socket
 import subprocess
@@ -150,6 +149,39 @@ def test_log_level_debug_and_drain_cut_streams_end_with_error_and_done(tiny):
         assert got["plain"].status_code == 503 and "shutting down" in got["plain"].json()["error"]["message"]
         out = proc.stdout.read()
         assert "INFO tpserve.engine: engine ready" in out  # tpserve's own loggers follow --log-level
+        assert f"listening on {url} (OpenAI API under /v1" in out and "as model " in out  # uvicorn's own says none
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_no_tokenizer_length_warning(tiny):
+    """The server checks max_model_len itself: transformers' warning about the tokenizer's smaller
+    model_max_length ("will result in indexing errors") is not logged."""
+    import logging
+
+    from transformers import AutoTokenizer
+
+    from tpserve.server.api import lift_tokenizer_limit
+
+    class Grab(logging.Handler):
+        def emit(self, record):
+            messages.append(record.getMessage())
+
+    lib, grab = logging.getLogger("transformers"), Grab()
+    level = lib.level
+    lib.addHandler(grab)
+    lib.setLevel(logging.WARNING)  # another test may have silenced transformers
+    try:
+        for lifted in (False, True):
+            messages = []
+            tok = AutoTokenizer.from_pretrained(str(tiny("default")))
+            tok.model_max_length = 8
+            if lifted:
+                lift_tokenizer_limit(tok)
+            assert len(tok.encode("hello world " * 40)) > 8
+            warned = any("longer than the specified maximum sequence length" in m for m in messages)
+            assert warned is not lifted, messages
+    finally:
+        lib.removeHandler(grab)
+        lib.setLevel(level)

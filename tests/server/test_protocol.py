@@ -41,7 +41,7 @@ def error_of(model, body: dict) -> dict:
     with pytest.raises(ValidationError) as info:
         model.model_validate(body)
     err = validation_error_to_body(info.value)["error"]
-    assert err["type"] == "BadRequestError" and err["code"] == 400
+    assert err["type"] == "BadRequestError" and err["code"] is None  # OpenAI's code: a string or null
     ErrorResponse.model_validate({"error": err})
     return err
 
@@ -82,6 +82,28 @@ def error_of(model, body: dict) -> dict:
         ({"messages": []}, "messages"),
         ({"messages": [{"role": "user"}]}, "messages[0].content"),
         ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
+        ({"stream": True, "stream_options": {"continuous_usage_stats": 1}}, "stream_options.continuous_usage_stats"),
+        ({"stream": True, "stream_options": {"unknown": True}}, "stream_options.unknown"),
+        ({"store": "yes"}, "store"),
+        ({"metadata": {"k": 5}}, "metadata.k"),
+        ({"metadata": {f"k{i}": "v" for i in range(17)}}, "metadata"),
+        ({"service_tier": "turbo"}, "service_tier"),
+        ({"verbosity": "loud"}, "verbosity"),
+        ({"prompt_cache_key": 7}, "prompt_cache_key"),
+        ({"safety_identifier": ["x"]}, "safety_identifier"),
+        ({"prediction": {"type": "content"}}, "prediction.content"),
+        ({"modalities": ["text", "audio"]}, "modalities"),
+        ({"min_tokens": -1}, "min_tokens"),
+        ({"min_tokens": 9, "max_tokens": 8}, "min_tokens"),
+        ({"skip_special_tokens": "no"}, "skip_special_tokens"),
+        ({"structured_outputs": {"regex": "a", "choice": ["b"]}}, "structured_outputs"),
+        ({"structured_outputs": {}}, "structured_outputs"),
+        ({"structured_outputs": {"json": "{not json"}}, "structured_outputs.json"),
+        ({"structured_outputs": {"structural_tag": "x"}}, "structured_outputs.structural_tag"),
+        ({"structured_outputs": {"choice": ["a"]}, "response_format": {"type": "json_object"}},
+         "structured_outputs"),
+        ({"audio": {"voice": "alloy"}}, "audio"),
+        ({"frobnicate": 1}, "frobnicate"),
     ],
 )
 def test_chat_request_errors_name_the_field(extra, param):
@@ -98,15 +120,24 @@ def test_chat_request_valid_and_sampling_params():
         "presence_penalty": 0.5, "tools": TOOLS,
         "tool_choice": {"type": "function", "function": {"name": "get_time"}},
         "chat_template_kwargs": {"enable_thinking": False}, "reasoning_effort": " High ",
-        "stream": True, "stream_options": {"include_usage": True},
+        "stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+        "min_tokens": 3, "skip_special_tokens": False, "include_stop_str_in_output": True,
+        # accepted and ignored (docs/api.md)
+        "store": False, "metadata": {"k": "v"}, "service_tier": "auto", "prompt_cache_key": "p",
+        "safety_identifier": "s", "verbosity": "low", "modalities": ["text"],
+        "prediction": {"type": "content", "content": [{"type": "text", "text": "x"}]},
     })
     assert req.reasoning_effort == "high" and req.enable_thinking() is False
+    assert req.usage_options() == (True, True)
     assert req.to_sampling_params() == {
         "temperature": 0.3, "top_p": 0.9, "top_k": 0, "min_p": 0.0, "seed": 7,
         "max_tokens": 20, "stop": ["END"], "stop_token_ids": [5], "ignore_eos": False,
         "presence_penalty": 0.5, "frequency_penalty": 0.0, "repetition_penalty": 1.0,
-        "logprobs": 4, "n": 2,
+        "logprobs": 4, "n": 2, "min_tokens": 3, "skip_special_tokens": False, "include_stop_str_in_output": True,
     }
+    # like vLLM, usage on every chunk needs include_usage
+    cont = {"messages": MSGS, "stream": True, "stream_options": {"continuous_usage_stats": True}}
+    assert ChatCompletionRequest.model_validate(cont).usage_options() == (False, False)
 
 
 def test_sampling_defaults():
@@ -145,7 +176,10 @@ def test_completion_prompt_forms(prompt, expected):
         ({"prompt": [1, "a"]}, "prompt"),
         ({"prompt": [-1]}, "prompt"),
         ({"prompt": "x", "logprobs": 6}, "logprobs"),
-        ({"prompt": "x", "echo": True}, "echo"),
+        ({"prompt": "x", "max_tokens": 0}, "max_tokens"),
+        ({"prompt": "x", "echo": True, "max_tokens": -1}, "max_tokens"),
+        ({"prompt": "x", "echo": "yes"}, "echo"),
+        ({"prompt": "x", "store": True}, "store"),  # a chat field, not a legacy completions one
         ({"prompt": "x", "suffix": "tail"}, "suffix"),
         ({"prompt": "x", "best_of": 3}, "best_of"),
     ],
@@ -153,6 +187,18 @@ def test_completion_prompt_forms(prompt, expected):
 def test_completion_errors(body, param):
     err = error_of(CompletionRequest, body)
     assert err["param"].startswith(param)
+
+
+def test_completion_echo_params():
+    echo = CompletionRequest.model_validate({"prompt": [1, 2, 3], "echo": True, "logprobs": 2, "max_tokens": 0})
+    params = echo.to_sampling_params()
+    assert echo.prompt_only() and params["max_tokens"] == 1 and params["prompt_logprobs"] == 2
+    both = CompletionRequest.model_validate({"prompt": "x", "echo": True, "logprobs": 1, "prompt_logprobs": 3})
+    assert both.to_sampling_params()["prompt_logprobs"] == 3 and not both.prompt_only()
+    plain = CompletionRequest.model_validate({"prompt": "x", "echo": True, "max_tokens": 4})
+    assert "prompt_logprobs" not in plain.to_sampling_params()  # echo without logprobs: text only
+    so = CompletionRequest.model_validate({"prompt": "x", "structured_outputs": {"json": '{"type": "object"}'}})
+    assert so.structured_outputs.json_ == {"type": "object"}
 
 
 def test_tokenize_requests():
@@ -172,13 +218,14 @@ def test_tokenize_requests():
 
 def test_error_body_and_parse_request():
     assert error_body("boom") == {
-        "error": {"message": "boom", "type": "BadRequestError", "param": None, "code": 400}
+        "error": {"message": "boom", "type": "BadRequestError", "param": None, "code": None}
     }
-    assert error_body("x", type="NotFoundError", param="model", code=404)["error"]["code"] == 404
+    assert error_body("x", type="NotFoundError", param="model", code="model_not_found")["error"]["code"] == \
+        "model_not_found"
     req, err = parse_request(ChatCompletionRequest, {"messages": MSGS})
     assert err is None and isinstance(req, ChatCompletionRequest)
     req, err = parse_request(ChatCompletionRequest, ["not", "an", "object"])
-    assert req is None and err["error"]["code"] == 400
+    assert req is None and err["error"]["param"] is None and err["error"]["code"] is None
     req, err = parse_request(ChatCompletionRequest, {"messages": MSGS, "n": "many"})
     assert req is None and err["error"]["param"] == "n"
 
@@ -209,6 +256,9 @@ def test_response_shapes():
         choices=[ChatCompletionStreamChoice(index=0, delta=delta)],
     ).model_dump()
     assert chunk["object"] == "chat.completion.chunk" and chunk["usage"] is None
+    streamed = ChatCompletionStreamResponse(id="c", model="glm", choices=[
+        ChatCompletionStreamChoice(index=0, delta=DeltaMessage(content="x"))]).model_dump(exclude_none=True)
+    assert streamed["choices"][0] == {"index": 0, "delta": {"content": "x"}, "logprobs": None, "finish_reason": None}
     legacy = CompletionResponse(
         model="glm",
         choices=[CompletionChoice(index=0, text="x", finish_reason="length",

@@ -40,3 +40,20 @@ def test_sigterm_drains_then_exits(tiny, tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_replica_whose_fleet_is_gone_exits(tiny):
+    """A replica of `serve -dp` (TPSERVE_PARENT_PID names the fleet) whose parent is another process (the fleet
+    died and it was reparented) drains and exits by itself."""
+    port = free_port()
+    env = dict(os.environ, TPSERVE_PARENT_PID="1")  # not this test, its real parent
+    proc = subprocess.Popen([sys.executable, "-m", "tpserve.cli", "serve", str(tiny("default")), "--device", "cpu",
+                             "--port", str(port), "--kv-cache-memory", "8MiB", "--log-level", "warning"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+    try:
+        out, _ = proc.communicate(timeout=300)
+        assert proc.returncode == 0
+        assert b"the fleet that started this replica (pid 1) is gone: draining and exiting" in out
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -1,4 +1,4 @@
-"""A few seconds of `tpserve bench soak`: no errors, pools full afterwards (the real run is in BENCHMARKS.md)."""
+"""A few seconds of `tpserve bench soak`: no errors, pools full afterwards."""
 
 import json
 

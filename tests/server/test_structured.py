@@ -149,3 +149,92 @@ def test_parallel_tool_calls_false_makes_one_call():
     assert one.splitlines()[0] == "start: (call_0 | call_1)"
     assert several.splitlines()[0] == 'start: (call_0 | call_1) ("\\n"? (call_0 | call_1))*'
     assert '"days" </arg_key>' in one and "%json" in one and '("c" | "f")' in one
+
+
+@pytest.fixture(scope="module")
+def compiler(tiny):
+    from transformers import AutoTokenizer
+
+    from tpserve.engine.logits_process import GrammarCompiler
+
+    tok = AutoTokenizer.from_pretrained(str(tiny("default")))
+    return GrammarCompiler(tok, len(tok), [tok.eos_token_id or 0]), tok
+
+
+def accepts(compiler, schema, text) -> bool:
+    """Does the grammar of `schema` (closed as the server closes it) take `text` as a whole JSON value?"""
+    import llguidance
+
+    from tpserve.server.structured import close_objects
+
+    gc, tok = compiler
+    spec = gc.json_schema(close_objects(schema))
+    matcher = llguidance.LLMatcher(spec.tokenizer, spec.grammar)
+    ids = tok.encode(text, add_special_tokens=False)
+    return matcher.validate_tokens(ids) == len(ids) and matcher.consume_tokens(ids) and matcher.is_accepting()
+
+
+NESTED = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "object", "properties": {
+    "c": {"type": "string"}}}}, "required": ["a"]}
+
+
+def test_objects_close_unless_the_schema_opens_them(compiler):
+    assert accepts(compiler, NESTED, '{"a":1}') and accepts(compiler, NESTED, '{"a":1,"b":{"c":"q"}}')
+    assert not accepts(compiler, NESTED, '{"a":1,"x":2}')  # no additionalProperties: closed, as vLLM does
+    assert not accepts(compiler, NESTED, '{"a":1,"b":{"c":"q","z":1}}')  # nested objects too
+    opened = {**NESTED, "additionalProperties": True}
+    assert accepts(compiler, opened, '{"a":1,"x":2}') and not accepts(compiler, opened, '{"a":1,"b":{"z":1}}')
+    typed = {**NESTED, "additionalProperties": {"type": "integer"}}
+    assert accepts(compiler, typed, '{"a":1,"x":2}') and not accepts(compiler, typed, '{"a":1,"x":"s"}')
+    assert accepts(compiler, {"type": "object"}, '{"x":2}')  # json_object: any object
+
+
+def test_close_objects_walks_subschemas_not_names():
+    from tpserve.server.structured import close_objects
+
+    item = {"type": "object", "properties": {"k": {"type": "integer"}}}
+    schema = {"type": "object", "properties": {"properties": {"type": "string"}, "list": {"type": "array",
+              "items": item}}, "$defs": {"D": item}, "anyOf": [item], "allOf": [item]}
+    out = close_objects(schema)
+    assert out["additionalProperties"] is False and "additionalProperties" not in out["properties"]
+    assert out["properties"]["list"]["items"]["additionalProperties"] is False
+    assert out["$defs"]["D"]["additionalProperties"] is False
+    # alternatives of an object that lists keys, and allOf members, combine with it: left open
+    assert "additionalProperties" not in out["anyOf"][0] and "additionalProperties" not in out["allOf"][0]
+    assert close_objects({"anyOf": [item, {"type": "null"}]})["anyOf"][0]["additionalProperties"] is False
+    assert "additionalProperties" not in item  # the request's schema is not changed
+
+
+@pytest.mark.parametrize("so,check", [
+    ({"regex": "[0-9]{3}"}, lambda t: len(t) == 3 and t.isdigit()),
+    ({"choice": ["yes", "no"]}, lambda t: t in ("yes", "no")),
+    ({"json": json.dumps({k: v for k, v in SCHEMA.items() if k != "additionalProperties"})},
+     lambda t: check_schema(json.loads(t)) is None),
+    ({"grammar": 'start: "a" ("b" | "c")'}, lambda t: t in ("ab", "ac")),
+    ({"grammar": 'root ::= "x" [0-9]'}, lambda t: len(t) == 2 and t[0] == "x" and t[1].isdigit()),  # GBNF
+])
+def test_structured_outputs(server, so, check):
+    for path, body in (("/v1/completions", {"prompt": "x"}), ("/v1/chat/completions", {"messages": USER})):
+        r = post(server, path, {**body, "structured_outputs": so, "max_tokens": 120, "seed": 2})
+        assert r.status_code == 200, r.text
+        choice = r.json()["choices"][0]
+        text = choice["text"] if "text" in choice else choice["message"]["content"]
+        assert choice["finish_reason"] == "stop" and check(text), choice
+
+
+def test_bad_structured_outputs_are_400(server):
+    for so, param in (({"regex": "(("}, "structured_outputs.regex"),
+                      ({"grammar": "start: ("}, "structured_outputs.grammar"),
+                      ({"json": {"type": "objectx"}}, "structured_outputs.json")):
+        r = post(server, "/v1/completions", {"prompt": "x", "structured_outputs": so})
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+def test_min_tokens_gives_way_to_a_finished_grammar(server):
+    """min_tokens holds back a stop while the grammar still allows other tokens; once it allows only the end,
+    the output ends there (no banned-everything row sampled into junk)."""
+    r = post(server, "/v1/completions", {"prompt": "x", "structured_outputs": {"choice": ["yes", "no"]},
+                                         "min_tokens": 4, "max_tokens": 16, "seed": 3})
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    assert choice["text"] in ("yes", "no") and choice["finish_reason"] == "stop", choice

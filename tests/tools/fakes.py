@@ -58,6 +58,10 @@ def _humaneval_answers() -> dict:
 def good_answers(prompt: str) -> str | None:
     """A good model's answers to the smoke checks and the quality tasks (else: the tiny model)."""
     if "Count from 1 to 200" in prompt:
+        if prompt.endswith("<think>"):  # a chat, thinking on
+            return "The numbers from 1 to 200.</think>Here they are: " + ", ".join(map(str, range(1, 201))) + "."
+        if prompt.endswith("<think></think>"):
+            return ", ".join(map(str, range(1, 201)))
         return " " + ", ".join(str(i) for i in range(4, 201)) + "."
     if prompt.endswith("\nAnswer:") and "Question:" in prompt:
         question = prompt.rsplit("Question: ", 1)[1][:-len("\nAnswer:")]

@@ -71,7 +71,7 @@ def by_name(checks: list[Check]) -> dict[str, Check]:
     return {c.name: c for c in checks}
 
 
-# -- the four issue cases ------------------------------------------------------------------------
+# -- the four cases doctor tells apart -------------------------------------------------------------
 def test_healthy_host(tmp_path):
     env = {"CUDA_VISIBLE_DEVICES": "0,1", "LOCAL_RANK": "1", "NCCL_CUMEM_ENABLE": "1"}
     root = make_tree(tmp_path, procs=[Proc(env=env, numa_maps=nccl_maps(4, 508))])

@@ -10,12 +10,12 @@ from tpserve import LLM, SamplingParams
 
 
 @pytest.mark.parametrize("chain,fused", [(0, False), (3, False), (3, True)], ids=["per-depth", "chain", "fused"])
-def test_stand_in_drafts_are_all_accepted_and_follow_the_script(chain, fused):
+def test_stand_in_drafts_are_all_accepted_and_follow_the_script(tiny, chain, fused):
     """chain 3: the speculator takes a chain graph's draws [2, depths, n] (engine/spec/speculator.py) and feeds
     each depth's drafts to the right sequence and position; fused: steps where every draft is pending run
     as fused steps (acceptance and next drafts from the executor at once: Speculator.verify_fused)."""
     mod = load_bench("host_overhead")
-    llm = LLM(device="cpu", max_num_seqs=8, kv_cache_memory="64MiB",
+    llm = LLM(str(tiny("mtp")), device="cpu", max_num_seqs=8, kv_cache_memory="64MiB",
               speculative_config={"method": "mtp", "num_speculative_tokens": 3, "adaptive": False})
     llm.engine.executor = mod.StandInExecutor(llm.engine.executor, llm.engine.model_config.vocab_size, chain,
                                               fused=fused)

@@ -8,7 +8,7 @@ from helpers import load_bench
 
 
 @pytest.mark.timeout(300)
-def test_breakdown_phases_fit_inside_the_steps():
+def test_breakdown_phases_fit_inside_the_steps(tiny):
     from tpserve import LLM, SamplingParams
     from tpserve.train.acceptance import mtp_prompts
 
@@ -16,7 +16,8 @@ def test_breakdown_phases_fit_inside_the_steps():
     prompts = mtp_prompts()[:2]
     sp = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     for spec in (None, {"method": "mtp", "num_speculative_tokens": 2, "adaptive": False}):
-        llm = LLM(device="cpu", speculative_config=spec, max_num_seqs=4, kv_cache_memory=64 * 2**20)
+        llm = LLM(str(tiny("mtp")), device="cpu", speculative_config=spec, max_num_seqs=4,
+                  kv_cache_memory=64 * 2**20)
         try:
             res = bd.breakdown(llm, prompts, sp, "cpu")
             again = bd.breakdown(llm, prompts, sp, "cpu")  # wrappers removed: a second run works the same

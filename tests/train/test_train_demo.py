@@ -84,6 +84,12 @@ def test_stop_after_ends_the_call_and_a_rerun_resumes(trained, tmp_path):
 
 
 def test_checkpoint_layout_has_the_mtp_layer(trained):
+    """The MTP layer in the published layout (docs/checkpoints.md): layer N with enorm, hnorm, eh_proj, the
+    MLA + indexer + MoE block and shared_head.norm, no hc_* tensors, no copies of the embedding or head;
+    the same names and shapes make-tiny writes for that config (and so what the engine loads)."""
+    from tpserve.model.config import ModelConfig
+    from tpserve.model.tiny import random_state_dict
+
     cfg = json.loads((trained / "model" / "config.json").read_text())["text_config"]
     n, d = cfg["num_hidden_layers"], cfg["hidden_size"]
     assert cfg["num_nextn_predict_layers"] == 1
@@ -92,9 +98,13 @@ def test_checkpoint_layout_has_the_mtp_layer(trained):
     assert t[p + "eh_proj.weight"].shape == (d, 2 * d)
     for name in ("enorm.weight", "hnorm.weight", "shared_head.norm.weight", "self_attn.kv_b_proj.weight",
                  "self_attn.indexer.wk.weight", "mlp.gate.weight", "mlp.experts.0.gate_proj.weight",
-                 "mlp.shared_experts.down_proj.weight", "hc_attn_fn", "hc_ffn_base"):
+                 "mlp.shared_experts.down_proj.weight", "input_layernorm.weight", "post_attention_layernorm.weight"):
         assert p + name in t, name
+    mtp = {k for k in t if k.startswith(p)}
+    assert not any(".hc_" in k or "embed_tokens" in k or "shared_head.head" in k for k in mtp)
     assert not any(k.startswith(f"model.language_model.layers.{n + 1}.") for k in t)
+    want = random_state_dict(ModelConfig.from_file(trained / "model"), 0, mtp=True)
+    assert {k: tuple(v.shape) for k, v in t.items()} == {k: tuple(v.shape) for k, v in want.items()}
     for f in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
         assert (trained / "model" / f).is_file()
 
@@ -224,7 +234,7 @@ def test_training_tools_never_use_held_out_names():
 
 def test_counting_documents_stop_at_round_targets():
     """Users ask for round targets; a count crossing 100 or 200 without stopping must not be all the
-    model sees there (the fourth demo model counted on past exactly 100 and 200)."""
+    model sees there (else it counts on past exactly 100 and 200)."""
     import random
     import re
 

@@ -328,9 +328,10 @@ class LLMEngine:
             seq.cumulative_logprob += res.logprob
         p, tok = seq.params, res.token
         reason, stop_reason = None, None
-        if tok in (p.stop_token_ids or ()) and len(seq.output_ids) > p.min_tokens:
+        may_stop = len(seq.output_ids) > p.min_tokens or logits_process.grammar_finished(seq)
+        if tok in (p.stop_token_ids or ()) and may_stop:
             reason, stop_reason = "stop", tok
-        elif tok in seq.eos_ids and not p.ignore_eos and len(seq.output_ids) > p.min_tokens:
+        elif tok in seq.eos_ids and not p.ignore_eos and may_stop:
             reason = "stop"
         if seq.detok is not None and (reason is not None or not seq.final_only or p.stop_list):
             hit = seq.detok.update(seq.output_ids, final=reason is not None)

@@ -223,11 +223,11 @@ class StepGraphs:
         if kind == "spec":
             return self._spec(batch, b, q)
         hidden = self.hidden_in[:b * q]
-        new_hidden, normed = model.mtp.draft(hidden, model.embed(batch.input_ids, batch), batch, cache)
+        out = model.mtp.draft(hidden, model.embed(batch.input_ids, batch), batch, cache)
         if kind == "chain":  # one logits row per sequence, from the host
-            return self._chain(batch, b, new_hidden, normed, self._views(self.device_buf, b, q)[6][:b])
-        logits = model.lm_logits(normed)
-        return new_hidden, logits, self.runner.ops.argmax_probability(logits)
+            return self._chain(batch, b, out, self._views(self.device_buf, b, q)[6][:b])
+        logits = model.lm_logits(out)
+        return out, logits, self.runner.ops.argmax_probability(logits)
 
     def _spec(self, batch: ForwardBatch, b: int, q: int) -> torch.Tensor:
         """After the verify graph (b, q) (its logits and hidden rows; each sequence's last token and up to q-1
@@ -242,18 +242,19 @@ class StepGraphs:
         accepted = hit.long().cumprod(1).sum(1)
         commit_uniform(cache, self.verify[(b, q)], accepted + 1)
         # catch-up: the token after row j's position is row j's argmax (a draft accepted there, or the bonus)
-        new_hidden, normed = model.mtp.draft(hidden, model.embed(greedy.view(-1), batch), batch, cache)
+        out = model.mtp.draft(hidden, model.embed(greedy.view(-1), batch), batch, cache)
         packed = torch.empty(b * q + b + 2 * self.chain_depths * b, dtype=torch.float64, device=greedy.device)
         packed[:b * q] = greedy.view(-1)
         packed[b * q:b * q + b] = accepted
-        self._chain(batch, b, new_hidden, normed, self.arange[:b] * q + accepted,
+        self._chain(batch, b, out, self.arange[:b] * q + accepted,
                     packed[b * q + b:].view(2, self.chain_depths, b))
         return packed
 
-    def _chain(self, batch: ForwardBatch, b: int, hidden: torch.Tensor, normed: torch.Tensor,
-               lrows: torch.Tensor, draws: torch.Tensor | None = None) -> torch.Tensor:
-        """The chained depths after a catch-up (its MTP hidden and normed rows, b*q rows): each sequence's
-        row lrows[i] gives its draft, which the next depth reads at the next position.
+    def _chain(self, batch: ForwardBatch, b: int, hidden: torch.Tensor, lrows: torch.Tensor,
+               draws: torch.Tensor | None = None) -> torch.Tensor:
+        """The chained depths after a catch-up (its MTP output rows, b*q rows: the LM head's input and the
+        next depth's hidden): each sequence's row lrows[i] gives its draft, which the next depth reads at the
+        next position.
         The same forms and shapes as the per-depth draft graphs ("draft", b, 1). -> greedy [2, depths, b]
         (written into `draws` when given)."""
         model, cache, bs, depths = self.runner.model, self.runner.cache, self.block_size, self.chain_depths
@@ -262,7 +263,7 @@ class StepGraphs:
         seqs = self.arange[:b]
         pos = batch.positions.index_select(0, lrows)
         hidden = hidden.index_select(0, lrows)
-        self._draw(model.lm_logits(normed.index_select(0, lrows)), draws[:, 0])
+        self._draw(model.lm_logits(hidden), draws[:, 0])
         if depths > 1:  # every later depth's positions and cache rows at once [depths - 1, b]
             ahead = pos.unsqueeze(0) + self.arange[1:depths].unsqueeze(1)
             rows = batch.block_tables[seqs, ahead // bs] * bs + ahead % bs
@@ -272,8 +273,8 @@ class StepGraphs:
                                 context_lens=[0] * b, slots=batch.slots, block_tables=batch.block_tables,
                                 slot_mapping=rows[d - 1], logits_indices=seqs, token_seq=seqs, decode_seqs=b,
                                 fixed_shapes=True, query_len=1)
-            hidden, normed = model.mtp.draft(hidden, model.embed(ids, step), step, cache)
-            self._draw(model.lm_logits(normed), draws[:, d])
+            hidden = model.mtp.draft(hidden, model.embed(ids, step), step, cache)
+            self._draw(model.lm_logits(hidden), draws[:, d])
         return draws
 
     def _draw(self, logits: torch.Tensor, out: torch.Tensor) -> None:

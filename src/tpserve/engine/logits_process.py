@@ -129,3 +129,11 @@ def advance(seq, token: int) -> None:
     """Move the sequence's grammar past the token it just sampled (no-op without a grammar)."""
     if seq.constraint is not None and not seq.constraint.matcher.is_error():
         seq.constraint.matcher.consume_token(token)
+
+
+def grammar_finished(seq) -> bool:
+    """The sequence's grammar allows nothing but the end (or failed): min_tokens then no longer holds back a stop,
+    since no other token could follow."""
+    m = None if seq.constraint is None else seq.constraint.matcher
+    return m is not None and (m.is_stopped() or m.is_error())
+

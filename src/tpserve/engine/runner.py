@@ -259,9 +259,9 @@ class ModelRunner:
             return Drafted(logits, greedy)
         batch = self.build_batch(plan)
         hidden = src[to_device(source_rows, self.device, torch.long)]
-        new_hidden, normed = self.model.mtp.draft(hidden, self.model.embed(batch.input_ids, batch), batch, self.cache)
-        self.draft_hidden = new_hidden[batch.logits_indices]
-        logits = self.model.lm_logits(normed[batch.logits_indices])
+        out = self.model.mtp.draft(hidden, self.model.embed(batch.input_ids, batch), batch, self.cache)
+        self.draft_hidden = out[batch.logits_indices]
+        logits = self.model.lm_logits(self.draft_hidden)
         return Drafted(logits, self.ops.argmax_probability(logits))
 
     def close(self) -> None:

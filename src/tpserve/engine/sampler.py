@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from tpserve.engine.h2d import to_device
-from tpserve.engine.logits_process import apply_logits_processors
+from tpserve.engine.logits_process import apply_logits_processors, grammar_finished
 from tpserve.engine.outputs import Logprob
 from tpserve.engine.request import Sequence
 
@@ -69,7 +69,7 @@ def _ban_stops_before_min_tokens(logits: torch.Tensor, seqs: list[Sequence]) -> 
     for seq in seqs:
         p = seq.params
         ids = set()
-        if len(seq.output_ids) < p.min_tokens:
+        if len(seq.output_ids) < p.min_tokens and not grammar_finished(seq):
             ids = set(p.stop_token_ids or []) | (set() if p.ignore_eos else set(seq.eos_ids))
         banned.append(sorted(ids))
     if not any(banned):

@@ -17,6 +17,11 @@ from typing import Any
 from tpserve.model.errors import UnsupportedConfigError
 
 _LAYER_TYPES = ("linear_attention", "indexed_attention")
+# older names mapped as transformers 5.23.0 maps them (glm5_next's full_attention, then those of
+# configuration_utils._LEGACY_LAYER_TYPE_REMAP that land on a glm5_next layer type); the published config
+# spells its MLA layers deepseek_sparse_attention
+_LAYER_TYPE_ALIASES = {"full_attention": "indexed_attention", "deepseek_sparse_attention": "indexed_attention",
+                       "qwen_sparse_attention": "indexed_attention", "mamba": "linear_attention"}
 _MLP_TYPES = ("dense", "sparse")
 _INDEXER_TYPES = ("full", "shared")
 _MODEL_TYPES = ("glm5_next", "glm5_next_text")
@@ -67,7 +72,8 @@ class ModelConfig:
     hc_sinkhorn_iters: int = 20
     index_kpool: int = 16
     index_kpool_always_select_tail: bool = True
-    num_nextn_predict_layers: int = 0  # MTP layers after the main ones (the drafter of speculative decoding)
+    # MTP layers after the main ones (the published checkpoints have one: speculative decoding's drafter)
+    num_nextn_predict_layers: int = 0
 
     # ---------------------------------------------------------------- derived
     @property
@@ -135,6 +141,8 @@ class ModelConfig:
         values: dict[str, Any] = {k: v for k, v in t.items() if k in known}
         if "num_local_experts" in t and "n_routed_experts" not in t:
             values["n_routed_experts"] = t["num_local_experts"]
+        if "num_nextn_predict_layers" in values and values["num_nextn_predict_layers"] is None:
+            values["num_nextn_predict_layers"] = 0
         if values.get("num_key_value_heads") is None:
             values["num_key_value_heads"] = values.get("num_attention_heads", cls.num_attention_heads)
         lin = t.get("linear_attn_config")
@@ -154,8 +162,9 @@ class ModelConfig:
         if t.get("layer_types") is None:
             values["layer_types"] = ["linear_attention" if i % 4 != 3 else "indexed_attention"
                                      for i in range(n_layers)]
-        values["layer_types"] = ["indexed_attention" if x == "full_attention" else x
-                                 for x in values["layer_types"]]
+        if isinstance(values["layer_types"], (list, tuple)):
+            values["layer_types"] = [_LAYER_TYPE_ALIASES.get(x, x) if isinstance(x, str) else x
+                                     for x in values["layer_types"]]
         if t.get("indexer_types") is None:
             pattern = t.get("index_topk_pattern")
             if pattern is not None:
@@ -220,6 +229,9 @@ class ModelConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 bad(name, "must be a positive integer")
+        if not isinstance(self.num_nextn_predict_layers, int) or isinstance(self.num_nextn_predict_layers, bool) \
+                or self.num_nextn_predict_layers < 0:
+            bad("num_nextn_predict_layers", "must be an integer >= 0")
         if self.n_shared_experts < 0:
             bad("n_shared_experts", "must be >= 0")
         if self.n_routed_experts < 1:

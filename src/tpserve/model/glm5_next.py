@@ -29,7 +29,10 @@ VOCAB_SHARD = Shard(dim=0, pad=True)
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, ctx: ShardContext, cfg: ModelConfig, layer: int):
+    """A decoder layer with mHC around its blocks; mhc=False builds the blocks alone (the MTP layer,
+    model/mtp.py, is a plain-residual block: no hc_* tensors)."""
+
+    def __init__(self, ctx: ShardContext, cfg: ModelConfig, layer: int, mhc: bool = True):
         super().__init__()
         self.is_mla = cfg.layer_types[layer] == "indexed_attention"
         if self.is_mla:
@@ -42,8 +45,9 @@ class DecoderLayer(nn.Module):
             self.mlp = DenseMLP(ctx, cfg.hidden_size, cfg.intermediate_size, cfg.swiglu_limit)
         self.input_layernorm = RMSNorm(ctx, cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(ctx, cfg.hidden_size, cfg.rms_norm_eps)
-        self.attn_hc = HyperConnection(ctx, cfg)
-        self.ffn_hc = HyperConnection(ctx, cfg)
+        if mhc:
+            self.attn_hc = HyperConnection(ctx, cfg)
+            self.ffn_hc = HyperConnection(ctx, cfg)
         self.comm = ctx.comm
         self.fused_expand = ctx.ops.kernels.fused_collectives and self.comm.world_size > 1
         # with sequence parallelism: the MoE's combine inside the reduce-scatter (grouped experts)

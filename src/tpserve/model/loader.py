@@ -4,8 +4,9 @@ Names are the ones transformers 5.23.0 writes for Glm5NextForConditionalGenerati
 (`model.language_model.*`, `lm_head.weight`; per-expert `experts.{e}.*_proj`, `q/k/v_conv1d`,
 `hc_attn_fn` ...); flat text-only checkpoints (`model.*`) load too. Vision tensors and layers
 past num_hidden_layers (the MTP layer) are skipped unless the MTP drafter is built
-(speculative decoding), which takes layer num_hidden_layers as `mtp.*`. A missing, unexpected or mis-shaped tensor
-raises CheckpointError naming it. Each rank reads only its own slices.
+(speculative decoding), which takes layer num_hidden_layers as `mtp.*` in the published layout (no hc_*
+tensors: model/mtp.py; docs/checkpoints.md). A missing, unexpected or mis-shaped tensor raises
+CheckpointError naming it. Each rank reads only its own slices.
 """
 
 from __future__ import annotations
@@ -69,7 +70,9 @@ def internal_name(name: str, num_layers: int, mtp: bool = False) -> str | None:
         rest = name[m.end():]
         if rest.startswith(("embed_tokens.", "shared_head.head.")):
             return None
-        return "mtp." + _HC.sub(lambda mm: f".{mm.group(1)}_hc.{mm.group(2)}", "." + rest)[1:]
+        if _HC.search("." + rest):
+            raise CheckpointError(old_mtp_layout(full, num_layers))
+        return "mtp." + rest
     if _SKIP.search(full):
         return None
     if name == "lm_head.weight":
@@ -79,10 +82,20 @@ def internal_name(name: str, num_layers: int, mtp: bool = False) -> str | None:
     return _HC.sub(lambda mm: f".{mm.group(1)}_hc.{mm.group(2)}", name)
 
 
-def checkpoint_name(internal: str) -> str:
-    """Model parameter name -> the name transformers writes (for messages and make-tiny)."""
+def old_mtp_layout(name: str, num_layers: int) -> str:
+    """The error for an MTP layer with mHC tensors (the layout tpserve's demo model was first trained in)."""
+    return (f"{name}: the MTP layer (layer {num_layers}) is in the pre-release mHC layout; speculative decoding "
+            "needs the published layout, whose MTP layer has no hc_* tensors. Retrain the model with "
+            "`tpserve train-demo` for a current checkpoint, or serve this one without speculative_config")
+
+
+def checkpoint_name(internal: str, num_layers: int | None = None) -> str:
+    """Model parameter name -> the name transformers writes (for messages and make-tiny); the MTP
+    drafter's `mtp.*` is layer `num_layers`."""
     if internal == "lm_head.weight":
         return internal
+    if num_layers is not None and internal.startswith("mtp."):
+        internal = f"layers.{num_layers}." + internal[len("mtp."):]
     internal = re.sub(r"\.(attn|ffn)_hc\.(fn|base|scale)$", lambda m: f".hc_{m.group(1)}_{m.group(2)}", internal)
     return "model.language_model." + internal
 
@@ -129,7 +142,8 @@ def load_weights(model: nn.Module, model_dir: str | Path, *, rank: int = 0, worl
         raise CheckpointError(f"unexpected tensor(s) in checkpoint: {_few(unexpected)}")
     missing = sorted(set(sources) - seen)
     if missing:
-        raise CheckpointError(f"missing tensor(s) in checkpoint: {_few([checkpoint_name(m) for m in missing])}")
+        names = [checkpoint_name(m, num_layers) for m in missing]
+        raise CheckpointError(f"missing tensor(s) in checkpoint: {_few(names)}")
 
 
 def _check_dtype(name: str, stored: torch.dtype, target: torch.dtype) -> None:

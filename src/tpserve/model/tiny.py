@@ -1,9 +1,11 @@
 """`tpserve make-tiny`: a small random glm5_next checkpoint (weights, config, tokenizer, template).
 
 The tensors are written under the names transformers 5.23.0 writes, so the same directory loads
-in transformers (the oracle) and in tpserve. Values are random but not degenerate: the router,
-the gates, the indexer's pooling weights and the mHC projections all get random values, so
-routing and sparse selection are exercised (transformers' own init leaves several at zero).
+in transformers (the oracle) and in tpserve; with `mtp` the MTP layer follows as layer
+num_hidden_layers in the published layout (model/mtp.py; transformers skips it). Values are
+random but not degenerate: the router, the gates, the indexer's pooling weights and the mHC
+projections all get random values, so routing and sparse selection are exercised (transformers'
+own init leaves several at zero).
 """
 
 from __future__ import annotations
@@ -82,37 +84,49 @@ def tiny_config_dict(layers: int = 4, **overrides: Any) -> dict[str, Any]:
             "tie_word_embeddings": bool(text.get("tie_word_embeddings", False))}
 
 
-def checkpoint_shapes(cfg: ModelConfig) -> list[tuple[str, tuple[int, ...]]]:
-    """(model name, full shape) of every tensor the checkpoint holds, in name order."""
+def checkpoint_shapes(cfg: ModelConfig, mtp: bool = False) -> list[tuple[str, tuple[int, ...]]]:
+    """(model name, full shape) of every tensor the checkpoint holds, in name order; with `mtp` the MTP
+    layer's after them (`mtp.*`), so the main model's values do not depend on it."""
     from tpserve.model.glm5_next import Glm5NextModel
     from tpserve.model.weights import checkpoint_sources
 
+    ctx = ShardContext.single(torch.float32, "meta")
     with torch.device("meta"):
-        model = Glm5NextModel(ShardContext.single(torch.float32, "meta"), cfg)
-    return [(name, tuple(src.full_shape)) for name, (_, src) in sorted(checkpoint_sources(model).items())]
+        parts = [("", Glm5NextModel(ctx, cfg))]
+        if mtp:
+            from tpserve.model.mtp import MtpLayer
+
+            parts.append(("mtp.", MtpLayer(ctx, cfg)))
+    return [(prefix + name, tuple(src.full_shape)) for prefix, module in parts
+            for name, (_, src) in sorted(checkpoint_sources(module).items())]
 
 
-def random_tensors(cfg: ModelConfig, seed: int, dtype: torch.dtype = torch.float32, device: str = "cpu"):
+def random_tensors(cfg: ModelConfig, seed: int, dtype: torch.dtype = torch.float32, device: str = "cpu",
+                   mtp: bool = False):
     """(checkpoint name, random tensor) for every tensor the model expects (transformers' names), one at a
     time (a real-width checkpoint does not fit in memory at once), made on `device`."""
     gen = torch.Generator(device).manual_seed(seed)
-    for name, shape in checkpoint_shapes(cfg):
-        yield checkpoint_name(name), _random_tensor(name, shape, gen).to(dtype).contiguous()
+    for name, shape in checkpoint_shapes(cfg, mtp):
+        yield checkpoint_name(name, cfg.num_hidden_layers), _random_tensor(name, shape, gen).to(dtype).contiguous()
 
 
-def random_state_dict(cfg: ModelConfig, seed: int, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+def random_state_dict(cfg: ModelConfig, seed: int, dtype: torch.dtype = torch.float32,
+                      mtp: bool = False) -> dict[str, torch.Tensor]:
     """Random tensors for every checkpoint name the model expects (transformers' names)."""
-    return dict(random_tensors(cfg, seed, dtype))
+    return dict(random_tensors(cfg, seed, dtype, mtp=mtp))
 
 
 def make_tiny(out_dir: str | Path, *, seed: int = 0, layers: int = 4, dtype: torch.dtype = torch.float32,
-              **overrides: Any) -> Path:
-    """Write a tiny random glm5_next checkpoint (with tokenizer and chat template) into out_dir."""
+              mtp: bool = False, **overrides: Any) -> Path:
+    """Write a tiny random glm5_next checkpoint (with tokenizer and chat template) into out_dir; with `mtp`
+    an MTP layer too (speculative decoding)."""
     from tpserve.model.tiny_tokenizer import write_tiny_tokenizer
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     raw = tiny_config_dict(layers, **overrides)
+    if mtp:
+        raw["text_config"]["num_nextn_predict_layers"] = 1
     tok = write_tiny_tokenizer(out, raw["text_config"]["vocab_size"])
     eos = list(tok["eos_token_id"])
     raw["text_config"].setdefault("eos_token_id", eos)
@@ -121,5 +135,5 @@ def make_tiny(out_dir: str | Path, *, seed: int = 0, layers: int = 4, dtype: tor
     (out / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
     gen_cfg = {"eos_token_id": eos, "pad_token_id": tok["pad_token_id"], "do_sample": False}
     (out / "generation_config.json").write_text(json.dumps(gen_cfg, indent=2) + "\n")
-    save_file(random_state_dict(cfg, seed, dtype), str(out / "model.safetensors"), metadata={"format": "pt"})
+    save_file(random_state_dict(cfg, seed, dtype, mtp), str(out / "model.safetensors"), metadata={"format": "pt"})
     return out

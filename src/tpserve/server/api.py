@@ -21,6 +21,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from tpserve import __version__
 from tpserve.engine.async_engine import QueueFullError
 from tpserve.engine.executor import EngineDeadError
 from tpserve.server.memory import MallocTrimmer
@@ -52,6 +53,13 @@ def generation_defaults(model_dir: Path) -> dict[str, Any]:
     return {k: raw[k] for k in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty") if k in raw}
 
 
+def lift_tokenizer_limit(tokenizer) -> None:
+    """Prompts are checked against max_model_len; transformers' warning about the tokenizer's own
+    model_max_length (often smaller, and no limit of this engine) would only mislead the log."""
+    if tokenizer is not None and hasattr(tokenizer, "model_max_length"):
+        tokenizer.model_max_length = int(1e30)  # transformers' value for "no limit"
+
+
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def api_error(_: Request, exc: ApiError):
@@ -64,7 +72,7 @@ def _install_error_handlers(app: FastAPI) -> None:
             message = f"{request.method} {request.url.path}: no such route"
         elif exc.status_code == 405:
             message = f"{request.method} is not allowed on {request.url.path}"
-        body = error_body(message, _STATUS_TYPES.get(exc.status_code, "HTTPError"), None, exc.status_code)
+        body = error_body(message, _STATUS_TYPES.get(exc.status_code, "HTTPError"))
         return JSONResponse(body, status_code=exc.status_code, headers=getattr(exc, "headers", None))
 
     @app.exception_handler(RequestValidationError)
@@ -104,6 +112,7 @@ def build_app(state: ServerState) -> FastAPI:
     app.state.tpserve = state
     state.drain_cut = state.drain_cut or asyncio.Event()
     state.metrics = state.metrics or ServerMetrics(state.engine.stats)
+    lift_tokenizer_limit(state.tokenizer)
     app.add_middleware(GuardMiddleware, state=state)
     _install_error_handlers(app)
     v1 = APIRouter(prefix="/v1")
@@ -112,13 +121,30 @@ def build_app(state: ServerState) -> FastAPI:
     async def health():
         reason = state.engine.dead_reason
         if reason:
-            return JSONResponse(error_body(f"engine is dead: {reason}", "ServiceUnavailableError", None, 503),
+            return JSONResponse(error_body(f"engine is dead: {reason}", "ServiceUnavailableError"),
                                 status_code=503)
         return Response(status_code=200)
 
     @app.get("/metrics", **route_docs(None, None, text=True))
     async def metrics():
         return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @app.get("/server_info", **route_docs(None, None))
+    @app.get("/get_server_info", include_in_schema=False)
+    async def server_info():
+        # what routers read when a worker registers: the model id is served_model_name (no model path, which
+        # a router would try to load a tokenizer from)
+        ecfg = state.engine.engine.ecfg
+        return JSONResponse({"served_model_name": state.served_model_names[0],
+                             "served_model_names": state.served_model_names, "tp_size": ecfg.tensor_parallel_size,
+                             "dp_size": 1, "max_model_len": state.max_model_len, "version": __version__})
+
+    @app.get("/get_load", **route_docs(None, None))
+    async def get_load():
+        # sglang-router's power_of_two sums num_tokens over this list (one entry per data-parallel rank)
+        s, block = state.engine.stats(), state.engine.engine.executor.cache_shape.block_size
+        return JSONResponse([{"dp_rank": 0, "num_reqs": s["running"], "num_waiting_reqs": s["waiting"],
+                              "num_tokens": (s["blocks_total"] - s["blocks_free"]) * block}])
 
     def card(name: str) -> ModelCard:
         return ModelCard(id=name, root=str(state.engine.engine.model_dir), max_model_len=state.max_model_len)

@@ -3,9 +3,9 @@
 What it is for: RSS is the heap in use plus the free memory glibc keeps in its arenas for reuse
 (it gives pages back only from the top of each heap). `malloc_trim(0)` hands every free page of
 every arena back to the OS (madvise), so RSS follows the bytes in use after a burst of large
-transient allocations. Measured on the soak (BENCHMARKS.md, 2026-12-01): the RSS drift there is
-heap *in use* (the tokenizer's bounded 10,000-word BPE cache filling up), not free memory kept by
-malloc, and a trim every 60 s (~3 ms each) changed no 5-minute slope; hence off by default.
+transient allocations. Under `tpserve bench soak` the RSS drift is heap *in use* (the tokenizer's
+bounded BPE cache filling up), not free memory kept by malloc, so trimming does not change it;
+hence off by default.
 
 Switch: `--malloc-trim-interval SECONDS` on `tpserve serve`, or the environment variable
 TPSERVE_MALLOC_TRIM_INTERVAL (also read by servers started in-process: benches, tests).
@@ -72,7 +72,7 @@ class MallocTrimmer:
     """A daemon thread that calls `trim` (glibc's malloc_trim(0)) every `interval` seconds.
 
     `start()` does nothing when the interval is 0 or there is no glibc. `calls` and `max_seconds`
-    say what it did (a trim of a ~200 MiB heap takes milliseconds; it runs off the event loop)."""
+    say what it did (it runs off the event loop)."""
 
     def __init__(self, interval: float, trim: Callable[[], object] | None = None):
         if not interval >= 0:

@@ -30,7 +30,7 @@ class GuardMiddleware:
         if declared.isdigit() and int(declared) > limit:
             await _discard_body(receive)  # read (not kept) so the client sees the answer, not a reset
             return await _send_error(send, 413, f"request body is larger than {limit} bytes (--max-request-bytes)",
-                                     "RequestTooLargeError", 413)
+                                     "RequestTooLargeError", None)
         return await self.app(scope, receive, send)
 
 

@@ -1,23 +1,21 @@
-"""Pydantic models for the OpenAI API subset tpserve serves, plus error bodies.
+"""Pydantic models for the OpenAI API subset tpserve serves (error bodies from errors.py re-exported).
 
 Requests refuse unknown fields (as OpenAI does) and are validated strictly (no "5" for 5, no
-NaN): wrong types and out-of-range values raise pydantic's ValidationError; `validation_error_to_body` turns one into OpenAI's
-error shape with `param` naming the field (the server answers 400). `to_sampling_params()`
-gives the engine's sampling parameters as a plain dict. Responses are in `responses.py`.
+NaN): wrong types and out-of-range values raise pydantic's ValidationError;
+`validation_error_to_body` turns one into OpenAI's error shape with `param` naming the field (the
+server answers 400). `to_sampling_params()` gives the engine's sampling parameters as a plain
+dict. Responses are in `responses.py`; the fields clients pass through in `request_fields.py`.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import (
-    BaseModel,
     ConfigDict,
     Field,
     StrictInt,
-    ValidationError,
     WithJsonSchema,
     ValidationInfo,
     field_validator,
@@ -25,6 +23,8 @@ from pydantic import (
 )
 
 from tpserve.server.chat import REASONING_EFFORTS, ParamError, normalize_messages
+from tpserve.server.errors import error_body, parse_request, validation_error_to_body
+from tpserve.server.request_fields import ChatPassThrough, StreamOptions, VllmSampling
 from tpserve.server.request_parts import MAX_LOGIT_BIAS, Messages, OpenAIModel, ResponseFormat
 from tpserve.server.responses import *  # noqa: F403  (re-exported: one import for the app)
 from tpserve.server.responses import __all__ as _response_names
@@ -59,52 +59,8 @@ SAMPLING_FALLBACKS = {
     "frequency_penalty": 0.0,
     "repetition_penalty": 1.0,
 }
-_FIELD_NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
-# pydantic puts the member of a union that failed into `loc`; those are not field names
-_UNION_TAGS = frozenset({"str", "int", "float", "bool", "bytes", "dict", "list", "none"})
-
 TokenId = Annotated[StrictInt, Field(ge=0)]
 Text = Annotated[str, Field(min_length=1)]
-
-
-def error_body(
-    message: str,
-    type: str = "BadRequestError",
-    param: str | None = None,
-    code: int | str | None = 400,
-) -> dict:
-    """OpenAI's error JSON: {"error": {"message", "type", "param", "code"}}."""
-    return {"error": {"message": message, "type": type, "param": param, "code": code}}
-
-
-def _loc_to_param(loc: tuple) -> str | None:
-    """("messages", 0, "content") -> "messages[0].content"; union member tags are skipped."""
-    param = ""
-    for part in loc:
-        if isinstance(part, int):
-            param += f"[{part}]"
-        elif _FIELD_NAME.match(part) and part not in _UNION_TAGS:
-            param += f".{part}" if param else part
-    return param or None
-
-
-def validation_error_to_body(exc: ValidationError) -> dict:
-    """The OpenAI error body (code 400) for a request that failed validation."""
-    messages: list[str] = []
-    first_param: str | None = None
-    for err in exc.errors():
-        cause = (err.get("ctx") or {}).get("error")
-        param = getattr(cause, "param", None) or _loc_to_param(err["loc"])
-        text = str(cause) if cause is not None else err["msg"]
-        if not text.startswith(param or "\0"):
-            text = f"{param}: {text}" if param else text
-        if first_param is None:
-            first_param = param
-        if text not in messages:
-            messages.append(text)
-        if len(messages) == 3:
-            break
-    return error_body("; ".join(messages) or "invalid request", param=first_param)
 
 
 class FunctionDefinition(OpenAIModel):
@@ -128,12 +84,8 @@ class NamedToolChoice(OpenAIModel):
     function: NamedFunction
 
 
-class StreamOptions(OpenAIModel):
-    include_usage: bool = False
-
-
-class SamplingRequest(OpenAIModel):
-    """Fields shared by chat and legacy completions."""
+class SamplingRequest(VllmSampling):
+    """Fields shared by chat and legacy completions (vLLM's sampling extensions included)."""
 
     model: str | None = None
     stream: bool = False
@@ -184,6 +136,27 @@ class SamplingRequest(OpenAIModel):
             raise ValueError("stream_options is only allowed when stream is true")
         return value
 
+    @model_validator(mode="after")
+    def _min_tokens_fit(self) -> SamplingRequest:
+        most = self.effective_max_tokens()
+        if most is not None and self.min_tokens > most:
+            raise ParamError("min_tokens", f"min_tokens ({self.min_tokens}) is more than max_tokens ({most})")
+        return self
+
+    @model_validator(mode="after")
+    def _one_output_constraint(self) -> SamplingRequest:
+        if self.structured_outputs is not None and self.response_format is not None \
+                and self.response_format.type != "text":
+            raise ParamError("structured_outputs", "structured_outputs and response_format cannot both constrain "
+                             "the output; give one")
+        return self
+
+    def usage_options(self) -> tuple[bool, bool]:
+        """(usage in a final chunk, usage on every chunk) of a stream."""
+        opts = self.stream_options
+        usage = bool(opts and opts.include_usage)
+        return usage, usage and opts.continuous_usage_stats
+
     def stop_list(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
@@ -199,7 +172,8 @@ class SamplingRequest(OpenAIModel):
         Keys: temperature, top_p, top_k (0 = off), min_p, seed, max_tokens (None: up to
         max_model_len), stop (list), stop_token_ids, ignore_eos, presence_penalty,
         frequency_penalty, repetition_penalty, logprobs (None: off; k: k top logprobs,
-        0 = only the sampled token), n. Unset fields come from `defaults` (e.g. the model's
+        0 = only the sampled token), n, and vLLM's min_tokens, skip_special_tokens,
+        include_stop_str_in_output. Unset fields come from `defaults` (e.g. the model's
         generation_config: temperature, top_p, top_k, max_tokens...) or SAMPLING_FALLBACKS.
         """
         defaults = defaults or {}
@@ -218,6 +192,7 @@ class SamplingRequest(OpenAIModel):
             "repetition_penalty": self.repetition_penalty,
             "logprobs": self.logprobs_count(),
             "n": self.n,
+            **self.vllm_params(),
         }
         for key in ("temperature", "top_p", "top_k", "min_p", "max_tokens", "presence_penalty",
                     "frequency_penalty", "repetition_penalty"):
@@ -228,7 +203,7 @@ class SamplingRequest(OpenAIModel):
         return params
 
 
-class ChatCompletionRequest(SamplingRequest):
+class ChatCompletionRequest(SamplingRequest, ChatPassThrough):
     """POST /v1/chat/completions. `messages` are checked by chat.normalize_messages."""
 
     messages: Messages = Field(min_length=1)
@@ -303,10 +278,14 @@ class ChatCompletionRequest(SamplingRequest):
 
 
 class CompletionRequest(SamplingRequest):
-    """POST /v1/completions (legacy). echo, suffix and best_of > 1 are rejected."""
+    """POST /v1/completions (legacy). suffix and best_of > 1 are rejected.
+
+    `echo` returns the prompt before the completion (with `logprobs`, the prompt tokens' logprobs
+    too, the first one null); with echo, max_tokens may be 0: the prompt alone comes back."""
 
     prompt: (Text | Annotated[list[Text], Field(min_length=1)] | Annotated[list[TokenId], Field(min_length=1)]
              | Annotated[list[Annotated[list[TokenId], Field(min_length=1)]], Field(min_length=1)])
+    max_tokens: int | None = Field(None, ge=0)
     logprobs: int | None = Field(None, ge=0, le=MAX_COMPLETION_LOGPROBS)
     echo: bool = False
     suffix: str | None = None
@@ -320,11 +299,24 @@ class CompletionRequest(SamplingRequest):
             raise ValueError("prompt_logprobs is only supported without stream")
         return value
 
+    @model_validator(mode="after")
+    def _zero_tokens_need_echo(self) -> CompletionRequest:
+        if self.max_tokens == 0 and not self.echo:
+            raise ParamError("max_tokens", "max_tokens must be at least 1 (0 is allowed with echo)")
+        return self
+
     def to_sampling_params(self, defaults: Mapping[str, Any] | None = None) -> dict:
         params = super().to_sampling_params(defaults)
-        if self.prompt_logprobs is not None:
+        if self.echo and self.logprobs is not None:  # the echoed prompt's logprobs
+            params["prompt_logprobs"] = max(self.prompt_logprobs or 0, self.logprobs)
+        elif self.prompt_logprobs is not None:
             params["prompt_logprobs"] = self.prompt_logprobs
+        if self.max_tokens == 0:  # echo alone: the engine makes one token, which is not returned
+            params["max_tokens"] = 1
         return params
+
+    def prompt_only(self) -> bool:
+        return self.max_tokens == 0
 
     @field_validator("prompt")
     @classmethod
@@ -332,13 +324,6 @@ class CompletionRequest(SamplingRequest):
         items = [value] if isinstance(value, str) else value
         if not items or any(isinstance(p, (str, list)) and len(p) == 0 for p in items):
             raise ValueError("prompt must not be empty")
-        return value
-
-    @field_validator("echo")
-    @classmethod
-    def _no_echo(cls, value: bool) -> bool:
-        if value:
-            raise ValueError("echo is not supported")
         return value
 
     @field_validator("suffix")
@@ -411,13 +396,3 @@ class DetokenizeRequest(OpenAIModel):
 
     model: str | None = None
     tokens: list[TokenId]
-
-
-def parse_request(model: type[BaseModel], body: Any) -> tuple[BaseModel | None, dict | None]:
-    """(request, None) or (None, OpenAI error body) for a decoded JSON body."""
-    if not isinstance(body, dict):
-        return None, error_body("request body must be a JSON object")
-    try:
-        return model.model_validate(body), None
-    except ValidationError as exc:
-        return None, validation_error_to_body(exc)

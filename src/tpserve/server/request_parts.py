@@ -47,14 +47,21 @@ class JsonSchemaFormat(OpenAIModel):
 
 
 class ResponseFormat(OpenAIModel):
-    """`response_format`: text (no constraint), json_object (any JSON object) or json_schema."""
+    """`response_format`: text (no constraint), json_object (any JSON object) or json_schema.
+
+    json_object may carry a `schema` (Together's and Anyscale's form, which instructor's
+    JSON_SCHEMA mode sent before it moved to json_schema): the output follows it."""
 
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
+    object_schema: dict[str, Any] | None = Field(None, alias="schema")
 
     @model_validator(mode="after")
     def _schema_iff_json_schema(self) -> ResponseFormat:
         if (self.type == "json_schema") != (self.json_schema is not None):
             raise ParamError("response_format.json_schema",
                              "response_format.json_schema is required with type 'json_schema' (and only then)")
+        if self.object_schema is not None and self.type != "json_object":
+            raise ParamError("response_format.schema", "response_format.schema goes with type 'json_object' "
+                             "(for json_schema, give json_schema.schema)")
         return self

@@ -46,11 +46,19 @@ def _now() -> int:
     return int(time.time())
 
 
+def _with_nulls(data: dict) -> dict:
+    """A choice as OpenAI streams it: `logprobs` and `finish_reason` present even when null
+    (chunks are dumped with exclude_none, which would drop them)."""
+    data.setdefault("logprobs", None)
+    data.setdefault("finish_reason", None)
+    return data
+
+
 class ErrorInfo(BaseModel):
     message: str
     type: str = "BadRequestError"
     param: str | None = None
-    code: int | str | None = 400
+    code: str | None = None
 
 
 class ErrorResponse(BaseModel):
@@ -201,6 +209,10 @@ class ChatCompletionStreamChoice(BaseModel):
     finish_reason: str | None = None
     stop_reason: int | str | None = None
 
+    @model_serializer(mode="wrap")
+    def _nulls(self, handler):
+        return _with_nulls(handler(self))
+
 
 class ChatCompletionStreamResponse(BaseModel):
     id: str
@@ -208,7 +220,7 @@ class ChatCompletionStreamResponse(BaseModel):
     created: int = Field(default_factory=_now)
     model: str
     choices: list[ChatCompletionStreamChoice] = Field(default_factory=list)
-    usage: UsageInfo | None = None  # only on the final chunk when include_usage
+    usage: UsageInfo | None = None  # the final chunk's with include_usage; every chunk's with continuous_usage_stats
 
 
 # --- legacy completions ------------------------------------------------------------------
@@ -220,6 +232,10 @@ class CompletionChoice(BaseModel):
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+
+    @model_serializer(mode="wrap")
+    def _nulls(self, handler):
+        return _with_nulls(handler(self))
 
 
 class CompletionResponse(BaseModel):

@@ -21,6 +21,7 @@ from pydantic import Field, ValidationError, WithJsonSchema, field_validator, mo
 
 from tpserve.server.chat import REASONING_EFFORTS, ParamError, normalize_messages
 from tpserve.server.protocol import ChatCompletionRequest, FunctionDefinition, validation_error_to_body
+from tpserve.server.request_fields import Metadata, ServiceTier
 from tpserve.server.request_parts import OpenAIModel
 
 __all__ = ["ResponsesRequest", "input_to_messages"]
@@ -186,9 +187,6 @@ class ReasoningConfig(OpenAIModel):
     summary: Literal["auto", "concise", "detailed"] | None = None  # accepted: reasoning comes as text
 
 
-Metadata = dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]]
-
-
 class ResponsesRequest(OpenAIModel):
     """POST /v1/responses. See the module docstring for what is refused."""
 
@@ -208,7 +206,7 @@ class ResponsesRequest(OpenAIModel):
     metadata: Annotated[Metadata, Field(max_length=16)] | None = None
     user: str | None = None
     store: bool | None = None  # nothing is stored either way
-    service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
+    service_tier: ServiceTier | None = None
     truncation: Literal["disabled"] | None = None
     include: list[Literal[VACUOUS_INCLUDES]] | None = None  # type: ignore[valid-type]
     top_logprobs: Literal[0] | None = None  # logprobs are not offered here (use /v1/chat/completions)

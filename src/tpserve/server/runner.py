@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import signal
 import socket
 import threading
 import time
@@ -16,6 +18,7 @@ log = logging.getLogger("tpserve.serve")
 # after the engine dies: keep answering (503 on /health, errors to open streams) this long, then exit
 DEAD_GRACE_S = 2.0
 DRAIN_FLUSH_S = 2.0  # uvicorn's own graceful timeout is this much past ours (streams flush their [DONE])
+PARENT_ENV = "TPSERVE_PARENT_PID"  # set by the fleet (tools/fleet): a replica whose supervisor is gone drains, exits
 
 
 class _Server(uvicorn.Server):
@@ -82,7 +85,11 @@ class ServerRunner:
         return 0
 
     def _watch(self, stop: threading.Event) -> None:
+        parent = int(os.environ.get(PARENT_ENV) or 0)
         while not stop.wait(0.2):
+            if parent and os.getppid() != parent and self.server.started and not self.server.should_exit:
+                log.error("the fleet that started this replica (pid %d) is gone: draining and exiting", parent)
+                self.server.handle_exit(signal.SIGTERM, None)
             if self.state.engine.dead_reason and self.server.started:
                 log.error("the engine died: %s; shutting down in %.0f s", self.state.engine.dead_reason,
                           DEAD_GRACE_S)

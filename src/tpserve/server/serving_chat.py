@@ -88,9 +88,8 @@ async def chat_completions(state: ServerState, request: Request, req: ChatComple
     k = req.logprobs_count()
 
     if req.stream:
-        include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return StreamingResponse(_stream(state, rid, model, stream, timer, new_parser, params.n, len(ids), k, include_usage),
-                                 media_type="text/event-stream")
+        return StreamingResponse(_stream(state, rid, model, stream, timer, new_parser, params.n, len(ids), k,
+                                         req.usage_options()), media_type="text/event-stream")
 
     async def collect():
         final = None
@@ -113,14 +112,16 @@ async def chat_completions(state: ServerState, request: Request, req: ChatComple
     return JSONResponse(ChatCompletionResponse(id=rid, model=model, choices=choices, usage=usage).model_dump())
 
 
-async def _stream(state, rid, model, stream, timer, new_parser, n, prompt_len, k, include_usage):
+async def _stream(state, rid, model, stream, timer, new_parser, n, prompt_len, k, usage_options):
     tok = state.tokenizer
     created = int(time.time())
+    include_usage, continuous = usage_options
     parsers = [new_parser() for _ in range(n)]
     sent_text, sent_tokens, done = [0] * n, [0] * n, [False] * n
-    completion_tokens = 0
 
     def chunk(choices, usage=None):
+        if usage is None and continuous:  # vLLM's continuous_usage_stats: the usage so far on every chunk
+            usage = UsageInfo.of(prompt_len, sum(sent_tokens))
         return sse(ChatCompletionStreamResponse(id=rid, model=model, created=created, choices=choices, usage=usage))
 
     yield chunk([ChatCompletionStreamChoice(index=i, delta=DeltaMessage(role="assistant", content=""))
@@ -144,7 +145,6 @@ async def _stream(state, rid, model, stream, timer, new_parser, n, prompt_len, k
                     deltas += parsers[i].finish()
                     finish = chat_finish_reason(c.finish_reason, parsers[i].tool_calls)
                     done[i] = True
-                    completion_tokens += len(c.token_ids)
                 delta = merge_deltas(deltas)
                 if delta is None and logprobs is None and finish is None:
                     continue
@@ -154,9 +154,9 @@ async def _stream(state, rid, model, stream, timer, new_parser, n, prompt_len, k
             if choices:
                 yield chunk(choices)
     except Exception as exc:  # the engine died or the drain ran out: tell the client, then end the stream
-        yield sse_error(f"generation failed: {exc}", 503, "ServiceUnavailableError")
+        yield sse_error(f"generation failed: {exc}", "ServiceUnavailableError")
         yield sse("[DONE]")
         return
     if include_usage:
-        yield chunk([], usage=UsageInfo.of(prompt_len, completion_tokens))
+        yield chunk([], usage=UsageInfo.of(prompt_len, sum(sent_tokens)))
     yield sse("[DONE]")

@@ -14,7 +14,11 @@ from pydantic import BaseModel
 from tpserve.engine.async_engine import RequestStream
 from tpserve.engine.outputs import Logprob, RequestOutput
 from tpserve.sampling_params import SamplingParams
+from tpserve.server.errors import error_body
 from tpserve.server.metrics import RequestTimer
+
+
+LOGPROB_FLOOR = -9999.0
 
 
 class DrainTimeout(Exception):
@@ -64,8 +68,9 @@ def sse(payload: BaseModel | str) -> str:
     return f"data: {data}\n\n"
 
 
-def sse_error(message: str, status: int = 500, type: str = "InternalServerError") -> str:
-    return sse(json.dumps({"error": {"message": message, "type": type, "param": None, "code": status}}))
+def sse_error(message: str, type: str = "InternalServerError") -> str:
+    """An error event inside a stream (the HTTP status is already sent): OpenAI's error body."""
+    return sse(json.dumps(error_body(message, type)))
 
 
 async def merged(streams: list[RequestStream], timers: list[RequestTimer]) -> AsyncIterator[tuple[int, RequestOutput]]:
@@ -118,24 +123,38 @@ def ranked(top: dict[int, Logprob], k: int) -> list[tuple[int, Logprob]]:
                   key=lambda item: item[1].rank)[:k]
 
 
+def finite(logprob: float) -> float:
+    """-inf (a token a grammar forbids) as the finite floor OpenAI and vLLM send: JSON has no -inf."""
+    return max(logprob, LOGPROB_FLOOR)
+
+
 def chat_logprobs(tokenizer, tokens: list[int], entries: list[dict[int, Logprob]], k: int) -> dict:
     content = []
     for tok, top in zip(tokens, entries):
         text = token_text(tokenizer, tok)
-        content.append({"token": text, "logprob": top[tok].logprob, "bytes": list(text.encode()),
-                        "top_logprobs": [{"token": (s := token_text(tokenizer, t)), "logprob": lp.logprob,
+        content.append({"token": text, "logprob": finite(top[tok].logprob), "bytes": list(text.encode()),
+                        "top_logprobs": [{"token": (s := token_text(tokenizer, t)), "logprob": finite(lp.logprob),
                                           "bytes": list(s.encode())} for t, lp in ranked(top, k)]})
     return {"content": content}
 
 
-def completion_logprobs(tokenizer, tokens: list[int], entries: list[dict[int, Logprob]], k: int,
+def _top_by_text(tokenizer, top: dict[int, Logprob], k: int) -> dict[str, float] | None:
+    """The top k keyed by text; of two tokens with one text, the likelier keeps its place."""
+    out: dict[str, float] = {}
+    for t, lp in ranked(top, k):
+        out.setdefault(token_text(tokenizer, t), finite(lp.logprob))
+    return out or None
+
+
+def completion_logprobs(tokenizer, tokens: list[int], entries: list[dict[int, Logprob] | None], k: int,
                         offset: int) -> dict:
+    """The legacy logprobs object; an entry of None (the first prompt token of an echo) gives nulls."""
     out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
     for tok, top in zip(tokens, entries):
         text = token_text(tokenizer, tok)
         out["tokens"].append(text)
-        out["token_logprobs"].append(top[tok].logprob)
-        out["top_logprobs"].append({token_text(tokenizer, t): lp.logprob for t, lp in ranked(top, k)} or None)
+        out["token_logprobs"].append(None if top is None else finite(top[tok].logprob))
+        out["top_logprobs"].append(None if top is None else _top_by_text(tokenizer, top, k))
         out["text_offset"].append(offset)
         offset += len(text)
     return out

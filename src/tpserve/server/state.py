@@ -28,10 +28,9 @@ MAX_JSON_DEPTH = 64
 
 class ApiError(Exception):
     def __init__(self, status: int, message: str, *, type: str = "BadRequestError", param: str | None = None,
-                 code: str | int | None = None):
+                 code: str | None = None):
         super().__init__(message)
-        self.status, self.message, self.type, self.param = status, message, type, param
-        self.code = status if code is None else code
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
 
     def response(self) -> JSONResponse:
         return JSONResponse(error_body(self.message, self.type, self.param, self.code), status_code=self.status)

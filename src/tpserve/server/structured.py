@@ -1,10 +1,12 @@
-"""Request fields that constrain sampling: `logit_bias`, `response_format` and a forced
-`tool_choice` ("required" or a named function), turned into SamplingParams extras.
+"""Request fields that constrain sampling: `logit_bias`, `response_format`, vLLM's
+`structured_outputs` and a forced `tool_choice` ("required" or a named function), turned into
+SamplingParams extras.
 
 Constrained outputs are generated without thinking (the grammar covers the whole output): the
 chat handler renders the prompt with thinking off when `constraint_for_chat` returns a grammar.
 Tool calls are constrained to GLM's wire format (see tool_calls.py) with each argument value
-constrained by its JSON schema (string values raw, others as JSON).
+constrained by its JSON schema (string values raw, others as JSON). JSON schemas go through
+`close_objects` first: an object lists the only keys it may have unless the schema opens it.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from tpserve.server.state import ApiError, ServerState
 
 
 def grammar_compiler(state: ServerState) -> GrammarCompiler:
-    """The server's compiler (built on first use; ~10 ms for the tiny tokenizer, ~1 s for a real one)."""
+    """The server's compiler, built on first use (it indexes the whole vocabulary)."""
     if state.grammar is None:
         eng = state.engine.engine
         state.grammar = GrammarCompiler(state.need_tokenizer("structured output"), eng.model_config.vocab_size,
@@ -39,18 +41,78 @@ def logit_bias(state: ServerState, req) -> dict[int, float] | None:
     return out
 
 
-def response_format_constraint(state: ServerState, req) -> StructuredOutput | None:
+# keywords whose value is one subschema, a list of them, or a name -> subschema map
+_ONE = ("additionalProperties", "unevaluatedProperties", "items", "additionalItems", "unevaluatedItems", "contains",
+        "not", "if", "then", "else", "propertyNames")
+_LIST = ("anyOf", "oneOf", "prefixItems", "items")
+_MAP = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+
+
+def close_objects(schema: Any, close: bool = True) -> Any:
+    """A copy of `schema` where each object schema that lists properties and says nothing of other
+    keys (no additionalProperties / unevaluatedProperties) gets additionalProperties: false.
+
+    OpenAI's strict mode and vLLM's default backend close objects so; left open, a sampled model
+    can keep adding keys until max_tokens. allOf members stay open (closing each would forbid the
+    other members' keys), and so do anyOf / oneOf members of an object that lists keys itself."""
+    if not isinstance(schema, Mapping):
+        return schema
+    out = dict(schema)
+    lists_keys = "properties" in out or "patternProperties" in out
+    for key in _MAP:
+        if isinstance(out.get(key), Mapping):
+            out[key] = {name: close_objects(sub) for name, sub in out[key].items()}
+    for key in _ONE:
+        if isinstance(out.get(key), Mapping):
+            out[key] = close_objects(out[key])
+    for key in _LIST:
+        if isinstance(out.get(key), list):
+            members = key in ("anyOf", "oneOf")  # alternatives of this object, not array items
+            out[key] = [close_objects(sub, close=not (members and lists_keys)) for sub in out[key]]
+    if isinstance(out.get("allOf"), list):
+        out["allOf"] = [close_objects(sub, close=False) for sub in out["allOf"]]
+    if close and lists_keys and "additionalProperties" not in out and "unevaluatedProperties" not in out:
+        out["additionalProperties"] = False
+    return out
+
+
+def request_constraint(state: ServerState, req) -> StructuredOutput | None:
+    """The grammar of `response_format` or `structured_outputs` (the request models allow one)."""
+    if getattr(req, "structured_outputs", None) is not None:
+        return structured_outputs_constraint(state, req.structured_outputs)
     fmt = req.response_format
     if fmt is None or fmt.type == "text":
         return None
+    schema = fmt.json_schema.json_schema if fmt.type == "json_schema" else fmt.object_schema
+    param = "response_format.json_schema.schema" if fmt.type == "json_schema" else "response_format.schema"
     try:
-        if fmt.type == "json_object":
+        if schema is None:
             return grammar_compiler(state).json_object()
-        schema = fmt.json_schema.json_schema
-        return grammar_compiler(state).json_schema(schema)
+        return grammar_compiler(state).json_schema(close_objects(schema))
     except ValueError as exc:
-        raise ApiError(400, f"response_format.json_schema.schema: {exc}",
-                       param="response_format.json_schema.schema") from None
+        raise ApiError(400, f"{param}: {exc}", param=param) from None
+
+
+def structured_outputs_constraint(state: ServerState, so) -> StructuredOutput:
+    """vLLM's structured_outputs: json (a schema), json_object, regex, choice or grammar (Lark or GBNF)."""
+    import llguidance
+    from llguidance.gbnf_to_lark import GbnfToLarkError, any_to_lark
+
+    compiler = grammar_compiler(state)
+    kind = "json" if so.json_ is not None else next(k for k in ("json_object", "regex", "choice", "grammar")
+                                                    if getattr(so, k))
+    try:
+        if kind == "json":
+            return compiler.json_schema(close_objects(so.json_))
+        if kind == "json_object":
+            return compiler.json_object()
+        if kind == "regex":
+            return compiler.lark(llguidance.LLMatcher.grammar_from_regex(so.regex), "regex")
+        if kind == "choice":
+            return compiler.lark("start: " + " | ".join(_lit(c) for c in so.choice) + "\n", "choice")
+        return compiler.lark(any_to_lark(so.grammar), "grammar")
+    except (ValueError, TypeError, GbnfToLarkError) as exc:
+        raise ApiError(400, f"structured_outputs.{kind}: {exc}", param=f"structured_outputs.{kind}") from None
 
 
 def constraint_for_chat(state: ServerState, req, policy) -> StructuredOutput | None:
@@ -65,7 +127,7 @@ def constraint_for_chat(state: ServerState, req, policy) -> StructuredOutput | N
         except ValueError as exc:
             raise ApiError(400, f"tools: a tool's parameters cannot be used for tool_choice: {exc}",
                            param="tools") from None
-    return response_format_constraint(state, req)
+    return request_constraint(state, req)
 
 
 TAGS = ("<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>")
@@ -88,7 +150,7 @@ def _value_rule(schema: Any) -> str:
         if "const" in schema and isinstance(schema["const"], str):
             values = [schema["const"]]
         return "(" + " | ".join(_lit(v) for v in values) + ")" if values else "/[^<]*/"
-    return "%json " + json.dumps(schema if isinstance(schema, Mapping) else {}, ensure_ascii=False)
+    return "%json " + json.dumps(close_objects(schema) if isinstance(schema, Mapping) else {}, ensure_ascii=False)
 
 
 def tool_call_grammar(tools: list[dict], *, several: bool, tokens: Mapping[str, int] | None = None) -> str:

@@ -181,7 +181,7 @@ def run_task(c: Client, name: str, stream: bool, max_turns: int, max_tokens: int
 def register(sub, bench, tune) -> None:
     from tpserve.tools.client import add_client_args
 
-    p = sub.add_parser("agent-tools", help="five multi-turn file-tool tasks through the chat API (PASS/FAIL)")
+    p = sub.add_parser("agent-tools", help="multi-turn file-tool tasks through the chat API")
     add_client_args(p)
     p.add_argument("--tasks", default=",".join(TASKS), help=f"comma list of {', '.join(TASKS)}")
     p.add_argument("--mode", choices=("both", "stream", "nostream"), default="both")

@@ -165,8 +165,7 @@ class Client:
                     if kind != "chunk":
                         continue
                     if isinstance(chunk, dict) and "error" in chunk:
-                        raise ApiError(int(chunk["error"].get("code") or 500) if isinstance(
-                            chunk["error"].get("code"), int) else 500, chunk, f"POST {path} (stream)")
+                        raise ApiError(stream_error_status(chunk["error"]), chunk, f"POST {path} (stream)")
                     yield time.perf_counter(), chunk
                 if not done:
                     raise ToolError(f"POST {path}: the SSE stream ended without data: [DONE]")
@@ -230,3 +229,16 @@ def friendly(func):
             return 130
 
     return wrapper
+
+
+STREAM_ERROR_STATUS = {"ServiceUnavailableError": 503, "BadRequestError": 400, "NotFoundError": 404}
+
+
+def stream_error_status(error: dict) -> int:
+    """The HTTP status an error event inside a stream stands for (the stream's own status was 200): an
+    integer `code` where a server sends one, else the status of its OpenAI error `type`, else 500."""
+    code = error.get("code") if isinstance(error, dict) else None
+    if isinstance(code, int) and not isinstance(code, bool):
+        return code
+    return STREAM_ERROR_STATUS.get(error.get("type") if isinstance(error, dict) else None, 500)
+

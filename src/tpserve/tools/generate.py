@@ -6,7 +6,7 @@ from tpserve.tools.common import add_engine_args, engine_config_from_args
 
 
 def register(sub, bench, tune) -> None:
-    p = sub.add_parser("generate", help="generate text offline for one or more prompts")
+    p = sub.add_parser("generate", help="generate text offline for prompts")
     add_engine_args(p)
     p.add_argument("--prompt", action="append", required=True, help="prompt text (repeatable)")
     p.add_argument("--max-tokens", type=int, default=32)

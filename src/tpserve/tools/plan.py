@@ -5,7 +5,7 @@ from __future__ import annotations
 
 
 def register(sub, bench, tune) -> None:
-    p = sub.add_parser("plan", help="memory plan per rank for a checkpoint / config (no weights needed)")
+    p = sub.add_parser("plan", help="memory plan per rank, without loading weights")
     p.add_argument("model", help="checkpoint directory (config.json; its tensors decide the layout if present)")
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--quantization", default=None, help="fp8, nvfp4, none (default: the checkpoint's)")

@@ -23,7 +23,7 @@ SHARD_BYTES = 4 << 30
 
 
 def register(sub, bench, tune) -> None:
-    p = sub.add_parser("quantize", help="write an fp8 (block) or nvfp4 (ModelOpt) copy of a checkpoint")
+    p = sub.add_parser("quantize", help="write an fp8 or nvfp4 copy of a checkpoint")
     p.add_argument("src", help="bf16 / fp32 checkpoint directory")
     p.add_argument("dst", help="output directory (must not exist, or be empty)")
     p.add_argument("--method", required=True, choices=("fp8", "nvfp4"))

@@ -14,25 +14,30 @@ log = logging.getLogger("tpserve.serve")
 def register(sub, bench, tune) -> None:
     from tpserve.server.state import DEFAULT_MAX_REQUEST_BYTES
 
-    p = sub.add_parser("serve", help="serve the OpenAI-compatible API (built-in tiny model when no MODEL)")
+    p = sub.add_parser("serve", help="serve the OpenAI-compatible API",
+                       description="Serve the OpenAI-compatible API. `--help-all` also lists the kernel switches.")
     add_engine_args(p)
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 for every interface)")
-    p.add_argument("--port", type=int, default=8000, help="TCP port (0: pick a free one)")
-    p.add_argument("--served-model-name", nargs="+", default=None,
-                   help="name(s) clients use in `model` (default: the model argument)")
-    p.add_argument("--api-key", default=os.environ.get("TPSERVE_API_KEY"),
-                   help="require `Authorization: Bearer KEY` on every route but /health (env TPSERVE_API_KEY)")
-    p.add_argument("--metrics-public", action="store_true", help="serve /metrics without the API key")
-    p.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES,
-                   help="larger request bodies get 413")
-    p.add_argument("--drain-timeout", type=float, default=120.0,
-                   help="on SIGTERM, seconds to let running requests finish; streams still open then end "
-                        "with an error event and [DONE]")
-    p.add_argument("--malloc-trim-interval", type=float, default=None,
-                   help="seconds between glibc malloc_trim(0) calls that give free heap memory back to the OS "
-                        "(0: off; default: env TPSERVE_MALLOC_TRIM_INTERVAL, else 0)")
-    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
-                   help="level of tpserve's and uvicorn's loggers")
+    server = p.add_argument_group("server")
+    server.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0: every interface; "
+                        "default: 127.0.0.1)")
+    server.add_argument("--port", type=int, default=8000, metavar="N", help="TCP port (0: a free one; default: 8000)")
+    server.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
+                        help="name(s) clients use in `model` (default: the model argument)")
+    server.add_argument("--api-key", default=os.environ.get("TPSERVE_API_KEY"), metavar="KEY",
+                        help="require `Authorization: Bearer KEY` except on /health (default: $TPSERVE_API_KEY)")
+    server.add_argument("--metrics-public", action="store_true", help="serve /metrics without the API key")
+    server.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES, metavar="N",
+                        help=f"larger request bodies get 413 (default: {DEFAULT_MAX_REQUEST_BYTES})")
+    server.add_argument("--drain-timeout", type=float, default=120.0, metavar="S",
+                        help="on SIGTERM, seconds running requests may take to finish (default: 120)")
+    server.add_argument("--malloc-trim-interval", type=float, default=None, metavar="S",
+                        help="seconds between glibc malloc_trim(0) calls (0: off; default: "
+                             "$TPSERVE_MALLOC_TRIM_INTERVAL, else 0)")
+    server.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
+                        help="level of tpserve's and uvicorn's loggers (default: info)")
+    from tpserve.tools.fleet.cli import add_fleet_args
+
+    add_fleet_args(p)
     p.set_defaults(func=run)
 
 
@@ -57,6 +62,13 @@ def run(args) -> int:
     trim_interval = trim_interval_from_env() if args.malloc_trim_interval is None else args.malloc_trim_interval
     if not trim_interval >= 0:
         raise ValueError("--malloc-trim-interval must be >= 0 (0: off)")
+    from tpserve.tools.fleet.cli import fleet_wanted, run_fleet
+
+    if fleet_wanted(args):
+        if under_torchrun():
+            raise ValueError("--data-parallel-size / --worker-urls do not run under torchrun: start each replica "
+                             "with torchrun and list them with --worker-urls on the front (docs/replicas.md)")
+        return run_fleet(args, cfg)
     if under_torchrun() and int(os.environ["RANK"]) != 0:
         from tpserve.engine.tp.executor import run_torchrun_worker
 
@@ -74,11 +86,16 @@ def run(args) -> int:
         log.error("the server did not start: cannot listen on %s:%d (%s; is the port taken?)", args.host, args.port,
                   exc.strerror or exc)
         return 1
+    from tpserve.server.loading import LoadingResponder
+
+    loading = LoadingResponder(sock).start()  # /health answers 503 until the engine is up
     try:
         engine = LLMEngine(cfg)
     except BaseException:
+        loading.stop()
         sock.close()
         raise
+    loading.stop()
     async_engine = AsyncEngine(engine, max_waiting=cfg.max_waiting)
     builtin = "glm5-next-demo" if engine.model_dir.name == DEMO_NAME else "tiny-glm5-next"
     names = args.served_model_name or [cfg.model or builtin]
@@ -88,7 +105,10 @@ def run(args) -> int:
                         malloc_trim_interval=trim_interval)
     runner = ServerRunner(build_app(state), state, sock, host=args.host, port=args.port, log_level=args.log_level,
                           drain_timeout=args.drain_timeout)
-    log.info("serving %s as %s", engine.model_dir, names)
+    host = f"[{args.host}]" if ":" in args.host else args.host
+    log.info("serving %s as model %s", engine.model_dir, " / ".join(names))
+    log.info("listening on http://%s:%d (OpenAI API under /v1: chat/completions, completions, responses, models; "
+             "also /health, /metrics, /tokenize)", host, sock.getsockname()[1])
     # uvicorn drains on SIGTERM, then re-raises the signal with the handler that was there before
     # it started: make that one a clean exit, so the engine (and its TP workers) shut down too.
     signal.signal(signal.SIGTERM, _exit_cleanly)

@@ -19,7 +19,7 @@ WEATHER_TOOL = {"type": "function", "function": {
 
 
 def register(sub, bench, tune) -> None:
-    p = sub.add_parser("smoke", help="smoke-test a running OpenAI-compatible server (PASS/FAIL per check)")
+    p = sub.add_parser("smoke", help="PASS/FAIL checks of a running server")
     add_client_args(p)
     p.add_argument("--expect", default="Paris", help="substring the factual answer must contain (default: Paris)")
     p.add_argument("--expect-short", default="OK", help="substring the short answer must contain (default: OK)")

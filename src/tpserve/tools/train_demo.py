@@ -7,7 +7,7 @@ def register(sub, bench, tune) -> None:
     from tpserve.train.settings import TrainSettings
 
     d = TrainSettings()
-    p = sub.add_parser("train-demo", help="train the small built-in glm5_next (every block type + MTP head)")
+    p = sub.add_parser("train-demo", help="train the built-in demo model")
     p.add_argument("out", help="output folder (resumes from OUT/state.pt when present)")
     p.add_argument("--preset", choices=("demo", "tiny"), default=d.preset)
     p.add_argument("--seed", type=int, default=d.seed)

@@ -1,23 +1,28 @@
-"""Acceptance checks of the built-in demo model (issue 13). Run:
+"""Acceptance checks of the built-in demo model. Run:
 
-    python -m tpserve.train.acceptance [--model DIR] [--out DIR] [--gsm8k /work/shared/data/gsm8k/test.jsonl]
+    python -m tpserve.train.acceptance [--model DIR] [--out DIR] [--only CHECK ...] [--device cpu]
 
-1. Greedy chat "Count from 1 to 200." (reasoning off and on) gives 1..200 in order.
-2. 30 tool prompts with tools held out of training (new names and argument schemas): through
-   the OpenAI server (in-process), the share of answers whose tool call our parser accepts, names
-   a given tool and whose arguments validate against its JSON schema; streamed == non-streamed.
-3. MTP acceptance at k=3, greedy, on structured prompts (counting, JSON, tool calls), with the
-   plain torch drafting loop over the training forward (train/mtp_eval.py).
-4. GSM8K 5-shot on the first 100 test questions (shots: the first 5 training questions).
-Also `--only count_sweep`: check 1 for every target from 2 to 300 (reasoning off), not run by default.
-Writes OUT/acceptance.json and OUT/acceptance.png.
+counting     greedy chat "Count from 1 to 200." (reasoning off and on) gives 1..200 in order and stops.
+tools        30 prompts that name a tool held out of training (new names and argument schemas),
+             through the OpenAI server (in-process): the share of valid calls (our parser accepts the
+             call, it names a given tool, its arguments validate against its JSON schema); streamed ==
+             non-streamed.
+plain_tools  30 prompts in plain words that never name the tool, tools of held-out topics and names:
+             valid calls, the right tool, the right arguments (served_checks.py).
+one_word     20 questions asked for a one-word answer.
+clients      `tpserve smoke`, `tpserve quality count` (chat and --raw) and `tpserve agent-tools` against
+             the in-process server.
+mtp          MTP acceptance at k=3, greedy, on structured prompts (counting, JSON, tool calls), with the
+             plain torch drafting loop over the training forward (train/mtp_eval.py).
+gsm8k        GSM8K 5-shot on the first 100 test questions (shots: the first 5 training questions).
+Also `--only count_sweep`: the counting check for every target from 2 to 300 (reasoning off), not
+run by default. Writes OUT/acceptance.json and OUT/acceptance.png.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import random
 import re
 import time
 from pathlib import Path
@@ -25,9 +30,11 @@ from pathlib import Path
 from tqdm import tqdm
 
 from tpserve.train import corpus
+from tpserve.train.served_checks import (TOOL_SEED, Served, check_clients, check_one_word, check_plain_tools,
+                                         check_tools, held_out_tool_cases)
 
-TOOL_PROMPTS = 30
-TOOL_SEED = 20261201
+SERVED = {"tools": check_tools, "plain_tools": check_plain_tools, "one_word": check_one_word,
+          "clients": check_clients}
 
 
 def builtin_dir() -> Path:
@@ -94,90 +101,6 @@ def check_count_sweep(model_dir: Path, targets=range(2, 301)) -> dict:
             failed[n] = f"after {case['last_number_reached']}: {case['greedy_instead']!r}"
     return {"targets": f"{min(targets)}..{max(targets)}", "ok": len(targets) - len(failed), "of": len(targets),
             "failed": failed}
-
-
-# --------------------------------------------------------------------------- 2. tool calls
-def held_out_tool_cases(n: int = TOOL_PROMPTS, seed: int = TOOL_SEED) -> list[dict]:
-    rng = random.Random(seed)
-    cases = []
-    for _ in range(n):
-        tools = [corpus.make_tool(rng, held_out=True) for _ in range(rng.randint(1, 3))]
-        tool = rng.choice(tools)
-        args = corpus.tool_arguments(rng, tool)
-        cases.append({"tools": tools, "user": corpus.tool_request(rng, tool["function"]["name"], args),
-                      "thinking": rng.random() < 0.5})
-    return cases
-
-
-def schema_errors(args, schema: dict) -> list[str]:
-    """The few JSON-schema rules our tools use: object, required, properties' type and enum."""
-    if not isinstance(args, dict):
-        return ["arguments are not an object"]
-    errors = [f"missing {k}" for k in schema.get("required", []) if k not in args]
-    props = schema.get("properties", {})
-    kinds = {"string": str, "integer": int, "number": (int, float), "boolean": bool}
-    for key, value in args.items():
-        spec = props.get(key)
-        if spec is None:
-            errors.append(f"unknown argument {key}")
-            continue
-        want = kinds[spec["type"]]
-        if isinstance(value, bool) and spec["type"] != "boolean" or not isinstance(value, want):
-            errors.append(f"{key}: not {spec['type']}")
-        if "enum" in spec and value not in spec["enum"]:
-            errors.append(f"{key}: not in enum")
-    return errors
-
-
-def check_tools(model_dir: Path) -> dict:
-    import httpx
-
-    from tpserve.config import EngineConfig
-    from tpserve.server.local import LocalServer
-
-    from concurrent.futures import ThreadPoolExecutor
-
-    server = LocalServer(EngineConfig(model=str(model_dir), device="cpu", dtype="float32"),
-                         served_model_names=["demo"])
-
-    def one(case: dict) -> dict:
-        body = {"model": "demo", "messages": [{"role": "user", "content": case["user"]}],
-                "tools": case["tools"], "temperature": 0, "max_tokens": 200,
-                "chat_template_kwargs": {"enable_thinking": case["thinking"]}}
-        with httpx.Client(base_url=server.url, timeout=3600) as client:
-            plain = client.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]
-            streamed = _stream(client, body)
-        calls = [(c["function"]["name"], c["function"]["arguments"]) for c in plain.get("tool_calls") or []]
-        schemas = {t["function"]["name"]: t["function"]["parameters"] for t in case["tools"]}
-        valid = bool(calls) and all(name in schemas and not schema_errors(json.loads(arguments), schemas[name])
-                                    for name, arguments in calls)
-        same = calls == streamed["calls"] and (plain.get("content") or "") == streamed["content"]
-        return {"valid": valid, "same": same, "user": case["user"], "calls": calls, "content": plain.get("content")}
-
-    try:  # all prompts at once: the engine batches them
-        with ThreadPoolExecutor(max_workers=TOOL_PROMPTS) as pool:
-            results = list(tqdm(pool.map(one, held_out_tool_cases()), total=TOOL_PROMPTS, desc="tool prompts"))
-    finally:
-        server.close()
-    return {"prompts": len(results), "valid": sum(r["valid"] for r in results),
-            "stream_equal": sum(r["same"] for r in results), "cases": results}
-
-
-def _stream(client, body: dict) -> dict:
-    calls: dict[int, list[str]] = {}
-    content = []
-    with client.stream("POST", "/v1/chat/completions", json=dict(body, stream=True)) as resp:
-        for line in resp.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            delta = json.loads(line[6:])["choices"][0]["delta"] if json.loads(line[6:])["choices"] else {}
-            content.append(delta.get("content") or "")
-            for tc in delta.get("tool_calls") or []:
-                entry = calls.setdefault(tc["index"], ["", ""])
-                fn = tc.get("function") or {}
-                entry[0] += fn.get("name") or ""
-                entry[1] += fn.get("arguments") or ""
-    return {"calls": [tuple(calls[i]) for i in sorted(calls)], "content": "".join(content)}
 
 
 # --------------------------------------------------------------------------- 3. MTP
@@ -250,6 +173,20 @@ def plot(results: dict, path: Path) -> None:
         labels += ["tool calls valid", "stream == plain"]
         values += [100 * t["valid"] / t["prompts"], 100 * t["stream_equal"] / t["prompts"]]
         targets += [90, 100]
+    if "plain_tools" in results:
+        t = results["plain_tools"]
+        labels += ["plain words: valid", "plain words: right args"]
+        values += [100 * t["valid"] / t["prompts"], 100 * t["right_args"] / t["prompts"]]
+        targets += [90, float("nan")]
+    if "one_word" in results:
+        labels.append("one-word answers")
+        values.append(100 * results["one_word"]["right"] / results["one_word"]["prompts"])
+        targets.append(float("nan"))
+    if "clients" in results:
+        c = results["clients"]
+        labels += ["smoke", "agent-tools"]
+        values += [100 * c["smoke_passed"] / len(c["smoke"]), 10 * c["agent_tools_passed"]]
+        targets += [100 * (len(c["smoke"]) - 1) / len(c["smoke"]), 60]
     if "mtp" in results:
         labels.append("MTP accept (k=3)")
         values.append(100 * results["mtp"]["rate"])
@@ -258,9 +195,9 @@ def plot(results: dict, path: Path) -> None:
         labels.append("GSM8K 5-shot")
         values.append(100 * results["gsm8k"]["accuracy"])
         targets.append(float("nan"))
-    fig, ax = plt.subplots(figsize=(7, 3.5))
+    fig, ax = plt.subplots(figsize=(max(7, 1.1 * len(labels)), 3.8))
     ax.bar(labels, values, color="tab:blue")
-    marked = [(label, t) for label, t in zip(labels, targets) if t == t]  # GSM8K has no target (nan)
+    marked = [(label, t) for label, t in zip(labels, targets) if t == t]  # nan: no target
     if marked:
         ax.scatter([m[0] for m in marked], [m[1] for m in marked], color="tab:red", marker="_", s=900,
                    label="target")
@@ -274,43 +211,69 @@ def plot(results: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def goals(results: dict) -> dict:
+    """The demo model's targets, for the checks that ran: True/False each."""
+    out = {}
+    if "plain_tools" in results:
+        t = results["plain_tools"]
+        out["plain_tools: >= 90% valid calls"] = t["valid"] >= 0.9 * t["prompts"]
+    if "clients" in results:
+        c = results["clients"]
+        out["smoke: every check but factual"] = all(ok for name, ok in c["smoke"].items() if name != "factual")
+        out["quality count (chat)"] = c["count"]["chat"]["ok"]
+        out["agent-tools: >= 6/10"] = c["agent_tools_passed"] >= 6
+    if "mtp" in results:
+        out["mtp: >= 60% accepted"] = results["mtp"]["rate"] >= 0.6
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default=None, help="checkpoint (default: the built-in demo model)")
     p.add_argument("--out", default="acceptance-out")
     p.add_argument("--gsm8k", default="/work/shared/data/gsm8k", help="folder with train.jsonl and test.jsonl")
-    p.add_argument("--only", nargs="*", default=["counting", "tools", "mtp", "gsm8k"])
+    p.add_argument("--only", nargs="*", default=["counting", "tools", "plain_tools", "one_word", "clients", "mtp",
+                                                 "gsm8k"])
+    p.add_argument("--device", default="cpu", help="device of the served checks' engine (cpu, cuda)")
     args = p.parse_args(argv)
+    unknown = set(args.only) - {"counting", "count_sweep", "mtp", "gsm8k", *SERVED}
+    if unknown:
+        raise ValueError(f"--only: unknown checks {sorted(unknown)}")
     model_dir = Path(args.model) if args.model else builtin_dir()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     results: dict = {"model": str(model_dir)}
-    llm = None
+    llm = served = None
     if "gsm8k" in args.only:
         from tpserve import LLM
 
         llm = LLM(str(model_dir), device="cpu", dtype="float32")
-    for name in args.only:
-        t = time.time()
-        if name == "counting":
-            results[name] = check_counting(model_dir)
-        elif name == "count_sweep":
-            results[name] = check_count_sweep(model_dir)
-        elif name == "tools":
-            results[name] = check_tools(model_dir)
-        elif name == "mtp":
-            results[name] = check_mtp(model_dir)
-        elif name == "gsm8k":
-            results[name] = check_gsm8k(llm, Path(args.gsm8k))
-        else:
-            raise ValueError(f"--only: unknown check {name!r}")
-        results[name]["seconds"] = round(time.time() - t, 1)
-        summary = {k: v for k, v in results[name].items() if k not in ("cases", "prompts")} \
-            if name != "tools" else {k: v for k, v in results[name].items() if k != "cases"}
-        print(name, json.dumps(summary), flush=True)
-        (out / "acceptance.json").write_text(json.dumps(results, indent=2) + "\n")
-    if llm is not None:
-        llm.shutdown()
+    try:
+        for name in args.only:
+            t = time.time()
+            if name in SERVED:
+                served = served or Served(model_dir, args.device)
+                results[name] = SERVED[name](served)
+            elif name == "counting":
+                results[name] = check_counting(model_dir)
+            elif name == "count_sweep":
+                results[name] = check_count_sweep(model_dir)
+            elif name == "mtp":
+                results[name] = check_mtp(model_dir)
+            else:
+                results[name] = check_gsm8k(llm, Path(args.gsm8k))
+            results[name]["seconds"] = round(time.time() - t, 1)
+            summary = {k: v for k, v in results[name].items() if k != "cases" and not isinstance(v, list)}
+            print(name, json.dumps(summary), flush=True)
+            (out / "acceptance.json").write_text(json.dumps(results, indent=2) + "\n")
+    finally:
+        if llm is not None:
+            llm.shutdown()
+        if served is not None:
+            served.close()
+    results["goals"] = goals(results)
+    for goal, ok in results["goals"].items():
+        print(f"{'PASS' if ok else 'FAIL'}  {goal}")
     (out / "acceptance.json").write_text(json.dumps(results, indent=2) + "\n")
     plot(results, out / "acceptance.png")
     print(f"wrote {out / 'acceptance.json'} and {out / 'acceptance.png'}")

@@ -26,6 +26,12 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * h.to(dtype)
 
 
+def rms_norm_fp32(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """The MTP layer's enorm / hnorm (model/mtp.norm_fp32): scaled in fp32 with an fp32 weight, one cast."""
+    h = x.float()
+    return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
+
+
 def linear(x: torch.Tensor, lin) -> torch.Tensor:
     return F.linear(x, lin.weight, lin.bias)
 

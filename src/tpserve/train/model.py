@@ -1,11 +1,12 @@
 """The trainable glm5_next: our model classes for parameters and names, train/blocks.py for math.
 
-`TrainModel` holds a `Glm5NextModel` (main layers) and an MTP layer laid out as the real GLM
-checkpoints lay it out: decoder layer `num_hidden_layers` (MLA with a full indexer + MoE, with
-mHC) plus `enorm`, `hnorm`, `eh_proj` [hidden, 2*hidden] and `shared_head.norm`; the LM head and
-the embedding are shared with the main model. Depth d of the MTP chain reads the hidden state of
-depth d-1 (depth 0 = the main model's output after its final norm) and the embedding of token
-t+d, and predicts token t+d+1.
+`TrainModel` holds a `Glm5NextModel` (main layers) and the MTP layer in the published GLM-5.3-Flash
+layout (model/mtp.py's `MtpLayer`): decoder layer `num_hidden_layers` without mHC (MLA with a full
+indexer + MoE with shared experts, plain residual) plus `enorm`, `hnorm`, `eh_proj` [hidden, 2*hidden]
+and `shared_head.norm`; the LM head and the embedding are shared with the main model. Depth d of the
+MTP chain reads the output of depth d-1 (depth 0 = the main model's output after its final norm) and
+the embedding of token t+d, and predicts token t+d+1; its rows sit at positions t+d-1 (the engine's),
+so depth 1 zeroes the embedding of row 0 (position 0), as the serving recipe does.
 """
 
 from __future__ import annotations
@@ -18,23 +19,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from tpserve.model.config import ModelConfig
-from tpserve.model.glm5_next import DecoderLayer, Glm5NextModel
-from tpserve.model.layers import RMSNorm, ShardContext, replicated
-from tpserve.model.loader import checkpoint_name
-from tpserve.model.mtp import mtp_config
+from tpserve.model.glm5_next import Glm5NextModel
+from tpserve.model.layers import ShardContext
+from tpserve.model.loader import checkpoint_name, old_mtp_layout
+from tpserve.model.mtp import MtpLayer
 from tpserve.model.weights import checkpoint_sources
 from tpserve.train import attention, blocks
-
-
-class MtpHead(nn.Module):
-    def __init__(self, ctx: ShardContext, cfg: ModelConfig):
-        super().__init__()
-        d = cfg.hidden_size
-        self.layer = DecoderLayer(ctx, mtp_config(cfg), cfg.num_hidden_layers)
-        self.enorm = RMSNorm(ctx, d, cfg.rms_norm_eps)
-        self.hnorm = RMSNorm(ctx, d, cfg.rms_norm_eps)
-        self.eh_proj = replicated(ctx, 2 * d, d)
-        self.shared_head_norm = RMSNorm(ctx, d, cfg.rms_norm_eps)
 
 
 @dataclass
@@ -54,7 +44,7 @@ class TrainModel(nn.Module):
         ctx = ShardContext.single(torch.float32, device)
         with torch.device(device):
             self.model = Glm5NextModel(ctx, cfg)
-            self.mtp = MtpHead(ctx, cfg) if mtp else None
+            self.mtp = MtpLayer(ctx, cfg) if mtp else None
         self.cfg = cfg
         for p in self.parameters():
             p.requires_grad_(not _is_buffer_like(p, self))
@@ -73,24 +63,33 @@ class TrainModel(nn.Module):
         out.logits = F.linear(out.hidden, m.head_weight)
         hidden = out.hidden
         for d in range(1, mtp_depths + 1):
-            hidden, logits = self.mtp_step(hidden, torch.roll(ids, -d, dims=1), out, aux)
+            hidden, logits = self.mtp_step(hidden, torch.roll(ids, -d, dims=1), out, aux, first_position=d - 1)
             out.mtp_logits.append(logits)
         return out
 
     def mtp_step(self, hidden: torch.Tensor, next_ids: torch.Tensor, out: Output | None = None,
-                 aux: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        """One MTP depth: hidden [B, T, D] at t and token ids [B, T] of t+1 -> (hidden, logits)."""
+                 aux: bool = False, first_position: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """One MTP depth (model/mtp.py's recipe): hidden [B, T, D] at rows t and token ids [B, T] of t+1,
+        row t at position first_position + t -> (out, logits); out (after shared_head.norm) is the next
+        depth's hidden."""
         if self.mtp is None:
             raise ValueError("mtp: this model was built without an MTP head")
         h, m = self.mtp, self.model
-        e = blocks.rms_norm(F.embedding(next_ids, m.embed_tokens.weight), h.enorm.weight, h.enorm.eps)
-        z = F.linear(torch.cat([e, blocks.rms_norm(hidden, h.hnorm.weight, h.hnorm.eps)], dim=-1),
-                     h.eh_proj.weight)
-        streams = z.unsqueeze(2).expand(-1, -1, self.cfg.hc_mult, -1).contiguous()
-        streams, _ = self._layer(h.layer, streams, None, out or Output(None, None), aux)
-        new_hidden = streams.mean(dim=2)
-        normed = blocks.rms_norm(new_hidden, h.shared_head_norm.weight, h.shared_head_norm.eps)
-        return new_hidden, F.linear(normed, m.head_weight)
+        e = F.embedding(next_ids, m.embed_tokens.weight)
+        if first_position == 0:  # the embedding at position 0 is zero
+            e = torch.cat([torch.zeros_like(e[:, :1]), e[:, 1:]], dim=1)
+        x = F.linear(torch.cat([blocks.rms_norm_fp32(e, h.enorm.weight, h.enorm.eps),
+                                blocks.rms_norm_fp32(hidden, h.hnorm.weight, h.hnorm.eps)], dim=-1), h.eh_proj.weight)
+        out = out or Output(None, None)  # type: ignore[arg-type]
+        a = blocks.rms_norm(x, h.input_layernorm.weight, h.input_layernorm.eps)
+        y, _, loss = attention.mla(h.self_attn, a, None, aux)
+        if loss is not None:
+            out.indexer_losses.append(loss)
+        r = x + y
+        y = blocks.moe(h.mlp, blocks.rms_norm(r, h.post_attention_layernorm.weight, h.post_attention_layernorm.eps),
+                       out.loads, dense=self.dense_moe)
+        normed = blocks.rms_norm(r + y, h.shared_head.norm.weight, h.shared_head.norm.eps)
+        return normed, F.linear(normed, m.head_weight)
 
     def _layer(self, layer, streams, prev_mask, out: Output, aux: bool):
         post, comb, x = blocks.hc_collapse(layer.attn_hc, streams)
@@ -118,14 +117,8 @@ class TrainModel(nn.Module):
         for name, (module, src) in checkpoint_sources(self.model).items():
             out[checkpoint_name(name)] = getattr(module, src.target)[src.index]
         if self.mtp is not None:
-            prefix = f"layers.{self.cfg.num_hidden_layers}."
-            for name, (module, src) in checkpoint_sources(self.mtp.layer).items():
-                out[checkpoint_name(prefix + name)] = getattr(module, src.target)[src.index]
-            extra = {"enorm.weight": self.mtp.enorm.weight, "hnorm.weight": self.mtp.hnorm.weight,
-                     "eh_proj.weight": self.mtp.eh_proj.weight,
-                     "shared_head.norm.weight": self.mtp.shared_head_norm.weight}
-            for name, tensor in extra.items():
-                out[checkpoint_name(prefix + name)] = tensor
+            for name, (module, src) in checkpoint_sources(self.mtp).items():
+                out[checkpoint_name("mtp." + name, self.cfg.num_hidden_layers)] = getattr(module, src.target)[src.index]
         return {k: v.detach() for k, v in out.items()}
 
 
@@ -184,8 +177,11 @@ def load_checkpoint_(model: TrainModel, model_dir) -> None:
 
     want = model.checkpoint_tensors()
     seen = set()
+    mtp_hc = f".layers.{model.cfg.num_hidden_layers}.hc_"
     for path in checkpoint_files(model_dir):
         for name, tensor in load_file(str(path)).items():
+            if model.mtp is not None and mtp_hc in name:
+                raise ValueError(old_mtp_layout(name, model.cfg.num_hidden_layers))
             if name not in want:
                 continue
             if tuple(tensor.shape) != tuple(want[name].shape):

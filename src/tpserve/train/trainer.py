@@ -122,6 +122,9 @@ def train(out: str | Path, s: TrainSettings, progress: bool = True) -> dict:
     state = {"step": 0, "total": s.steps, "history": [], "seconds": 0.0}
     if (out / "state.pt").is_file():
         saved = torch.load(out / "state.pt", map_location=device, weights_only=False)
+        if any(k.startswith("mtp.layer.") for k in saved["model"]):  # (MtpHead: the MTP layer with mHC)
+            raise ValueError(f"{out / 'state.pt'}: a run of the pre-release MTP layout (mHC on the MTP layer); "
+                             "train into a new directory (the data files may be copied over)")
         model.load_state_dict(saved["model"])
         opt.load_state_dict(saved["opt"])
         state = saved["state"]

@@ -38,3 +38,21 @@ Bangkok Jakarta Manila Istanbul Dubai Doha Riyadh""".split())
 
 OBJECTS = tuple("""apples pencils books marbles cookies stickers cards coins shells stamps eggs oranges
 balloons candles cupcakes flowers toys shirts bottles boxes""".split())
+
+# Values that plain-words requests carry into tool arguments, and the words of tool results.
+LANGUAGES = tuple("French German Spanish Italian Portuguese Dutch Swedish Polish Greek Turkish Japanese Korean "
+                  "Chinese Hindi Arabic Swahili".split())
+CURRENCIES = tuple("USD EUR GBP JPY CHF CAD AUD SEK NOK INR BRL MXN".split())
+WEEKDAYS = tuple("Monday Tuesday Wednesday Thursday Friday Saturday Sunday".split())
+SKIES = tuple("sunny cloudy rainy windy snowy foggy clear stormy".split())
+ROOMS = tuple("kitchen bedroom bathroom hallway office garage attic basement".split())
+ANIMALS = tuple("Lions Tigers Bears Wolves Eagles Hawks Sharks Falcons Foxes Owls Bulls Rams".split())
+FOODS = tuple("rice lentils spinach tomatoes mushrooms chicken tofu potatoes carrots eggs salmon beans "
+              "pasta cheese apples lemons".split())
+PHRASES = tuple("""see you at noon|the meeting moved to Friday|I am running late|happy birthday|dinner is ready
+thanks for the help|call me when you land|the package arrived|good luck tomorrow|the door code is changed
+lunch at the usual place|I will bring the cake|practice is cancelled|we won the match|the report is done
+pick up milk on the way|welcome to the team|see you next week""".replace("\n", "|").split("|"))
+CHORES = tuple("""call the bank|water the plants|pay the rent|take the medicine|walk the dog|buy stamps
+send the invoice|book the dentist|charge the phone|feed the cat|renew the passport|back up the laptop
+return the library books|order new ink""".replace("\n", "|").split("|"))

@@ -1,4 +1,5 @@
-"""Speculative decoding with the MTP drafter of the built-in demo model (engine/spec/speculator.py).
+"""Speculative decoding with the MTP drafter (engine/spec/speculator.py), on a tiny checkpoint with an MTP
+layer in the published layout whose drafts are often accepted (tests/helpers.py "mtp").
 
 Greedy output with speculation equals output without it, token for token; logprobs agree within
 fp32 reassociation (the verify step multiplies 1+k rows where plain decoding multiplies one, so
@@ -25,16 +26,23 @@ SPEC = {"method": "mtp", "num_speculative_tokens": 3, "adaptive": False}
 PROMPTS = ["Count from 1 to 30: 1, 2, 3,", "The capital of France is", "def fibonacci(n):",
            "Q: What is 12 + 7?\nA:"]
 LOGPROB_TOL = 5e-4
+MODEL = ""  # the checkpoint every engine here loads: set by `_model`
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _model(tiny):
+    global MODEL
+    MODEL = str(tiny("mtp"))
 
 
 @pytest.fixture(scope="module")
 def plain():
-    return LLM(device="cpu", kv_cache_memory="16MiB", block_size=16, max_num_seqs=8)
+    return LLM(MODEL, device="cpu", kv_cache_memory="16MiB", block_size=16, max_num_seqs=8)
 
 
 @pytest.fixture(scope="module")
 def spec():
-    return LLM(device="cpu", kv_cache_memory="16MiB", block_size=16, max_num_seqs=8, speculative_config=SPEC)
+    return LLM(MODEL, device="cpu", kv_cache_memory="16MiB", block_size=16, max_num_seqs=8, speculative_config=SPEC)
 
 
 def _pools_full(llm):
@@ -106,9 +114,9 @@ def test_preemption_during_speculation(spec):
 
     cfg = mtp_config(spec.engine.model_config)
     budget = 4 * bytes_per_slot(cfg, 1, torch.float32) + 10 * bytes_per_block(cfg, 16, torch.float32)
-    small = LLM(device="cpu", kv_cache_memory=budget, block_size=16, speculative_config=SPEC, max_num_seqs=4)
+    small = LLM(MODEL, device="cpu", kv_cache_memory=budget, block_size=16, speculative_config=SPEC, max_num_seqs=4)
     assert small.engine.block_pool.num_blocks == 10
-    ref = LLM(device="cpu", kv_cache_memory="16MiB", block_size=16, max_num_seqs=8)
+    ref = LLM(MODEL, device="cpu", kv_cache_memory="16MiB", block_size=16, max_num_seqs=8)
     sp = SamplingParams(temperature=0, max_tokens=60, ignore_eos=True)
     a = small.generate(PROMPTS, sp)
     assert small.engine.scheduler.num_preemptions > 0
@@ -126,6 +134,30 @@ def test_metrics_offline(spec):
 def test_checkpoint_without_mtp_is_a_clear_error(tiny):
     with pytest.raises(ValueError, match="MTP"):
         LLM(str(tiny("default")), device="cpu", skip_tokenizer_init=True, speculative_config=SPEC)
+
+
+def test_mtp_layer_with_mhc_tensors_is_a_clear_error(tiny, tmp_path):
+    """An MTP layer with hc_* tensors (the pre-release layout the shipped demo model was trained in) refuses
+    speculation in one line that says how to get a current checkpoint; without speculation it loads as
+    before (the MTP layer is not read)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from tpserve.model.loader import CheckpointError
+
+    path = tmp_path / "old"
+    shutil.copytree(tiny("mtp_random"), path)
+    t = load_file(str(path / "model.safetensors"))
+    for name in ("attn", "ffn"):  # as layer 0 holds them
+        for part in ("fn", "base", "scale"):
+            hc = f"hc_{name}_{part}"
+            t[f"model.language_model.layers.4.{hc}"] = t[f"model.language_model.layers.0.{hc}"].clone()
+    save_file(t, str(path / "model.safetensors"))
+    with pytest.raises(CheckpointError, match=r"layers\.4\.hc_.*pre-release mHC layout.*tpserve train-demo") as err:
+        LLM(str(path), device="cpu", skip_tokenizer_init=True, speculative_config=SPEC)
+    assert "\n" not in str(err.value)
+    LLM(str(path), device="cpu", kv_cache_memory="16MiB", skip_tokenizer_init=True).shutdown()
 
 
 @pytest.mark.parametrize("raw, field", [('{"method": "eagle"}', "method"), ('{"num_speculative_tokens": 0}',
@@ -254,7 +286,7 @@ def test_k_zero_for_long_stops_the_drafter(plain):
     those steps then cost what plain decoding costs; tokens stay plain decoding's."""
     from tpserve.engine.spec.speculator import IDLE_STEPS
 
-    llm = LLM(device="cpu", kv_cache_memory="16MiB", block_size=16, max_num_seqs=8, speculative_config=SPEC)
+    llm = LLM(MODEL, device="cpu", kv_cache_memory="16MiB", block_size=16, max_num_seqs=8, speculative_config=SPEC)
     eng = llm.engine
     eng.speculator.policy.choose_k = lambda num_seqs, keys: 0
     calls = []
@@ -367,7 +399,7 @@ def test_speculation_measured_slower_still_probes_a_later_request():
     """Plain decoding measured faster: the MTP layer stops for the running request after IDLE_STEPS
     plain steps, and the drafting probe, once due, waits for a request that can draft (the next one)
     instead of falling on a step where nothing drafts and being lost."""
-    llm = LLM(device="cpu", kv_cache_memory="16MiB", block_size=16, max_num_seqs=8,
+    llm = LLM(MODEL, device="cpu", kv_cache_memory="16MiB", block_size=16, max_num_seqs=8,
               speculative_config={"method": "mtp", "num_speculative_tokens": 2})
     spec = llm.engine.speculator
     rates = spec.rates
@@ -389,8 +421,8 @@ def test_speculation_measured_slower_still_probes_a_later_request():
 def test_step_time_runs_until_the_tokens_are_on_the_host():
     """A step's measured time (what MeasuredRates and the cost model see) ends when its sampled tokens are on
     the host, not when `execute` returns: on a GPU that only launched the work. Stand-in: verify (where the
-    host waits for the tokens) takes 300 ms longer (a CPU step of the demo model takes a few ms)."""
-    llm = LLM(device="cpu", kv_cache_memory="16MiB", block_size=16, max_num_seqs=8,
+    host waits for the tokens) takes 300 ms longer (a CPU step of the tiny model takes a few ms)."""
+    llm = LLM(MODEL, device="cpu", kv_cache_memory="16MiB", block_size=16, max_num_seqs=8,
               speculative_config={"method": "mtp", "num_speculative_tokens": 2, "adaptive": False})
     spec = llm.engine.speculator
     verify, propose, seen = spec.verify, spec.propose, []
@@ -413,7 +445,7 @@ def test_measured_rates_leave_out_the_step_after_a_prompt_catch_up():
     MTP layer's catch-up over the prompt: that step's measured rate would charge a whole prompt's MTP
     forward to one decode step (a low outlier that can switch the adaptive mode to plain steps), so
     MeasuredRates does not see it; every other decode step it does."""
-    llm = LLM(device="cpu", kv_cache_memory="16MiB", block_size=16, max_num_seqs=8,
+    llm = LLM(MODEL, device="cpu", kv_cache_memory="16MiB", block_size=16, max_num_seqs=8,
               speculative_config={"method": "mtp", "num_speculative_tokens": 2})
     spec = llm.engine.speculator
     kinds, observed = [], []
@@ -475,7 +507,7 @@ def _padded_graph_run(plain, mode: str):
     different lengths)."""
     import collections
 
-    llm = LLM(device="cpu", kv_cache_memory="16MiB", block_size=16, max_num_seqs=8, speculative_config=SPEC)
+    llm = LLM(MODEL, device="cpu", kv_cache_memory="16MiB", block_size=16, max_num_seqs=8, speculative_config=SPEC)
     runner = llm.engine.executor.runner
     runner.setup_graphs(8, None, enforce_eager=False, pad_on_cpu=True, num_speculative_tokens=3, draft_graph=mode)
     graphs = runner.graphs
@@ -593,7 +625,7 @@ def test_only_decode_steps_train_the_cost_model_and_rates(adaptive):
     decoding look slow; the drafting pass after it runs the MTP layer over the whole prompt, and one
     such observation made the adaptive mode stop drafting for a whole run on the CPU). A fixed k uses
     none of them: nothing is observed."""
-    spec = LLM(device="cpu", kv_cache_memory="16MiB", block_size=16, max_num_seqs=8,
+    spec = LLM(MODEL, device="cpu", kv_cache_memory="16MiB", block_size=16, max_num_seqs=8,
                speculative_config={**SPEC, "adaptive": adaptive, "truncate_threshold": 0.0})
     eng, sp_ = spec.engine, spec.engine.speculator
     last = {"prefill": None}
@@ -626,7 +658,7 @@ def test_only_decode_steps_train_the_cost_model_and_rates(adaptive):
 def test_adaptive_mode_gives_plain_tokens(plain):
     """The default adaptive mode (k per step from measured rates and step costs, so timing-dependent):
     whatever k it picks, greedy tokens are plain decoding's and every pool is free afterwards."""
-    llm = LLM(device="cpu", kv_cache_memory="16MiB", block_size=16, max_num_seqs=8,
+    llm = LLM(MODEL, device="cpu", kv_cache_memory="16MiB", block_size=16, max_num_seqs=8,
               speculative_config={"method": "mtp", "num_speculative_tokens": 3})
     sp = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
     got = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, sp)]
@@ -641,7 +673,7 @@ def test_adaptive_does_not_draft_above_the_verify_graphs(plain):
     the three prompts are prefilled in one step, already above the limit); a batch within the limit
     still drafts; once the batch is found above the limit, the steps until a request is added skip the
     speculator. (The limit is stood in for on the CPU, where nothing is captured.)"""
-    llm = LLM(device="cpu", kv_cache_memory="16MiB", block_size=16, max_num_seqs=8,
+    llm = LLM(MODEL, device="cpu", kv_cache_memory="16MiB", block_size=16, max_num_seqs=8,
               speculative_config={"method": "mtp", "num_speculative_tokens": 3})
     eng = llm.engine
     assert eng.executor.verify_graph_batch() is None  # CPU: no step replays a graph
@@ -671,7 +703,7 @@ def test_adaptive_k_zero_for_long_runs_plain_steps_with_async_scheduling(plain):
     for (its cost model picks k = 0 at large batches on a GPU)."""
     from tpserve.engine.spec.speculator import IDLE_STEPS
 
-    llm = LLM(device="cpu", kv_cache_memory="16MiB", block_size=16, max_num_seqs=8,
+    llm = LLM(MODEL, device="cpu", kv_cache_memory="16MiB", block_size=16, max_num_seqs=8,
               speculative_config={"method": "mtp", "num_speculative_tokens": 3})
     eng = llm.engine
     sp_ = eng.speculator
@@ -694,7 +726,7 @@ def test_adaptive_k_zero_for_long_runs_plain_steps_with_async_scheduling(plain):
 
 def _fused_llm(spec=SPEC, **kw):
     """An engine whose steps go through the padded graph path with fused speculative steps, run eagerly."""
-    llm = LLM(device="cpu", block_size=16, speculative_config=spec, **{"kv_cache_memory": "16MiB",
+    llm = LLM(MODEL, device="cpu", block_size=16, speculative_config=spec, **{"kv_cache_memory": "16MiB",
                                                                         "max_num_seqs": 8, **kw})
     seqs = llm.engine.ecfg.max_num_seqs
     llm.engine.executor.runner.setup_graphs(seqs, None, enforce_eager=False, pad_on_cpu=True,
@@ -761,7 +793,7 @@ def test_adaptive_k_is_all_or_nothing_where_steps_are_padded(fused):
     if fused:
         llm, steps = _fused_llm(spec)
     else:
-        llm, steps = LLM(device="cpu", kv_cache_memory="16MiB", block_size=16, max_num_seqs=8,
+        llm, steps = LLM(MODEL, device="cpu", kv_cache_memory="16MiB", block_size=16, max_num_seqs=8,
                          speculative_config=spec), None
     sp_ = llm.engine.speculator
     sp_.policy.choose_k = lambda num_seqs, keys: 1
@@ -816,7 +848,7 @@ def test_set_adaptive_switches_a_running_engine(plain):
     drafting step and observes nothing; what the adaptive mode learned is kept."""
     sp = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     want = [o.outputs[0].token_ids for o in plain.generate(PROMPTS[:2], sp)]
-    llm = LLM(device="cpu", kv_cache_memory="16MiB", block_size=16, max_num_seqs=8,
+    llm = LLM(MODEL, device="cpu", kv_cache_memory="16MiB", block_size=16, max_num_seqs=8,
               speculative_config={"method": "mtp", "num_speculative_tokens": 3})
     try:
         speculator = llm.engine.speculator
@@ -847,7 +879,7 @@ def test_set_adaptive_switches_a_running_engine(plain):
 def test_set_adaptive_with_a_smaller_fixed_k():
     """set_adaptive(False, fixed_k) (bench/spec_sides.py): unseeded sampled requests then draft fixed_k on every
     drafting step; the adaptive mode takes no fixed_k; fixed_k outside 1..num_speculative_tokens is refused."""
-    llm = LLM(device="cpu", kv_cache_memory="16MiB", block_size=16, max_num_seqs=8,
+    llm = LLM(MODEL, device="cpu", kv_cache_memory="16MiB", block_size=16, max_num_seqs=8,
               speculative_config={"method": "mtp", "num_speculative_tokens": 3})
     try:
         speculator = llm.engine.speculator

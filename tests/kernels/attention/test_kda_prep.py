@@ -147,9 +147,9 @@ def test_conv_rows_refuses_what_it_cannot_do():
     assert "lower bound" in out["no lower bound"]
 
 
-def test_engine_with_small_op_kernels_keeps_tokens_and_speculative_exactness():
-    """The demo model on the CPU in float32 with the KDA prep, SwiGLU, indexer pool, sparse MLA and drafter
-    argmax kernels interpreted:
+def test_engine_with_small_op_kernels_keeps_tokens_and_speculative_exactness(tiny):
+    """A tiny checkpoint with an MTP layer (tests/helpers.py "mtp") on the CPU in float32 with the KDA prep,
+    SwiGLU, indexer pool, sparse MLA and drafter argmax kernels interpreted:
     greedy tokens equal to the torch forms, mixed steps (prefill chunks beside decodes) included, and
     with MTP drafts (verify rows through the same conv kernel) equal to plain decoding."""
     out = run_interpreted("""
@@ -168,15 +168,15 @@ def test_engine_with_small_op_kernels_keeps_tokens_and_speculative_exactness():
         runs = {}
         for name, kw in [("torch", off), ("triton", on), ("triton+mtp", dict(on, speculative_config={
                              "method": "mtp", "num_speculative_tokens": 3, "adaptive": False}))]:
-            llm = LLM(device="cpu", dtype="float32", max_num_batched_tokens=32, kv_cache_memory=2**28, **kw)
+            llm = LLM("@MODEL@", device="cpu", dtype="float32", max_num_batched_tokens=32, kv_cache_memory=2**28, **kw)
             runs[name] = [o.outputs[0].token_ids for o in llm.generate(prompts, sp)]
             model = llm.engine.executor.runner.model
-            mla = model.layers[2].self_attn
+            mla = model.layers[llm.engine.model_config.mla_layers[0]].self_attn
             prep = bool(model.layers[0].self_attn.conv_rows) and mla.indexer.fused_pools and bool(mla.sparse_mla)
             llm.shutdown()
             runs[name + " prep"] = prep
         print(json.dumps(runs))
-    """)
+    """.replace("@MODEL@", str(tiny("mtp"))))
     assert out["torch prep"] is False and out["triton prep"] is True
     assert out["triton"] == out["torch"]
     assert out["triton+mtp"] == out["triton"]

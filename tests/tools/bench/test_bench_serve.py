@@ -108,12 +108,10 @@ def test_gpu_guard_flags_throttling():
     assert not g.summary()["throttled"] and "not throttled" in g.line()
 
 
-def test_mean_accepted_length_from_a_speculating_server(tmp_path, capsys):
-    """The built-in demo model served with MTP speculation: bench serve reads the spec_decode counters
-    from /metrics and reports the mean accepted length per level."""
-    from tpserve.engine.setup import builtin_demo_model
-
-    s = LiveServer(str(builtin_demo_model()), kv_cache_memory="16MiB", max_num_seqs=8,
+def test_mean_accepted_length_from_a_speculating_server(tiny, tmp_path, capsys):
+    """A tiny checkpoint with an MTP layer (tests/helpers.py "mtp") served with MTP speculation: bench serve
+    reads the spec_decode counters from /metrics and reports the mean accepted length per level."""
+    s = LiveServer(str(tiny("mtp")), kv_cache_memory="16MiB", max_num_seqs=8,
                    speculative_config='{"method": "mtp", "num_speculative_tokens": 3, "adaptive": false}')
     try:
         rc, res = _bench(s.url, tmp_path, "--concurrency", "2", "--num-requests", "2", "--max-tokens", "24",

@@ -10,7 +10,7 @@ from tpserve.cli import main
 from tpserve.tools.quality.compare import check_count
 from tpserve.tools.quality.gsm8k import number
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parents[1] / "fixtures"  # tests/tools/fixtures
 
 
 def _run(tmp_path, *argv):

@@ -69,16 +69,10 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="comma list of float32,bfloat16,float16 (default: float32 on cpu, "
                         "bfloat16 on cuda)")
     p.add_argument("--ops", default=_ALL_OPS,
-                   help="comma list of collectives; all_reduce_add_rmsnorm and "
-                        "all_reduce_hc_expand time the fused all-reduce + residual add + RMSNorm "
-                        "and all-reduce + mHC expand against the unfused ops, "
-                        "reduce_scatter_moe_combine the reduce-scatter whose copy-in is an MoE's "
-                        "combine against combine + reduce-scatter "
-                        f"(default {_ALL_OPS})")
+                   help=f"collectives to time, comma-separated (default: {_ALL_OPS})")
     p.add_argument("--workspace-mb", type=int, default=8, help="per-rank workspace (MiB)")
     p.add_argument("--allreduce-topology", choices=("mesh", "ring"), default="mesh",
-                   help="the workspace's topology, as the engine's switch: ring offers the all-reduce only "
-                        "through neighbours (and all-gather / reduce-scatter through the process group)")
+                   help="the workspace's topology, as --allreduce-topology of the engine (default: mesh)")
     p.add_argument("--table", default=None, help="size table JSON to show picks from")
     p.add_argument("--iter-scale", type=float, default=1.0, help="scale the iteration counts")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds before giving up")

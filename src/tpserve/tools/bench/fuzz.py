@@ -21,7 +21,7 @@ GENERATING = ("/chat/completions", "/v1/completions", "/v1/responses")  # routes
 
 
 def register(sub, bench, tune) -> None:
-    p = bench.add_parser("fuzz", help="schemathesis (from /openapi.json) and the hostile corpus against the server")
+    p = bench.add_parser("fuzz", help="schemathesis and the hostile corpus against a server")
     add_engine_args(p)
     p.add_argument("--url", default=None, help="an already running server (default: start one here)")
     p.add_argument("--api-key", default=None, help="the key of the server at --url")

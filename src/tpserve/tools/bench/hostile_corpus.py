@@ -113,14 +113,18 @@ def cases(max_request_bytes: int = 8 << 20) -> Iterator[Case]:
                        ("prompt []", {"prompt": []}), ("prompt [[]]", {"prompt": [[]]}),
                        ("prompt ids negative", {"prompt": [-1]}), ("prompt id huge", {"prompt": [10**12]}),
                        ("prompt mixed", {"prompt": [1, "a"]}), ("prompt bool ids", {"prompt": [True]}),
-                       ("stop empty", {"prompt": "x", "stop": [""]}), ("echo", {"prompt": "x", "echo": True}),
+                       ("stop empty", {"prompt": "x", "stop": [""]}), ("echo yes", {"prompt": "x", "echo": "yes"}),
                        ("best_of", {"prompt": "x", "best_of": 3}), ("logprobs 99", {"prompt": "x", "logprobs": 99}),
                        ("logit_bias key", {"prompt": "x", "logit_bias": {"abc": 1}}),
                        ("logit_bias value", {"prompt": "x", "logit_bias": {"5": 1000}}),
                        ("logit_bias token out of vocab", {"prompt": "x", "logit_bias": {"999999999": 1}}),
                        ("response_format xml", {"prompt": "x", "response_format": {"type": "xml"}}),
                        ("json_schema missing", {"prompt": "x", "response_format": {"type": "json_schema"}}),
-                       ("no prompt", {}), ("stop_token_ids strings", {"prompt": "x", "stop_token_ids": ["a"]})]:
+                       ("no prompt", {}), ("stop_token_ids strings", {"prompt": "x", "stop_token_ids": ["a"]}),
+                       ("structured_outputs two kinds", {"prompt": "x", "structured_outputs": {"regex": "a",
+                                                                                               "choice": ["b"]}}),
+                       ("structured_outputs bad regex", {"prompt": "x", "structured_outputs": {"regex": "(("}}),
+                       ("min_tokens over max_tokens", {"prompt": "x", "max_tokens": 2, "min_tokens": 3})]:
         yield Case(name, "POST", COMP, _j(body), bad)
     for name, body in [("tool_choice unknown name", {"messages": USER, "tools": TOOLS, "tool_choice": {
                         "type": "function", "function": {"name": "nope"}}}),
@@ -132,7 +136,10 @@ def cases(max_request_bytes: int = 8 << 20) -> Iterator[Case]:
                        ("reasoning_effort int", {"messages": USER, "reasoning_effort": 3}),
                        ("reasoning_effort weird", {"messages": USER, "reasoning_effort": "ultra"}),
                        ("enable_thinking string", {"messages": USER, "chat_template_kwargs": {"enable_thinking": "no"}}),
-                       ("functions (legacy)", {"messages": USER, "functions": [{"name": "f"}]})]:
+                       ("functions (legacy)", {"messages": USER, "functions": [{"name": "f"}]}),
+                       ("modalities audio", {"messages": USER, "modalities": ["text", "audio"]}),
+                       ("metadata 17 keys (chat)", {"messages": USER, "metadata": {str(i): "v" for i in range(17)}}),
+                       ("service_tier unknown", {"messages": USER, "service_tier": "fast"})]:
         yield Case(name, "POST", CHAT, _j(body), bad)
     yield Case("tokenize prompt and messages", "POST", TOK, _j({"prompt": "x", "messages": USER}), bad)
     yield Case("tokenize neither", "POST", TOK, _j({}), bad)

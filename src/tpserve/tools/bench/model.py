@@ -3,12 +3,14 @@
 Builds a config with GLM-5.3-Flash's sizes and a chosen layer schedule (default "KKKM": 3 KDA
 + 1 MLA layers, MoE in every layer, as DESIGN.md's transformers baseline), random weights
 (--load-format dummy), and times engine steps: a whole prompt prefilled in one step, and decode
-steps at a given batch. Decode is compared with its weight-streaming floor (bytes / 4.3 TB/s).
+steps at a given batch. Floors: decode bytes / the card's HBM bandwidth, prefill FLOPs / its dense bf16 peak,
+from the card's spec by its name (device_peaks: --hbm-tbps / --peak-tflops for others; none on a CPU).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -16,8 +18,23 @@ from pathlib import Path
 
 from tpserve.tools.common import add_engine_args, engine_config_from_args
 
-HBM_BYTES_PER_S = 4.3e12
-BF16_FLOPS = 790e12
+# (name fragment, HBM TB/s, dense bf16 TFLOP/s) from the spec sheets; the first fragment in the device name wins.
+CARDS = (("H100 PCIe", 2.0, 756), ("H100 NVL", 3.9, 835), ("H100", 3.35, 989), ("H200 NVL", 4.8, 835),
+         ("H200", 4.8, 989))
+
+
+def device_peaks(device, hbm_tbps: float | None = None, peak_tflops: float | None = None) -> dict:
+    """What the floors divide by: {"card", "hbm_bytes_per_s", "bf16_flops"}, each figure the override where given
+    (arguments, else TPSERVE_BENCH_HBM_TBPS / TPSERVE_BENCH_PEAK_TFLOPS), else the card's spec by its name
+    (torch.cuda.get_device_name), else None (a CPU, an unknown card: no floor)."""
+    import torch
+
+    device = torch.device(device)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+    spec = next(((bw, peak) for frag, bw, peak in CARDS if frag in name), (None, None))
+    bw = hbm_tbps or float(os.environ.get("TPSERVE_BENCH_HBM_TBPS") or 0) or spec[0]
+    peak = peak_tflops or float(os.environ.get("TPSERVE_BENCH_PEAK_TFLOPS") or 0) or spec[1]
+    return {"card": name, "hbm_bytes_per_s": bw and bw * 1e12, "bf16_flops": peak and peak * 1e12}
 
 
 def register(sub, bench, tune) -> None:
@@ -33,6 +50,8 @@ def register(sub, bench, tune) -> None:
     p.add_argument("--batch", type=int, nargs="*", default=[1], help="decode batch sizes")
     p.add_argument("--repeats", type=int, default=3, help="prefill repetitions (median)")
     p.add_argument("--json", dest="json_out", default=None)
+    p.add_argument("--hbm-tbps", type=float, help="HBM TB/s for the decode floor (default: the card's spec)")
+    p.add_argument("--peak-tflops", type=float, help="bf16 TFLOP/s for prefill MFU (default: the card's spec)")
     p.add_argument("--compare-eager", action="store_true", help="run everything twice in this call: with "
                    "--enforce-eager (no CUDA graphs), then with decode graphs; print both and the ratios")
     p.add_argument("--plot", default=None, metavar="PNG", help="decode step time against batch size, with the floor")
@@ -161,13 +180,11 @@ def measure(llm, prefill: list[int], batches: list[int], steps: int, repeats: in
 
 
 def graph_replay_ms(engine, batch: int, reps: int = 20) -> float | None:
-    """The plain decode graph of `batch`'s bucket replayed back to back (no host work between replays:
-    the step time minus this is what the GPU waits for the host per step); None without graphs, at TP > 1
-    (the graphs live in the workers) and with speculation (its steps replay other graphs). Called between
-    two steps of a running batch: the replays repeat the step just run (the same cache rows and state
-    slots; the states advance again, so the batch's later tokens are not its greedy ones; timing only).
-    (Replayed after the batch had finished instead, the graph hit an illegal address on an H200; the
-    cause was not found.)"""
+    """The plain decode graph of `batch`'s bucket replayed back to back (the step time minus this is what the GPU
+    waits for the host per step); None without graphs, at TP > 1 (the graphs live in the workers) and with
+    speculation. Called between two steps of a running batch: the replays repeat the step just run (its states
+    advance again, so the batch's later tokens are not its greedy ones; timing only). (Replayed after the batch
+    had finished instead, the graph hit an illegal address on an H200; the cause was not found.)"""
     import torch
 
     graphs = getattr(getattr(engine.executor, "runner", None), "graphs", None)
@@ -274,11 +291,8 @@ def bench_once(cfg_dict: dict, options: dict, args, enforce_eager: bool) -> dict
                        graphs=None if graphs is None or not graphs.capture else
                        {"buckets": graphs.buckets, "capture_s": graphs.capture_seconds,
                         "memory_mib": graphs.graph_bytes / 2**20})
-            for b, r in res["decode"].items():
-                floor = decode_floor_bytes(runner.model, cfg, b) / HBM_BYTES_PER_S
-                r.update(floor_ms=1000 * floor, of_floor=floor / (r["ms_per_step"] / 1000))
-            for n, r in res["prefill"].items():
-                r["mfu"] = prefill_flops(runner.model, cfg, n) / (r["ms"] / 1000) / BF16_FLOPS
+            res["peaks"] = peaks = device_peaks(llm.engine.device, args.hbm_tbps, args.peak_tflops)
+            add_floors(res, runner.model, cfg, peaks)
             if args.profile:
                 res["profile"] = profile_decode(llm, args.batch[0], args.profile)
             if args.profile_prefill:
@@ -286,6 +300,16 @@ def bench_once(cfg_dict: dict, options: dict, args, enforce_eager: bool) -> dict
         finally:
             llm.shutdown()
     return res
+
+
+def add_floors(res: dict, model, cfg, peaks: dict) -> None:
+    """Each decode row's floor_ms / of_floor and each prefill row's mfu against `peaks` (None without a figure)."""
+    bw, flops = peaks["hbm_bytes_per_s"], peaks["bf16_flops"]
+    for b, r in res["decode"].items():
+        floor = bw and decode_floor_bytes(model, cfg, b) / bw
+        r.update(floor_ms=floor and 1000 * floor, of_floor=floor and floor / (r["ms_per_step"] / 1000))
+    for n, r in res["prefill"].items():
+        r["mfu"] = flops and prefill_flops(model, cfg, n) / (r["ms"] / 1000) / flops
 
 
 def prefill_flops(model, cfg, n: int) -> float:
@@ -303,17 +327,20 @@ def prefill_flops(model, cfg, n: int) -> float:
 
 
 def print_table(res: dict, title: str) -> None:
-    print(f"\n{title}  (KDA: {res['kda']}; graphs: {res['graphs']})")
+    bw, flops = (res["peaks"][k] and f"{res['peaks'][k] / 1e12:g}" for k in ("hbm_bytes_per_s", "bf16_flops"))
+    print(f"\n{title}  (KDA: {res['kda']}; graphs: {res['graphs']}; floors for {res['peaks']['card']}: "
+          f"{bw or 'no'} TB/s, {flops or 'no'} bf16 TFLOP/s)")
     print("| what | time | rate | floor | of floor |\n| --- | --- | --- | --- | --- |")
     for n, r in res["prefill"].items():
-        print(f"| prefill {n} tokens | {r['ms']:.1f} ms | {r['tok_per_s']:.0f} tok/s | FLOPs | "
-              f"{100 * r['mfu']:.1f}% MFU |")
+        mfu = "no floor" if r["mfu"] is None else f"{100 * r['mfu']:.1f}% MFU"
+        print(f"| prefill {n} tokens | {r['ms']:.1f} ms | {r['tok_per_s']:.0f} tok/s | FLOPs | {mfu} |")
     for b, r in res["decode"].items():
         spec = "" if r.get("mean_accepted_length") is None else \
             f" (speculative: mean accepted length {r['mean_accepted_length']:.2f}, {r['tokens_per_step']:.2f} tok/step)"
         graph = "" if r.get("graph_ms") is None else f" (graph replay alone {r['graph_ms']:.3f} ms)"
+        floor = "no floor | -" if r["floor_ms"] is None else f"{r['floor_ms']:.3f} ms | {100 * r['of_floor']:.1f}%"
         print(f"| decode step, batch {b}{spec}{graph} | {r['ms_per_step']:.3f} ms | {r['tok_per_s']:.1f} tok/s | "
-              f"{r['floor_ms']:.3f} ms | {100 * r['of_floor']:.1f}% |")
+              f"{floor} |")
 
 
 def plot(results: dict[str, dict], path: str) -> None:
@@ -327,8 +354,9 @@ def plot(results: dict[str, dict], path: str) -> None:
         bs = sorted(res["decode"], key=int)
         ax.plot(bs, [res["decode"][b]["ms_per_step"] for b in bs], "o-", label=label)
     any_res = next(iter(results.values()))
-    bs = sorted(any_res["decode"], key=int)
-    ax.plot(bs, [any_res["decode"][b]["floor_ms"] for b in bs], "k--", label="bytes floor (4.3 TB/s)")
+    bs, bw = sorted(any_res["decode"], key=int), any_res["peaks"]["hbm_bytes_per_s"]
+    if bw:
+        ax.plot(bs, [any_res["decode"][b]["floor_ms"] for b in bs], "k--", label=f"bytes floor ({bw / 1e12:g} TB/s)")
     ax.set_xlabel("decode batch (sequences)")
     ax.set_ylabel("ms per step")
     ax.set_yscale("log")

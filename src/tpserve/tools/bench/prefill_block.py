@@ -19,7 +19,7 @@ from tpserve.tools.client import Client, ToolError, emit_json, friendly
 
 
 def register(sub, bench, tune) -> None:
-    p = bench.add_parser("prefill-block", help="largest stall of running streams while a long prompt prefills")
+    p = bench.add_parser("prefill-block", help="stalls of running streams while a long prompt prefills")
     p.add_argument("--url", required=True, help="the server (base URL)")
     p.add_argument("--url2", default=None, help="a second server to compare with")
     p.add_argument("--api-key", default=None, help="bearer token (default: $OPENAI_API_KEY)")

@@ -21,7 +21,7 @@ from tpserve.tools.common import add_engine_args, engine_config_from_args
 def register(sub, bench, tune) -> None:
     from tpserve.tools.bench.datasets import DATASETS
 
-    p = bench.add_parser("serve", help="load test: streaming requests, TTFT/TPOT/ITL/E2E percentiles, sweeps")
+    p = bench.add_parser("serve", help="load test: TTFT / TPOT / ITL / E2E percentiles")
     add_engine_args(p)
     p.add_argument("--url", default=None, help="an already running server (default: start one here)")
     p.add_argument("--api-key", default=None, help="bearer token for --url (default: $OPENAI_API_KEY)")

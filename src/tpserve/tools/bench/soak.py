@@ -21,7 +21,7 @@ WARMUP_S = 60.0  # slopes leave out the first minute (allocator pools, the first
 
 
 def register(sub, bench, tune) -> None:
-    p = bench.add_parser("soak", help="long load with random client disconnects: errors, pools, RSS")
+    p = bench.add_parser("soak", help="long load with client disconnects: errors, pools, RSS")
     add_engine_args(p)
     p.add_argument("--duration", type=float, default=60.0, help="seconds of load")
     p.add_argument("--concurrency", type=int, default=64)

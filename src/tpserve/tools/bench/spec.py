@@ -22,7 +22,7 @@ from tpserve.tools.common import add_engine_args, engine_config_from_args
 
 
 def register(sub, bench, tune) -> None:
-    p = bench.add_parser("spec", help="speculative decoding (MTP) vs plain decoding: tok/s, accepted length")
+    p = bench.add_parser("spec", help="speculative against plain decoding: tok/s, accepted length")
     add_engine_args(p, model_positional=False)
     p.add_argument("--batch", type=int, nargs="*", default=[1, 64], help="concurrent requests")
     p.add_argument("--k", type=int, nargs="*", default=[1, 2, 3, 5, 7], help="fixed draft counts to compare")

@@ -1,10 +1,10 @@
 """`tpserve quality TASK --url U`: checks that catch a kernel or a switch silently hurting output.
 
-gsm8k     5-shot GSM8K, exact match on the final number (quality_gsm8k.py)
-humaneval HumanEval pass@1, the code run in a sandbox (quality_humaneval.py, sandbox.py)
-nll       per-token NLL of a fixed text via prompt_logprobs, two URLs compared (quality_compare.py)
-divergence first token where two servers' greedy outputs differ, over n prompts (quality_compare.py)
-count     count to 200, every number checked (quality_compare.py)
+gsm8k     5-shot GSM8K, exact match on the final number (gsm8k.py)
+humaneval HumanEval pass@1, the code run in a sandbox (humaneval.py, sandbox.py)
+nll       per-token NLL of a fixed text via prompt_logprobs, two URLs compared (compare.py)
+divergence first token where two servers' greedy outputs differ, over n prompts (compare.py)
+count     count to 200 (a chat message, or --raw a completion), every number checked (compare.py)
 """
 
 from __future__ import annotations
@@ -47,6 +47,8 @@ def register(sub, bench, tune) -> None:
     p.add_argument("--max-tokens", type=int, default=128)
     p = task("count", "count to 200 and check every number", "tpserve.tools.quality.compare")
     p.add_argument("--max-tokens", type=int, default=1200)
+    p.add_argument("--raw", action="store_true", help="prompt a raw completion ('... 1, 2, 3,') through "
+                   "/v1/completions instead of a chat message (for base models)")
 
 
 def _dispatch(module: str):

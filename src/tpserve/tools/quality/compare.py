@@ -3,7 +3,8 @@
 nll        per-token negative log-likelihood of a fixed text (vLLM's `prompt_logprobs`), on one
            URL or two (--url2): the way to show an FP8 or kernel switch costs nothing.
 divergence n greedy runs on both URLs: the first token position where they differ.
-count      "count to 200": every number must come, in order.
+count      "Count from 1 to 200": every number must come, in order; asked as a chat message (what any
+           chat client sends), or with --raw as a completion to continue ("... 1, 2, 3,").
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ TEXT = ("The lighthouse stood at the end of a long spit of sand, and every eveni
 PROMPTS = ["Once upon a time", "The capital of France is", "def fibonacci(n):", "1, 2, 3, 4,",
            "The quick brown fox", "In a distant galaxy", "Water boils at", "The best way to learn is"]
 COUNT_PROMPT = "Count from 1 to 200, separated by commas: 1, 2, 3,"
+COUNT_MESSAGE = "Count from 1 to 200, separated by commas."
 
 
 def prompt_nll(c: Client, text: str) -> tuple[list[str], list[float]]:
@@ -118,27 +120,43 @@ def run_divergence(args, clients: list[Client]) -> tuple[dict, int, list[str]]:
         (0 if same == len(rows) else 1), lines
 
 
-def check_count(text: str, start: int = 4, end: int = 200) -> tuple[bool, str]:
-    """The continuation of '1, 2, 3,' must be start..end in order."""
+def check_count(text: str, start: int = 4, end: int = 200, anywhere: bool = False) -> tuple[bool, str]:
+    """The numbers of `text` must run start..end in order: from its first number (the continuation
+    of '1, 2, 3,'), or with `anywhere` from the occurrence of `start` that runs furthest (a chat
+    answer may open with a sentence), and then not go on to end + 1."""
     numbers = [int(x) for x in re.findall(r"\d+", text)]
-    for k, want in enumerate(range(start, end + 1)):
-        if k >= len(numbers):
-            return False, f"stopped after {want - 1}"
-        if numbers[k] != want:
-            return False, f"expected {want}, got {numbers[k]}"
-    return True, f"counted to {end}"
+    firsts = [i for i, n in enumerate(numbers) if n == start] if anywhere else [0]
+    best = (-1, "no numbers" if not numbers else f"no {start} to start from")
+    for first in firsts:
+        run = numbers[first:]
+        k = next((k for k, want in enumerate(range(start, end + 1)) if k >= len(run) or run[k] != want), None)
+        if k is None:
+            if anywhere and len(run) > end - start + 1 and run[end - start + 1] == end + 1:
+                return False, f"counted on past {end}"
+            return True, f"counted to {end}"
+        why = f"stopped after {start + k - 1}" if k >= len(run) else f"expected {start + k}, got {run[k]}"
+        best = max(best, (k, why))
+    return False, best[1]
 
 
 def run_count(args, clients: list[Client]) -> tuple[dict, int, list[str]]:
     rows = []
     for c in clients:
-        r = c.post("/v1/completions", {"model": c.model, "prompt": COUNT_PROMPT, "max_tokens": args.max_tokens,
-                                       "temperature": 0})
-        text = r["choices"][0]["text"]
-        ok, why = check_count(text)
+        if args.raw:
+            r = c.post("/v1/completions", {"model": c.model, "prompt": COUNT_PROMPT, "max_tokens": args.max_tokens,
+                                           "temperature": 0})
+            text = r["choices"][0]["text"]
+            ok, why = check_count(text)
+        else:
+            messages = [{"role": "user", "content": COUNT_MESSAGE}]
+            r = c.post("/v1/chat/completions", {"model": c.model, "messages": messages,
+                                                "max_tokens": args.max_tokens, "temperature": 0})
+            text = r["choices"][0]["message"].get("content") or ""
+            ok, why = check_count(text, start=1, anywhere=True)
         rows.append({"url": c.url, "ok": ok, "reason": why, "text": text})
     lines = [f"{'PASS' if r['ok'] else 'FAIL'} {r['url']}: {r['reason']}" for r in rows]
-    return {"task": "count", "results": rows}, (0 if all(r["ok"] for r in rows) else 1), lines
+    return {"task": "count", "mode": "raw" if args.raw else "chat", "results": rows}, \
+        (0 if all(r["ok"] for r in rows) else 1), lines
 
 
 @friendly
