@@ -28,7 +28,7 @@ from quant_kernels import HBM, timed  # noqa: E402  (graph replays of 20 calls, 
 
 def model_shapes(layers: str) -> Counter:
     from tpserve.kernels.choice import Kernels
-    from tpserve.kernels.gemv_triton import MIN_N
+    from tpserve.kernels.linear.gemv_triton import MIN_N
     from tpserve.model.config import ModelConfig
     from tpserve.model.glm5_next import Glm5NextModel
     from tpserve.model.layers import Linear, ShardContext
@@ -48,7 +48,7 @@ def _cycling(fns):
 
 
 def main() -> None:
-    from tpserve.kernels import gemv_triton
+    from tpserve.kernels.linear import gemv_triton
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", default="KKKM")

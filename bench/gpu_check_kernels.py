@@ -17,10 +17,10 @@ import time
 
 import torch
 
-from tpserve.kernels import moe
-from tpserve.kernels.mhc import hc_weights_torch
-from tpserve.kernels.mhc_triton import hc_weights_triton
-from tpserve.kernels.moe_triton import experts_triton
+from tpserve.kernels.moe import ref as moe
+from tpserve.kernels.norms.mhc import hc_weights_torch
+from tpserve.kernels.norms.mhc_triton import hc_weights_triton
+from tpserve.kernels.moe.grouped_triton import experts_triton
 from quant_kernels import card_figures  # bench/ (the script's directory)
 
 HBM, BF16_FLOPS = card_figures()

@@ -50,7 +50,7 @@ def parse_configs(text: str, flag: str) -> list[tuple[int, int, int]]:
 
 def variant(name: str):
     """A fresh copy of kernels/nvfp4_m1.py whose decode_fp4_shift body is BODIES[name] (its own kernel cache)."""
-    from tpserve.kernels import nvfp4_m1
+    from tpserve.kernels.quant import nvfp4_m1_cuda as nvfp4_m1
 
     spec = importlib.util.spec_from_file_location(f"nvfp4_m1_{name.replace('-', '_')}", nvfp4_m1.__file__)
     mod = importlib.util.module_from_spec(spec)
@@ -71,7 +71,7 @@ def main() -> None:
     ap.add_argument("--tokens", default="1,2,8")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    from tpserve.kernels import nvfp4_m1 as m1
+    from tpserve.kernels.quant import nvfp4_m1_cuda as m1
 
     try:  # (Config checks each field's range)
         down, gate_up = parse_configs(args.down, "--down"), parse_configs(args.gate_up, "--gate-up")

@@ -30,7 +30,7 @@ MARKS = 4  # per block: start, prologue done, K loop done, SM id
 
 def patched(cfg, mode: str, h_shift: bool = False) -> tuple[str, str]:
     """nvfp4_m1's source of (cfg, mode) with the timeline reads added; raises where a patch point moved."""
-    from tpserve.kernels import nvfp4_m1 as m1
+    from tpserve.kernels.quant import nvfp4_m1_cuda as m1
 
     text, name = m1.source(cfg, mode, h_shift)
     name2 = name + "_timeline"
@@ -63,8 +63,8 @@ class Experts:
     def __init__(self, P, d2, t: int, e: int, d: int, i: int, down_stages: int = 0, down_cap: int = 0):
         from torch.cuda import _compile_kernel
 
-        from tpserve.kernels import launch_ex
-        from tpserve.kernels import nvfp4_m1 as m1
+        from tpserve.kernels.launch import ex_cuda as launch_ex
+        from tpserve.kernels.quant import nvfp4_m1_cuda as m1
 
         self.P, self.d2, self.t, self.e, self.d, self.i = P, d2, t, e, d, i
         self.sum = t == 1
@@ -92,8 +92,8 @@ class Experts:
                 torch.zeros(nd, MARKS, dtype=torch.int64, device="cuda"))
 
     def __call__(self, route, tls):
-        from tpserve.kernels import launch_ex
-        from tpserve.kernels import mma_gemv as mg
+        from tpserve.kernels.launch import ex_cuda as launch_ex
+        from tpserve.kernels.quant import gemv_cuda as mg
 
         ids, w, x = route
         P, t, e = self.P, self.t, self.e
@@ -151,7 +151,7 @@ def main() -> None:
     ap.add_argument("--down-cap", type=int, default=0, help="blocks of the down kernel an SM may hold (0: no cap)")
     ap.add_argument("--ncu", action="store_true", help="run the plain experts 4 times (for ncu) and stop")
     args = ap.parse_args()
-    from tpserve.kernels import nvfp4_m1 as m1
+    from tpserve.kernels.quant import nvfp4_m1_cuda as m1
 
     P, e, d, i = _experts_setup()
     d2 = P["d2"].reshape(e, 1).contiguous()

@@ -85,7 +85,7 @@ def main() -> None:
         if args.plot:
             plot_prefill(rows, args.plot)
         return
-    from tpserve.kernels.mla_triton import sparse_mla
+    from tpserve.kernels.attention.mla_triton import sparse_mla
 
     dev, dtype, bs = torch.device("cuda"), getattr(torch, args.dtype), 64
     g = torch.Generator(device="cpu").manual_seed(0)
@@ -127,7 +127,7 @@ def main() -> None:
 
 
 def prefill(args) -> list[dict]:
-    from tpserve.kernels.mla_triton import DECODE, SparseConfig, sparse_mla
+    from tpserve.kernels.attention.mla_triton import DECODE, SparseConfig, sparse_mla
 
     dev, dtype, bs = torch.device("cuda"), getattr(torch, args.dtype), 64
     g = torch.Generator(device="cpu").manual_seed(0)
@@ -163,7 +163,7 @@ def prefill(args) -> list[dict]:
                   f"{diff:.1e} |")
         q_lat = sel = base = out = None  # freed before the next size is made
     try:  # registers and spills of each compiled variant (Triton's cache of the kernel; internals, so best effort)
-        from tpserve.kernels.mla_triton import _sparse_kernel
+        from tpserve.kernels.attention.mla_triton import _sparse_kernel
         for cache in _sparse_kernel.device_caches.values():
             for k in cache[0].values():
                 if hasattr(k, "n_regs"):

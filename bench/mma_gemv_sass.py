@@ -22,8 +22,8 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
-from tpserve.kernels import mma_gemv as mg
-from tpserve.kernels import nvfp4_m1 as m1
+from tpserve.kernels.quant import gemv_cuda as mg
+from tpserve.kernels.quant import nvfp4_m1_cuda as m1
 
 
 def ptx(source: str, arch: str = "90") -> str:

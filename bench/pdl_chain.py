@@ -19,7 +19,7 @@ import statistics
 
 import torch
 
-from tpserve.kernels import gemv_triton
+from tpserve.kernels.linear import gemv_triton
 from quant_kernels import card_figures  # bench/ (the script's directory)
 
 SHAPES = [(2048, 4096), (4096, 2048), (8192, 4096), (4096, 8192)]  # (N, K): each N is the next K

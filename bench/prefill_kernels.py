@@ -37,12 +37,12 @@ def timed(fn, reps: int = 20) -> float:
 
 
 def main() -> None:
-    from tpserve.kernels import conv
-    from tpserve.kernels.kda_prep_triton import conv_chunk
-    from tpserve.kernels.hc_project_triton import hc_project
-    from tpserve.kernels.mhc import project_weight
-    from tpserve.kernels.norm_triton import rms_normalize
-    from tpserve.kernels.route_triton import combine_sorted
+    from tpserve.kernels.attention import conv
+    from tpserve.kernels.attention.kda_prep_triton import conv_chunk
+    from tpserve.kernels.norms.hc_project_triton import hc_project
+    from tpserve.kernels.norms.mhc import project_weight
+    from tpserve.kernels.norms.norm_triton import rms_normalize
+    from tpserve.kernels.moe.route_triton import combine_sorted
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, nargs="*", default=[4096, 16384])

@@ -86,8 +86,8 @@ def sweep(configs, make, check, top=5):
 
 
 def _fp8():
-    from tpserve.kernels import quant_ref as qr
-    from tpserve.kernels.quant_gemv import w8a16_gemv
+    from tpserve.kernels.quant import ref as qr
+    from tpserve.kernels.quant.gemv_triton import w8a16_gemv
 
     def quantize(w):
         q, s = qr.fp8_block_quantize(w)
@@ -125,8 +125,8 @@ def _fp8():
 
 
 def _fp4():
-    from tpserve.kernels import quant_ref as qr
-    from tpserve.kernels.quant_gemv import w4a16_gemv
+    from tpserve.kernels.quant import ref as qr
+    from tpserve.kernels.quant.gemv_nvfp4_triton import w4a16_gemv
 
     def quantize(w):
         p, bs, s2 = qr.nvfp4_quantize(w)
@@ -215,7 +215,7 @@ def sec_w4def(res):
     """W4A16 at one row, both shapes: the default (the one-row kernel, float16 decode) beside the eighteenth
     session's best (qtile B) and its default (the float32-bits decode); and the one-row kernel's PTX decode
     against the same bits in plain Triton (float16 and bf16), bit for bit."""
-    from tpserve.kernels.quant_gemv import w4a16_gemv
+    from tpserve.kernels.quant.gemv_nvfp4_triton import w4a16_gemv
 
     quantize, _, _, nbytes = _fp4()
     for n, k in ((12288, 4096), (4096, 12288)):
@@ -254,7 +254,7 @@ def sec_w4planes(res):
     mma.sync ones (16-64 rows on 1-4 warps) at 12288 x 4096, one row; the best five then at 8 and 16 rows and on
     4096 x 12288, each case beside the default there (one row: the one-row kernel; more: the per-value decode); and
     its PTX decode against plain Triton, bit for bit (one K split)."""
-    from tpserve.kernels.quant_gemv import w4a16_gemv
+    from tpserve.kernels.quant.gemv_nvfp4_triton import w4a16_gemv
 
     quantize, call, _, nbytes = _fp4()
     cfgs = [(bn, bk, nw, ns, wv, "planes", False) for bn, nw in ((64, 4), (128, 8)) for bk in (128, 256, 512)
@@ -282,7 +282,7 @@ def sec_w4tiled(res):
     steps read 16-256 contiguous bytes a row (the FP8 one-row kernel at 84% reads 4 KB): the planes kernel on tiled
     weights (quant_gemv.nvfp4_tiled: each step one contiguous chunk) against the same configs on row-major weights,
     and the one-row kernel with whole-row K tiles (0.5-2 KB a row), every config printed."""
-    from tpserve.kernels.quant_gemv import nvfp4_tiled, w4a16_gemv
+    from tpserve.kernels.quant.gemv_nvfp4_triton import nvfp4_tiled, w4a16_gemv
 
     quantize, call, _, nbytes = _fp4()
     planes = [(64, 256, 4, 3, 0), (64, 256, 4, 3, 2), (64, 512, 4, 3, 2), (128, 256, 8, 3, 0), (32, 256, 1, 3, 0),
@@ -363,7 +363,7 @@ def sec_w8split(res):
 
 def _mma_run(fmt: str, x, packed, cfg):
     """kernels/mma_gemv.py's GEMV of `fmt` on packed weights (as _fp8 / _fp4 quantize them), at config cfg."""
-    from tpserve.kernels import mma_gemv as mg
+    from tpserve.kernels.quant import gemv_cuda as mg
 
     return mg.fp8_gemv(x, *packed, cfg=cfg) if fmt == "fp8" else mg.nvfp4_gemv(x, *packed, cfg=cfg)
 
@@ -373,8 +373,8 @@ def sec_mma(res):
     two chunks, more warps than chunks) for every config against fp32 math, every e4m3 code through the FP8 decode,
     a graph replay against the eager call, then both shapes timed with the Triton default beside them (printed as
     "default": w8a16_gemv's / w4a16_gemv's default, which may itself be this kernel where it is the default)."""
-    from tpserve.kernels import mma_gemv as mg
-    from tpserve.kernels import quant_ref as qr
+    from tpserve.kernels.quant import gemv_cuda as mg
+    from tpserve.kernels.quant import ref as qr
 
     def configs(fmt):
         return [mg.Config(fmt, r, sp, d, pf, il) for r, depths in ((1, (2, 4, 6)), (2, (2, 3)))
@@ -456,7 +456,7 @@ def sec_mma2(res):
     """kernels/mma_gemv.py at 8 rows, around the first sweep's best (interleaved K chunks): more warps a block
     (the interleave width), two to four row tiles a warp, both formats. (The driver's smallest shared-memory carveout,
     for more L1 to hold x, measured slower or level everywhere and was removed.)"""
-    from tpserve.kernels import mma_gemv as mg
+    from tpserve.kernels.quant import gemv_cuda as mg
 
     fp8 = [mg.Config("fp8", r, sp, d, pf, True) for r in (1, 2) for sp in (4, 6, 8, 10, 12, 16) for d in (2, 3)
            for pf in (0, 256)]
@@ -468,7 +468,7 @@ def sec_mma3(res):
     """kernels/mma_gemv.py at 8 rows: the defaults beside more warps a block and a deeper pipeline, both formats and
     shapes. (Asking a chunk's x into L1 with its W loads, `prefetch.global.L1`, measured 1.2-1.4x slower everywhere
     and was removed.)"""
-    from tpserve.kernels import mma_gemv as mg
+    from tpserve.kernels.quant import gemv_cuda as mg
 
     def configs(fmt, n, k):
         base = mg.default_config(fmt, n, k)
@@ -482,7 +482,7 @@ def sec_mma4(res):
     """kernels/mma_gemv.py at 8 rows: the defaults beside 16 warps a block with two blocks held per SM
     (`min_blocks`: ptxas caps the registers at 64, so every block of 4096 x 12288 is resident at once and a block
     reads 2 KB of each row together), and other configs held to more blocks per SM."""
-    from tpserve.kernels import mma_gemv as mg
+    from tpserve.kernels.quant import gemv_cuda as mg
 
     def configs(fmt, n, k):
         base = mg.default_config(fmt, n, k)
@@ -497,7 +497,8 @@ def sec_mma4(res):
 def sec_mmadef(res):
     """The GEMVs' defaults as they stand (w8a16_gemv / w4a16_gemv: kernels/mma_gemv.py where it is the default)
     against the Triton kernels they replaced (mma=False), 1-8 rows, both shapes, in one run."""
-    from tpserve.kernels.quant_gemv import w4a16_gemv, w8a16_gemv
+    from tpserve.kernels.quant.gemv_nvfp4_triton import w4a16_gemv
+    from tpserve.kernels.quant.gemv_triton import w8a16_gemv
 
     forms = {"fp8": (_fp8, lambda x, p, mma: w8a16_gemv(x, *p, (128, 128), mma=mma)),
              "nvfp4": (_fp4, lambda x, p, mma: w4a16_gemv(x, *p, mma=mma))}
@@ -527,7 +528,7 @@ def _experts_setup():
 
 
 def sec_moe(res):
-    from tpserve.kernels.quant_triton import experts_fp8_triton, experts_nvfp4_triton
+    from tpserve.kernels.quant.gemm_triton import experts_fp8_triton, experts_nvfp4_triton
 
     P, e, d, i = _experts_setup()
 
@@ -601,8 +602,8 @@ def profile_kernels(fn, calls_per_fn: int, reps: int = 10) -> dict:
 
 
 def sec_fp8det(res):
-    from tpserve.kernels import quant_ref as qr
-    from tpserve.kernels.quant_gemv import w8a16_gemv
+    from tpserve.kernels.quant import ref as qr
+    from tpserve.kernels.quant.gemv_triton import w8a16_gemv
 
     w = torch.randn(4096, 4096, device="cuda") / 64
     q, s = qr.fp8_block_quantize(w)
@@ -627,7 +628,7 @@ def sec_prefill(res):
     """bf16 MoE prefill (grouped_mm) at 4k / 16k tokens: experts_grouped as bench/quant_kernels.py timed it (torch
     combine and SwiGLU) and as the engine runs it on CUDA (Triton combine; SwiGLU as --act-backend says), the two
     grouped GEMMs alone on pre-sorted rows, and the engine form's device time by kernel."""
-    from tpserve.kernels import moe
+    from tpserve.kernels.moe import ref as moe
 
     e, d, i, k = 288, 4096, 2048, 8
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -670,8 +671,8 @@ def sec_prefill(res):
 def _nvfp4_moe_case(P, e, d, i, t):
     """8 uniform routings of t tokens (ids, weights, x), the mean experts each touches, the floor (s: those experts'
     NVFP4 bytes once) and the first routing's fp32 reference (kernels.moe's loop on dequantized weights)."""
-    from tpserve.kernels import moe
-    from tpserve.kernels import quant_ref as qr
+    from tpserve.kernels.moe import ref as moe
+    from tpserve.kernels.quant import ref as qr
 
     routes = [(torch.stack([torch.randperm(e, device="cuda")[:8] for _ in range(t)]),
                torch.rand(t, 8, device="cuda"), torch.randn(t, d, device="cuda").bfloat16()) for _ in range(8)]
@@ -685,9 +686,9 @@ def _nvfp4_moe_case(P, e, d, i, t):
 
 
 def sec_m1(res):
-    from tpserve.kernels import nvfp4_m1 as m1
-    from tpserve.kernels.quant_gemv import w4a16_gemv
-    from tpserve.kernels.quant_triton import experts_nvfp4_triton
+    from tpserve.kernels.quant import nvfp4_m1_cuda as m1
+    from tpserve.kernels.quant.gemv_nvfp4_triton import w4a16_gemv
+    from tpserve.kernels.quant.gemm_triton import experts_nvfp4_triton
 
     quantize, _, _, nbytes = _fp4()
     cfgs = [m1.Config(r, sp, st, 256, dec) for r in (1, 2) for sp in (2, 4, 8) for st in (2, 3)
@@ -783,10 +784,10 @@ def sec_m1def(res):
     """The defaults as they stand: the NVFP4 GEMV at one row (w4a16_gemv: nvfp4_m1) beside mma_gemv's and Triton's,
     both shapes; the MoE experts (quant_ops.experts_nvfp4's choice: nvfp4_m1 up to M1_MAX_TOKENS) beside the Triton
     experts at 1, 8, 16 and 32 tokens (8 routings in turn), each checked against fp32 math."""
-    from tpserve.kernels import mma_gemv as mg
-    from tpserve.kernels import nvfp4_m1 as m1
-    from tpserve.kernels.quant_gemv import w4a16_gemv
-    from tpserve.kernels.quant_triton import experts_nvfp4_triton
+    from tpserve.kernels.quant import gemv_cuda as mg
+    from tpserve.kernels.quant import nvfp4_m1_cuda as m1
+    from tpserve.kernels.quant.gemv_nvfp4_triton import w4a16_gemv
+    from tpserve.kernels.quant.gemm_triton import experts_nvfp4_triton
 
     quantize, _, _, nbytes = _fp4()
     forms = {"default (nvfp4_m1)": lambda x, p: w4a16_gemv(x, *p), "mma_gemv": lambda x, p: mg.nvfp4_gemv(x, *p),
@@ -824,7 +825,7 @@ def sec_m1exp(res):
     """nvfp4_m1's experts at 1 and 8 tokens: the gate|up config swept with down at its default, then down's with
     gate|up at its default (whole MoE layer timed, 8 routings in turn; each config against fp32 math first). (Gate|up's
     blocks asking L2 for their pair's down weights measured 1.16-1.21x slower at 1, 2 and 8 tokens and were removed.)"""
-    from tpserve.kernels import nvfp4_m1 as m1
+    from tpserve.kernels.quant import nvfp4_m1_cuda as m1
 
     P, e, d, i = _experts_setup()
     d2 = P["d2"].reshape(e, 1).contiguous()
@@ -851,7 +852,7 @@ def sec_m1sum(res):
     its warps taking the (choice, chunk) items in turn; no fp32 rows, no combine kernel) against down per pair +
     route_triton.combine_choices, at 1, 2 and 8 tokens; down_sum's config swept (whole MoE layer timed, 8 routings
     in turn, each form against fp32 math first), then the best's kernels profiled."""
-    from tpserve.kernels import nvfp4_m1 as m1
+    from tpserve.kernels.quant import nvfp4_m1_cuda as m1
 
     P, e, d, i = _experts_setup()
     d2 = P["d2"].reshape(e, 1).contiguous()
@@ -885,8 +886,8 @@ def sec_m1par(res):
     the two in sequence (the experts without their allocations), and the two on two streams at once with no
     dependency (a wrong answer: only a bound on what overlapping their fill and drain could give). Graph replays,
     8 routings in turn."""
-    from tpserve.kernels import mma_gemv as mg
-    from tpserve.kernels import nvfp4_m1 as m1
+    from tpserve.kernels.quant import gemv_cuda as mg
+    from tpserve.kernels.quant import nvfp4_m1_cuda as m1
 
     P, e, d, i = _experts_setup()
     d2 = P["d2"].reshape(e, 1).contiguous()
@@ -934,7 +935,7 @@ def sec_mmasmem(res):
     chunks a warp) against its register loads: odd shapes bit for bit against the same config's "regs" form, then
     both shapes at 1 and 8 rows (and the best at 2 and 4) over smem configs (and two 16-warp regs configs), beside
     w8a16_gemv's / w4a16_gemv's default ("default") and mma_gemv's default config ("mma regs")."""
-    from tpserve.kernels import mma_gemv as mg
+    from tpserve.kernels.quant import gemv_cuda as mg
 
     def configs(fmt):  # (16 warps: Nsight Compute found 4096 x 12288's 256 blocks of 8 warps
         # holding ~15 warps an SM, the grid too small to fill it: 16 warps fit twice an SM only from shared memory)
@@ -988,7 +989,7 @@ def sec_m1pdl(res):
     """nvfp4_m1's experts with down launched as a programmatic dependent of gate|up (kernels/launch_ex.py) against a
     plain launch, at 1, 2 and 8 tokens (defaults otherwise; whole MoE layer timed from a CUDA graph, 8 routings in
     turn, each form checked bit for bit against the other first), each form timed twice in alternation."""
-    from tpserve.kernels import nvfp4_m1 as m1
+    from tpserve.kernels.quant import nvfp4_m1_cuda as m1
 
     P, e, d, i = _experts_setup()
     d2 = P["d2"].reshape(e, 1).contiguous()
@@ -1021,7 +1022,7 @@ def sec_m1x(res):
     import importlib.util
     import os
 
-    from tpserve.kernels import nvfp4_m1 as m1
+    from tpserve.kernels.quant import nvfp4_m1_cuda as m1
 
     mods = {"": m1}
     if os.environ.get("M1X_BASE"):
@@ -1079,7 +1080,7 @@ def sec_m1cfg(res):
     """nvfp4_m1's experts at 1, 2 and 8 tokens with gate|up's config varied (two row tiles of each part a warp: half
     the blocks, so half the reads of x, whose few L2 lines every block reads at once), down at its default: each
     form against fp32 math, then timed three times in alternation (graph replays of 40 calls, 8 routings in turn)."""
-    from tpserve.kernels import nvfp4_m1 as m1
+    from tpserve.kernels.quant import nvfp4_m1_cuda as m1
 
     rows2 = m1.Config(rows=2, splits=2)
     _m1_alternate(res, "m1cfg", {"default": (m1, None, None, {}), "gate|up rows 2": (m1, rows2, None, {}),
@@ -1093,7 +1094,8 @@ def sec_mmapdl(res):
     bit there): a run of calls captured in one graph (quant_kernels.timed: the weight copies in turn, so no call
     finds its W in L2), each call's kernel a dependent of the one before where PDL is on. The floor is one call's
     weight bytes / the card's HBM bandwidth."""
-    from tpserve.kernels.quant_gemv import w4a16_gemv, w8a16_gemv
+    from tpserve.kernels.quant.gemv_nvfp4_triton import w4a16_gemv
+    from tpserve.kernels.quant.gemv_triton import w8a16_gemv
 
     forms = {"fp8": (_fp8, lambda x, p, pdl: w8a16_gemv(x, *p, (128, 128), pdl=pdl)),
              "nvfp4": (_fp4, lambda x, p, pdl: w4a16_gemv(x, *p, pdl=pdl))}
@@ -1128,8 +1130,8 @@ def sec_mmacap(res):
     each cap printed (cap 0 under PDL means launch_ex.one_wave_cap)."""
     import ctypes
 
-    from tpserve.kernels import launch_ex
-    from tpserve.kernels import mma_gemv as mg
+    from tpserve.kernels.launch import ex_cuda as launch_ex
+    from tpserve.kernels.quant import gemv_cuda as mg
 
     props = torch.cuda.get_device_properties(0)
     print(f"shared memory an SM: {getattr(props, 'shared_memory_per_multiprocessor', '?')}", flush=True)

@@ -165,9 +165,9 @@ SHAPES = ((12288, 4096), (4096, 12288))
 
 
 def sec_w8a16(res):
-    from tpserve.kernels import quant_ref as qr
-    from tpserve.kernels.quant_gemv import w8a16_gemv
-    from tpserve.kernels.quant_triton import w8a16_gemm
+    from tpserve.kernels.quant import ref as qr
+    from tpserve.kernels.quant.gemv_triton import w8a16_gemv
+    from tpserve.kernels.quant.gemm_triton import w8a16_gemm
 
     def quantize(w):
         q, s = qr.fp8_block_quantize(w)
@@ -188,9 +188,9 @@ def sec_w8a16(res):
 
 
 def sec_w4a16(res):
-    from tpserve.kernels import quant_ref as qr
-    from tpserve.kernels.quant_gemv import w4a16_gemv
-    from tpserve.kernels.quant_triton import w4a16_gemm
+    from tpserve.kernels.quant import ref as qr
+    from tpserve.kernels.quant.gemv_nvfp4_triton import w4a16_gemv
+    from tpserve.kernels.quant.gemm_triton import w4a16_gemm
 
     def quantize(w):
         p, bs, s2 = qr.nvfp4_quantize(w)
@@ -211,8 +211,8 @@ def sec_w4a16(res):
 
 
 def sec_w8a8(res):
-    from tpserve.kernels import quant_ref as qr
-    from tpserve.kernels.quant_ops import w8a8_block_scaled_mm
+    from tpserve.kernels.quant import ref as qr
+    from tpserve.kernels.quant.ref import w8a8_block_scaled_mm
 
     print("\n| W8A8 scaled_mm blockwise | M x N x K | us | TFLOP/s | bf16 matmul us | speedup | rel err |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
@@ -233,7 +233,7 @@ def sec_w8a8(res):
 def quantized_experts(gu: torch.Tensor, dn: torch.Tensor) -> dict:
     """NVFP4 (one global scale per expert x projection, like ModelOpt) and FP8 block-128 copies of bf16 experts
     gu [E, 2I, D] / dn [E, D, I], expert by expert; g2rows / d2rows: the NVFP4 global scale of every row."""
-    from tpserve.kernels import quant_ref as qr
+    from tpserve.kernels.quant import ref as qr
 
     i, d = dn.shape[2], dn.shape[1]
     P = {n: [] for n in ("gp", "gb", "g2", "dp", "db", "d2", "gq", "gs", "dq", "ds")}
@@ -252,10 +252,10 @@ def quantized_experts(gu: torch.Tensor, dn: torch.Tensor) -> dict:
 
 
 def sec_moe(res):
-    from tpserve.kernels import moe
-    from tpserve.kernels import quant_ref as qr
-    from tpserve.kernels.moe_triton import experts_triton
-    from tpserve.kernels.quant_triton import experts_fp8_triton, experts_nvfp4_triton
+    from tpserve.kernels.moe import ref as moe
+    from tpserve.kernels.quant import ref as qr
+    from tpserve.kernels.moe.grouped_triton import experts_triton
+    from tpserve.kernels.quant.gemm_triton import experts_fp8_triton, experts_nvfp4_triton
 
     e, d, i, k = 288, 4096, 2048, 8
     g = torch.Generator(device="cuda").manual_seed(0)

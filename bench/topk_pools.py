@@ -23,7 +23,7 @@ from quant_kernels import timed  # noqa: E402  (graph replays of 20 calls, media
 
 
 def main() -> None:
-    from tpserve.kernels.indexer_triton import top_pools
+    from tpserve.kernels.attention.indexer_triton import top_pools
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pools", type=int, default=8192)

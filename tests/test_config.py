@@ -54,27 +54,23 @@ def test_gemv_switch_reaches_every_linear_and_keeps_cpu_on_torch():
     import torch
     import torch.nn.functional as F
 
-    from tpserve.model.layers import Linear, ShardContext, column, set_gemv_backend
+    from tpserve.kernels.choice import Kernels
+    from tpserve.kernels.registry import resolve
+    from tpserve.model.layers import Linear, ShardContext, column
 
-    ctx = ShardContext.single(torch.float32)
-    model = torch.nn.Sequential(column(ctx, 8, 4), torch.nn.Sequential(column(ctx, 4, 3)))
-    for m in model.modules():
-        if isinstance(m, Linear):
-            m.weight.data.normal_()
-    set_gemv_backend(model, "triton")
-    assert all(m.decode_gemv for m in model.modules() if isinstance(m, Linear))
-    x = torch.randn(2, 8)
-    assert torch.equal(model[0](x), F.linear(x, model[0].weight))  # a CPU tensor never takes the GPU kernel
-    set_gemv_backend(model, "torch")
-    assert not any(m.decode_gemv for m in model.modules() if isinstance(m, Linear))
-    with pytest.raises(ValueError, match="gemv_backend"):
-        set_gemv_backend(model, "cutlass")
-    set_gemv_backend(model, "torch", "cuda")
-    assert all(m.quant_gemv_cuda for m in model.modules() if isinstance(m, Linear))
-    set_gemv_backend(model, "torch", "triton")
-    assert not any(m.quant_gemv_cuda for m in model.modules() if isinstance(m, Linear))
-    with pytest.raises(ValueError, match="quant_gemv_backend"):
-        set_gemv_backend(model, "torch", "torch")
+    for gemv, quant in (("triton", "cuda"), ("torch", "triton")):
+        ctx = ShardContext.single(torch.float32, kernels=Kernels(gemv=gemv, quant_gemv=quant))
+        model = torch.nn.Sequential(column(ctx, 8, 4), torch.nn.Sequential(column(ctx, 4, 3)))
+        for m in model.modules():
+            if isinstance(m, Linear):
+                m.weight.data.normal_()
+                assert (m.ctx.ops.linear.gemv, m.ctx.ops.linear.quant_gemv) == (gemv, quant)
+        x = torch.randn(2, 8)
+        assert torch.equal(model[0](x), F.linear(x, model[0].weight))  # a CPU tensor never takes the GPU kernel
+    with pytest.raises(ValueError, match="gemv_backend: expected triton or torch, got 'cutlass'"):
+        resolve(Kernels(gemv="cutlass"))
+    with pytest.raises(ValueError, match="quant_gemv_backend: expected cuda or triton, got 'torch'"):
+        resolve(Kernels(quant_gemv="torch"))
 
 
 def test_cli_reports_bad_settings_in_one_line(capsys):

@@ -1,6 +1,6 @@
 """tpserve's modules import one another without circles, deferred (function-level) imports included: where two
 modules need each other's code, it belongs in a module below both (as model/errors.py, model/quant_config.py,
-tools/bench/collectives_common.py, kernels/moe_tiles_triton.py and paths.py are). Imports of the package itself (`from tpserve
+tools/bench/collectives_common.py, kernels/moe/tiles_triton.py and paths.py are). Imports of the package itself (`from tpserve
 import LLM`, its public face) are left out."""
 
 from __future__ import annotations
@@ -93,8 +93,8 @@ def upward(graph: dict[str, set[str]]) -> list[str]:
 
 
 def test_upward_finds_a_planted_one():
-    graph = {"tpserve.model.mla": {"tpserve.kernels.mla_triton", "tpserve.engine.cache"},
-             "tpserve.kernels.mla_triton": {"tpserve.config"}, "tpserve.engine.cache": set(), "tpserve.config": set()}
+    graph = {"tpserve.model.mla": {"tpserve.kernels.attention.mla_triton", "tpserve.engine.cache"},
+             "tpserve.kernels.attention.mla_triton": {"tpserve.config"}, "tpserve.engine.cache": set(), "tpserve.config": set()}
     assert upward(graph) == ["tpserve.model.mla (model) -> tpserve.engine.cache (engine)"]
 
 

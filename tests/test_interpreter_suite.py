@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # the GPU kernels proven in the interpreter: the workspace collectives (one-round, pipelined, fused,
 # the MoE fold, the ring) and the quantized GEMMs
 INTERPRETED = ("tests/collectives/test_peer_workspace_interpreter.py", "tests/collectives/test_moe_combine_rs_interpreter.py",
-               "tests/collectives/test_peer_workspace_ring_interpreter.py", "tests/kernels/test_quant_triton.py")
+               "tests/collectives/test_peer_workspace_ring_interpreter.py", "tests/kernels/quant/test_quant_triton.py")
 
 
 def test_the_interpreter_tests_pass_with_triton_installed_aside():

@@ -69,9 +69,9 @@ def test_moe_combine_definition_and_blocks(dtype):
 
 
 def test_experts_grouped_is_sorted_experts_then_the_combine():
-    """kernels/moe.experts_grouped's torch form is fused.moe_combine (choice order, not an
+    """kernels/moe/ref.experts_grouped's torch form is fused.moe_combine (choice order, not an
     index_add): bitwise; and close to the loop (bf16 GEMM roundings apart)."""
-    from tpserve.kernels import moe
+    from tpserve.kernels.moe import ref as moe
 
     e, d, i, k, t = 6, 64, 32, 3, 11
     g = torch.Generator().manual_seed(5)
@@ -85,8 +85,14 @@ def test_experts_grouped_is_sorted_experts_then_the_combine():
     assert torch.equal(got, fused.moe_combine(y, order, weights))
     want = moe.experts_loop(x.float(), weights, ids, gu.float(), dn.float(), 1.5)
     assert ((got.float() - want).abs().max() / want.abs().max()).item() < 2e-2
-    assert moe.takes_grouped(x, "triton", 0) and not moe.takes_grouped(x, "triton", t)
-    assert not moe.takes_grouped(x, "torch", 0) and not moe.takes_grouped(x.float(), "triton", 0)
+    from tpserve.kernels.choice import Kernels
+    from tpserve.kernels.registry import resolve
+
+    def takes(x, moe, max_tokens):  # the experts' table (kernels/quant/dispatch.py) picks grouped_mm
+        return resolve(Kernels(moe=moe, moe_triton_max_tokens=max_tokens)).experts.kernel("bf16", x) == "grouped_mm"
+
+    assert takes(x, "triton", 0) and not takes(x, "triton", t)
+    assert not takes(x, "torch", 0) and not takes(x.float(), "triton", 0)
 
 
 def test_world_one_and_the_argument_checks():

@@ -174,7 +174,7 @@ def _peer_battery(rank: int, world: int, quick: bool = False, narrow: bool = Fal
 
 def _moe_combine_cases(ws, rank: int, world: int, quick: bool, check, cap: int, narrow: bool = False) -> None:
     """The one-round fused MoE combine + reduce-scatter kernel: bitwise
-    kernels/route_triton.combine_sorted (+ shared) padded and reduce-scattered, and the torch
+    kernels/moe/route_triton.combine_sorted (+ shared) padded and reduce-scattered, and the torch
     definition fused.moe_combine (Triton's interpreter sums the k choices in order, as the
     definition does); odd token counts (padding rows), k 1 / 3 / 8, two column tiles per row,
     shared or not. Then through a Communicator (CPU device, this workspace in place of its own):
@@ -185,7 +185,7 @@ def _moe_combine_cases(ws, rank: int, world: int, quick: bool, check, cap: int, 
 
     from tpserve.collectives import fused
     from tpserve.collectives.comm import Communicator
-    from tpserve.kernels.route_triton import combine_sorted
+    from tpserve.kernels.moe.route_triton import combine_sorted
 
     def inputs(seed, t, k, d, dtype, with_shared):
         g = torch.Generator().manual_seed(seed)

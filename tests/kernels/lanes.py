@@ -1,5 +1,5 @@
-"""CPU emulation of what one GPU lane does, for the CUDA kernels' layout tests (kernels/mma_gemv.py,
-kernels/nvfp4_m1.py): PTX's prmt, bf16 bits, and the m16n8k16 MMA over its fragment layout."""
+"""CPU emulation of what one GPU lane does, for the CUDA kernels' layout tests (kernels/quant/gemv_cuda.py,
+kernels/quant/nvfp4_m1_cuda.py): PTX's prmt, bf16 bits, and the m16n8k16 MMA over its fragment layout."""
 
 import struct
 
@@ -22,8 +22,8 @@ def bf16(bits: int) -> float:
 
 
 def decode_fp4(w: int, t: dict) -> list[int]:
-    """kernels/mma_gemv.py's decode_fp4: 8 e2m1 codes (w, low nibble first) -> 4 bf16x2 (k, k + 1) pairs: prmt
-    lookups of the magnitudes' bf16 bytes in the tables t (mma_gemv.fp4_tables), the signs ORed into the high
+    """kernels/quant/gemv_cuda.py's decode_fp4: 8 e2m1 codes (w, low nibble first) -> 4 bf16x2 (k, k + 1) pairs: prmt
+    lookups of the magnitudes' bf16 bytes in the tables t (quant/ptx_cuda.fp4_tables), the signs ORed into the high
     bytes from (w << 4, w), the bytes interleaved."""
     m, s4 = w & 0x77777777, (w << 4) & 0xFFFFFFFF
     mh = m >> 16

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from tpserve.kernels import quant_ref as qr
+from tpserve.kernels.quant import ref as qr
 from tpserve.kernels.choice import Kernels, WeightOptions
 from tpserve.model.build import build_model
 from tpserve.model.config import ModelConfig, UnsupportedConfigError
@@ -111,7 +111,7 @@ def test_tp_shards_carry_their_scales(tiny, tmp_path, method):
 def _expert_dense(layer, e):
     """(gate|up [2I_local, D], down [D, I_local]) of expert e, dequantized, through the reference loop's hooks."""
     seen = {}
-    from tpserve.kernels import moe as moe_ops
+    from tpserve.kernels.moe import ref as moe_ops
 
     real = moe_ops.experts_loop_fn
 

@@ -18,13 +18,13 @@ follows a block's all-reduce; the hyper-connection expand does (model/mhc.py):
     new_streams = post (x) total + comb^T @ streams  [T, N, D], post [T, N] and comb [T, N, N]
                                                      cast to the streams' dtype first
 
-`hc_expand` is that expand in torch (HyperConnection.expand is this function, so the unfused path
+`hc_expand` (kernels/norms/ref.py) is that expand in torch (the model's torch path, so the unfused path
 and the CPU path are the model's own arithmetic); the CUDA kernel (workspace_triton_pipe.py) sums
 `total` bitwise as the all-reduce does and gives new_streams within `hc_expand_bound`.
 
 MoE combine + reduce-scatter (Communicator.reduce_scatter_moe_combine): with sequence parallelism
 an MoE layer's partial output is reduce-scattered, and on the grouped experts path
-(kernels/moe.experts_grouped) that output is first combined from the experts' expert-sorted rows:
+(kernels/moe/ref.experts_grouped) that output is first combined from the experts' expert-sorted rows:
 
     combined[t] = sum_j fp32(weights[t, j]) * fp32(y[inv[t*k + j]])   j = 0 .. k-1, in fp32,
                   rounded once to y.dtype                               (inv: order's inverse)
@@ -33,8 +33,8 @@ an MoE layer's partial output is reduce-scattered, and on the grouped experts pa
 
 y [T*k, D] holds the experts' outputs in expert order (row i is choice order[i] of the
 token-major choices), weights [T, k] the router's. `moe_combine` is the combine in torch (the k
-terms added in order j = 0, 1, ...; kernels/moe.experts_grouped's torch form is this function);
-`moe_combine(..., backend="triton")` is kernels/route_triton.combine_sorted's sum instead (CUDA).
+terms added in order j = 0, 1, ...; kernels/moe/ref.experts_grouped's torch form is this function);
+`moe_combine(..., backend="triton")` is kernels/moe/route_triton.combine_sorted's sum instead (CUDA).
 The fused paths write each rank's combined rows straight into the reduce-scatter's workspace slot
 (no [T, D] tensor written and read back): the CPU workspace (workspace.py) with this file's torch
 arithmetic row block by row block, the CUDA workspace with combine_sorted's own tile code (one
@@ -47,7 +47,8 @@ from __future__ import annotations
 
 import torch
 
-from tpserve.kernels.moe_combine import MOE_COMBINES, inverse_order, moe_combine, moe_combine_block  # noqa: F401
+from tpserve.kernels.moe.combine import MOE_COMBINES, inverse_order, moe_combine, moe_combine_block  # noqa: F401
+from tpserve.kernels.norms.ref import hc_expand  # noqa: F401  (the expand's definition)
 
 
 def check_args(partial: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor) -> None:
@@ -101,14 +102,6 @@ def check_hc_args(partial: torch.Tensor, streams: torch.Tensor, post: torch.Tens
         if x.device != partial.device:
             raise ValueError(f"{name}: {arg} is on {x.device}, partial on {partial.device}; "
                              "all four must be on one device")
-
-
-def hc_expand(total: torch.Tensor, streams: torch.Tensor, post: torch.Tensor,
-              comb: torch.Tensor) -> torch.Tensor:
-    """New streams [T, N, D] = post (x) total + comb^T @ streams (model/mhc.py's expand)."""
-    dtype = streams.dtype
-    return post.to(dtype).unsqueeze(-1) * total.unsqueeze(-2) + torch.matmul(
-        comb.to(dtype).transpose(-1, -2), streams)
 
 
 def _ulp(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

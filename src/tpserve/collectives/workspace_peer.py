@@ -40,7 +40,7 @@ from tpserve.collectives import workspace_triton as kernels
 from tpserve.collectives import workspace_triton_pipe as pipe
 from tpserve.collectives import workspace_triton_ring as ring_kernels
 from tpserve.collectives.workspace import TOPOLOGIES
-from tpserve.kernels.route_triton import COMBINE_NUM_WARPS, combine_block_d
+from tpserve.kernels.moe.route_triton import COMBINE_NUM_WARPS, combine_block_d
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 BLOCK = 1024
@@ -262,7 +262,7 @@ class PeerWorkspace:
         return out
 
     # -- fused MoE combine + reduce-scatter ---------------------------------------------------
-    # the combine arithmetic the fused kernels reproduce: kernels/route_triton.combine_sorted's
+    # the combine arithmetic the fused kernels reproduce: kernels/moe/route_triton.combine_sorted's
     MOE_COMBINE = "triton"
 
     def fits_moe_combine(self, x: torch.Tensor) -> bool:

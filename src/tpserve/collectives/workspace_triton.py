@@ -33,7 +33,7 @@ Numerics: per element, sum over ranks in rank order in float32, rounded once to 
 
 `reducescatter_moe_combine_kernel` is the reduce-scatter whose copy-in is an MoE's combine
 (collectives/fused.py), for a padded combine that fits one slot: each rank computes its combined rows
-with kernels/route_triton.combine_sorted's own tile code straight into its slot (plus the shared
+with kernels/moe/route_triton.combine_sorted's own tile code straight into its slot (plus the shared
 experts' output, rounded as torch adds; `moe_combined_tile`), then sums its slice as
 `reducescatter_kernel` does: bitwise combine_sorted + add + reduce-scatter. Larger ones:
 workspace_triton_pipe.pipelined_moe_combine_kernel, the same tile code in the pipelined rounds.
@@ -44,7 +44,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from tpserve.kernels.route_triton import combine_sorted_tile
+from tpserve.kernels.moe.route_triton import combine_sorted_tile
 
 MAX_WORLD = 8
 MAX_PROGRAMS = 128

@@ -37,7 +37,6 @@ import time
 import numpy as np
 import torch
 
-from tpserve.engine.sampler import argmax_and_probability
 from tpserve.model.batch import ForwardBatch
 from tpserve.model.kda import commit_uniform
 
@@ -228,7 +227,7 @@ class StepGraphs:
         if kind == "chain":  # one logits row per sequence, from the host
             return self._chain(batch, b, out, self._views(self.device_buf, b, q)[6][:b])
         logits = model.lm_logits(out)
-        return out, logits, argmax_and_probability(logits, self.runner.kernels.argmax)
+        return out, logits, self.runner.ops.argmax_probability(logits)
 
     def _spec(self, batch: ForwardBatch, b: int, q: int) -> torch.Tensor:
         """After the verify graph (b, q) (its logits and hidden rows; each sequence's last token and up to q-1
@@ -280,12 +279,7 @@ class StepGraphs:
 
     def _draw(self, logits: torch.Tensor, out: torch.Tensor) -> None:
         """argmax_and_probability of logits [n, V] into out (a float64 [2, n] view)."""
-        if self.runner.kernels.argmax == "triton":
-            from tpserve.kernels.argmax_triton import argmax_and_probability_triton
-
-            argmax_and_probability_triton(logits, out)
-        else:
-            out.copy_(argmax_and_probability(logits))
+        self.runner.ops.argmax_probability(logits, out)
 
     def _capture_one(self, kind: str, b: int, q: int) -> None:
         cache = self.runner.cache

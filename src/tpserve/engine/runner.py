@@ -15,7 +15,6 @@ import torch
 
 from tpserve.model import cache as cache_mod
 from tpserve.engine.h2d import to_device
-from tpserve.engine.sampler import argmax_and_probability
 from tpserve.kernels.choice import Kernels
 from tpserve.model.batch import ForwardBatch
 from tpserve.model.config import ModelConfig
@@ -29,7 +28,7 @@ log = logging.getLogger("tpserve.runner")
 
 @dataclass(frozen=True)
 class Drafted:
-    """One MTP depth's output rows: fp32 logits [n, vocab] and sampler.argmax_and_probability of
+    """One MTP depth's output rows: fp32 logits [n, vocab] and ops.argmax_probability of
     them, float64 [2, n] (greedy draws take one host copy of it)."""
 
     logits: torch.Tensor | None  # None from a chain of depths (greedy only)
@@ -74,6 +73,7 @@ class ModelRunner:
         self.last_hidden: torch.Tensor | None = None   # speculative decoding: the last step's hidden rows
         self.draft_hidden: torch.Tensor | None = None  # ... and the last MTP depth's output rows
         self.kernels = kernels
+        self.ops = self.model.ctx.ops  # what the model runs (kernels/registry.py), resolved once by build_model
         self.kda_report = f"{kernels.kda} KDA path"
         if kernels.kda == "fla":
             t0 = time.perf_counter()
@@ -88,7 +88,7 @@ class ModelRunner:
         """Check fla-core's kernels against the torch references once, on this device and head size;
         use those that agree: the recurrent kernel for decode / verify / commit, chunk_kda (with the
         options that agree) for prefill chunks; the torch path for what does not agree."""
-        from tpserve.kernels.kda import select_fla_options
+        from tpserve.kernels.attention.kda_fla import select_fla_options
         from tpserve.model.kda import KdaAttention
 
         layers = [m for m in self.model.modules() if isinstance(m, KdaAttention)]
@@ -262,7 +262,7 @@ class ModelRunner:
         out = self.model.mtp.draft(hidden, self.model.embed(batch.input_ids, batch), batch, self.cache)
         self.draft_hidden = out[batch.logits_indices]
         logits = self.model.lm_logits(self.draft_hidden)
-        return Drafted(logits, argmax_and_probability(logits, self.kernels.argmax))
+        return Drafted(logits, self.ops.argmax_probability(logits))
 
     def close(self) -> None:
         """Release graphs and their memory pool (before the process group goes)."""

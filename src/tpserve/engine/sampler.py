@@ -138,20 +138,6 @@ def _sample_rows(logits: torch.Tensor, seqs: list[Sequence], engine_generator: t
     return (probs / noise).argmax(-1)
 
 
-def argmax_and_probability(logits: torch.Tensor, backend: str = "torch") -> torch.Tensor:
-    """[N, V] logits -> float64 [2, N]: each row's argmax (the first on ties, as argmax) and its
-    probability under the softmax, stacked for one device-to-host copy. The MTP drafter's greedy
-    draws; the draft graphs compute it inside the graph. backend "triton": one kernel
-    (kernels/argmax_triton.py, `--argmax-backend`)."""
-    if backend == "triton":
-        from tpserve.kernels.argmax_triton import argmax_and_probability_triton
-
-        return argmax_and_probability_triton(logits)
-    top = logits.max(-1)
-    sure = (top.values - logits.logsumexp(-1)).exp()
-    return torch.stack([top.indices.double(), sure.double()])
-
-
 def plain_argmax(seq: Sequence) -> bool:
     """The next token is the argmax of the raw logits, whatever the tokens before it: greedy, with no
     logits processor, penalty or min_tokens ban in force (so rows of a verify step can be chosen at once)."""

@@ -95,7 +95,7 @@ def resolve_runtime(ecfg: EngineConfig) -> Runtime:
         dtype = DTYPES[ecfg.dtype]
     backend = ecfg.kda_backend
     if backend == "auto":
-        from tpserve.kernels.kda import fla_available
+        from tpserve.kernels.attention.kda_fla import fla_available
 
         # fla-core's chunk kernel uses TF32 tensor cores (about 1e-3 off a float32 reference), so
         # float32 runs, which exist to be compared token for token, keep the exact torch path
@@ -143,7 +143,7 @@ def quant_decode(value: str, device: torch.device, dtype: torch.dtype) -> tuple[
 
 
 def quant_gemv(value: str, device: torch.device) -> str:
-    """--quant-gemv-backend resolved: auto is cuda on a CUDA device (kernels/mma_gemv.py checks at its first call
+    """--quant-gemv-backend resolved: auto is cuda on a CUDA device (kernels/quant/gemv_cuda.py checks at its first call
     that NVRTC builds it there, else warns and the Triton GEMV runs), else triton (whose kernels then fall back to
     the dequantized reference on a device without Triton)."""
     if value == "cuda" and device.type != "cuda":

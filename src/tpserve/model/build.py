@@ -16,7 +16,7 @@ from torch import nn
 
 from tpserve.kernels.choice import Kernels
 from tpserve.model.config import ModelConfig
-from tpserve.model.layers import ShardContext, set_gemv_backend, set_norm_backend, set_pdl
+from tpserve.model.layers import ShardContext
 from tpserve.model.quant import apply_plan, plan_for_dummy, plan_from_checkpoint
 from tpserve.model.quant_config import QuantConfig, read_quant_config
 
@@ -32,21 +32,20 @@ def quant_modules(model: nn.Module):
 def plan_model(model_dir: str | Path, cfg: ModelConfig, ctx: ShardContext, kernels: Kernels,
                load_format: str = "auto", mtp: bool = False) -> tuple[nn.Module, QuantConfig, dict[str, str]]:
     """The model on the meta device, every Linear / Experts given its method; with `mtp` the MTP
-    drafter (model/mtp.py) is attached as `model.mtp` and loaded from layer num_hidden_layers."""
+    drafter (model/mtp.py) is attached as `model.mtp` and loaded from layer num_hidden_layers. The ops its modules
+    run are resolved here, once, from `kernels` (kernels/registry.py; the model's `ctx.ops`)."""
     from tpserve.model.glm5_next import Glm5NextModel
     from tpserve.model.loader import tensor_info
 
     opts = kernels.weights
     qc = read_quant_config(model_dir, opts.quantization, opts.dense_fp8)
+    ctx = ctx.with_kernels(kernels)
     with torch.device("meta"):
-        model = Glm5NextModel(ctx, cfg, kernels)
+        model = Glm5NextModel(ctx, cfg)
         if mtp:
             from tpserve.model.mtp import MtpLayer
 
-            model.mtp = MtpLayer(ctx, cfg, kernels)
-    set_norm_backend(model, kernels.norm)
-    set_gemv_backend(model, kernels.gemv, kernels.quant_gemv)
-    set_pdl(model, kernels.pdl)
+            model.mtp = MtpLayer(ctx, cfg)
     if load_format == "dummy":
         plan = plan_for_dummy(model, qc)
     else:

@@ -15,7 +15,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from tpserve.collectives.fused import pad_rows
-from tpserve.kernels.choice import Kernels
 from tpserve.model.batch import CacheTensors, ForwardBatch
 from tpserve.model.config import ModelConfig
 from tpserve.model.kda import KdaAttention
@@ -33,25 +32,24 @@ class DecoderLayer(nn.Module):
     """A decoder layer with mHC around its blocks; mhc=False builds the blocks alone (the MTP layer,
     model/mtp.py, is a plain-residual block: no hc_* tensors)."""
 
-    def __init__(self, ctx: ShardContext, cfg: ModelConfig, layer: int, kernels: Kernels, mhc: bool = True):
+    def __init__(self, ctx: ShardContext, cfg: ModelConfig, layer: int, mhc: bool = True):
         super().__init__()
         self.is_mla = cfg.layer_types[layer] == "indexed_attention"
         if self.is_mla:
-            self.self_attn = MlaAttention(ctx, cfg, layer, kernels.mla_prefill, kernels.indexer, kernels.mla_decode,
-                                          kernels.indexer_topk)
+            self.self_attn = MlaAttention(ctx, cfg, layer)
         else:
-            self.self_attn = KdaAttention(ctx, cfg, layer, kernels.kda, kernels.kda_prep)
+            self.self_attn = KdaAttention(ctx, cfg, layer)
         if cfg.mlp_layer_types[layer] == "sparse":
-            self.mlp = MoE(ctx, cfg, kernels)
+            self.mlp = MoE(ctx, cfg)
         else:
-            self.mlp = DenseMLP(ctx, cfg.hidden_size, cfg.intermediate_size, cfg.swiglu_limit, kernels.act)
+            self.mlp = DenseMLP(ctx, cfg.hidden_size, cfg.intermediate_size, cfg.swiglu_limit)
         self.input_layernorm = RMSNorm(ctx, cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(ctx, cfg.hidden_size, cfg.rms_norm_eps)
         if mhc:
-            self.attn_hc = HyperConnection(ctx, cfg, kernels.mhc, kernels.mhc_project)
-            self.ffn_hc = HyperConnection(ctx, cfg, kernels.mhc, kernels.mhc_project)
+            self.attn_hc = HyperConnection(ctx, cfg)
+            self.ffn_hc = HyperConnection(ctx, cfg)
         self.comm = ctx.comm
-        self.fused_expand = kernels.fused_collectives and self.comm.world_size > 1
+        self.fused_expand = ctx.ops.kernels.fused_collectives and self.comm.world_size > 1
         # with sequence parallelism: the MoE's combine inside the reduce-scatter (grouped experts)
         self.fold_moe = self.fused_expand and isinstance(self.mlp, MoE)
 
@@ -106,12 +104,12 @@ class VocabTable(nn.Module):
 
 
 class Glm5NextModel(nn.Module):
-    def __init__(self, ctx: ShardContext, cfg: ModelConfig, kernels: Kernels = Kernels()):
+    def __init__(self, ctx: ShardContext, cfg: ModelConfig):
         super().__init__()
         self.cfg, self.ctx = cfg, ctx
         self.vocab_per_rank = -(-cfg.vocab_size // ctx.world)
         self.embed_tokens = VocabTable(ctx, cfg)
-        self.layers = nn.ModuleList(DecoderLayer(ctx, cfg, i, kernels) for i in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(ctx, cfg, i) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(ctx, cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = None if cfg.tie_word_embeddings else VocabTable(ctx, cfg)
 

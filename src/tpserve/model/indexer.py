@@ -56,12 +56,12 @@ def cache_rows(block_tables: torch.Tensor, positions: torch.Tensor, block_size: 
 
 
 class Indexer(nn.Module):
-    def __init__(self, ctx: ShardContext, cfg: ModelConfig, layer: int, backend: str = "torch",
-                 topk: str = "torch"):
+    def __init__(self, ctx: ShardContext, cfg: ModelConfig, layer: int):
         super().__init__()
-        self.layer = layer
-        self.fused_pools = backend == "triton"  # kernels/indexer_triton.py: pool compression and decode scores
-        self.top_pools = topk == "triton" and self.fused_pools  # ... and the decode top-k over complete pools
+        self.layer, self.ops = layer, ctx.ops
+        # truthy with --indexer-backend triton: pool compression, decode scores and selection in
+        # kernels/attention/indexer_triton.py (the decode top-k there too with --indexer-topk-backend triton)
+        self.fused_pools = bool(ctx.ops.fill_pools)
         self.n_heads, self.head_dim, self.kpool = cfg.index_n_heads, cfg.index_head_dim, cfg.index_kpool
         self.pools_to_keep = cfg.index_topk // cfg.index_kpool
         self.tail = cfg.index_kpool_always_select_tail
@@ -112,11 +112,9 @@ class Indexer(nn.Module):
         reserved dummy block's pool row (the last one), so no host loop or host read is needed."""
         pool_flat = cache.pool_k[self.layer].view(-1, self.head_dim)
         if self.fused_pools:  # the pools' rows found in the kernel; tokens that complete none write nothing
-            from tpserve.kernels.indexer_triton import fill_pools
-
-            fill_pools(cache.index_k[self.layer].view(-1, self.head_dim),
-                       cache.index_gate[self.layer].view(-1, self.head_dim), self.index_kpool_compress_ape,
-                       batch.positions, batch.token_seq, batch.block_tables, cache.block_size, pool_flat)
+            self.ops.fill_pools(cache.index_k[self.layer].view(-1, self.head_dim),
+                                cache.index_gate[self.layer].view(-1, self.head_dim), self.index_kpool_compress_ape,
+                                batch.positions, batch.token_seq, batch.block_tables, cache.block_size, pool_flat)
             return
         rows, target = batch.memoized(("fill_pools", self.kpool, cache.block_size, pool_flat.shape[0]),
                                       lambda: self._fill_rows(batch, cache.block_size, pool_flat.shape[0] - 1))
@@ -158,10 +156,8 @@ class Indexer(nn.Module):
         n, n_pools = scores.shape
         k = min(self.pools_to_keep, n_pools)
         if visible is None and k > 0:  # positions, validity and tail in one kernel
-            from tpserve.kernels.indexer_triton import expand_selection, top_pools
-
-            chosen = top_pools(scores, pos, k, self.kpool) if self.top_pools else scores.topk(k, dim=-1).indices
-            return expand_selection(chosen, pos, self.width, self.pools_to_keep, self.kpool, self.tail)
+            chosen = self.ops.top_pools(scores, pos, k, self.kpool)
+            return self.ops.expand_selection(chosen, pos, self.width, self.pools_to_keep, self.kpool, self.tail)
         out = torch.full((n, self.width), -1, dtype=torch.long, device=scores.device)
         if k > 0:
             masked = scores.masked_fill(~visible, torch.finfo(scores.dtype).min)
@@ -195,11 +191,9 @@ class Indexer(nn.Module):
             # which depends on the width (tie choices can differ from the fixed-width graph step)
             n_pools = max(batch.total_len(i) for i in range(batch.decode_seqs)) // self.kpool
         if self.fused_pools:
-            from tpserve.kernels.indexer_triton import decode_scores
-
-            scores = decode_scores(q, w, pos, batch.token_seq[:n], batch.block_tables,
-                                   cache.pool_k[self.layer].view(-1, self.head_dim), cache.block_size, self.kpool,
-                                   n_pools)
+            scores = self.ops.pool_scores(q, w, pos, batch.token_seq[:n], batch.block_tables,
+                                          cache.pool_k[self.layer].view(-1, self.head_dim), cache.block_size,
+                                          self.kpool, n_pools)
             return self._expand(scores, None, pos, batch)
         rows, visible = batch.memoized(("select", n, n_pools, self.kpool, cache.block_size),
                                        lambda: self._select_rows(batch, n, n_pools, cache.block_size))

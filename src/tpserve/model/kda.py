@@ -2,7 +2,9 @@
 
 State lives in slots (CacheTensors.kda_state / conv_state), one per running sequence. A chunk of
 several tokens runs the chunked form, a single token the recurrent form. On CUDA with
-kda_backend "fla" the recurrences run in fla-core's Triton kernels over all sequences at once.
+kda_backend "fla" the recurrences run in fla-core's Triton kernels over all sequences at once
+(kernels/attention/kda_fla.py). With --kda-prep-backend triton the short conv and the gate run in Triton
+(`ctx.ops.kda_conv_rows`, `kda_conv_chunk`, `kda_gate_beta`).
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from tpserve.kernels import conv, kda as kda_ops
+from tpserve.kernels.attention import conv, kda_fla
+from tpserve.kernels.attention import kda as kda_ops
 from tpserve.model import merged
 from tpserve.model.batch import CacheTensors, ForwardBatch
 from tpserve.model.config import ModelConfig
@@ -23,16 +26,15 @@ from tpserve.model.weights import Shard, add_source, declare
 
 class KdaAttention(nn.Module):
     merged_linears = {"qkv": ("q_proj", "k_proj", "v_proj"), "fgb_a": ("f_a_proj", "g_a_proj", "b_proj")}
-    pdl = False  # layers.set_pdl: the Triton conv and gate kernels launched as programmatic dependents
 
-    def __init__(self, ctx: ShardContext, cfg: ModelConfig, layer: int, backend: str, prep: str = "torch"):
+    def __init__(self, ctx: ShardContext, cfg: ModelConfig, layer: int):
         super().__init__()
         d, dh, qkv = cfg.hidden_size, cfg.linear_head_dim, cfg.linear_qkv_dim
-        self.layer, self.head_dim, self.backend = layer, dh, backend
-        # "triton": the short conv of decode / verify rows, the forget gate and beta in Triton
-        # (kernels/kda_prep_triton.py); the gate kernel has the lower-bound form only
-        self.prep_conv = prep == "triton"
-        self.prep_gate = prep == "triton" and cfg.linear_lower_bound is not None
+        self.layer, self.head_dim, self.backend = layer, dh, ctx.ops.kernels.kda
+        self.conv_rows, self.conv_chunk = ctx.ops.kda_conv_rows, ctx.ops.kda_conv_chunk  # falsy: `_conv`'s torch
+        # the Triton gate has the lower-bound form only
+        gate = ctx.ops.kda_gate_beta
+        self.gate_beta = gate if cfg.linear_lower_bound is not None else gate.reference
         self.fla_options: dict | None = {}  # chunk_kda options chosen by the runner's self-test (None: torch chunks)
         self.heads = ctx.split(cfg.linear_num_heads, "linear_num_heads")
         self.q_proj, self.k_proj, self.v_proj = (column(ctx, d, qkv) for _ in range(3))
@@ -56,19 +58,12 @@ class KdaAttention(nn.Module):
         t, h, dh = x.shape[0], self.heads, self.head_dim
         raw = merged.stacked(self, "qkv", x)  # q | k | v
         fa, ga, b = merged.outputs(self, "fgb_a", x, contiguous=True)
-        if self.prep_conv:
+        if self.conv_rows:
             q, k, v = (y.view(t, h, dh) for y in self._conv_fused(raw, batch, cache.conv_state[self.layer]))
         else:
             mixed = self._conv(raw, batch, cache.conv_state[self.layer])
             q, k, v = (y.reshape(t, h, dh) for y in mixed.split(h * dh, dim=-1))
-        if self.prep_gate:
-            from tpserve.kernels.kda_prep_triton import gate_beta
-
-            g, beta = gate_beta(self.f_b_proj(fa), self.dt_bias, self.A_log, b, dh,
-                                self.lower_bound, self.pdl)
-        else:
-            g = self._forget_gate(fa)
-            beta = torch.sigmoid(b)
+        g, beta = self.gate_beta(self.f_b_proj(fa), self.dt_bias, self.A_log, b, dh, self.lower_bound)
         states = cache.kda_state[self.layer]
         if self.backend == "fla" and batch.fixed_shapes and batch.query_len > 1:
             q, k, v = q.contiguous(), k.contiguous(), v.contiguous()  # once: fla's verify and commit read them
@@ -85,15 +80,6 @@ class KdaAttention(nn.Module):
             out = self._torch(q, k, v, g, beta, batch, states)
         gate = self.g_b_proj(ga).view(t, h, dh)
         return self.o_proj(self.o_norm(out, gate).reshape(t, h * dh))
-
-    def _forget_gate(self, fa: torch.Tensor) -> torch.Tensor:
-        """f_a_proj's output [T, head_dim] -> log decay g [T, H_local, K] (fp32)."""
-        g = self.f_b_proj(fa).float() + self.dt_bias.float()
-        g = g.view(fa.shape[0], -1, self.head_dim)
-        rate = self.A_log.float().exp().view(1, -1, 1)
-        if self.lower_bound is not None:
-            return self.lower_bound * torch.sigmoid(rate * g)
-        return -rate * torch.where(g > 20.0, g, torch.log1p(torch.exp(g)))
 
     def _conv(self, mixed: torch.Tensor, batch: ForwardBatch, conv_states: torch.Tensor) -> torch.Tensor:
         weight = self.conv_weight.squeeze(1)
@@ -123,28 +109,27 @@ class KdaAttention(nn.Module):
 
     def _conv_fused(self, mixed: torch.Tensor, batch: ForwardBatch,
                     conv_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """`_conv` with decode and verify rows through one Triton kernel (kernels/kda_prep_triton.py; a
+        """`_conv` with decode and verify rows through one Triton kernel (kernels/attention/kda_prep_triton.py; a
         verify row equals the decode step it stands for); prefill chunks through `conv_chunk`. -> q, k, v
-        [T, C/3] each (contiguous when the step has no prefill)."""
-        from tpserve.kernels.kda_prep_triton import conv_chunk, conv_rows
-
+        [T, C/3] each (contiguous when the step has no prefill). Steps with prefill launch it without PDL."""
         weight = self.conv_weight.squeeze(1)
         if batch.fixed_shapes and batch.query_len > 1:  # a graph verify step: every sequence verifies
-            return conv_rows(mixed, conv_states, batch.slots[:batch.decode_seqs], weight, batch.query_len, False,
-                             pdl=self.pdl)
+            return self.conv_rows(mixed, conv_states, batch.slots[:batch.decode_seqs], weight, batch.query_len,
+                                  False)
         nd = batch.single_token_seqs
         if nd == mixed.shape[0]:
-            return conv_rows(mixed, conv_states, batch.slots[:nd], weight, 1, True, pdl=self.pdl)
+            return self.conv_rows(mixed, conv_states, batch.slots[:nd], weight, 1, True)
         out = torch.empty_like(mixed)
         if nd:
-            conv_rows(mixed[:nd], conv_states, batch.slots[:nd], weight, 1, True, out=out[:nd])
+            self.conv_rows.plain(mixed[:nd], conv_states, batch.slots[:nd], weight, 1, True, out=out[:nd])
         for i in range(nd, batch.num_seqs):
             a, b = batch.cu_seqlens[i], batch.cu_seqlens[i + 1]
             if i < batch.decode_seqs:  # verify rows: states read only, committed after acceptance
-                conv_rows(mixed[a:b], conv_states, batch.slots[i:i + 1], weight, b - a, False, out=out[a:b])
+                self.conv_rows.plain(mixed[a:b], conv_states, batch.slots[i:i + 1], weight, b - a, False,
+                                     out=out[a:b])
                 continue
             slot = batch.slots[i]
-            _, new = conv_chunk(mixed[a:b], conv_states[slot], weight, out=out[a:b])
+            _, new = self.conv_chunk(mixed[a:b], conv_states[slot], weight, out=out[a:b])
             conv_states[slot] = new.to(conv_states.dtype)
         return tuple(out.split(out.shape[1] // 3, dim=-1))
 
@@ -172,12 +157,12 @@ class KdaAttention(nn.Module):
     def _fla(self, q, k, v, g, beta, batch: ForwardBatch, states: torch.Tensor) -> torch.Tensor:
         if batch.fixed_shapes and batch.query_len > 1:  # a graph verify step: one kernel, slots not written
             slots, n = batch.slots[:batch.decode_seqs], batch.query_len
-            index = batch.memoized(("fla_verify_index", n), lambda: kda_ops.fla_verify_index(states, slots, n))
-            return kda_ops.fla_verify(q, k, v, g, beta, states, slots, n, index)
+            index = batch.memoized(("fla_verify_index", n), lambda: kda_fla.fla_verify_index(states, slots, n))
+            return kda_fla.fla_verify(q, k, v, g, beta, states, slots, n, index)
         nd = batch.single_token_seqs
         parts = []
         if nd:  # decode: the state pool is read and written in place at the slots
-            parts.append(kda_ops.fla_decode_inplace(q[:nd], k[:nd], v[:nd], g[:nd], beta[:nd], states,
+            parts.append(kda_fla.fla_decode_inplace(q[:nd], k[:nd], v[:nd], g[:nd], beta[:nd], states,
                                                     batch.slots[:nd]))
         if nd < batch.decode_seqs:  # verify rows: the torch decode update, states not written
             sub = dataclasses.replace(batch, cu_seqlens=[c - batch.cu_seqlens[nd] for c in
@@ -296,8 +281,8 @@ def commit_uniform(cache: CacheTensors, verify: dict[int, "VerifyInputs"], count
         _advance_conv(convs, vi.slots, vi.raw.view(b, n, -1), counts, shared["cols"])
         if vi.fla:
             if "index" not in shared:
-                shared["index"] = kda_ops.fla_commit_index(states, vi.slots, counts, n)
-            kda_ops.fla_commit(vi.q, vi.k, vi.v, vi.g, vi.beta, states, vi.slots, counts, n, shared["index"])
+                shared["index"] = kda_fla.fla_commit_index(states, vi.slots, counts, n)
+            kda_fla.fla_commit(vi.q, vi.k, vi.v, vi.g, vi.beta, states, vi.slots, counts, n, shared["index"])
             continue
         s = states[vi.slots]
         for j in range(n):

@@ -2,28 +2,38 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
 from tpserve.collectives.comm import Communicator
+from tpserve.kernels.choice import Kernels
+from tpserve.kernels.registry import Ops, resolve
 from tpserve.model.quant_methods import Bf16Linear
 from tpserve.model.weights import COLUMN, REPLICATED, ROW, Shard, declare
 
 
 @dataclass(frozen=True)
 class ShardContext:
-    """Where this copy of the model lives: rank, world, dtype and its Communicator."""
+    """Where this copy of the model lives: rank, world, dtype and its Communicator; and the ops its modules run
+    (kernels/registry.py: resolved once from the switches, every module calls `ctx.ops.<op>`)."""
 
     rank: int
     world: int
     dtype: torch.dtype
     comm: Communicator
+    ops: Ops = field(default_factory=resolve)  # the torch references
 
     @classmethod
-    def single(cls, dtype: torch.dtype, device: str | torch.device = "cpu") -> "ShardContext":
-        return cls(0, 1, dtype, Communicator(None, torch.device(device)))
+    def single(cls, dtype: torch.dtype, device: str | torch.device = "cpu",
+               kernels: Kernels | None = None) -> "ShardContext":
+        return cls(0, 1, dtype, Communicator(None, torch.device(device)), resolve(kernels or Kernels()))
+
+    def with_kernels(self, kernels: Kernels) -> "ShardContext":
+        """This context with the ops these switches resolve to."""
+        return dataclasses.replace(self, ops=resolve(kernels))
 
     def split(self, n: int, what: str) -> int:
         if n % self.world:
@@ -33,14 +43,8 @@ class ShardContext:
 
 class Linear(nn.Module):
     """y = x W^T (+ b); W declared with its full shape [out, in] and a Shard. The weight layout,
-    loading and forward belong to `self.quant` (model/quant_methods.py: bf16, fp8, nvfp4, ...).
-    `decode_gemv` (set_gemv_backend): 16-bit weights take kernels/gemv_triton.py at 1-16 rows; `quant_gemv_cuda`
-    (set_gemv_backend's `quant`): FP8 / NVFP4 weights take the CUDA GEMVs at decode where they are the default
-    (kernels/mma_gemv.py; one NVFP4 row kernels/nvfp4_m1.py)."""
-
-    decode_gemv = False
-    quant_gemv_cuda = False
-    pdl = False  # set_pdl: the Triton GEMV launched as a programmatic dependent (kernels/pdl_triton.py)
+    loading and forward belong to `self.quant` (model/quant_methods.py: bf16, fp8, nvfp4, ...), whose forward
+    runs `ctx.ops.linear` (kernels/quant/dispatch.py: the kernel for the format and the rows)."""
 
     def __init__(self, ctx: ShardContext, in_features: int, out_features: int, shard: Shard = REPLICATED,
                  bias: bool = False):
@@ -93,81 +97,26 @@ def replicated(ctx: ShardContext, i: int, o: int, bias: bool = False) -> Linear:
 
 
 class RMSNorm(nn.Module):
-    """transformers' Glm5NextTextRMSNorm: normalise in fp32, cast back, then scale. `norm_backend`
-    "triton": one fused kernel (kernels/norm_triton.py; set_norm_backend sets a whole model's)."""
-
-    norm_backend = "torch"
-    pdl = False  # set_pdl
+    """transformers' Glm5NextTextRMSNorm: normalise in fp32, cast back, then scale (`ctx.ops.rms_norm`)."""
 
     def __init__(self, ctx: ShardContext, dim: int, eps: float):
         super().__init__()
         declare(self, "weight", (dim,), REPLICATED, dtype=ctx.dtype, world=ctx.world)
         self.eps = eps
+        self.op = ctx.ops.rms_norm
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.norm_backend == "triton":
-            return norm_triton().rms_norm(x, self.weight, self.eps, self.pdl)
-        dtype = x.dtype
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(dtype)
+        return self.op(x, self.weight, self.eps)
 
 
 class GatedRMSNorm(nn.Module):
-    """KDA output norm: fp32 RMSNorm over the head dim, scaled, times sigmoid(gate)."""
-
-    norm_backend = "torch"
-    pdl = False  # set_pdl
+    """KDA output norm: fp32 RMSNorm over the head dim, scaled, times sigmoid(gate) (`ctx.ops.gated_rms_norm`)."""
 
     def __init__(self, ctx: ShardContext, dim: int, eps: float):
         super().__init__()
         declare(self, "weight", (dim,), REPLICATED, dtype=ctx.dtype, world=ctx.world)
         self.eps = eps
+        self.op = ctx.ops.gated_rms_norm
 
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-        if self.norm_backend == "triton":
-            return norm_triton().gated_rms_norm(x, gate, self.weight, self.eps, self.pdl)
-        dtype = x.dtype
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        h = self.weight.float() * h
-        return (h * torch.sigmoid(gate.float())).to(dtype)
-
-
-def norm_triton():
-    """kernels/norm_triton.py, imported on first use (Triton is there only where the backend is triton)."""
-    from tpserve.kernels import norm_triton as module
-
-    return module
-
-
-def set_gemv_backend(model: nn.Module, backend: str, quant: str = "triton") -> None:
-    """Every Linear of `model` takes the Triton decode GEMV where it fits ("triton") or cuBLAS ("torch"); with
-    quantized weights the CUDA GEMVs (`quant` "cuda": kernels/mma_gemv.py, nvfp4_m1.py) or the Triton one
-    ("triton")."""
-    if backend not in ("triton", "torch"):
-        raise ValueError(f"gemv_backend: expected triton or torch, got {backend!r}")
-    if quant not in ("cuda", "triton"):
-        raise ValueError(f"quant_gemv_backend: expected cuda or triton, got {quant!r}")
-    for m in model.modules():
-        if isinstance(m, Linear):
-            m.decode_gemv, m.quant_gemv_cuda = backend == "triton", quant == "cuda"
-
-
-def set_pdl(model: nn.Module, on: bool) -> None:
-    """Every module of `model` with a `pdl` switch (Linear's GEMVs, the norms, the mHC's kernels, the dense MLPs'
-    SwiGLU, KDA's conv and gate, the router's top-k) launches its kernels as programmatic dependents of the kernel
-    before (kernels/pdl_triton.py; mma_gemv through kernels/launch_ex.py; sm_90+: engine/setup.pdl decides)."""
-    for m in model.modules():
-        if hasattr(type(m), "pdl"):
-            m.pdl = bool(on)
-
-
-def set_norm_backend(model: nn.Module, backend: str) -> None:
-    """Every norm of `model` (RMSNorm, GatedRMSNorm, the mHC stream norm / collapse / expand) on
-    `backend`: "triton" (fused kernels, cuda) or "torch"."""
-    if backend not in ("triton", "torch"):
-        raise ValueError(f"norm_backend: expected triton or torch, got {backend!r}")
-    for m in model.modules():
-        if hasattr(m, "norm_backend"):
-            m.norm_backend = backend
+        return self.op(x, gate, self.weight, self.eps)

@@ -7,13 +7,11 @@ group's 16-bit weights (no bias, no quantized layout) into one parameter `<group
 makes each member's weight a view of its rows, so the checkpoint names, the loader and the layers' own
 calls stay as they are and nothing is held twice; snapshots store the stacked parameter and `merge` re-links
 the views after a restore. `outputs(module, group, x)` then runs one GEMM (one weight stream, one launch at
-decode) instead of one per member: at decode every member is a GEMV whose time is mostly latency (2048 x
-4096 bf16 streams in 3.9 us and took 9.1 us, BENCHMARKS.md thirteenth session). Groups with a quantized or
-biased member stay separate calls. Each output element is the same dot product either way; only the GEMM
-library's blocking (its summation order) may differ. Forwards of more than STACKED_MAX_ROWS rows (prefill
-chunks) call the members one by one on their rows of the stack: there the GEMMs are compute-bound, and a
-real-width KKKM prefill of 4k tokens measured 79.4 / 82.2 ms stacked against 74.8 / 76.8 ms apart on an H200
-(16k: 278.6 / 281.7 against 277.7 / 284.6 ms; BENCHMARKS.md fourteenth session).
+decode) instead of one per member: at decode every member is a GEMV whose time is mostly latency. Groups with
+a quantized or biased member stay separate calls. Each output element is the same dot product either way; only
+the GEMM library's blocking (its summation order) may differ. Forwards of more than STACKED_MAX_ROWS rows
+(prefill chunks) call the members one by one on their rows of the stack: there the GEMMs are compute-bound,
+and apart measured no slower (BENCHMARKS.md, merged linears).
 """
 
 from __future__ import annotations
@@ -21,7 +19,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from tpserve.model.quant_methods import Bf16Linear
@@ -87,10 +84,5 @@ def stacked(module: nn.Module, group: str, x: torch.Tensor) -> torch.Tensor:
 
 
 def stacked_linear(first: nn.Module, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x W^T with the members' GEMV choice (model/layers.set_gemv_backend)."""
-    if first.decode_gemv and x.is_cuda:
-        from tpserve.kernels import gemv_triton
-
-        if gemv_triton.fits(x, w):
-            return gemv_triton.gemv(x, w, first.pdl)
-    return F.linear(x, w)
+    """x W^T as the members' own bf16 forward computes it (their ops' linear dispatch)."""
+    return first.ctx.ops.linear.bf16(x, w)

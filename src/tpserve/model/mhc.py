@@ -1,10 +1,11 @@
 """mHC hyper-connections: `hc_mult` residual streams per token.
 
 Per block a projection of the (normalised, flattened) streams gives pre / post / comb
-weights; comb is made doubly stochastic by Sinkhorn steps (kernels/mhc.py: plain torch ops, or one
-Triton kernel). `collapse` gives the block input, `expand` mixes the block output back into the
-streams. In steps with prefill tokens, `project` "triton" runs the stream norm and the projection as one kernel
-on bf16 streams (kernels/hc_project_triton.py; its weight split into bf16 parts once, by `prepare_runtime`).
+weights; comb is made doubly stochastic by Sinkhorn steps (`ops.hc_weights`: kernels/norms/mhc.py's torch
+ops or one Triton kernel). `collapse` gives the block input, `expand` mixes the block output back into the
+streams (`ops.hc_stream_norm`, `hc_collapse`, `hc_expand`: torch, or one kernel each with --norm-backend
+triton). In steps with prefill tokens `ops.hc_project` (--mhc-project-backend triton) runs the stream norm and
+the projection as one kernel on bf16 streams (its weight split into bf16 parts once, by `prepare_runtime`).
 Replicated on every rank (it is tiny: fn is [(2+N)*N, N*hidden]); all of its math runs in fp32, as in
 transformers.
 """
@@ -15,20 +16,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tpserve.collectives.fused import hc_expand
-from tpserve.kernels.mhc import hc_weights
+from tpserve.kernels.norms.ref import hc_expand
 from tpserve.model.config import ModelConfig
-from tpserve.model.layers import ShardContext, norm_triton
+from tpserve.model.layers import ShardContext
 from tpserve.model.weights import REPLICATED, declare
 
 
 class HyperConnection(nn.Module):
-    norm_backend = "torch"  # "triton": the stream norm, collapse and expand as one kernel each (norm_triton.py)
-    pdl = False  # layers.set_pdl: those kernels and the Triton mHC weights launched as programmatic dependents
-
-    def __init__(self, ctx: ShardContext, cfg: ModelConfig, backend: str = "torch", project: str = "torch"):
+    def __init__(self, ctx: ShardContext, cfg: ModelConfig):
         super().__init__()
-        self.backend, self.project = backend, project
+        self.ops = ctx.ops
         self.project_parts: torch.Tensor | None = None  # prepare_runtime: fn split for the fused projection
         self.stream_dtype = ctx.dtype
         n = cfg.hc_mult
@@ -41,13 +38,13 @@ class HyperConnection(nn.Module):
 
     @property
     def projects_fused(self) -> bool:
-        """Prefill steps take the fused projection (kernels/hc_project_triton.py: bf16 streams only)."""
-        return self.project == "triton" and self.stream_dtype == torch.bfloat16
+        """Prefill steps take the fused projection (kernels/norms/hc_project_triton.py: bf16 streams only)."""
+        return bool(self.ops.hc_project) and self.stream_dtype == torch.bfloat16
 
     def prepare_runtime(self) -> None:
         """After the weights are in (model/build.py): the fused projection's weight, on cuda."""
         if self.projects_fused and self.fn.is_cuda:
-            from tpserve.kernels.mhc import project_weight
+            from tpserve.kernels.norms.mhc import project_weight  # (with the Triton projection only)
 
             self.project_parts = project_weight(self.fn, torch.bfloat16)
 
@@ -58,35 +55,22 @@ class HyperConnection(nn.Module):
     def forward(self, streams: torch.Tensor, prefill: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """streams [T, N, D] -> (post [T, N] fp32, comb [T, N, N] fp32, block input [T, D]). prefill: the step
         has prefill tokens (the fused projection's steps; decode and verify steps keep the two kernels)."""
-        n = self.n
-        fused = self.norm_backend == "triton"
+        ops, flat = self.ops, streams.reshape(streams.shape[0], -1)
         if prefill and self.project_parts is not None:
-            from tpserve.kernels.hc_project_triton import hc_project
-
-            mixed = hc_project(streams.reshape(streams.shape[0], -1), self.project_parts, self.norm_eps)
-        elif fused:
-            mixed = F.linear(norm_triton().rms_normalize(streams.reshape(streams.shape[0], -1), self.norm_eps,
-                                                         self.pdl), self.fn)
+            mixed = ops.hc_project(flat, self.project_parts, self.norm_eps)
         else:
-            flat = streams.reshape(streams.shape[0], -1).float()
-            mixed = F.linear(flat * torch.rsqrt(flat.square().mean(-1, keepdim=True) + self.norm_eps), self.fn)
-        pre, post, comb = hc_weights(mixed, self.base, self.scale, n, self.iters, self.hc_eps, self.backend,
-                                     self.pdl)
-        if fused:
-            return post, comb, norm_triton().hc_collapse(pre, streams, self.pdl)
-        collapsed = (pre.unsqueeze(-1) * streams).sum(dim=1).to(streams.dtype)
-        return post, comb, collapsed
+            mixed = F.linear(ops.hc_stream_norm(flat, self.norm_eps), self.fn)
+        pre, post, comb = ops.hc_weights(mixed, self.base, self.scale, self.n, self.iters, self.hc_eps)
+        return post, comb, ops.hc_collapse(pre, streams)
 
     def mix(self, block_out: torch.Tensor, residual: torch.Tensor, post: torch.Tensor,
             comb: torch.Tensor) -> torch.Tensor:
-        """`expand` on this block's backend (one kernel with norm_backend triton)."""
-        if self.norm_backend == "triton":
-            return norm_triton().hc_expand(block_out, residual, post, comb, self.pdl)
-        return hc_expand(block_out, residual, post, comb)
+        """`expand` through this block's ops (one kernel with --norm-backend triton)."""
+        return self.ops.hc_expand(block_out, residual, post, comb)
 
     @staticmethod
     def expand(block_out: torch.Tensor, residual: torch.Tensor, post: torch.Tensor,
                comb: torch.Tensor) -> torch.Tensor:
-        """New streams [T, N, D] = post (x) block_out + comb^T @ residual (collectives/fused.py's
-        hc_expand: the arithmetic Communicator.all_reduce_hc_expand fuses with the all-reduce)."""
+        """New streams [T, N, D] = post (x) block_out + comb^T @ residual (kernels/norms/ref.hc_expand: the
+        arithmetic Communicator.all_reduce_hc_expand fuses with the all-reduce)."""
         return hc_expand(block_out, residual, post, comb)

@@ -5,7 +5,7 @@ Prefill chunks expand the latent of the whole context into per-head keys/values 
 under the selection mask (dense), or absorb kv_b_proj like decode tokens and attend over their selected rows
 only (sparse: `--mla-prefill`, auto from 8,192 positions); decode and verify tokens (also inside a mixed step)
 absorb kv_b_proj into the query and attend over their selected latent rows only (with `--mla-decode-backend
-triton` read from the paged cache in place by kernels/mla_triton.py, else gathered by torch).
+triton` read from the paged cache in place by kernels/attention/mla_triton.py, else gathered by torch).
 """
 
 from __future__ import annotations
@@ -25,21 +25,18 @@ SPARSE_QUERY_BLOCK = 256  # sparse prefill queries per gather of their selected 
 FUSED_QUERY_BLOCK = 4096  # sparse prefill queries per kernel call (Triton: nothing gathered; bounds q / o in latent)
 
 
-# --mla-prefill auto: a prefill chunk whose sequence reaches this many positions takes the sparse path. Measured on
-# an H200 (real-width KKKM, BENCHMARKS.md fourteenth session): dense 61.0 ms against sparse 66.3 ms at 4k tokens,
-# sparse 203.6 ms against dense 219.6 ms at 16k. With the sparse kernel's prefill shape (fifteenth session): dense
-# 58.6-59.3 ms against sparse 59.8-60.6 at 4k, sparse 95.9-96.1 against dense 99.6 at 8k.
+# --mla-prefill auto: a prefill chunk whose sequence reaches this many positions takes the sparse path (dense
+# measured faster at 4k positions, sparse at 8k and beyond: BENCHMARKS.md, sparse MLA prefill)
 SPARSE_PREFILL_FROM = 8192
 
 
 class MlaAttention(nn.Module):
     merged_linears = {"qkv_a": ("q_a_proj", "kv_a_proj_with_mqa")}  # model/merged.py
 
-    def __init__(self, ctx: ShardContext, cfg: ModelConfig, layer: int, prefill: str = "dense",
-                 indexer: str = "torch", decode: str = "torch", indexer_topk: str = "torch"):
+    def __init__(self, ctx: ShardContext, cfg: ModelConfig, layer: int):
         super().__init__()
-        self.prefill_mode = prefill
-        self.fused_sparse = decode == "triton"  # kernels/mla_triton.py: the paged latent read in place
+        self.prefill_mode = ctx.ops.kernels.mla_prefill
+        self.sparse_mla = ctx.ops.sparse_mla  # truthy: kernels/attention/mla_triton.py reads the paged latent in place
         d, bias = cfg.hidden_size, cfg.attention_bias
         self.layer = layer
         self.heads = ctx.split(cfg.num_attention_heads, "num_attention_heads")
@@ -52,7 +49,7 @@ class MlaAttention(nn.Module):
         self.kv_a_layernorm = RMSNorm(ctx, cfg.kv_lora_rank, cfg.rms_norm_eps)
         self.kv_b_proj = column(ctx, cfg.kv_lora_rank, cfg.num_attention_heads * (self.nope + self.v_dim))
         self.o_proj = row(ctx, cfg.num_attention_heads * self.v_dim, d, bias=bias)
-        self.indexer = Indexer(ctx, cfg, layer, indexer, indexer_topk) if cfg.indexer_is_full(layer) else None
+        self.indexer = Indexer(ctx, cfg, layer) if cfg.indexer_is_full(layer) else None
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: CacheTensors,
                 prev_selection: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -82,7 +79,7 @@ class MlaAttention(nn.Module):
                 a, b = batch.cu_seqlens[i], batch.cu_seqlens[i + 1]
                 if self.prefill_mode == "sparse" or (self.prefill_mode == "auto"
                                                      and batch.total_len(i) >= SPARSE_PREFILL_FROM):
-                    step = FUSED_QUERY_BLOCK if self.fused_sparse else SPARSE_QUERY_BLOCK
+                    step = FUSED_QUERY_BLOCK if self.sparse_mla else SPARSE_QUERY_BLOCK
                     for c in range(a, b, step):  # bounded memory: block x width x latent rows
                         d = min(c + step, b)
                         out[c:d] = self._sparse(q[c:d], selection[c:d], batch.token_seq[c:d], batch.block_tables,
@@ -119,11 +116,11 @@ class MlaAttention(nn.Module):
         q [N, H, d], sel [N, W], token_seq [>= N] (the owning sequence of each row)."""
         w_uk, w_uv = self._kv_weights()
         q_lat = torch.einsum("bhd,hdc->bhc", q, w_uk)
-        if self.fused_sparse:
-            from tpserve.kernels.mla_triton import DECODE, PREFILL, sparse_mla
+        if self.sparse_mla:
+            from tpserve.kernels.attention.mla_triton import DECODE, PREFILL  # (with the Triton kernel only)
 
-            o_lat = sparse_mla(q_lat, sel, token_seq[:q.shape[0]], block_tables, latent_flat, block_size, self.scaling,
-                               config=PREFILL if prefill else DECODE)
+            o_lat = self.sparse_mla(q_lat, sel, token_seq[:q.shape[0]], block_tables, latent_flat, block_size,
+                                    self.scaling, config=PREFILL if prefill else DECODE)
         else:
             rows = token_rows(block_tables, token_seq[:q.shape[0]], sel, block_size)
             lat = latent_flat[rows].to(q.dtype)                                      # [N, W, c]

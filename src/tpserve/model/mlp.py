@@ -5,18 +5,17 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from tpserve.kernels.moe import clamped_swiglu
+from tpserve.kernels.linear.ref import clamped_swiglu
 from tpserve.model import merged
 from tpserve.model.layers import ShardContext, column, row
 
 
 class DenseMLP(nn.Module):
     merged_linears = {"gate_up": ("gate_proj", "up_proj")}  # model/merged.py
-    pdl = False  # layers.set_pdl: the Triton SwiGLU launched as a programmatic dependent
 
-    def __init__(self, ctx: ShardContext, hidden: int, intermediate: int, limit: float, act: str = "torch"):
+    def __init__(self, ctx: ShardContext, hidden: int, intermediate: int, limit: float):
         super().__init__()
-        self.act = act  # "triton": the clamped SwiGLU in one kernel (kernels/act_triton.py)
+        self.swiglu = ctx.ops.swiglu  # 2-D activations; others take the torch form
         ctx.split(intermediate, "MLP intermediate size")
         self.gate_proj = column(ctx, hidden, intermediate)
         self.up_proj = column(ctx, hidden, intermediate)
@@ -25,8 +24,5 @@ class DenseMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = merged.outputs(self, "gate_up", x)
-        if self.act == "triton" and gate.dim() == 2:
-            from tpserve.kernels.act_triton import clamped_swiglu_triton
-
-            return self.down_proj(clamped_swiglu_triton(gate, up, self.limit, self.pdl))
-        return self.down_proj(clamped_swiglu(gate, up, self.limit))
+        act = self.swiglu if gate.dim() == 2 else clamped_swiglu
+        return self.down_proj(act(gate, up, self.limit))

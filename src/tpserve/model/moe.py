@@ -11,11 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from tpserve.kernels import moe as moe_ops
-from tpserve.kernels.choice import Kernels
 from tpserve.model.config import ModelConfig
 from tpserve.model.layers import ShardContext
 from tpserve.model.mlp import DenseMLP
@@ -24,12 +21,12 @@ from tpserve.model.weights import REPLICATED, declare
 
 
 class Router(nn.Module):
-    pdl = False  # layers.set_pdl: the Triton routing kernel launched as a programmatic dependent
+    """Sigmoid scores, correction bias, group-limited top-k, normalised and scaled weights (`ctx.ops.route`; the
+    Triton router takes one expert group, so a grouped config keeps the torch reference)."""
 
-    def __init__(self, ctx: ShardContext, cfg: ModelConfig, kernels: Kernels = Kernels()):
+    def __init__(self, ctx: ShardContext, cfg: ModelConfig):
         super().__init__()
-        # kernels/route_triton.py: sigmoid, bias, top-k and normalisation in one kernel (n_group 1 only)
-        self.fused = kernels.moe_route == "triton" and cfg.n_group == 1
+        self.route = ctx.ops.route if cfg.n_group == 1 else ctx.ops.route.reference
         e = cfg.n_routed_experts
         declare(self, "weight", (e, cfg.hidden_size), REPLICATED, dtype=ctx.dtype, world=ctx.world)
         declare(self, "e_score_correction_bias", (e,), REPLICATED, dtype=ctx.dtype, world=ctx.world,
@@ -39,34 +36,8 @@ class Router(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [T, D] -> (weights [T, k] fp32, expert ids [T, k])."""
-        if self.fused:
-            from tpserve.kernels.route_triton import route_topk
-
-            return route_topk(router_logits(x, self.weight), self.e_score_correction_bias, self.top_k, self.norm,
-                              self.scaling, self.pdl)
-        scores = F.linear(x.float(), self.weight.float()).sigmoid()
-        choice = scores + self.e_score_correction_bias
-        if self.n_group > 1:
-            grouped = choice.view(x.shape[0], self.n_group, -1)
-            group_scores = grouped.topk(2, dim=-1)[0].sum(dim=-1)
-            keep = torch.topk(group_scores, k=self.topk_group, dim=-1, sorted=False)[1]
-            group_mask = torch.zeros_like(group_scores).scatter_(1, keep, 1.0).bool()
-            choice = choice.masked_fill(~group_mask.unsqueeze(-1).expand_as(grouped).reshape_as(choice),
-                                        float("-inf"))
-        ids = torch.topk(choice, k=self.top_k, dim=-1, sorted=False)[1]
-        weights = scores.gather(1, ids)
-        if self.norm:
-            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
-        return weights * self.scaling, ids
-
-
-def router_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x @ weight^T in float32, as F.linear(x.float(), weight.float()): on CUDA 16-bit inputs go straight
-    into a GEMM with fp32 accumulation and fp32 output (the products of 16-bit values are exact in
-    fp32), with no fp32 copies of x and of the [E, D] weight."""
-    if x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == x.dtype:
-        return torch.mm(x, weight.t(), out_dtype=torch.float32)
-    return F.linear(x.float(), weight.float())
+        return self.route(x, self.weight, self.e_score_correction_bias, self.top_k, self.n_group, self.topk_group,
+                          self.norm, self.scaling)
 
 
 class Experts(nn.Module):
@@ -74,9 +45,9 @@ class Experts(nn.Module):
     checkpoint's per-expert `experts.{e}.{gate,up,down}_proj.*`. The layout, loading and forward
     belong to `self.quant` (model/quant_methods.py: bf16, fp8, nvfp4)."""
 
-    def __init__(self, ctx: ShardContext, cfg: ModelConfig, kernels: Kernels):
+    def __init__(self, ctx: ShardContext, cfg: ModelConfig):
         super().__init__()
-        self.kernels, self.ctx = kernels, ctx
+        self.ctx = ctx
         self.dims = (cfg.n_routed_experts, cfg.moe_intermediate_size, cfg.hidden_size)
         ctx.split(cfg.moe_intermediate_size, "moe_intermediate_size")
         self.limit = cfg.swiglu_limit
@@ -99,12 +70,11 @@ class Experts(nn.Module):
 
     def forward_sorted(self, x: torch.Tensor, weights: torch.Tensor,
                        ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """(y, order) of kernels/moe.experts_sorted where `forward` would take the grouped path
-        (16-bit unquantized experts, kernels/moe.takes_grouped), else None."""
-        k = self.kernels
-        if self.quant.name != "bf16" or not moe_ops.takes_grouped(x, k.moe, k.moe_triton_max_tokens):
+        """(y, order) of kernels/moe/ref.experts_sorted where `forward` takes grouped_mm (16-bit unquantized
+        experts: kernels/quant/dispatch.EXPERTS), else None."""
+        if self.quant.name != "bf16":
             return None
-        return moe_ops.experts_sorted(x, weights, ids, self.gate_up_proj, self.down_proj, self.limit, k.act)
+        return self.ctx.ops.experts.sorted_bf16(x, weights, ids, self.gate_up_proj, self.down_proj, self.limit)
 
     def extra_repr(self) -> str:
         return f"experts={self.dims[0]}, quant={self.quant.describe()}"
@@ -120,18 +90,18 @@ class SortedMoeOutput:
     order: torch.Tensor              # [T * k]
     weights: torch.Tensor            # [T, k] fp32
     shared: torch.Tensor | None      # [T, D]
-    combine: str                     # "torch" or "triton" (kernels/route_triton.combine_sorted)
+    combine: str                     # "torch" or "triton" (kernels/moe/route_triton.combine_sorted)
 
 
 class MoE(nn.Module):
-    def __init__(self, ctx: ShardContext, cfg: ModelConfig, kernels: Kernels = Kernels()):
+    def __init__(self, ctx: ShardContext, cfg: ModelConfig):
         super().__init__()
-        self.gate = Router(ctx, cfg, kernels)
-        self.experts = Experts(ctx, cfg, kernels)
+        self.gate = Router(ctx, cfg)
+        self.experts = Experts(ctx, cfg)
         width = cfg.moe_intermediate_size * cfg.n_shared_experts
-        self.shared_experts = DenseMLP(ctx, cfg.hidden_size, width, cfg.swiglu_limit, kernels.act) if width else None
-        # the grouped experts' combine (kernels/moe.experts_grouped): its sum where the reduce-scatter does it
-        self.combine_backend = "triton" if kernels.moe_route == "triton" else "torch"
+        self.shared_experts = DenseMLP(ctx, cfg.hidden_size, width, cfg.swiglu_limit) if width else None
+        # the grouped experts' combine (kernels/moe/ref.experts_grouped): its sum where the reduce-scatter does it
+        self.combine_backend = ctx.ops.experts.combine
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = self.gate(x)

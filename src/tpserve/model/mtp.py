@@ -21,7 +21,6 @@ import dataclasses
 
 import torch
 
-from tpserve.kernels.choice import Kernels
 from tpserve.model.batch import CacheTensors, ForwardBatch
 from tpserve.model.config import ModelConfig
 from tpserve.model.glm5_next import DecoderLayer
@@ -53,14 +52,14 @@ class MtpLayer(DecoderLayer):
     """The blocks of a DecoderLayer without mHC (index num_hidden_layers of mtp_config(cfg)) plus enorm,
     hnorm, eh_proj and shared_head.norm: its parameter names are the checkpoint's after `layers.{L}.`."""
 
-    def __init__(self, ctx: ShardContext, cfg: ModelConfig, kernels: Kernels):
-        super().__init__(ctx, mtp_config(cfg), cfg.num_hidden_layers, kernels, mhc=False)
+    def __init__(self, ctx: ShardContext, cfg: ModelConfig):
+        super().__init__(ctx, mtp_config(cfg), cfg.num_hidden_layers, mhc=False)
         d = cfg.hidden_size
         self.enorm = RMSNorm(ctx, d, cfg.rms_norm_eps)
         self.hnorm = RMSNorm(ctx, d, cfg.rms_norm_eps)
         self.eh_proj = replicated(ctx, 2 * d, d)
         self.shared_head = SharedHead(ctx, cfg)
-        self.fused = kernels.fused_collectives and ctx.world > 1
+        self.fused = ctx.ops.kernels.fused_collectives and ctx.world > 1
 
     def forward(self, *args, **kwargs):
         raise TypeError("MtpLayer: call draft() (the layer has no mHC streams)")

@@ -4,8 +4,9 @@ loading (the declared checkpoint tensors and how they shard) and its forward.
 Linear methods: `bf16` (unquantized, the model dtype), `fp8` (block-B FP8, DeepSeek/GLM layout),
 `nvfp4` (ModelOpt layout), `fp8-channel` (--dense-fp8: a bf16 checkpoint converted at load).
 Expert methods: `bf16`, `fp8`, `nvfp4` over fused gate|up [E, 2I, D] and down [E, D, I].
-A tensor-parallel split must not cut a quantization block (128 rows/cols for FP8, 16 input
-columns for NVFP4): that raises ValueError naming the layer.
+The forwards run the layer's resolved dispatch (`layer.ctx.ops.linear` / `.experts`: kernels/quant/dispatch.py,
+one table deciding the kernel for the format and the rows). A tensor-parallel split must not cut a quantization
+block (128 rows/cols for FP8, 16 input columns for NVFP4): that raises ValueError naming the layer.
 """
 
 from __future__ import annotations
@@ -14,8 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tpserve.kernels import quant_ops
-from tpserve.kernels import quant_ref as qr
+from tpserve.kernels.quant import ref as qr
 from tpserve.model.weights import REPLICATED, Shard, add_source, declare
 
 FP8 = torch.float8_e4m3fn
@@ -49,12 +49,7 @@ class Bf16Linear:
         declare(layer, "weight", (out_f, in_f), shard, dtype=ctx.dtype, world=ctx.world)
 
     def forward(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        if layer.decode_gemv and bias is None and x.is_cuda:  # model/layers.set_gemv_backend
-            from tpserve.kernels import gemv_triton
-
-            if gemv_triton.fits(x, layer.weight):
-                return gemv_triton.gemv(x, layer.weight, layer.pdl)
-        return F.linear(x, layer.weight, bias)
+        return layer.ctx.ops.linear.bf16(x, layer.weight, bias)
 
     def dense_weight(self, layer: nn.Module, dtype: torch.dtype) -> torch.Tensor:
         return layer.weight.to(dtype)
@@ -85,8 +80,7 @@ class Fp8BlockLinear(Bf16Linear):
         declare(layer, "weight_scale_inv", sfull, sshard, dtype=torch.float32, world=ctx.world, fp32=True)
 
     def forward(self, layer, x, bias):
-        return quant_ops.fp8_block_linear(x, layer.weight, layer.weight_scale_inv, self.block, bias,
-                                          None if layer.quant_gemv_cuda else False, layer.pdl)
+        return layer.ctx.ops.linear.fp8_block(x, layer.weight, layer.weight_scale_inv, self.block, bias)
 
     def dense_weight(self, layer, dtype):
         return qr.fp8_block_dequantize(layer.weight, layer.weight_scale_inv, self.block, dtype)
@@ -118,8 +112,7 @@ class Nvfp4Linear(Bf16Linear):
         declare(layer, "weight_scale_2", (), REPLICATED, dtype=torch.float32, world=ctx.world, fp32=True)
 
     def forward(self, layer, x, bias):
-        return quant_ops.nvfp4_linear(x, layer.weight, layer.weight_scale, layer.weight_scale_2, bias,
-                                      None if layer.quant_gemv_cuda else False, layer.pdl)
+        return layer.ctx.ops.linear.nvfp4(x, layer.weight, layer.weight_scale, layer.weight_scale_2, bias)
 
     def dense_weight(self, layer, dtype):
         return qr.nvfp4_dequantize(layer.weight, layer.weight_scale, layer.weight_scale_2, dtype)
@@ -150,7 +143,7 @@ class Fp8ChannelLinear(Bf16Linear):
     def forward(self, layer, x, bias):
         if layer.weight.dtype != FP8:
             return F.linear(x, layer.weight, bias)
-        return quant_ops.fp8_channel_linear(x, layer.weight, layer.weight_scale, bias)
+        return layer.ctx.ops.linear.fp8_channel(x, layer.weight, layer.weight_scale, bias)
 
     def dense_weight(self, layer, dtype):
         if layer.weight.dtype != FP8:
@@ -186,7 +179,7 @@ class Bf16Experts:
             _expert_sources(layer, ctx, x, i, d, il, "weight", "gate_up_proj", "down_proj", (1, 1))
 
     def forward(self, layer, x, weights, ids):
-        return quant_ops.experts_bf16(x, weights, ids, layer.gate_up_proj, layer.down_proj, layer.limit, layer.kernels)
+        return layer.ctx.ops.experts.bf16(x, weights, ids, layer.gate_up_proj, layer.down_proj, layer.limit)
 
     def randomize(self, layer, gen):
         pass
@@ -232,8 +225,8 @@ class Fp8Experts(Bf16Experts):
             _expert_sources(layer, ctx, x, i, d, il, "weight_scale_inv", "gate_up_scale", "down_scale", self.block)
 
     def forward(self, layer, x, weights, ids):
-        return quant_ops.experts_fp8(x, weights, ids, layer.gate_up_proj, layer.gate_up_scale, layer.down_proj,
-                                     layer.down_scale, self.block, layer.limit, layer.kernels)
+        return layer.ctx.ops.experts.fp8(x, weights, ids, layer.gate_up_proj, layer.gate_up_scale, layer.down_proj,
+                                         layer.down_scale, self.block, layer.limit)
 
     def randomize(self, layer, gen):
         for w, s in ((layer.gate_up_proj, layer.gate_up_scale), (layer.down_proj, layer.down_scale)):
@@ -274,7 +267,7 @@ class Nvfp4Experts(Bf16Experts):
             add_source(layer, f"{x}.down_proj.weight_scale_2", (), REPLICATED, "down_scale2", (x, 0), ctx.world)
 
     def forward(self, layer, x, weights, ids):
-        return quant_ops.experts_nvfp4(x, weights, ids, layer, layer.limit, layer.kernels)
+        return layer.ctx.ops.experts.nvfp4(x, weights, ids, layer, layer.limit)
 
     def randomize(self, layer, gen):
         _random_nvfp4_(layer.gate_up_proj, layer.gate_up_bscale, layer.gate_up_scale2, gen)

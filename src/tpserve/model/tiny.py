@@ -94,10 +94,9 @@ def checkpoint_shapes(cfg: ModelConfig, mtp: bool = False) -> list[tuple[str, tu
     with torch.device("meta"):
         parts = [("", Glm5NextModel(ctx, cfg))]
         if mtp:
-            from tpserve.kernels.choice import Kernels
             from tpserve.model.mtp import MtpLayer
 
-            parts.append(("mtp.", MtpLayer(ctx, cfg, Kernels())))
+            parts.append(("mtp.", MtpLayer(ctx, cfg)))
     return [(prefix + name, tuple(src.full_shape)) for prefix, module in parts
             for name, (_, src) in sorted(checkpoint_sources(module).items())]
 

@@ -66,7 +66,7 @@ def quantize_checkpoint(src: str | Path, dst: str | Path, method: str, *, block:
     from safetensors import safe_open
     from tqdm import tqdm
 
-    from tpserve.kernels import quant_ref as qr
+    from tpserve.kernels.quant import ref as qr
     from tpserve.model.config import ModelConfig
     from tpserve.model.loader import checkpoint_files, internal_name
 
@@ -167,7 +167,7 @@ def dequantize_checkpoint(src: str | Path, dst: str | Path, dtype: torch.dtype =
     from safetensors import safe_open
     from safetensors.torch import save_file
 
-    from tpserve.kernels import quant_ref as qr
+    from tpserve.kernels.quant import ref as qr
     from tpserve.model.loader import checkpoint_files
 
     src, dst = Path(src), Path(dst)

@@ -2,8 +2,8 @@
 
 Each function takes one of tpserve's model modules (built only for its parameters and checkpoint
 names, never called) and a batch of full sequences [B, T, D], with no cache. The math follows
-transformers 5.23.0's Glm5NextText* modules: fp32 RMSNorm, mHC with Sinkhorn (kernels/mhc.py),
-KDA through the chunked torch reference (kernels/kda.py), NoPE MLA under the indexer's k-pool
+transformers 5.23.0's Glm5NextText* modules: fp32 RMSNorm, mHC with Sinkhorn (kernels/norms/mhc.py),
+KDA through the chunked torch reference (kernels/attention/kda.py), NoPE MLA under the indexer's k-pool
 selection, the sigmoid router with correction bias and clamped SwiGLU experts.
 """
 
@@ -12,9 +12,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from tpserve.kernels.kda import kda_chunked
-from tpserve.kernels.mhc import hc_weights_torch
-from tpserve.kernels.moe import clamped_swiglu
+from tpserve.kernels.attention.kda import kda_chunked
+from tpserve.kernels.norms.mhc import hc_weights_torch
+from tpserve.kernels.linear.ref import clamped_swiglu
 
 KDA_CHUNK = 32  # the chunked form's [heads, chunks, C, C, K] decay tensor is the largest activation
 

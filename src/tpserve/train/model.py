@@ -27,12 +27,6 @@ from tpserve.model.weights import checkpoint_sources
 from tpserve.train import attention, blocks
 
 
-def _kernels():
-    from tpserve.kernels.choice import Kernels
-
-    return Kernels()
-
-
 @dataclass
 class Output:
     logits: torch.Tensor                      # [B, T, V] next-token logits
@@ -50,7 +44,7 @@ class TrainModel(nn.Module):
         ctx = ShardContext.single(torch.float32, device)
         with torch.device(device):
             self.model = Glm5NextModel(ctx, cfg)
-            self.mtp = MtpLayer(ctx, cfg, _kernels()) if mtp else None
+            self.mtp = MtpLayer(ctx, cfg) if mtp else None
         self.cfg = cfg
         for p in self.parameters():
             p.requires_grad_(not _is_buffer_like(p, self))

@@ -16,7 +16,7 @@ import torch
 from tpserve import LLM, SamplingParams
 from tpserve.config import EngineConfig
 from tpserve.engine.scheduler import Scheduled
-from tpserve.kernels import conv
+from tpserve.kernels.attention import conv
 from tpserve.model.batch import CacheTensors, ForwardBatch
 from tpserve.model.kda import KdaAttention, commit
 
@@ -176,7 +176,7 @@ def _kda_layer(seed=0):
 
     cfg = ModelConfig(hidden_size=32, linear_num_heads=2, linear_head_dim=8, num_hidden_layers=1,
                       layer_types=("linear_attention",), mlp_layer_types=("dense",), indexer_types=("full",))
-    layer = KdaAttention(ShardContext.single(torch.float32), cfg, 0, "torch")
+    layer = KdaAttention(ShardContext.single(torch.float32), cfg, 0)
     randomize_(layer, seed=seed)
     return cfg, layer
 

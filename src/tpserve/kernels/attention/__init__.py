@@ -1,0 +1,1 @@
+"""KDA (recurrences, short conv, gate), the DSA indexer and sparse MLA."""

@@ -1,0 +1,78 @@
+"""fla-core's recurrent KDA kernel as the engine drives it on CUDA (skipped without a GPU and fla-core):
+decode with the layer's strided q / k / v, and the graph verify / commit of speculative decoding, which
+must equal one-token decode steps bit for bit (same kernel, same loop body)."""
+
+import pytest
+import torch
+
+from tpserve.kernels.attention import kda as kda_ops
+from tpserve.kernels.attention import kda_fla
+
+pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() and kda_fla.fla_available()),
+                                reason="needs CUDA and fla-core")
+
+H, D = 4, 128
+
+
+def _rows(t: int, seed: int):
+    gen = torch.Generator("cuda").manual_seed(seed)
+    mixed = torch.randn(t, 3 * H * D, generator=gen, device="cuda")
+    q, k, v = (x.reshape(t, H, D) for x in mixed.split(H * D, dim=-1))  # strided, as in the layer
+    g = -torch.nn.functional.softplus(2 * torch.randn(t, H, D, generator=gen, device="cuda"))
+    beta = torch.sigmoid(torch.randn(t, H, generator=gen, device="cuda"))
+    return q, k, v, g, beta
+
+
+def _pool(slots: int, seed: int = 3):
+    gen = torch.Generator("cuda").manual_seed(seed)
+    return 0.1 * torch.randn(slots + 1, H, D, D, generator=gen, device="cuda")  # last: the dummy slot
+
+
+def test_decode_with_strided_rows_matches_torch():
+    q, k, v, g, beta = _rows(3, 0)
+    pool = _pool(5)
+    slots = torch.tensor([4, 0, 2], device="cuda")
+    want_o, want_s = kda_ops.kda_recurrent_batched(q, k, v, g, beta, pool[slots])
+    o = kda_fla.fla_decode_inplace(q, k, v, g, beta, pool, slots)
+    scale = max(1.0, want_o.abs().max().item())
+    assert (o - want_o).abs().max().item() < 2e-3 * scale
+    assert (pool[slots] - want_s).abs().max().item() < 2e-3 * scale
+
+
+def _decode_steps(rows, pool, slots, n, counts=None):
+    """n one-token decode steps per sequence (rows sequence-major), each sequence stopping after counts[i]."""
+    q, k, v, g, beta = rows
+    b = slots.shape[0]
+    outs = torch.zeros(b * n, H, D, device="cuda")
+    for j in range(n):
+        live = [i for i in range(b) if counts is None or j < counts[i]]
+        if not live:
+            continue
+        r = torch.tensor([i * n + j for i in live], device="cuda")
+        outs[r] = kda_fla.fla_decode_inplace(q[r], k[r], v[r], g[r], beta[r], pool, slots[live])
+    return outs
+
+
+def test_verify_equals_decode_steps_and_writes_no_slot():
+    b, n = 3, 4
+    rows = _rows(b * n, 1)
+    pool = _pool(6)
+    slots = torch.tensor([5, 1, 3], device="cuda")
+    ref_pool = pool.clone()
+    want = _decode_steps(rows, ref_pool, slots, n)
+    before = pool.clone()
+    got = kda_fla.fla_verify(*rows, pool, slots, n)
+    assert torch.equal(got, want)
+    assert torch.equal(pool[:-1], before[:-1])  # only the dummy slot may change
+
+
+def test_commit_equals_counted_decode_steps():
+    b, n = 4, 4
+    rows = _rows(b * n, 2)
+    pool = _pool(6)
+    slots = torch.tensor([5, 1, 3, 0], device="cuda")
+    counts = [0, 1, 3, 4]
+    ref_pool = pool.clone()
+    _decode_steps(rows, ref_pool, slots, n, counts)
+    kda_fla.fla_commit(*rows, pool, slots, torch.tensor(counts, device="cuda"), n)
+    assert torch.equal(pool[:-1], ref_pool[:-1])
