@@ -17,7 +17,7 @@ import statistics
 from spec_ab import timed_pass
 
 from tpserve import LLM, SamplingParams
-from tpserve.tools.bench_spec import structured_groups
+from tpserve.tools.bench.spec import structured_groups
 
 SETTINGS = {"greedy": dict(temperature=0), "T 0.8": dict(temperature=0.8),
             "T 0.8 top_p 0.95": dict(temperature=0.8, top_p=0.95), "T 0.8 top_k 50": dict(temperature=0.8, top_k=50)}

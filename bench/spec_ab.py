@@ -34,7 +34,7 @@ import statistics
 from collections import Counter
 
 from tpserve import LLM, SamplingParams
-from tpserve.tools.bench_spec import decode_rate, step_times, structured_groups
+from tpserve.tools.bench.spec import decode_rate, step_times, structured_groups
 
 
 def timed_pass(llm: LLM, groups: list[list[str]], sp: SamplingParams) -> float:

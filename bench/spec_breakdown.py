@@ -24,7 +24,7 @@ import torch
 
 from tpserve import LLM, SamplingParams
 from tpserve.engine import sampler
-from tpserve.tools.bench_spec import decode_rate, step_times
+from tpserve.tools.bench.spec import decode_rate, step_times
 from tpserve.train.acceptance import mtp_prompts
 
 

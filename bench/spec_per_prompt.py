@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 
 from tpserve import LLM, SamplingParams
-from tpserve.tools.bench_spec import structured_groups
+from tpserve.tools.bench.spec import structured_groups
 
 
 def main() -> None:

@@ -1,8 +1,8 @@
-"""The adaptive-k policy's own host time per speculative step (engine/spec_policy.py), no model.
+"""The adaptive-k policy's own host time per speculative step (engine/spec/policy.py), no model.
 
     python bench/spec_policy_cost.py [--steps 2000] [--max-k 3] [--batch 1]
 
-Runs --steps synthetic steps through one SpecPolicy the way engine/speculate.py drives it (begin_step,
+Runs --steps synthetic steps through one SpecPolicy the way engine/spec/speculator.py drives it (begin_step,
 choose_k, observe_acceptance per sequence, observe_step, observe_draft) with GLM-5.3-Flash's expert
 counts, and prints the mean microseconds per step: the host cost adaptive k adds to every step,
 against a fixed k that runs none of it.
@@ -14,7 +14,7 @@ import argparse
 import random
 import time
 
-from tpserve.engine.spec_policy import SpecPolicy
+from tpserve.engine.spec.policy import SpecPolicy
 
 
 def main() -> None:

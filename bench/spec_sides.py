@@ -33,7 +33,7 @@ from collections import Counter
 from spec_ab import record_adaptive, timed_pass
 
 from tpserve import LLM, SamplingParams
-from tpserve.tools.bench_spec import structured_groups
+from tpserve.tools.bench.spec import structured_groups
 
 
 def parse_sides(text: str, k: int) -> list[str]:

@@ -14,7 +14,7 @@ import argparse
 import time
 
 from tpserve import LLM, SamplingParams
-from tpserve.tools.bench_spec import step_times
+from tpserve.tools.bench.spec import step_times
 from tpserve.train.acceptance import mtp_prompts
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from tpserve import LLM
-from tpserve.tools.bench_model import real_width_config
+from tpserve.tools.bench.model import real_width_config
 
 
 def time_replay(graphs, key, iters: int) -> float:
