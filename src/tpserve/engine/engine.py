@@ -272,9 +272,8 @@ class LLMEngine:
     def _speculate(self, sampled: list[Scheduled], logits: torch.Tensor, scheduled: list[Scheduled], starts: list[int],
                    t0: float, tokens: int) -> None:
         """After a step with speculation on: verify (emit) its drafts, commit the KDA states, draft again. The
-        step's time runs from t0 (before its launch) to its tokens on the host: `execute` only launches work
-        on a GPU (timed alone, a graph-replayed plain step of the demo model measured ~78 us on an H200, the
-        whole step 0.74-0.90 ms)."""
+        step's time runs from t0 (before its launch) to its tokens on the host: on a GPU `execute` only launches
+        the work."""
         counts = self.speculator.verify(sampled, logits)
         if counts:
             self.executor.commit(counts)
