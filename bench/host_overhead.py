@@ -122,14 +122,21 @@ def decode_ms(llm: LLM, prompts: list[str], sp: SamplingParams) -> tuple[float, 
     return 1e3 * seconds / max(len(decode), 1), 1e3 * seconds / max(sum(t for _, t in decode), 1)
 
 
+def use_stand_in(llm: LLM, stand_in: StandInExecutor) -> None:
+    """Run the engine's steps on `stand_in`: the engine's executor, and its speculator's and drafter's."""
+    eng = llm.engine
+    eng.executor = stand_in
+    if eng.speculator is not None:
+        eng.speculator.executor = eng.speculator.drafter.executor = stand_in
+
+
 def stand_in_llm(spec: dict | None, k: int, fused: bool, max_num_seqs: int = 8) -> LLM:
     """The demo model's engine with the stand-in executor (the draft chain as on a GPU; an adaptive setting
     gets a GPU's verify-graph limit, batch 16)."""
     llm = LLM(device="cpu", speculative_config=spec, max_num_seqs=max_num_seqs, kv_cache_memory="256MiB")
-    llm.engine.executor = StandInExecutor(llm.engine.executor, llm.engine.model_config.vocab_size,
-                                          chain=k if spec and k > 1 else 0,
-                                          graph_limit=16 if spec and spec.get("adaptive", True) else None,
-                                          fused=fused)
+    use_stand_in(llm, StandInExecutor(llm.engine.executor, llm.engine.model_config.vocab_size,
+                                      chain=k if spec and k > 1 else 0,
+                                      graph_limit=16 if spec and spec.get("adaptive", True) else None, fused=fused))
     return llm
 
 

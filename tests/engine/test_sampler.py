@@ -25,7 +25,7 @@ def _reference_filter(logits, top_k, top_p, min_p):
 
 
 def _reference_sample(logits, seqs):
-    """One row at a time, as the sampler did before it was batched (penalties are shared code)."""
+    """One row at a time, unbatched (penalties are shared code)."""
     logits = sampler._apply_penalties(logits.clone(), seqs)
     out = []
     for row, seq in enumerate(seqs):
@@ -109,7 +109,7 @@ def test_huge_top_k_is_off_not_an_overflow():
 def test_batches_where_no_row_uses_a_filter_skip_it_and_sample_the_same():
     """A filter that no row uses is skipped (top-k's full-vocabulary sort, min-p's softmax) and a batch with every
     row sampled takes no index: tokens equal the row-by-row reference, for seeded rows and for unseeded ones (which
-    draw [n, V] from the engine's generator in one go, as before)."""
+    draw [n, V] from the engine's generator in one go)."""
     rng, vocab = random.Random(1), 61
     settings = [dict(), dict(top_p=0.8), dict(min_p=0.1), dict(top_k=7), dict(top_k=7, top_p=0.9, min_p=0.05)]
     for trial, extra in enumerate(settings * 4):

@@ -25,7 +25,7 @@ def _heap_growth(cache_words: int) -> float:
 
 @pytest.mark.skipif(heap_mib() is None, reason="needs glibc's mallinfo2")
 def test_capped_cache_keeps_the_heap_flat():
-    # 3,000 unique 200-letter words: the default cache keeps all of them (~19 MiB measured), a cap of
+    # 3,000 unique 200-letter words: the default cache keeps all of them (~19 MiB), a cap of
     # 100 at most 100 (~0.6 MiB); the bounds leave a wide margin either way
     assert _heap_growth(10_000) > 8.0
     assert _heap_growth(100) < 3.0

@@ -17,8 +17,8 @@ def test_stand_in_drafts_are_all_accepted_and_follow_the_script(tiny, chain, fus
     mod = load_bench("host_overhead")
     llm = LLM(str(tiny("mtp")), device="cpu", max_num_seqs=8, kv_cache_memory="64MiB",
               speculative_config={"method": "mtp", "num_speculative_tokens": 3, "adaptive": False})
-    llm.engine.executor = mod.StandInExecutor(llm.engine.executor, llm.engine.model_config.vocab_size, chain,
-                                              fused=fused)
+    mod.use_stand_in(llm, mod.StandInExecutor(llm.engine.executor, llm.engine.model_config.vocab_size, chain,
+                                              fused=fused))
     calls = []
     if fused:
         execute_spec = llm.engine.executor.execute_spec

@@ -8,8 +8,8 @@ goes on) the last len(longest stop string) - 1 characters are held back, so a st
 across tokens never leaks into streamed output. The final text is one full decode.
 
 Decoding calls the `tokenizers` backend directly where transformers' decode would return the same
-string (a fast tokenizer without clean_up_tokenization_spaces): its wrapper costs ~4x the decode
-itself, twice per generated token (`python bench/detok_speed.py`).
+string (a fast tokenizer without clean_up_tokenization_spaces): its wrapper costs more than the decode
+itself, twice per generated token (bench/detok_speed.py).
 """
 
 from __future__ import annotations

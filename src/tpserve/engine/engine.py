@@ -68,8 +68,12 @@ class LLMEngine:
         self.requests: dict[str, tuple[list[Sequence], str | None]] = {}
         self.dead: str | None = None
         self.step_count = 0
-        self.num_added = 0  # requests added so far (Speculator.idle: none since the batch went above the graphs)
-        self.speculator = speculate.Speculator(self, spec) if spec is not None else None
+        self.num_added = 0  # requests added so far
+        self.speculator = None
+        if spec is not None:
+            self.speculator = speculate.Speculator(spec, self.model_config, self.scheduler, self.executor,
+                                                   append=self._append, generator=self.generator,
+                                                   max_model_len=self.max_model_len)
         # async scheduling (engine/overlap.py): a decode step launched, its tokens not yet on the host
         self.overlap = ecfg.async_scheduling  # (with speculation: idle steps)
         self.inflight: overlap.Inflight | None = None
@@ -148,6 +152,8 @@ class LLMEngine:
             seqs.append(seq)
         self.requests[request_id] = (seqs, prompt)
         self.num_added += 1
+        if self.speculator is not None:
+            self.speculator.request_added()
         for seq in seqs:
             self.scheduler.add(seq)
 
@@ -266,9 +272,8 @@ class LLMEngine:
     def _speculate(self, sampled: list[Scheduled], logits: torch.Tensor, scheduled: list[Scheduled], starts: list[int],
                    t0: float, tokens: int) -> None:
         """After a step with speculation on: verify (emit) its drafts, commit the KDA states, draft again. The
-        step's time runs from t0 (before its launch) to its tokens on the host: `execute` only launches work
-        on a GPU (timed alone, a graph-replayed plain step of the demo model measured ~78 us on an H200, the
-        whole step 0.74-0.90 ms)."""
+        step's time runs from t0 (before its launch) to its tokens on the host: on a GPU `execute` only launches
+        the work."""
         counts = self.speculator.verify(sampled, logits)
         if counts:
             self.executor.commit(counts)

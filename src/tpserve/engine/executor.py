@@ -1,6 +1,6 @@
 """Executors run a StepPlan on every rank: in this process (TP=1) or over worker processes.
 
-`make_executor` picks one. Both size the cache the same way (`plan_cache`).
+The engine picks one by tensor_parallel_size; both size the cache the same way (`cache_budget`).
 """
 
 from __future__ import annotations

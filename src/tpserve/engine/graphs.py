@@ -6,7 +6,7 @@ Decode steps are ("main", b, 1) for every bucket up to --max-num-seqs. With the 
 to SPEC_MAX_BATCH also get ("main", b, q) verify steps for q = 2 .. 1+k (a sequence with fewer drafts, or
 none, is padded to q rows), ("commit", b, q) for the KDA commit after each, and ("draft", b, q) for the
 MTP layer (catch-up over up to q positions, then one position per chained depth). With the draft chain
-(`--draft-graph chain`, the default) ("chain", b, q) graphs run a catch-up of q rows per sequence and then
+(`--draft-graph chain`, and fused) ("chain", b, q) graphs run a catch-up of q rows per sequence and then
 k-1 more depths in one replay: each depth's greedy draft (the argmax, on the device) is the next depth's
 input token at the next position, its cache row looked up in the block table inside the graph, so a
 drafting step costs one replay and one host copy instead of one of each per depth.
@@ -100,7 +100,7 @@ class StepGraphs:
     def _views(self, buf, b: int, q: int):
         """-> ids, positions, cache rows, owner rows [T]; slots [b]; tables [b+1, W]; then the host-side
         index fields (padded logits rows, padded real rows, MTP source rows), [T] each. Made once per buffer
-        and layout (they are a dozen numpy slices, made on every fill before)."""
+        and layout (a dozen numpy slices)."""
         key = (buf is self.host_np, b, q)
         views = self._view_cache.get(key)
         if views is None:

@@ -2,8 +2,8 @@
 
 `torch.tensor(values, device="cuda")` copies from pageable host memory with non_blocking=False, and PyTorch then
 synchronizes the stream: the host waits for every kernel queued before it. In a step that async scheduling
-overlaps (engine/overlap.py) that wait is the whole forward just launched, so the step loses its overlap (a
-sampled decode step of the demo model on an H200 made six such copies). A non-blocking copy from pageable
+overlaps (engine/overlap.py) that wait is the whole forward just launched, so the step loses its overlap. A
+non-blocking copy from pageable
 memory is staged by the driver before the call returns, so the host tensor may go at once, and it is ordered on
 the stream like a kernel. On the CPU the tensor is returned as made.
 """

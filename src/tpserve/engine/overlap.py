@@ -15,7 +15,7 @@ sequence still drew its noise, so sampled requests without a seed (they share th
 differently after another request stops early; requests with a seed draw from their own. At TP > 1 the sampled
 tokens live on rank 0's device: the step that takes them sends them to the other ranks' devices behind its plan
 (engine/tp/plan_wire.py STEP_PREV). With speculative decoding only on the speculator's idle steps (`Speculator.idle`:
-a batch above the verify graphs).
+drafting stopped for the running requests).
 """
 
 from __future__ import annotations

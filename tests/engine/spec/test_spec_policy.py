@@ -65,14 +65,15 @@ def test_truncation_threshold_and_explore_override():
 
 
 def test_no_truncation_by_default():
-    """Truncation is off unless asked for: at 0.3 it cost the adaptive mode ~8% at batch 1 against
-    fixed k (BENCHMARKS.md, bench/spec_ab.py); the engine's config and the policy agree."""
+    """Truncation is off unless asked for (BENCHMARKS.md, speculative decoding); the engine's config and the
+    policy agree."""
     from tpserve.config import SpeculativeConfig
 
     spec = SpeculativeConfig.parse('{"method": "mtp", "num_speculative_tokens": 3}')
     assert spec.truncate_threshold == 0.0
     assert SpecPolicy(4).keep_drafting(False, 1e-9)
     assert SpecPolicy(4, truncate_threshold=spec.truncate_threshold).keep_drafting(False, 0.0)
+
 
 def test_position_accounting():
     policy = SpecPolicy(4)
@@ -117,7 +118,7 @@ def test_cost_fit_recovers_coefficients():
 @pytest.mark.parametrize("scale", [0.1, 10.0, 30.0])
 def test_cost_fit_is_not_pulled_toward_the_priors_magnitude(scale):
     """A machine `scale` times slower (a CPU) or faster than the priors: 40 steps fit every cost
-    coefficient within 10% (a ridge toward the unscaled priors fitted 0.2-0.7 of them at 30x)."""
+    coefficient within 10% (a ridge toward the unscaled priors would pull the fit toward their magnitude)."""
     from tpserve.engine.spec.policy import DRAFT_PRIOR, PER_TOKEN_PRIOR, STEP_FIXED_PRIOR
 
     rng = random.Random(5)

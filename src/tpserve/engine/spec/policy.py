@@ -38,7 +38,7 @@ GLOBAL_MEMORY = 0.999                 # per-observation decay of global counts (
 REQUEST_WEIGHT = 8.0                  # a request's own ratio weighs n / (n + REQUEST_WEIGHT)
 COST_WINDOW = 256                     # recent cost observations kept per fit
 REFIT_EVERY, REFIT_WARMUP = 8, 32     # choose_k refits the cost models every 8 observations once 32 are
-                                      # in (every one before): a fit is most of the policy's ~86 us a step
+                                      # in (every one before): a fit is most of the policy's host time
 RIDGE = 0.01                          # a coefficient 100% off its prior costs as much as 0.01 of
                                       # relative squared error (an observation 10% off costs 0.01)
 
@@ -80,9 +80,9 @@ class _RidgeFit:
     1 / y^2: timing noise scales with the time), with a ridge on the coefficients' relative distance
     from the prior scaled to the machine: RIDGE * sum_j ((theta_j - s prior_j) / (s prior_j))^2, s the
     geometric mean of y / (prior . x) over the window. The priors give the cost's shape, the data its
-    magnitude: a CPU ten times slower than the priors' GPU is not pulled back toward GPU times (with
-    a few dozen steps that pull halved the fitted per-token costs). Directions the data do not
-    determine (e.g. the per-token cost while only batch-1 steps were seen) stay at the scaled prior.
+    magnitude: a CPU ten times slower than the priors' GPU is not pulled back toward GPU times. Directions
+    the data do not determine (e.g. the per-token cost while only batch-1 steps were seen) stay at the
+    scaled prior.
     Coefficients kept >= 0 (active set). The sums are incremental, recomputed from the window every
     `window` additions against rounding drift."""
 

@@ -68,14 +68,12 @@ class MeasuredRates:
 
     A mode's rate is tokens / seconds over its last steps, each step's time capped (`_RateWindow`): one drafting
     step emits 1..k+1 tokens, so single steps say little, and a compile or a GC pause in one step must not decide
-    the mode (per-step averages, probes that fell on steps where nothing could draft and step times that missed the
-    GPU's work kept a batch of 1 in plain steps on an H200: BENCHMARKS.md, twelfth session). The modes are compared
-    once each has MIN_OBS steps; until then the policy's k, with a plain step whenever plain decoding has not run
-    for PLAIN_PROBE steps. Then the slower mode runs again once it has not run for SPEC_PROBE steps (CLEAR_PROBE
-    when the faster leads by more than CLEAR_LEAD, WIDE_PROBE by more than WIDE_LEAD; each probe costs a step or two
-    in the slower mode): counted from its last measured step, so a probe that found no sequence able to draft (their
-    MTP stopped) stays due until one can (the next request). k = 0 where drafting is measured slower, the policy's k
-    where faster."""
+    the mode. The modes are compared once each has MIN_OBS steps; until then the policy's k, with a plain step
+    whenever plain decoding has not run for PLAIN_PROBE steps. Then the slower mode runs again once it has not
+    run for SPEC_PROBE steps (CLEAR_PROBE when the faster leads by more than CLEAR_LEAD, WIDE_PROBE by more than
+    WIDE_LEAD; each probe costs a step or two in the slower mode): counted from its last measured step, so a
+    probe that found no sequence able to draft (their MTP stopped) stays due until one can (the next request).
+    k = 0 where drafting is measured slower, the policy's k where faster."""
 
     PLAIN_PROBE, SPEC_PROBE, CLEAR_PROBE, CLEAR_LEAD, WIDE_PROBE, WIDE_LEAD = 8, 64, 256, 1.25, 1024, 1.5
     MIN_OBS, WINDOW = 4, _RateWindow.WINDOW

@@ -1,0 +1,280 @@
+"""MeasuredRates (decode rates with and without drafts) and what the speculator feeds it and the cost model:
+which steps are observed, when, and how the measurements override k."""
+
+import time
+
+import pytest
+from spec_cases import PROMPTS, SPEC, Model, fused_llm
+
+from tpserve import LLM, SamplingParams
+
+
+def test_measured_rates_turn_drafting_off_where_it_loses():
+    from tpserve.engine.spec.rates import MeasuredRates
+
+    r = MeasuredRates()
+
+    def steps(n, batch, k, spec=None, plain=None):  # each step's mode measured as it runs (None: not measured)
+        ks = []
+        for _ in range(n):
+            ks.append(r.override(batch, k))
+            step = spec if ks[-1] else plain
+            if step is not None:
+                r.observe(batch, ks[-1] > 0, *step)
+        return ks
+
+    assert steps(8, 1, 3) == [3] * 7 + [0]  # plain not measured: a plain step every 8th
+    for _ in range(4):
+        r.observe(1, False, 1, 0.01)   # plain: 100 tok/s
+    assert steps(16, 1, 3) == [3] * 16  # drafting not measured yet: the policy's k
+    for _ in range(4):
+        r.observe(1, True, 9, 0.1)     # drafting: 90 tok/s
+    ks = steps(130, 1, 3, spec=(9, 0.1))
+    assert ks.count(3) == 2 and ks[63] == 3 and ks[127] == 3  # drafting re-measured every 64th step
+    for _ in range(8):
+        r.observe(1, True, 5, 0.1)     # 50 tok/s in most of the window: plain leads by more than 25%
+    ks = steps(300, 1, 3)              # (nothing measured: a probe found no sequence able to draft)
+    assert ks.count(3) == 300 - 255 and ks[255] == 3  # every 256th step, and a probe due stays due
+    for _ in range(MeasuredRates.WINDOW):
+        r.observe(1, True, 50, 0.1)
+    ks = steps(2200, 1, 3, plain=(1, 0.01))  # drafting now 5x faster: plain every 1024th step (> 1.5x lead)
+    zeros = [i for i, k in enumerate(ks) if k == 0]
+    assert len(zeros) == 2 and zeros[1] - zeros[0] == 1024
+    for _ in range(4):
+        r.observe(64, False, 64, 0.1)
+        r.observe(64, True, 70, 0.1)  # faster with drafts at batch 64 by 9%: k stays, plain every 64th step
+    ks = steps(128, 40, 2, spec=(70, 0.1), plain=(64, 0.1))
+    assert ks.count(0) == 2 and ks.count(2) == 126
+    assert MeasuredRates.bucket(1) == 1 and MeasuredRates.bucket(5) == 8 and MeasuredRates.bucket(64) == 64
+
+
+def test_measured_rates_shrug_off_a_slow_first_drafting_step():
+    """One drafting step 200 times slower than the rest (a compile, a GC pause) among the first measured
+    does not make plain decoding look faster: each step's time is capped at 3x the window's median."""
+    from tpserve.engine.spec.rates import MeasuredRates
+
+    r = MeasuredRates()
+    r.observe(1, True, 1, 0.2)  # the outlier first
+    for i in range(5):
+        r.observe(1, False, 1, 0.001)
+        r.observe(1, True, 2 + i % 2, 0.0012)
+    assert r.rates[(1, True)] > r.rates[(1, False)]
+    assert all(r.override(1, 3) == 3 for _ in range(63))
+
+
+def test_rate_window_sums_as_when_every_step_kept_its_capped_time():
+    """_RateWindow keeps no capped time per step (all steps in the window are capped at the current cap): its
+    sums, cap and rate equal, bit for bit, those of a window that stores each step's capped time and updates it
+    at every recompute, through outliers, recomputes asked for and the window's turnover."""
+    import random
+    from collections import deque
+
+    from tpserve.engine.spec.rates import _RateWindow
+
+    class Stored:  # each step's [tokens, seconds, capped seconds]
+        def __init__(self):
+            self.steps, self.tokens, self.seconds, self.cap, self.added = deque(maxlen=16), 0.0, 0.0, 0.0, 0
+
+        def add(self, tokens, seconds, recap):
+            self.added += 1
+            if recap or self.added % 8 == 0:
+                self.steps.append([tokens, seconds, seconds])
+                self.cap = 3.0 * sorted(w[1] for w in self.steps)[len(self.steps) // 2]
+                for w in self.steps:
+                    w[2] = min(w[1], self.cap)
+                self.tokens, self.seconds = sum(w[0] for w in self.steps), sum(w[2] for w in self.steps)
+                return True
+            if len(self.steps) == 16:
+                self.tokens -= self.steps[0][0]
+                self.seconds -= self.steps[0][2]
+            capped = min(seconds, self.cap)
+            self.steps.append([tokens, seconds, capped])
+            self.tokens += tokens
+            self.seconds += capped
+            return False
+
+    assert _RateWindow.WINDOW == 16 and _RateWindow.OUTLIER == 3.0
+    rng = random.Random(3)
+    for _ in range(20):
+        got, want = _RateWindow(), Stored()
+        for i in range(500):
+            tokens, seconds = rng.randint(1, 8), rng.expovariate(1e3) * (100 if rng.random() < 0.05 else 1)
+            recap = i < 4 or rng.random() < 0.02
+            assert got.add(tokens, seconds, recap) == want.add(tokens, seconds, recap)
+            assert (got.tokens, got.seconds, got.cap, len(got)) == (want.tokens, want.seconds, want.cap,
+                                                                   len(want.steps))
+
+
+def test_speculation_measured_slower_still_probes_a_later_request():
+    """Plain decoding measured faster: the MTP layer stops for the running request after IDLE_STEPS
+    plain steps, and the drafting probe, once due, waits for a request that can draft (the next one)
+    instead of falling on a step where nothing drafts and being lost."""
+    llm = LLM(Model.path, device="cpu", kv_cache_memory="16MiB", block_size=16, max_num_seqs=8,
+              speculative_config={"method": "mtp", "num_speculative_tokens": 2})
+    spec = llm.engine.speculator
+    rates = spec.rates
+    rates.SPEC_PROBE = rates.CLEAR_PROBE = rates.WIDE_PROBE = 24
+    for _ in range(rates.MIN_OBS):
+        rates.observe(1, False, 1, 1e-6)  # plain decoding "measured" a million tokens per second
+        rates.observe(1, True, 1, 1.0)
+    sp = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    drafts = []
+    for prompt in PROMPTS[:3]:
+        before = spec.counters.num_drafts
+        llm.generate([prompt], sp)
+        drafts.append(spec.counters.num_drafts - before)
+    assert drafts[0] == 0 and sum(drafts[1:]) > 0  # the probe came due during the first request (30 steps)
+    assert len(rates.window[(1, True)]) > rates.MIN_OBS  # and its drafting step was measured
+    llm.shutdown()
+
+
+def test_step_time_runs_until_the_tokens_are_on_the_host():
+    """A step's measured time (what MeasuredRates and the cost model see) ends when its sampled tokens are on
+    the host, not when `execute` returns: on a GPU that only launched the work. Stand-in: verify (where the
+    host waits for the tokens) takes 300 ms longer (a CPU step of the tiny model takes a few ms)."""
+    llm = LLM(Model.path, device="cpu", kv_cache_memory="16MiB", block_size=16, max_num_seqs=8,
+              speculative_config={"method": "mtp", "num_speculative_tokens": 2, "adaptive": False})
+    spec = llm.engine.speculator
+    verify, propose, seen = spec.verify, spec.propose, []
+
+    def slow_verify(*a, **kw):
+        time.sleep(0.3)
+        return verify(*a, **kw)
+
+    def recording_propose(scheduled, starts, seconds, tokens):
+        seen.append(seconds)
+        return propose(scheduled, starts, seconds, tokens)
+    spec.verify, spec.propose = slow_verify, recording_propose
+    llm.generate([PROMPTS[0]], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    assert seen and min(seen) >= 0.3
+    llm.shutdown()
+
+
+def test_measured_rates_leave_out_the_step_after_a_prompt_catch_up():
+    """The drafts verified by the first decode step after a prefill chunk were made together with the
+    MTP layer's catch-up over the prompt: that step's measured rate would charge a whole prompt's MTP
+    forward to one decode step (a low outlier that can switch the adaptive mode to plain steps), so
+    MeasuredRates does not see it; every other decode step it does."""
+    llm = LLM(Model.path, device="cpu", kv_cache_memory="16MiB", block_size=16, max_num_seqs=8,
+              speculative_config={"method": "mtp", "num_speculative_tokens": 2})
+    spec = llm.engine.speculator
+    kinds, observed = [], []
+    propose, observe = spec.propose, spec.rates.observe
+
+    def recording_propose(scheduled, *a, **kw):
+        kinds.append(all(s.decode for s in scheduled))
+        return propose(scheduled, *a, **kw)
+
+    def recording_observe(*a, **kw):
+        observed.append(len(kinds) - 1)  # the index of the propose call that observes
+        return observe(*a, **kw)
+    spec.propose, spec.rates.observe = recording_propose, recording_observe
+    llm.generate([PROMPTS[0]], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
+    decode_steps = [i for i, decode in enumerate(kinds) if decode]
+    after_prefill = [i for i in decode_steps if i > 0 and not kinds[i - 1]]
+    assert after_prefill and observed
+    assert observed == [i for i in decode_steps if i not in after_prefill]
+    llm.shutdown()
+
+
+@pytest.mark.parametrize("adaptive", [True, False])
+def test_only_decode_steps_train_the_cost_model_and_rates(adaptive):
+    """Steps that hold prefill chunks are not decode costs: neither the step-cost fit, the draft-cost
+    fit nor the measured rates see them (a prefill step emits few tokens in a long time, and the drafting
+    pass after it runs the MTP layer over the whole prompt: either would skew the choice of k). A fixed k
+    uses none of them: nothing is observed."""
+    spec = LLM(Model.path, device="cpu", kv_cache_memory="16MiB", block_size=16, max_num_seqs=8,
+               speculative_config={**SPEC, "adaptive": adaptive, "truncate_threshold": 0.0})
+    eng, sp_ = spec.engine, spec.engine.speculator
+    last = {"prefill": None}
+    seen = []
+    plan = eng._plan
+    originals = {"rates": sp_.rates.observe, "cost": sp_.policy.observe_step, "draft": sp_.policy.observe_draft}
+
+    def spy_plan(scheduled):
+        p = plan(scheduled)
+        last["prefill"] = p.num_decode < len(p.slots)
+        return p
+
+    def spy(kind):
+        def call(*a, **kw):
+            seen.append((kind, last["prefill"]))
+            return originals[kind](*a, **kw)
+        return call
+
+    eng._plan = spy_plan
+    sp_.rates.observe, sp_.policy.observe_step, sp_.policy.observe_draft = spy("rates"), spy("cost"), spy("draft")
+    try:
+        spec.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
+    finally:
+        del eng._plan, sp_.rates.observe, sp_.policy.observe_step, sp_.policy.observe_draft
+    assert {kind for kind, _ in seen} == ({"rates", "cost", "draft"} if adaptive else set())
+    assert not any(prefill for _, prefill in seen)
+    spec.shutdown()
+
+
+def test_fused_steps_file_their_measured_rates_while_the_next_step_runs(plain):
+    """Adaptive k with fused steps: a fused step's observation (MeasuredRates.observe) is filed inside the next
+    fused step's spec_step, after its launch and before its copy (Speculator.while_waiting: on a GPU the host's
+    bookkeeping overlaps the device's work), or by the next step that observes; the last one stays pending until
+    while_waiting files it; greedy tokens stay plain decoding's."""
+    llm, fused = fused_llm({"method": "mtp", "num_speculative_tokens": 3})
+    graphs, spec = llm.engine.executor.runner.graphs, llm.engine.speculator
+    inside, seen = [False], []
+    spec_step, observe = graphs.spec_step, spec.rates.observe
+
+    def spy_step(*a, **kw):
+        inside[0] = True
+        try:
+            return spec_step(*a, **kw)
+        finally:
+            inside[0] = False
+    graphs.spec_step = spy_step
+    spec.rates.observe = lambda *a: seen.append((inside[0], a)) or observe(*a)
+    sp = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    for prompt in PROMPTS[:2]:
+        got = llm.generate([prompt], sp)[0].outputs[0].token_ids
+        assert got == plain.generate([prompt], sp)[0].outputs[0].token_ids
+    filed_inside = sum(i for i, _ in seen)
+    # (not after a step that was not fused: a request's first decode step, a plain probe, a prefill chunk)
+    assert len(fused) >= 4 and filed_inside >= len(fused) // 2, (len(fused), seen)
+    assert all(a[1] for i, a in seen if i)  # (fused steps verified drafts)
+    pending = spec.pending_rate
+    spec.while_waiting()  # the last fused step's observation, filed by the next step to come
+    assert spec.pending_rate is None and (pending is None or seen[-1] == (False, pending))
+    llm.shutdown()
+
+
+@pytest.mark.parametrize("fused_ms", [3.5, 1.5])
+def test_adaptive_ends_a_request_plainly_where_plain_steps_are_shorter(plain, fused_ms):
+    """Where the next step would be fused (k is 0 or the largest) and the request may emit at most `left` more
+    tokens, adaptive k runs plain steps when `left` of them measure shorter than one fused step, which costs its
+    rows and depths however few tokens it may keep: with plain steps of 1 ms, fused steps of 3.5 ms end a request
+    plainly from 3 tokens before its end, fused steps of 1.5 ms never. Tokens stay plain decoding's."""
+    from tpserve.engine.spec.rates import MeasuredRates
+
+    llm, _ = fused_llm({"method": "mtp", "num_speculative_tokens": 3})
+    spec = llm.engine.speculator
+    spec.rates = rates = MeasuredRates()
+    for _ in range(8):  # drafting over twice plain's rate either way: a plain probe only every 1024th step
+        rates.observe(1, False, 1, 0.001)
+        rates.observe(1, True, 8, fused_ms / 1000)
+    rates.observe = lambda *a: None  # (this CPU's own step times would move them)
+    seen, next_k = [], spec._next_k
+
+    def spy(*a, **kw):
+        k = next_k(*a, **kw)
+        running = llm.engine.scheduler.running
+        if running:
+            seq = running[0]
+            seen.append((seq.max_tokens - len(seq.output_ids), k))
+        return k
+    spec._next_k = spy
+    sp = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    for prompt in PROMPTS[:3]:
+        got, want = (m.generate([prompt], sp)[0].outputs[0].token_ids for m in (llm, plain))
+        assert got == want
+    ends = [k for left, k in seen if 2 <= left <= 3]
+    assert ends and all(k == (0 if fused_ms > 3 else 3) for k in ends), seen
+    assert all(k == 3 for left, k in seen if left >= 4), seen
+    llm.shutdown()
