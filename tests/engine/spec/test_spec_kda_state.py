@@ -4,7 +4,7 @@ tokens one at a time leaves, bit for bit."""
 import pytest
 import torch
 
-from tpserve.kernels import conv
+from tpserve.kernels.attention import conv
 from tpserve.model.batch import CacheTensors, ForwardBatch
 from tpserve.model.kda import KdaAttention, commit
 
@@ -16,7 +16,7 @@ def _kda_layer(seed=0):
 
     cfg = ModelConfig(hidden_size=32, linear_num_heads=2, linear_head_dim=8, num_hidden_layers=1,
                       layer_types=("linear_attention",), mlp_layer_types=("dense",), indexer_types=("full",))
-    layer = KdaAttention(ShardContext.single(torch.float32), cfg, 0, "torch")
+    layer = KdaAttention(ShardContext.single(torch.float32), cfg, 0)
     randomize_(layer, seed=seed)
     return cfg, layer
 
