@@ -52,3 +52,28 @@ def reset_slots(cache: CacheTensors, slots: list[int]) -> None:
     for tensors in (cache.kda_state, cache.conv_state):
         for t in tensors.values():
             t[torch.tensor(slots, device=t.device)] = 0
+
+
+def copy_waves(copies: list[tuple[int, int]]) -> list[tuple[list[int], list[int]]]:
+    """Slot copies (source, destination), meant one after another, grouped into waves that may each run as
+    one gather and scatter: a copy starts a new wave when it reads or writes a slot the wave writes, or
+    writes one it reads."""
+    waves: list[tuple[list[int], list[int]]] = []
+    reads: set[int] = set()
+    writes: set[int] = set()
+    for src, dst in copies:
+        if not waves or src in writes or dst in writes or dst in reads:
+            waves.append(([], []))
+            reads, writes = set(), set()
+        waves[-1][0].append(src)
+        waves[-1][1].append(dst)
+        reads.add(src)
+        writes.add(dst)
+    return waves
+
+
+def copy_slots(cache: CacheTensors, src: torch.Tensor, dst: torch.Tensor) -> None:
+    """Every KDA layer's recurrent and conv state of slots `src` into slots `dst` (one wave of copy_waves)."""
+    for tensors in (cache.kda_state, cache.conv_state):
+        for t in tensors.values():
+            t[dst] = t[src]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from tpserve.config import EngineConfig
+from tpserve.config import BYTE_FIELDS, EngineConfig
 
 
 def add_engine_args(parser: argparse.ArgumentParser, *, model_positional: bool = True) -> None:
@@ -28,7 +28,7 @@ def add_engine_args(parser: argparse.ArgumentParser, *, model_positional: bool =
             kwargs["choices"] = f.metadata["choices"]
         elif kind.startswith("int"):
             kwargs["type"] = int
-        elif kind.startswith("float") and f.name != "kv_cache_memory":
+        elif kind.startswith("float") and f.name not in BYTE_FIELDS:
             kwargs["type"] = float
         aliases = [flag] + (["--tensor-parallel-size"] if f.name == "tensor_parallel_size" else [])
         group.add_argument(*aliases, **kwargs)
