@@ -12,15 +12,15 @@ States. A KDA layer's state exists only where a sequence stands, so a hit resume
 KDA / conv state was kept: a checkpoint, one of the extra slots of the state tensors (ModelRunner), attached
 to the entry of the block it follows. Saving and restoring are slot-to-slot copies on the device, queued here
 (`copies`) and applied in order before the next step's forward (StepPlan.state_copies, on every rank).
-Checkpoints are taken at the last full block of every prompt (and at the one before the last token: where
-the same prompt again resumes), every `interval` prompt tokens, and where a
-prompt's cached blocks stopped matching when it was admitted (a branch point: the next request with that
-prefix and another suffix resumes there); the scheduler ends prefill chunks at those positions (`chunk`).
-And where a request ends: a per-request rolling checkpoint follows each block end its decoding lands on and
-becomes a cached one when the request stops, unless it stops right at a block end, which is kept instead
-(with speculation a verify may jump over a block end, and a request ending in a verify keeps its rolling
-checkpoint: the last block end a step began at). Cached checkpoints have their own LRU and a fixed number of slots (the memory budget); evicting a block
-drops its checkpoint, a checkpoint may go alone.
+Checkpoints are kept at the last full block of every prompt (and at the block end before its last token,
+where the same prompt resumes), every `interval` prompt tokens, and where a prompt's cached blocks stopped
+matching when it was admitted (a branch point: the next request with that prefix and another suffix resumes
+there); the scheduler ends prefill chunks at those positions (`chunk`). And where a request stops: a
+per-request rolling checkpoint follows each block end a step of its decoding begins at and becomes a cached
+one when the request stops, unless it stops right at a block end, which is kept instead (with speculation a
+verify may jump over a block end, and a request ending inside a verify keeps its rolling checkpoint). Cached
+checkpoints have their own LRU and a fixed number of slots (the memory budget); evicting a block drops its
+checkpoint, a checkpoint may go alone.
 
 A hit is the longest run of cached blocks from the first one that ends at a checkpoint, leaving at least
 one token to compute (the last prompt token gives the logits). Requests asking for prompt logprobs skip the
@@ -68,6 +68,7 @@ class SeqPrefix:
     rolling: int | None = None  # checkpoint slot holding the state at rolling_pos (its latest block end)
     rolling_pos: int = 0
     branch: int = 0             # where its cached blocks stopped matching when admitted: a checkpoint is kept there
+    next: int = 0               # `progress` has nothing to do before num_computed reaches this (a block end)
     broken: bool = False        # its later blocks are not registered (a hash collision, or a reset)
 
 
@@ -160,6 +161,7 @@ class PrefixCache:
         held = [e.block for e in run]
         self.blocks.take(held)
         st.entries, st.saved, st.broken = list(run), len(run) * self.bs, False
+        st.next = st.saved + self.bs
         if run and self.needs_state:
             self.ckpts.lru.move_to_end(run[-1].ckpt)
             self.copies.append((run[-1].ckpt, seq.slot))
@@ -188,6 +190,7 @@ class PrefixCache:
         state at num_computed): register seq's newly full blocks; at a block end worth it, keep the state."""
         st = self._state(seq)
         pos, known = seq.num_computed, self._known(seq)
+        st.next = (pos // self.bs + 1) * self.bs
         self._register(seq, st, min(pos, known) // self.bs)
         if not self.ckpts.capacity or pos % self.bs or pos <= st.saved or pos > known:
             return

@@ -84,7 +84,8 @@ class Scheduler:
         out: list[Scheduled] = []
         if self.prefix is not None:  # (before any admission: state saves come before restores)
             for seq in self.running:
-                self.prefix.progress(seq)
+                if seq.num_computed >= seq.prefix.next:  # (a block end reached: else nothing to do)
+                    self.prefix.progress(seq)
         for seq in list(self.running):
             if budget == 0:
                 break

@@ -215,6 +215,7 @@ class ResponsesRequest(OpenAIModel):
     background: Literal[False] | None = None
     previous_response_id: None = None
     prompt: None = None
+    cache_salt: str | None = None  # vLLM's: requests share cached prefixes only with the same salt
 
     @model_validator(mode="before")
     @classmethod
@@ -261,7 +262,8 @@ class ResponsesRequest(OpenAIModel):
                                 "max_completion_tokens": self.max_output_tokens, "temperature": self.temperature,
                                 "top_p": self.top_p, "top_k": self.top_k,
                                 "parallel_tool_calls": self.parallel_tool_calls, "user": self.user,
-                                "reasoning_effort": self.reasoning.effort if self.reasoning else None}
+                                "reasoning_effort": self.reasoning.effort if self.reasoning else None,
+                                "cache_salt": self.cache_salt}
         if self.tools:
             chat["tools"] = [{"type": "function", "function": t.model_dump(exclude={"type"}, exclude_none=True)}
                              for t in self.tools]

@@ -34,7 +34,7 @@ async def completions(state: ServerState, request: Request, req: CompletionReque
     streams, timers = [], []
     try:
         for j, (ids, text) in enumerate(prompts):
-            stream = state.engine.add(f"{rid}-{j}", ids, params, text)
+            stream = state.engine.add(f"{rid}-{j}", ids, params, text, cache_salt=req.cache_salt)
             streams.append(stream)
             timers.append(RequestTimer(state.metrics, stream.arrival, len(ids)))
     except Exception:
@@ -61,7 +61,8 @@ async def completions(state: ServerState, request: Request, req: CompletionReque
             logprobs = completion_logprobs(tok, c.token_ids, c.logprobs, k, 0) if k is not None else None
             choices.append(CompletionChoice(index=j * n + c.index, text=c.text, logprobs=logprobs,
                                             finish_reason=c.finish_reason, stop_reason=c.stop_reason))
-    usage = UsageInfo.of(prompt_tokens, sum(len(c.token_ids) for f in finals.values() for c in f.outputs))
+    usage = UsageInfo.of(prompt_tokens, sum(len(c.token_ids) for f in finals.values() for c in f.outputs),
+                         sum(f.num_cached_tokens for f in finals.values()))
     body = CompletionResponse(id=rid, model=model, choices=choices, usage=usage).model_dump()
     if req.prompt_logprobs is not None:  # vLLM's shape: per choice, [None, {token id: {logprob, rank, decoded_token}}]
         for choice in body["choices"]:
@@ -78,11 +79,11 @@ def prompt_logprobs_json(entries) -> list | None:
 
 async def _stream(state, tok, rid, model, streams, timers, n, k, prompt_tokens, include_usage):
     created = int(time.time())
-    sent_text, sent_tokens, done = {}, {}, set()
+    sent_text, sent_tokens, done, cached = {}, {}, set(), {}
     completion_tokens = 0
     try:
         async for j, out in cut_at_drain(state, merged(streams, timers)):
-            choices = []
+            choices, cached[j] = [], out.num_cached_tokens
             for c in out.outputs:
                 idx = j * n + c.index
                 if idx in done:
@@ -107,5 +108,6 @@ async def _stream(state, tok, rid, model, streams, timers, n, k, prompt_tokens, 
         return
     if include_usage:
         yield sse(CompletionStreamResponse(id=rid, model=model, created=created, choices=[],
-                                           usage=UsageInfo.of(prompt_tokens, completion_tokens)))
+                                           usage=UsageInfo.of(prompt_tokens, completion_tokens,
+                                                              sum(cached.values()))))
     yield sse("[DONE]")
