@@ -243,6 +243,13 @@ class ResponsesRequest(OpenAIModel):
         input_to_messages(value)
         return value
 
+    @field_validator("cache_salt")
+    @classmethod
+    def _check_cache_salt(cls, value: str | None) -> str | None:
+        if value is not None and not value:
+            raise ParamError("cache_salt", "cache_salt must be a non-empty string")
+        return value
+
     @field_validator("tool_choice")
     @classmethod
     def _check_tool_choice(cls, value: Any, info) -> Any:
