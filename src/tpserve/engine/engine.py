@@ -63,9 +63,7 @@ class LLMEngine:
         shape = self.executor.cache_shape
         self.max_model_len = self._max_model_len(shape.num_blocks * shape.block_size)
         self.block_pool, self.slot_pool = BlockPool(shape.num_blocks), SlotPool(shape.num_slots)
-        # prefix_state_bytes: one KDA state checkpoint's bytes per rank, the checkpoints' share of the cache
-        self.prefix_cache, self.prefix_state_bytes = make_prefix_cache(ecfg, self.model_config, shape, self.dtype,
-                                                                       self.block_pool)
+        self.prefix_cache = make_prefix_cache(ecfg, self.model_config, shape, self.dtype, self.block_pool)
         self.scheduler = Scheduler(self.block_pool, self.slot_pool, block_size=shape.block_size,
                                    max_num_seqs=ecfg.max_num_seqs, max_num_batched_tokens=ecfg.max_num_batched_tokens,
                                    prefix=self.prefix_cache)

@@ -325,24 +325,24 @@ def check_cache_salt(salt) -> None:
         raise err
 
 
-def make_prefix_cache(ecfg, model_config, shape, dtype, blocks: BlockPool) -> tuple[PrefixCache | None, tuple]:
+def make_prefix_cache(ecfg, model_config, shape, dtype, blocks: BlockPool) -> PrefixCache | None:
     """The engine's prefix cache over `blocks` and the shape's checkpoint slots (None: off, or no checkpoint
-    fits) and (one checkpoint's bytes per rank, the checkpoints' share of the cache memory); logs both."""
+    fits); logs one checkpoint's bytes per rank and the checkpoints' share of the cache memory."""
     if not ecfg.enable_prefix_caching:
-        return None, (0, 0.0)
+        return None
     cfg = mtp_config(model_config) if ecfg.speculative is not None else model_config
     per = bytes_per_slot(cfg, ecfg.tensor_parallel_size, dtype)
     state = shape.num_checkpoints * per
     total = state + shape.num_slots * per + shape.num_blocks * bytes_per_block(cfg, shape.block_size, dtype)
-    sizes = (per, state / max(total, 1))
+    share = state / max(total, 1)
     if per and not shape.num_checkpoints:
         log.warning("prefix caching: no room for a KDA state checkpoint (%.2f MiB each), so no prefix can be "
                     "reused; raise --prefix-state-memory", per / 2**20)
-        return None, sizes
+        return None
     log.info("prefix caching: %d KDA state checkpoints of %.2f MiB per rank (%.1f MiB, %.1f%% of the cache), "
              "kept every %d prompt tokens and at each prompt's and request's last full block",
-             shape.num_checkpoints, per / 2**20, state / 2**20, 100 * sizes[1], ecfg.prefix_state_interval)
+             shape.num_checkpoints, per / 2**20, state / 2**20, 100 * share, ecfg.prefix_state_interval)
     cache = PrefixCache(blocks, shape.block_size, first_ckpt_slot=shape.first_checkpoint,
                         num_ckpts=shape.num_checkpoints, interval=ecfg.prefix_state_interval, needs_state=per > 0)
-    cache.checkpoint_bytes, cache.share = sizes
-    return cache, sizes
+    cache.checkpoint_bytes, cache.share = per, share
+    return cache
