@@ -3,7 +3,7 @@ KDA layers' recurrent and conv states at some block ends (`--enable-prefix-cachi
 
 Blocks. Each full block (MLA latent, indexer and MTP rows) of a sequence is registered under a hash of its
 parent's key and its tokens; a prompt's first block also carries the request's cache_salt. An entry keeps
-its tokens and its parent entry, and a lookup walks the chain from the first block comparing both, so a
+its tokens and its parent entry's id, and a lookup walks the chain from the first block comparing both, so a
 hash collision can never hand out another prefix. A registered block is immutable: its holders only write
 positions past it. Blocks are reference-counted in the BlockPool; a cached block nobody holds waits in an
 LRU and is evicted (with its entry) only when an allocation needs it.
@@ -33,6 +33,7 @@ so only the quality of the drafts read there can differ; verified tokens are exa
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -42,20 +43,22 @@ from tpserve.model.cache import bytes_per_block, bytes_per_slot
 from tpserve.model.mtp import mtp_config
 
 log = logging.getLogger("tpserve.prefix_cache")
+_IDS = itertools.count(1)  # entry ids (0: no parent)
 
 
 @dataclass(eq=False)
 class Entry:
-    """One cached full block: its tokens, the entry before it (None: a prompt's first block, which keeps
+    """One cached full block: its tokens, the id of the entry before it (0: a prompt's first block, which keeps
     the salt) and the checkpoint holding the state after it, if any."""
 
     key: int
-    parent: Entry | None
+    parent: int
     tokens: tuple[int, ...]
     salt: str | None
     block: int
     ckpt: int | None = None
     live: bool = True  # False once evicted or reset: children registered under it are unreachable
+    id: int = field(default_factory=lambda: next(_IDS))
 
 
 @dataclass
@@ -140,14 +143,12 @@ class PrefixCache:
         limit = (self._known(seq) - 1) // self.bs
         keys = self._keys(seq, st, limit)
         run: list[Entry] = []
-        parent = None
         for i in range(limit):
             e = self.index.get(keys[i])
-            if (e is None or e.parent is not parent or (parent is None and e.salt != seq.cache_salt)
+            if (e is None or e.parent != (run[-1].id if run else 0) or (not run and e.salt != seq.cache_salt)
                     or e.tokens != self._block_tokens(seq, i)):
                 break
             run.append(e)
-            parent = e
         st.branch = len(run) * self.bs  # (a later request with the same prefix and another suffix resumes here)
         if self.needs_state:
             while run and run[-1].ckpt is None:
@@ -299,12 +300,14 @@ class PrefixCache:
             if parent is not None and not parent.live:
                 st.broken = True
             elif e is None:
-                e = Entry(key, parent, tokens, seq.cache_salt if parent is None else None, seq.blocks[i])
+                e = Entry(key, parent.id if parent else 0, tokens, seq.cache_salt if parent is None else None,
+                          seq.blocks[i])
                 self.index[key] = e
                 self.by_block[e.block] = e
                 self.blocks.mark_cached(e.block)
                 st.entries.append(e)
-            elif e.parent is parent and e.tokens == tokens and (parent is not None or e.salt == seq.cache_salt):
+            elif (e.parent == (parent.id if parent else 0) and e.tokens == tokens
+                  and (parent is not None or e.salt == seq.cache_salt)):
                 st.entries.append(e)  # the same content cached from another sequence: its children follow it
             else:
                 st.broken = True  # a hash collision: this chain is not entered further
