@@ -56,6 +56,12 @@ class EngineConfig:
         None, "bytes for the MLA / indexer block pool, e.g. 2GiB "
         "(default: from --gpu-memory-utilization on cuda, 256MiB on cpu)")
     gpu_memory_utilization: float = _opt(0.85, "fraction of GPU memory the engine may use")
+    enable_prefix_caching: bool = _opt(True, "reuse the cache of earlier requests' shared prompt prefixes (full "
+                                       "blocks and KDA state checkpoints; docs/prefix-caching.md)", switch=True)
+    prefix_state_memory: float | None = _opt(None, "bytes of the cache budget for prefix caching's KDA state "
+                                             "checkpoints (default: a quarter of it)", switch=True, advanced=True)
+    prefix_state_interval: int = _opt(2048, "tokens between KDA state checkpoints within a prompt (0: only at "
+                                      "its end)", switch=True, advanced=True)
     # ---- speedup switches (docs/switches.md; measurements in docs/performance.md) ----
     mla_prefill: str = _opt("auto", "MLA of prefill chunks: dense (SDPA under the selection mask), sparse (the "
                             "selected rows only), or auto (sparse once the context reaches 8,192 tokens)",
@@ -160,6 +166,10 @@ class EngineConfig:
             raise ValueError(f"moe_triton_max_tokens must be >= 0, got {self.moe_triton_max_tokens}")
         if self.tokenizer_cache_words < 0:
             raise ValueError(f"tokenizer_cache_words must be >= 0, got {self.tokenizer_cache_words}")
+        if self.prefix_state_interval < 0:
+            raise ValueError(f"prefix_state_interval must be >= 0, got {self.prefix_state_interval}")
+        if self.prefix_state_memory is not None and self.prefix_state_memory < 0:
+            raise ValueError(f"prefix_state_memory must be >= 0, got {self.prefix_state_memory}")
         if self.sp_min_tokens < 1:
             raise ValueError(f"sp_min_tokens must be >= 1, got {self.sp_min_tokens}")
         if self.quantization is not None:
@@ -217,8 +227,9 @@ class EngineConfig:
         unknown = set(values) - {f.name for f in dataclasses.fields(cls)}
         if unknown:
             raise TypeError(f"unknown engine option(s): {sorted(unknown)}")
-        if isinstance(values.get("kv_cache_memory"), str):
-            values["kv_cache_memory"] = parse_bytes(values["kv_cache_memory"])
+        for name in BYTE_FIELDS:
+            if isinstance(values.get(name), str):
+                values[name] = parse_bytes(values[name], name)
         return cls(**values)
 
 
@@ -261,7 +272,10 @@ class SpeculativeConfig:
         return spec
 
 
-def parse_bytes(text: str | float | int) -> float:
+BYTE_FIELDS = ("kv_cache_memory", "prefix_state_memory")  # sizes: 2GiB, 512MiB ... (parse_bytes)
+
+
+def parse_bytes(text: str | float | int, what: str = "kv_cache_memory") -> float:
     """'2GiB', '512MB', '1e9' -> bytes."""
     if isinstance(text, (int, float)):
         return float(text)
@@ -271,7 +285,7 @@ def parse_bytes(text: str | float | int) -> float:
     num = s.rstrip("abcdefghijklmnopqrstuvwxyz")
     unit = s[len(num):]
     if unit not in units or not num:
-        raise ValueError(f"kv_cache_memory: cannot read {text!r} as a size (try 2GiB or 512MiB)")
+        raise ValueError(f"{what}: cannot read {text!r} as a size (try 2GiB or 512MiB)")
     return float(num) * units[unit]
 
 
@@ -288,7 +302,7 @@ def _parse_value(f: dataclasses.Field, raw: str, source: str) -> Any:
         if kind.startswith("int"):
             return int(raw)
         if kind.startswith("float"):
-            return parse_bytes(raw) if f.name == "kv_cache_memory" else float(raw)
+            return parse_bytes(raw, f.name) if f.name in BYTE_FIELDS else float(raw)
         return raw
     except ValueError:
         raise ValueError(f"{source}: cannot read {raw!r} as {kind}") from None

@@ -13,6 +13,9 @@ from tpserve.engine.outputs import RequestOutput
 from tpserve.sampling_params import SamplingParams
 
 
+COUNTERS = ("prefix_cache_queries", "prefix_cache_hits")  # stats that only grow (besides spec_decode_num_*)
+
+
 @dataclass(frozen=True)
 class Metric:
     """One metric of LLM.get_metrics() (vLLM's Counter / Gauge / Vector have these fields)."""
@@ -40,7 +43,8 @@ class LLM:
     def generate(self, prompts: str | dict | Seq[str | dict],
                  sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
                  use_tqdm: bool = False) -> list[RequestOutput]:
-        """One RequestOutput per prompt, in order. Prompts are strings or {"prompt_token_ids": [...]}."""
+        """One RequestOutput per prompt, in order. Prompts are strings or {"prompt_token_ids": [...]} (or
+        {"prompt": ...}), a dict with an optional "cache_salt" (vLLM's: prefixes are shared only within a salt)."""
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
         prompts = list(prompts)
@@ -54,7 +58,8 @@ class LLM:
             for prompt, p in zip(prompts, params):
                 token_ids, text = self._tokens(prompt)
                 rid = f"offline-{next(self._ids)}"
-                self.engine.add_request(rid, token_ids, p, prompt=text, final_only=True)
+                salt = prompt.get("cache_salt") if isinstance(prompt, dict) else None
+                self.engine.add_request(rid, token_ids, p, prompt=text, final_only=True, cache_salt=salt)
                 ids.append(rid)
         except Exception:
             for rid in ids:
@@ -121,9 +126,13 @@ class LLM:
             if isinstance(value, list):
                 out.append(Metric(name, "vector", values=list(value)))
             else:
-                kind = "counter" if key.startswith(("spec_decode_num", "preemptions")) else "gauge"
+                kind = "counter" if key.startswith(("spec_decode_num", "preemptions")) or key in COUNTERS else "gauge"
                 out.append(Metric(name, kind, value=value))
         return out
+
+    def reset_prefix_cache(self) -> bool:
+        """vLLM's LLM.reset_prefix_cache: forget every cached prefix. -> whether prefix caching is on."""
+        return self.engine.reset_prefix_cache()
 
     def shutdown(self) -> None:
         self.engine.shutdown()

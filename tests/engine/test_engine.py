@@ -46,8 +46,9 @@ def test_preemption_recomputes_same_tokens(path):
     from tpserve.model.config import ModelConfig
 
     cfg = ModelConfig.from_file(path)
-    budget = 20 * bytes_per_block(cfg, 16, torch.float32) + 5 * bytes_per_slot(cfg, 1, torch.float32)
-    tight = _llm(path, kv_cache_memory=budget, max_num_seqs=5)
+    state = 4 * bytes_per_slot(cfg, 1, torch.float32)  # four prefix-cache state checkpoints
+    budget = 20 * bytes_per_block(cfg, 16, torch.float32) + 5 * bytes_per_slot(cfg, 1, torch.float32) + state
+    tight = _llm(path, kv_cache_memory=budget, max_num_seqs=5, prefix_state_memory=state)
     assert tight.engine.block_pool.num_blocks == 20
     assert _tokens(tight.generate(prompts, params)) == roomy
     assert tight.engine.scheduler.num_preemptions > 0

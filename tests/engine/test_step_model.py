@@ -67,7 +67,8 @@ def test_mixed_steps_decode_logits_match_transformers(tiny, name):
 
 
 def test_decodes_come_first_and_take_the_decode_path(tiny):
-    llm = _llm(tiny("default"), max_num_batched_tokens=16)
+    # (without prefix caching: it ends prefill chunks where it keeps checkpoints, which can leave one-row chunks)
+    llm = _llm(tiny("default"), max_num_batched_tokens=16, enable_prefix_caching=False)
     plans = _record_plans(llm)
     _run_staggered(llm, random_prompts((40, 5, 33), seed=2), SamplingParams(max_tokens=4, ignore_eos=True))
     for plan in plans:

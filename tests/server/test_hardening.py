@@ -36,7 +36,8 @@ def test_api_key_guards_every_route_but_health(keyed):
     for method, path, body in [("POST", "/tokenize", {"prompt": "x"}), ("POST", "/detokenize", {"tokens": [5]}),
                                ("GET", "/metrics", None), ("GET", "/v1/models", None), ("GET", "/v1/models/tiny", None),
                                ("GET", "/openapi.json", None), ("GET", "/v1/nope", None),
-                               ("POST", "/v1/completions", {"prompt": "x", "max_tokens": 1})]:
+                               ("POST", "/v1/completions", {"prompt": "x", "max_tokens": 1}),
+                               ("POST", "/reset_prefix_cache", None)]:
         r = httpx.request(method, keyed.url + path, json=body)
         is_openai_error(r, 401, "invalid_api_key")
         assert httpx.request(method, keyed.url + path, json=body, headers=ok).status_code in (200, 404), path

@@ -16,6 +16,7 @@ import time
 from tpserve.engine.engine import LLMEngine
 from tpserve.engine.executor import EngineDeadError
 from tpserve.engine.outputs import RequestOutput
+from tpserve.engine.prefix_cache import check_cache_salt
 from tpserve.sampling_params import SamplingParams
 
 log = logging.getLogger("tpserve.async")
@@ -79,7 +80,7 @@ class AsyncEngine:
         return reason
 
     def add(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-            prompt: str | None = None) -> RequestStream:
+            prompt: str | None = None, cache_salt: str | None = None) -> RequestStream:
         """Validate and queue a request (raises ValueError / QueueFullError / EngineDeadError at once)."""
         if self.dead_reason:
             raise EngineDeadError(self.dead_reason)
@@ -87,11 +88,12 @@ class AsyncEngine:
             raise QueueFullError(f"the server is busy: {self.max_waiting} requests are already waiting; "
                                  "retry later")
         self.engine.validate_request(prompt_token_ids, params)
+        check_cache_salt(cache_salt)
         stream = RequestStream(self, request_id, asyncio.get_running_loop())
         self._streams[request_id] = stream
         with self._count_lock:
             self._queued += 1
-        self._commands.put(("add", (request_id, prompt_token_ids, params, prompt)))
+        self._commands.put(("add", (request_id, prompt_token_ids, params, prompt, False, cache_salt)))
         self._wake.set()
         return stream
 
@@ -102,6 +104,13 @@ class AsyncEngine:
 
     def stats(self) -> dict:
         return self.engine.stats()
+
+    async def reset_prefix_cache(self) -> bool:
+        """LLMEngine.reset_prefix_cache, run by the engine thread between steps."""
+        future = asyncio.get_running_loop().create_future()
+        self._commands.put(("reset_prefix_cache", future))
+        self._wake.set()
+        return await future
 
     def shutdown(self) -> None:
         self._stopping = True
@@ -118,6 +127,10 @@ class AsyncEngine:
                 return
             if cmd == "abort":
                 self.engine.abort(arg)
+                continue
+            if cmd == "reset_prefix_cache":
+                done = self.engine.reset_prefix_cache()
+                arg.get_loop().call_soon_threadsafe(arg.set_result, done)
                 continue
             with self._count_lock:
                 self._queued -= 1

@@ -19,6 +19,7 @@ from tpserve.engine.request import Sequence, Status
 from tpserve.engine.runner import StepPlan
 from tpserve.engine.scheduler import Scheduled, Scheduler
 from tpserve.engine.cache import BlockPool, SlotPool
+from tpserve.engine.prefix_cache import check_cache_salt, make_prefix_cache
 from tpserve.engine.setup import load_model_config, resolve_runtime
 from tpserve.sampling_params import SamplingParams
 
@@ -62,8 +63,10 @@ class LLMEngine:
         shape = self.executor.cache_shape
         self.max_model_len = self._max_model_len(shape.num_blocks * shape.block_size)
         self.block_pool, self.slot_pool = BlockPool(shape.num_blocks), SlotPool(shape.num_slots)
+        self.prefix_cache = make_prefix_cache(ecfg, self.model_config, shape, self.dtype, self.block_pool)
         self.scheduler = Scheduler(self.block_pool, self.slot_pool, block_size=shape.block_size,
-                                   max_num_seqs=ecfg.max_num_seqs, max_num_batched_tokens=ecfg.max_num_batched_tokens)
+                                   max_num_seqs=ecfg.max_num_seqs, max_num_batched_tokens=ecfg.max_num_batched_tokens,
+                                   prefix=self.prefix_cache)
         self.generator = torch.Generator(self.device).manual_seed(ecfg.seed)
         self.requests: dict[str, tuple[list[Sequence], str | None]] = {}
         self.dead: str | None = None
@@ -74,6 +77,8 @@ class LLMEngine:
             self.speculator = speculate.Speculator(spec, self.model_config, self.scheduler, self.executor,
                                                    append=self._append, generator=self.generator,
                                                    max_model_len=self.max_model_len)
+        if self.prefix_cache is not None and spec is not None:
+            self.prefix_cache.state_current_at_finish = False
         # async scheduling (engine/overlap.py): a decode step launched, its tokens not yet on the host
         self.overlap = ecfg.async_scheduling  # (with speculation: idle steps)
         self.inflight: overlap.Inflight | None = None
@@ -83,6 +88,14 @@ class LLMEngine:
                  shape.block_size, shape.num_slots, self.max_model_len)
 
     # ------------------------------------------------------------------ setup
+    def reset_prefix_cache(self) -> bool:
+        """vLLM's reset_prefix_cache: forget every cached block and state checkpoint (those held by running
+        requests stay theirs, no longer shared). -> whether prefix caching is on."""
+        if self.prefix_cache is None:
+            return False
+        self.prefix_cache.reset()
+        return True
+
     def _eos_ids(self) -> list[int]:
         ids = set(self.model_config.eos_token_id)
         gen = Path(self.model_dir) / "generation_config.json"
@@ -132,11 +145,12 @@ class LLMEngine:
         return params.max_tokens or room
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    prompt: str | None = None, final_only: bool = False) -> None:
+                    prompt: str | None = None, final_only: bool = False, cache_salt: str | None = None) -> None:
         """final_only (vLLM's RequestOutputKind.FINAL_ONLY, which its LLM.generate uses): step() returns
         this request's output once, finished; its text is decoded once at the end unless stop strings
-        need it token by token."""
+        need it token by token. cache_salt (vLLM's): requests share cached prefixes only with the same salt."""
         max_tokens = self.validate_request(prompt_token_ids, params)
+        check_cache_salt(cache_salt)
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         seqs = []
@@ -149,6 +163,7 @@ class LLMEngine:
                 seq.logprobs = []
             seq.detok = Detokenizer(self.tokenizer, child) if self.tokenizer is not None else None
             seq.final_only = final_only
+            seq.cache_salt = cache_salt
             seqs.append(seq)
         self.requests[request_id] = (seqs, prompt)
         self.num_added += 1
@@ -323,7 +338,7 @@ class LLMEngine:
               and cu[-1] >= self.ecfg.sp_min_tokens)
         num_decode = sum(1 for s in scheduled if s.decode)
         return StepPlan(ids, pos, cu, ctx, slots, tables, logits_idx, self.scheduler.take_fresh_slots(), sp,
-                        num_decode)
+                        num_decode, state_copies=self.scheduler.take_copies())
 
     def _append(self, seq: Sequence, res: sampler.SampleResult) -> None:
         seq.output_ids.append(res.token)
@@ -359,7 +374,8 @@ class LLMEngine:
                                  list(s.logprobs) if s.logprobs is not None else None,
                                  s.finish_reason, s.stop_reason) for s in seqs]
         finished = all(s.is_finished for s in seqs)
-        out = RequestOutput(request_id, prompt, seqs[0].prompt_ids, outs, finished)
+        out = RequestOutput(request_id, prompt, seqs[0].prompt_ids, outs, finished,
+                            num_cached_tokens=seqs[0].num_cached_tokens)
         out.prompt_logprobs = seqs[0].prompt_logprobs  # prompt_logprobs (None unless asked for)
         if finished:
             del self.requests[request_id]
@@ -370,6 +386,7 @@ class LLMEngine:
                 "blocks_total": self.block_pool.num_blocks, "blocks_free": self.block_pool.num_free,
                 "slots_total": self.slot_pool.num_blocks, "slots_free": self.slot_pool.num_free,
                 "preemptions": self.scheduler.num_preemptions,
+                **(self.prefix_cache.stats() if self.prefix_cache is not None else {}),
                 **(self.speculator.stats() if self.speculator is not None else {})}
 
     def shutdown(self) -> None:

@@ -29,12 +29,13 @@ class EngineDeadError(RuntimeError):
 
 def cache_budget(ecfg: EngineConfig, cfg: ModelConfig, device: torch.device, dtype: torch.dtype,
                  world: int) -> CacheShape:
-    """How many blocks and slots this rank can hold."""
+    """How many blocks, slots and prefix-cache state checkpoints this rank can hold."""
     bs = ecfg.block_size
     if bs % cfg.index_kpool:
         raise ValueError(f"block_size ({bs}) must be a multiple of index_kpool ({cfg.index_kpool})")
     slots = ecfg.max_num_seqs
-    slot_bytes = slots * bytes_per_slot(cfg, world, dtype)
+    per_slot = bytes_per_slot(cfg, world, dtype)
+    slot_bytes = slots * per_slot
     if ecfg.kv_cache_memory is not None:
         budget = int(ecfg.kv_cache_memory)
     elif device.type == "cuda":
@@ -43,14 +44,29 @@ def cache_budget(ecfg: EngineConfig, cfg: ModelConfig, device: torch.device, dty
     else:
         budget = CPU_DEFAULT_CACHE
     per_block = bytes_per_block(cfg, bs, dtype)
+    ckpts = checkpoint_count(ecfg, budget - slot_bytes, per_slot)
     if per_block == 0:  # no MLA layer: blocks cost nothing, give every slot a full-length table
-        return CacheShape(num_blocks=slots * -(-cfg.max_position_embeddings // bs), num_slots=slots, block_size=bs)
-    blocks = (budget - slot_bytes) // per_block
+        return CacheShape(num_blocks=slots * -(-cfg.max_position_embeddings // bs), num_slots=slots, block_size=bs,
+                          num_checkpoints=ckpts)
+    blocks = (budget - slot_bytes - ckpts * per_slot) // per_block
     if blocks < 1:
         raise ValueError(f"kv cache budget of {budget / 2**20:.1f} MiB leaves no room for cache blocks after "
-                         f"{slot_bytes / 2**20:.1f} MiB of KDA state for max_num_seqs={slots}; raise "
-                         "--kv-cache-memory / --gpu-memory-utilization or lower --max-num-seqs")
-    return CacheShape(num_blocks=int(blocks), num_slots=slots, block_size=bs)
+                         f"{slot_bytes / 2**20:.1f} MiB of KDA state for max_num_seqs={slots} and "
+                         f"{ckpts * per_slot / 2**20:.1f} MiB of prefix-cache state checkpoints; raise "
+                         "--kv-cache-memory / --gpu-memory-utilization or lower --max-num-seqs / --prefix-state-memory")
+    return CacheShape(num_blocks=int(blocks), num_slots=slots, block_size=bs, num_checkpoints=ckpts)
+
+
+def checkpoint_count(ecfg: EngineConfig, budget: int, per_slot: int) -> int:
+    """Prefix caching's KDA state checkpoints: --prefix-state-memory bytes of the cache budget left after the
+    running requests' slots (default: a quarter of it), one KDA state per checkpoint."""
+    if not ecfg.enable_prefix_caching or per_slot == 0:
+        return 0
+    share = budget // 4 if ecfg.prefix_state_memory is None else int(ecfg.prefix_state_memory)
+    if share > budget:
+        raise ValueError(f"prefix_state_memory ({share / 2**20:.1f} MiB) exceeds the cache budget left after the "
+                         f"KDA slots ({budget / 2**20:.1f} MiB)")
+    return max(share, 0) // per_slot
 
 
 class LocalExecutor:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import time
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -49,6 +49,8 @@ class StepPlan:
     num_decode: int = 0  # the first num_decode sequences are decodes/verifies (decode kernels)
     prev_rows: list[int] | None = None  # async scheduling: each row's input id is row prev_rows[i] of the
     # in-flight step's device tokens (input_ids holds placeholders; engine/overlap.py)
+    state_copies: list[tuple[int, int]] = field(default_factory=list)  # prefix caching: KDA / conv state
+    # copies (source slot, destination slot) applied in order before the forward, then reset_slots
 
     @property
     def is_uniform_decode(self) -> bool:
@@ -61,6 +63,11 @@ class CacheShape:
     num_blocks: int
     num_slots: int
     block_size: int
+    num_checkpoints: int = 0  # prefix caching's state checkpoints: slots after the dummy one
+
+    @property
+    def first_checkpoint(self) -> int:
+        return self.num_slots + 1
 
 
 class ModelRunner:
@@ -112,11 +119,13 @@ class ModelRunner:
 
     def allocate_cache(self, shape: CacheShape) -> None:
         """The scheduler's blocks and slots, plus one reserved dummy block (id num_blocks) and dummy
-        slot (id num_slots): padding rows of graph steps and pools no token completes write there."""
+        slot (id num_slots): padding rows of graph steps and pools no token completes write there; then
+        the prefix cache's state checkpoints (ids from num_slots + 1)."""
         self.cache_shape = shape
         self.cache = cache_mod.allocate_cache(self.cache_config, num_blocks=shape.num_blocks + 1,
                                               block_size=shape.block_size,
-                                              num_slots=shape.num_slots + 1, world=self.ctx.world,
+                                              num_slots=shape.num_slots + 1 + shape.num_checkpoints,
+                                              world=self.ctx.world,
                                               dtype=self.ctx.dtype, device=self.device)
 
     def setup_graphs(self, max_num_seqs: int, max_model_len: int | None, enforce_eager: bool,
@@ -164,7 +173,7 @@ class ModelRunner:
             raise ValueError(f"execute_spec: the plan is not a verify step of {self.spec_step_limits()[0]} or "
                              "fewer sequences with every row's logits and 1 to num_speculative_tokens drafts each")
         key = ("main", key[1], g.max_q)  # every sequence padded to the spec graphs' rows
-        cache_mod.reset_slots(self.cache, plan.reset_slots)
+        self._prepare_slots(plan)
         self.graph_verify, self.last_hidden = None, None
         return g.spec_step(plan, key, while_waiting)
 
@@ -211,7 +220,7 @@ class ModelRunner:
         a plan with prev_rows (async scheduling)."""
         if (prev is None) != (plan.prev_rows is None):
             raise ValueError("execute: a plan with prev_rows needs the in-flight tokens (prev), and only it")
-        cache_mod.reset_slots(self.cache, plan.reset_slots)
+        self._prepare_slots(plan)
         key = None if self.graphs is None else self.graphs.key_for(plan)
         if key is not None:
             logits, hidden = self.graphs.run(plan, key, prev)
@@ -223,6 +232,14 @@ class ModelRunner:
             logits, hidden = self.model.forward_hidden(self.build_batch(plan, prev), self.cache)
         self.last_hidden = hidden if self.mtp else None
         return logits
+
+    def _prepare_slots(self, plan: StepPlan) -> None:
+        """The plan's state copies (prefix caching: checkpoints saved, then restored), then its fresh slots
+        zeroed; on the device, queued before the forward."""
+        for src, dst in cache_mod.copy_waves(plan.state_copies):
+            cache_mod.copy_slots(self.cache, to_device(src, self.device, torch.long),
+                                 to_device(dst, self.device, torch.long))
+        cache_mod.reset_slots(self.cache, plan.reset_slots)
 
     # ------------------------------------------------------- speculative decoding
     def commit(self, counts: list[int]) -> None:

@@ -6,6 +6,9 @@ sequences are admitted (FIFO) while budget, a KDA slot, blocks and max_num_seqs 
 running sequence needs a block and none is free, the latest-arrived running sequence is
 preempted: its blocks and slot are freed and it goes back to the front of the queue, to be
 recomputed from its prompt and the tokens it already generated.
+With prefix caching (engine/prefix_cache.py) a waiting sequence starts after the longest cached run of
+its blocks that ends at a state checkpoint (its blocks shared, its KDA state restored by a copy before
+the step's forward), and prefill chunks end where a checkpoint is to be kept.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from tpserve.engine.cache import BlockPool, SlotPool
+from tpserve.engine.prefix_cache import PrefixCache
 from tpserve.engine.request import Sequence, Status
 
 
@@ -36,8 +40,8 @@ class Scheduled:
 
 class Scheduler:
     def __init__(self, blocks: BlockPool, slots: SlotPool, *, block_size: int, max_num_seqs: int,
-                 max_num_batched_tokens: int):
-        self.blocks, self.slots, self.block_size = blocks, slots, block_size
+                 max_num_batched_tokens: int, prefix: PrefixCache | None = None):
+        self.blocks, self.slots, self.block_size, self.prefix = blocks, slots, block_size, prefix
         self.max_num_seqs, self.token_budget = max_num_seqs, max_num_batched_tokens
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -57,10 +61,12 @@ class Scheduler:
             self.running.remove(seq)
         elif seq.status is Status.WAITING and seq in self.waiting:
             self.waiting.remove(seq)
-        self._release(seq)
+        self._release(seq, reason == "abort" or self.prefix is None or self.prefix.state_current_at_finish)
         seq.status, seq.finish_reason = Status.FINISHED, reason
 
-    def _release(self, seq: Sequence) -> None:
+    def _release(self, seq: Sequence, state_current: bool = True) -> None:
+        if self.prefix is not None:
+            self.prefix.release(seq, state_current)
         if seq.blocks:
             self.blocks.free(seq.blocks)
             seq.blocks = []
@@ -76,12 +82,18 @@ class Scheduler:
     def schedule(self) -> list[Scheduled]:
         budget = self.token_budget
         out: list[Scheduled] = []
+        if self.prefix is not None:  # (before any admission: state saves come before restores)
+            for seq in self.running:
+                if seq.num_computed >= seq.prefix.next:  # (a block end reached: else nothing to do)
+                    self.prefix.progress(seq)
         for seq in list(self.running):
             if budget == 0:
                 break
             if seq.status is not Status.RUNNING:  # preempted below while making room
                 continue
             n = min(seq.num_tokens - seq.num_computed + (len(seq.drafts) if seq.in_decode else 0), budget)
+            if self.prefix is not None and not seq.in_decode:
+                n = self.prefix.chunk(seq, seq.num_computed, n)
             if not self._grow(seq, seq.num_computed + n):
                 continue
             if seq.in_decode and n - 1 < len(seq.drafts):  # the budget verifies fewer drafts
@@ -93,19 +105,31 @@ class Scheduler:
             budget -= n
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and self.slots.num_free:
             seq = self.waiting[0]
-            n = min(seq.num_tokens, budget)
-            need = self._blocks_for(n)
-            if need > self.blocks.num_free:
+            run = self.prefix.match(seq) if self.prefix is not None else []
+            start = len(run) * self.block_size
+            n = min(seq.num_tokens - start, budget)
+            if self.prefix is not None:
+                n = self.prefix.chunk(seq, start, n)
+            need = self._blocks_for(start + n) - len(run)
+            idle = sum(1 for e in run if self.blocks.refs(e.block) == 0)  # cached blocks a hit takes off the LRU
+            if need + idle > self.blocks.num_free:
                 break
             self.waiting.popleft()
-            seq.blocks = self.blocks.allocate(need)
             seq.slot = self.slots.allocate(1)[0]
-            self.fresh_slots.append(seq.slot)
+            held = self.prefix.admit(seq, run) if self.prefix is not None else []  # (before allocate: held)
+            seq.blocks = held + self.blocks.allocate(need)
+            seq.num_computed = seq.mtp_computed = start
+            if not run or not self.prefix.needs_state:
+                self.fresh_slots.append(seq.slot)
             seq.status = Status.RUNNING
             self.running.append(seq)
             out.append(Scheduled(seq, n, seq.in_decode))
             budget -= n
         return out
+
+    def take_copies(self) -> list[tuple[int, int]]:
+        """State checkpoint saves and restores queued for the next step (applied before its forward)."""
+        return self.prefix.take_copies() if self.prefix is not None else []
 
     def take_fresh_slots(self) -> list[int]:
         fresh, self.fresh_slots = self.fresh_slots, []

@@ -25,6 +25,10 @@ class CacheTensors:
     pool_k: dict[int, torch.Tensor] = field(default_factory=dict)      # [blocks, bs/kpool, idx_dim]
     kda_state: dict[int, torch.Tensor] = field(default_factory=dict)   # [slots, H_local, K, V] fp32
     conv_state: dict[int, torch.Tensor] = field(default_factory=dict)  # [slots, conv_local, k-1]
+    # every KDA layer's states in one tensor each ([layers, slots, ...]; the dicts hold views of them), so one
+    # slot's states move in one copy (prefix caching's checkpoints; model/cache.py copy_slots)
+    kda_stack: torch.Tensor | None = None
+    conv_stack: torch.Tensor | None = None
     # the last step's verified KDA inputs per layer (model/kda.py VerifyInputs), until committed
     verify: dict[int, object] = field(default_factory=dict)
 

@@ -38,10 +38,13 @@ def allocate_cache(cfg: ModelConfig, *, num_blocks: int, block_size: int, num_sl
             cache.index_k[i] = zeros(num_blocks, block_size, cfg.index_head_dim)
             cache.index_gate[i] = zeros(num_blocks, block_size, cfg.index_head_dim)
             cache.pool_k[i] = zeros(num_blocks, block_size // cfg.index_kpool, cfg.index_head_dim)
-    heads = cfg.linear_num_heads // world
-    for i in cfg.kda_layers:
-        cache.kda_state[i] = zeros(num_slots, heads, cfg.linear_head_dim, cfg.linear_head_dim, dt=torch.float32)
-        cache.conv_state[i] = zeros(num_slots, 3 * heads * cfg.linear_head_dim, cfg.linear_conv_kernel_dim - 1)
+    heads, kda = cfg.linear_num_heads // world, list(cfg.kda_layers)
+    if kda:  # one tensor per kind, layer-major: each layer's [slots, ...] view is contiguous
+        cache.kda_stack = zeros(len(kda), num_slots, heads, cfg.linear_head_dim, cfg.linear_head_dim,
+                                dt=torch.float32)
+        cache.conv_stack = zeros(len(kda), num_slots, 3 * heads * cfg.linear_head_dim, cfg.linear_conv_kernel_dim - 1)
+    for j, i in enumerate(kda):
+        cache.kda_state[i], cache.conv_state[i] = cache.kda_stack[j], cache.conv_stack[j]
     return cache
 
 
@@ -49,6 +52,39 @@ def reset_slots(cache: CacheTensors, slots: list[int]) -> None:
     """Zero the KDA state of freshly assigned slots (a new or recomputed sequence)."""
     if not slots:
         return
+    if cache.kda_stack is not None:
+        for t in (cache.kda_stack, cache.conv_stack):
+            t[:, torch.tensor(slots, device=t.device)] = 0
+        return
     for tensors in (cache.kda_state, cache.conv_state):
         for t in tensors.values():
             t[torch.tensor(slots, device=t.device)] = 0
+
+
+def copy_waves(copies: list[tuple[int, int]]) -> list[tuple[list[int], list[int]]]:
+    """Slot copies (source, destination), meant one after another, grouped into waves that may each run as
+    one gather and scatter: a copy starts a new wave when it reads or writes a slot the wave writes, or
+    writes one it reads."""
+    waves: list[tuple[list[int], list[int]]] = []
+    reads: set[int] = set()
+    writes: set[int] = set()
+    for src, dst in copies:
+        if not waves or src in writes or dst in writes or dst in reads:
+            waves.append(([], []))
+            reads, writes = set(), set()
+        waves[-1][0].append(src)
+        waves[-1][1].append(dst)
+        reads.add(src)
+        writes.add(dst)
+    return waves
+
+
+def copy_slots(cache: CacheTensors, src: torch.Tensor, dst: torch.Tensor) -> None:
+    """Every KDA layer's recurrent and conv state of slots `src` into slots `dst` (one wave of copy_waves)."""
+    if cache.kda_stack is not None:
+        for t in (cache.kda_stack, cache.conv_stack):
+            t[:, dst] = t[:, src]
+        return
+    for tensors in (cache.kda_state, cache.conv_state):
+        for t in tensors.values():
+            t[dst] = t[src]

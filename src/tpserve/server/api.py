@@ -146,6 +146,15 @@ def build_app(state: ServerState) -> FastAPI:
         return JSONResponse([{"dp_rank": 0, "num_reqs": s["running"], "num_waiting_reqs": s["waiting"],
                               "num_tokens": (s["blocks_total"] - s["blocks_free"]) * block}])
 
+    @app.post("/reset_prefix_cache", **route_docs(None, None, errors=(503,)))
+    async def reset_prefix_cache():
+        """vLLM's route: forget every cached prefix (blocks and KDA state checkpoints not in use)."""
+        reason = state.engine.dead_reason
+        if reason:
+            raise EngineDeadError(reason)
+        await asyncio.wait_for(state.engine.reset_prefix_cache(), timeout=60)
+        return Response(status_code=200)
+
     def card(name: str) -> ModelCard:
         return ModelCard(id=name, root=str(state.engine.engine.model_dir), max_model_len=state.max_model_len)
 

@@ -34,6 +34,15 @@ class ServerMetrics:
             ("spec_decode_num_drafts", "Verify runs (a sequence-step with drafts)"),
             ("spec_decode_num_draft_tokens", "Drafted tokens verified"),
             ("spec_decode_num_accepted_tokens", "Drafted tokens accepted"))}
+        # prefix caching (vLLM's names): prompt tokens looked up and found, the state checkpoints' size
+        self.prefix = {key: Counter(f"tpserve:{key}", text, registry=r) for key, text in (
+            ("prefix_cache_queries", "Prompt tokens looked up in the prefix cache"),
+            ("prefix_cache_hits", "Prompt tokens found in the prefix cache"))}
+        self.prefix_gauges = {key: Gauge(f"tpserve:{key}", text, registry=r) for key, text in (
+            ("prefix_state_checkpoints", "KDA state checkpoint slots of the prefix cache"),
+            ("prefix_state_checkpoints_used", "KDA state checkpoint slots in use"),
+            ("prefix_state_checkpoint_bytes", "Bytes of one KDA state checkpoint per rank"),
+            ("prefix_state_memory_share", "The checkpoints' share of the cache memory (0-1)"))}
         self.spec_per_pos = Counter("tpserve:spec_decode_num_accepted_tokens_per_pos",
                                     "Drafted tokens accepted, by draft position", ["position"], registry=r)
         self._spec_seen: dict[str, float] = {}
@@ -45,8 +54,10 @@ class ServerMetrics:
         self.cache_usage.set(1 - s["blocks_free"] / max(s["blocks_total"], 1))
         self.slot_usage.set(1 - s["slots_free"] / max(s["slots_total"], 1))
         self.preemptions.set(s["preemptions"])
-        for key, counter in self.spec.items():
+        for key, counter in (*self.spec.items(), *self.prefix.items()):
             self._advance(key, s.get(key, 0), counter)
+        for key, gauge in self.prefix_gauges.items():
+            gauge.set(s.get(key, 0))
         for pos, value in enumerate(s.get("spec_decode_num_accepted_tokens_per_pos", [])):
             self._advance(f"pos{pos}", value, self.spec_per_pos.labels(position=str(pos)))
         return generate_latest(self.registry)

@@ -110,6 +110,14 @@ class SamplingRequest(VllmSampling):
                                                                               "maximum": 100}},
                                                     {"type": "null"}]})] = None  # token id (as a string) -> bias
     response_format: ResponseFormat | None = None
+    cache_salt: str | None = None  # vLLM's: requests share cached prefixes only with the same salt
+
+    @field_validator("cache_salt")
+    @classmethod
+    def _check_cache_salt(cls, value: str | None) -> str | None:
+        if value is not None and not value:
+            raise ParamError("cache_salt", "cache_salt must be a non-empty string")
+        return value
 
     @field_validator("logit_bias")
     @classmethod

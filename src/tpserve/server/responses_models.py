@@ -76,8 +76,10 @@ class ResponseUsage(BaseModel):
     total_tokens: int
 
     @classmethod
-    def of(cls, input_tokens: int, output_tokens: int, reasoning_tokens: int = 0) -> ResponseUsage:
+    def of(cls, input_tokens: int, output_tokens: int, reasoning_tokens: int = 0,
+           cached_tokens: int = 0) -> ResponseUsage:
         return cls(input_tokens=input_tokens, output_tokens=output_tokens, total_tokens=input_tokens + output_tokens,
+                   input_tokens_details=InputTokensDetails(cached_tokens=cached_tokens),
                    output_tokens_details=OutputTokensDetails(reasoning_tokens=reasoning_tokens))
 
 

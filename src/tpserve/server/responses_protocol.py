@@ -213,6 +213,7 @@ class ResponsesRequest(OpenAIModel):
     background: Literal[False] | None = None
     previous_response_id: None = None
     prompt: None = None
+    cache_salt: str | None = None  # vLLM's: requests share cached prefixes only with the same salt
 
     @model_validator(mode="before")
     @classmethod
@@ -240,6 +241,13 @@ class ResponsesRequest(OpenAIModel):
         input_to_messages(value)
         return value
 
+    @field_validator("cache_salt")
+    @classmethod
+    def _check_cache_salt(cls, value: str | None) -> str | None:
+        if value is not None and not value:
+            raise ParamError("cache_salt", "cache_salt must be a non-empty string")
+        return value
+
     @field_validator("tool_choice")
     @classmethod
     def _check_tool_choice(cls, value: Any, info) -> Any:
@@ -259,7 +267,8 @@ class ResponsesRequest(OpenAIModel):
                                 "max_completion_tokens": self.max_output_tokens, "temperature": self.temperature,
                                 "top_p": self.top_p, "top_k": self.top_k,
                                 "parallel_tool_calls": self.parallel_tool_calls, "user": self.user,
-                                "reasoning_effort": self.reasoning.effort if self.reasoning else None}
+                                "reasoning_effort": self.reasoning.effort if self.reasoning else None,
+                                "cache_salt": self.cache_salt}
         if self.tools:
             chat["tools"] = [{"type": "function", "function": t.model_dump(exclude={"type"}, exclude_none=True)}
                              for t in self.tools]

@@ -74,7 +74,7 @@ async def start_chat(state: ServerState, req: ChatCompletionRequest, rid: str | 
     prompt, ids = await state.off_loop(render)
     params = sampling_params(req, state.sampling_defaults, logit_bias=bias, structured_outputs=constraint)
     rid = rid or request_id("chatcmpl")
-    stream = state.engine.add(rid, ids, params, prompt)
+    stream = state.engine.add(rid, ids, params, prompt, cache_salt=req.cache_salt)
     timer = RequestTimer(state.metrics, stream.arrival, len(ids))
     mode = reasoning_mode_for_prompt(prompt, thinking_enabled(req.reasoning_effort, enable_thinking))
     return ChatRun(rid, model, stream, timer, ids, params, mode, policy)
@@ -108,7 +108,7 @@ async def chat_completions(state: ServerState, request: Request, req: ChatComple
         choices.append(ChatCompletionChoice(index=c.index, message=message, logprobs=logprobs,
                                             finish_reason=chat_finish_reason(c.finish_reason, calls),
                                             stop_reason=c.stop_reason))
-    usage = UsageInfo.of(len(ids), sum(len(c.token_ids) for c in final.outputs))
+    usage = UsageInfo.of(len(ids), sum(len(c.token_ids) for c in final.outputs), final.num_cached_tokens)
     return JSONResponse(ChatCompletionResponse(id=rid, model=model, choices=choices, usage=usage).model_dump())
 
 
@@ -118,17 +118,18 @@ async def _stream(state, rid, model, stream, timer, new_parser, n, prompt_len, k
     include_usage, continuous = usage_options
     parsers = [new_parser() for _ in range(n)]
     sent_text, sent_tokens, done = [0] * n, [0] * n, [False] * n
+    cached = 0
 
     def chunk(choices, usage=None):
         if usage is None and continuous:  # vLLM's continuous_usage_stats: the usage so far on every chunk
-            usage = UsageInfo.of(prompt_len, sum(sent_tokens))
+            usage = UsageInfo.of(prompt_len, sum(sent_tokens), cached)
         return sse(ChatCompletionStreamResponse(id=rid, model=model, created=created, choices=choices, usage=usage))
 
     yield chunk([ChatCompletionStreamChoice(index=i, delta=DeltaMessage(role="assistant", content=""))
                  for i in range(n)])
     try:
         async for _, out in cut_at_drain(state, merged([stream], [timer])):
-            choices = []
+            choices, cached = [], out.num_cached_tokens
             for c in out.outputs:
                 i = c.index
                 if done[i]:
@@ -158,5 +159,5 @@ async def _stream(state, rid, model, stream, timer, new_parser, n, prompt_len, k
         yield sse("[DONE]")
         return
     if include_usage:
-        yield chunk([], usage=UsageInfo.of(prompt_len, sum(sent_tokens)))
+        yield chunk([], usage=UsageInfo.of(prompt_len, sum(sent_tokens), cached))
     yield sse("[DONE]")

@@ -48,7 +48,7 @@ async def completions(state: ServerState, request: Request, req: CompletionReque
     streams, timers = [], []
     try:
         for j, p in enumerate(prompts):
-            stream = state.engine.add(f"{rid}-{j}", p.ids, params, p.text)
+            stream = state.engine.add(f"{rid}-{j}", p.ids, params, p.text, cache_salt=req.cache_salt)
             streams.append(stream)
             timers.append(RequestTimer(state.metrics, stream.arrival, len(p.ids)))
     except Exception:
@@ -75,7 +75,8 @@ async def completions(state: ServerState, request: Request, req: CompletionReque
             choices.append(CompletionChoice(index=j * params.n + c.index, text=text, logprobs=logprobs,
                                             finish_reason=c.finish_reason, stop_reason=c.stop_reason))
             generated += 0 if req.prompt_only() else len(c.token_ids)
-    usage = UsageInfo.of(sum(len(p.ids) for p in prompts), generated)
+    usage = UsageInfo.of(sum(len(p.ids) for p in prompts), generated,
+                         sum(f.num_cached_tokens for f in finals.values()))
     body = CompletionResponse(id=rid, model=model, choices=choices, usage=usage).model_dump()
     if req.prompt_logprobs is not None:  # vLLM's shape: per choice, [None, {token id: {logprob, rank, decoded_token}}]
         for choice in body["choices"]:
@@ -109,14 +110,14 @@ async def _stream(state, tok, rid, model, req: CompletionRequest, prompts: list[
     k = req.logprobs_count()
     include_usage, continuous = req.usage_options()
     prompt_tokens = sum(len(p.ids) for p in prompts)
-    sent_text, sent_tokens, offset, generated, done = {}, {}, {}, {}, set()
+    sent_text, sent_tokens, offset, generated, done, cached = {}, {}, {}, {}, set(), {}
 
     def usage() -> UsageInfo:
-        return UsageInfo.of(prompt_tokens, sum(generated.values()))
+        return UsageInfo.of(prompt_tokens, sum(generated.values()), sum(cached.values()))
 
     try:
         async for j, out in cut_at_drain(state, merged(streams, timers)):
-            choices = []
+            choices, cached[j] = [], out.num_cached_tokens
             for c in out.outputs:
                 idx = j * n + c.index
                 if idx in done:

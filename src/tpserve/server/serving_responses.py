@@ -44,11 +44,13 @@ async def create_response(state: ServerState, request: Request, req: ResponsesRe
             final = out
         return final
 
-    c = (await until_disconnect(request, collect(), state.drain_cut)).outputs[0]
+    final = await until_disconnect(request, collect(), state.drain_cut)
+    c = final.outputs[0]
     msg = run.parse(c.text)
     incomplete = c.finish_reason == "length"
     items = output_items(msg, incomplete)
-    usage = ResponseUsage.of(len(run.ids), len(c.token_ids), _reasoning_tokens(state, c.token_ids, msg))
+    usage = ResponseUsage.of(len(run.ids), len(c.token_ids), _reasoning_tokens(state, c.token_ids, msg),
+                             final.num_cached_tokens)
     return JSONResponse(_response(echo, items, usage, incomplete).model_dump(mode="json"))
 
 
@@ -189,10 +191,10 @@ async def _stream(state: ServerState, run: ChatRun, echo: dict):
     ev, parser = _Events(), run.new_parser()
     yield ev.event("response.created", response=_response(echo, [], None, None).model_dump(mode="json"))
     yield ev.event("response.in_progress", response=_response(echo, [], None, None).model_dump(mode="json"))
-    sent, final = 0, None
+    sent, final, cached = 0, None, 0
     try:
         async for _, out in cut_at_drain(state, merged([run.stream], [run.timer])):
-            c = out.outputs[0]
+            c, cached = out.outputs[0], out.num_cached_tokens
             deltas = parser.feed(c.text[sent:])
             sent = len(c.text)
             if c.finish_reason is not None:
@@ -209,6 +211,6 @@ async def _stream(state: ServerState, run: ChatRun, echo: dict):
         yield event
     token_ids = final.token_ids if final is not None else []
     msg = {"reasoning_content": "".join(i.content[0].text for i in ev.items if isinstance(i, ReasoningItem))}
-    usage = ResponseUsage.of(len(run.ids), len(token_ids), _reasoning_tokens(state, token_ids, msg))
+    usage = ResponseUsage.of(len(run.ids), len(token_ids), _reasoning_tokens(state, token_ids, msg), cached)
     done = _response(echo, ev.items, usage, incomplete).model_dump(mode="json")
     yield ev.event("response.incomplete" if incomplete else "response.completed", response=done)

@@ -9,10 +9,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from tpserve.config import EngineConfig
+from tpserve.config import BYTE_FIELDS, EngineConfig
 
 ADVANCED_TITLE = "advanced: kernel and speedup switches (docs/switches.md)"
-_METAVARS = {"kv_cache_memory": "BYTES", "speculative_config": "JSON", "hf_overrides": "JSON",
+_METAVARS = {"kv_cache_memory": "BYTES", "prefix_state_memory": "BYTES", "speculative_config": "JSON", "hf_overrides": "JSON",
              "collective_table": "FILE", "snapshot_dir": "DIR", "quantization": "METHOD"}
 
 
@@ -67,7 +67,7 @@ def add_engine_args(parser: argparse.ArgumentParser, *, model_positional: bool =
                                                   "X" if kind.startswith("float") else "TEXT")
                 if kind.startswith("int"):
                     kwargs["type"] = int
-                elif kind.startswith("float") and f.name != "kv_cache_memory":
+                elif kind.startswith("float") and f.name not in BYTE_FIELDS:
                     kwargs["type"] = float
             aliases = [flag] + (["--tensor-parallel-size"] if f.name == "tensor_parallel_size" else [])
             action = target.add_argument(*aliases, **kwargs)

@@ -81,8 +81,10 @@ def test_preemption_during_speculation(spec):
     from tpserve.model.mtp import mtp_config
 
     cfg = mtp_config(spec.engine.model_config)
-    budget = 4 * bytes_per_slot(cfg, 1, torch.float32) + 10 * bytes_per_block(cfg, 16, torch.float32)
-    small = LLM(Model.path, device="cpu", kv_cache_memory=budget, block_size=16, speculative_config=SPEC, max_num_seqs=4)
+    state = 4 * bytes_per_slot(cfg, 1, torch.float32)  # four prefix-cache state checkpoints
+    budget = 4 * bytes_per_slot(cfg, 1, torch.float32) + 10 * bytes_per_block(cfg, 16, torch.float32) + state
+    small = LLM(Model.path, device="cpu", kv_cache_memory=budget, block_size=16, speculative_config=SPEC,
+                max_num_seqs=4, prefix_state_memory=state)
     assert small.engine.block_pool.num_blocks == 10
     ref = LLM(Model.path, device="cpu", kv_cache_memory="16MiB", block_size=16, max_num_seqs=8)
     sp = SamplingParams(temperature=0, max_tokens=60, ignore_eos=True)

@@ -19,6 +19,15 @@ def test_mixed_plan_roundtrip():
     assert dataclasses.asdict(_roundtrip(plan)) == dataclasses.asdict(plan)
 
 
+def test_state_copies_roundtrip():
+    """Prefix caching's checkpoint saves and restores travel with the plan, in order."""
+    plan = StepPlan([5], [9], [0, 1], [9], [2], [[4]], [0], [3], state_copies=[(2, 70), (70, 3), (71, 2)])
+    header, payload = plan_wire.encode(plan)
+    assert payload.numel() == plan_wire.message_size(header)
+    assert _roundtrip(plan).state_copies == [(2, 70), (70, 3), (71, 2)]
+    assert plan_wire.decode_message(header, payload).plan == plan
+
+
 def test_empty_tables_and_lists_roundtrip():
     plan = StepPlan([1], [0], [0, 1], [0], [0], [[]], [], [], False, 0)
     assert dataclasses.asdict(_roundtrip(plan)) == dataclasses.asdict(plan)

@@ -121,3 +121,22 @@ def test_mean_accepted_length_from_a_speculating_server(tiny, tmp_path, capsys):
     assert rc == 0, res["errors"]
     assert 1.0 < res["levels"][0]["mean_accepted_length"] <= 4.0
     assert "mean accepted length" in capsys.readouterr().out
+
+
+def test_multiturn_reuses_history_and_the_cold_replay_proves_none(live, tmp_path, capsys):
+    """Conversations resending their history: later turns are served from the prefix cache; the replay of the
+    same prompts, one cache_salt per request, gets cached_tokens == 0 and the same (greedy) answers."""
+    png = tmp_path / "multiturn.png"
+    rc, res = _bench(live.url, tmp_path, "--dataset", "multiturn", "--concurrency", "2", "--num-requests", "3",
+                     "--turns", "3", "--prompt-len", "120", "--turn-len", "20", "--max-tokens", "8",
+                     "--plot", str(png))
+    assert rc == 0, res["errors"]
+    lv = res["levels"][0]
+    assert [row["turn"] for row in lv["turns"]] == [1, 2, 3] and all(row["requests"] == 3 for row in lv["turns"])
+    assert lv["turns"][0]["cached_tokens"] == 0 and lv["turns"][0]["hit_rate"] is None
+    assert all(row["cached_tokens"] > 0 for row in lv["turns"][1:]) and 0.3 < lv["hit_rate"] <= 1.0
+    assert lv["cold_valid"] and lv["cold_pass"]["cached_tokens_total"] == 0
+    assert lv["outputs_identical"] == lv["outputs_compared"] == 9
+    assert png.stat().st_size > 10_000
+    out = capsys.readouterr().out
+    assert "multi-turn at concurrency 2: hit rate" in out and "no-cache pass: VALID" in out

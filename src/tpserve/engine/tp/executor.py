@@ -87,9 +87,9 @@ class RankState:
                                       progress=None if rank == 0 else False, load_format=ecfg.load_format,
                                       mtp=spec is not None)
             mine = cache_budget(ecfg, cfg, self.device, dtype, world)
-            agreed = torch.tensor([mine.num_blocks], dtype=torch.long)
+            agreed = torch.tensor([mine.num_blocks, mine.num_checkpoints], dtype=torch.long)
             dist.all_reduce(agreed, op=dist.ReduceOp.MIN, group=self.control)
-            self.cache_shape = CacheShape(int(agreed), mine.num_slots, mine.block_size)
+            self.cache_shape = CacheShape(int(agreed[0]), mine.num_slots, mine.block_size, int(agreed[1]))
             self.runner.allocate_cache(self.cache_shape)
             self.runner.setup_graphs(ecfg.max_num_seqs, ecfg.max_model_len, ecfg.enforce_eager,
                                      num_speculative_tokens=0 if spec is None else spec.num_speculative_tokens,

@@ -1,9 +1,9 @@
 """The step plan on the wire: rank 0 sends each step to the other ranks as two int64 tensors
-(a fixed 8-entry header, then a payload whose size the header gives), never a pickled object.
+(a fixed 9-entry header, then a payload whose size the header gives), never a pickled object.
 
 Payload layout, in order: input_ids [T], positions [T], cu_seqlens [B+1], context_lens [B],
 slots [B], block-table lengths [B], block tables [B x width] (-1 padded), logits_indices [N],
-reset_slots [R].
+reset_slots [R], state_copies [C x 2] (source, destination; prefix caching).
 
 Speculative decoding adds two messages: an MTP draft step (header[0] DRAFT_MAIN or DRAFT_CHAIN:
 the hidden rows come from the main model or the previous depth; the payload is the plan's, then
@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from tpserve.engine.runner import StepPlan
 
-HEADER = 8
+HEADER = 9
 STEP, STOP, COMMIT, DRAFT_MAIN, DRAFT_CHAIN, SPEC, STEP_PREV = 1, 2, 3, 4, 5, 6, 7
 
 
@@ -52,19 +52,20 @@ def encode(plan: StepPlan, kind: int = STEP) -> tuple[torch.Tensor, torch.Tensor
     parts = [plan.input_ids, plan.positions, plan.cu_seqlens, plan.context_lens, plan.slots, lens]
     payload = np.concatenate([np.asarray(p, dtype=np.int64) for p in parts]
                              + [tables.reshape(-1), np.asarray(plan.logits_indices, dtype=np.int64),
-                                np.asarray(plan.reset_slots, dtype=np.int64)])
+                                np.asarray(plan.reset_slots, dtype=np.int64),
+                                np.asarray(plan.state_copies, dtype=np.int64).reshape(-1)])
     header = torch.tensor([kind, t, b, width, len(plan.logits_indices), len(plan.reset_slots),
-                           int(plan.sequence_parallel), plan.num_decode], dtype=torch.long)
+                           int(plan.sequence_parallel), plan.num_decode, len(plan.state_copies)], dtype=torch.long)
     return header, torch.from_numpy(payload)
 
 
 def payload_size(header: torch.Tensor) -> int:
-    _, t, b, width, n, r = header[:6].tolist()
-    return 2 * t + (b + 1) + 3 * b + b * width + n + r
+    _, t, b, width, n, r, _, _, c = header.tolist()
+    return 2 * t + (b + 1) + 3 * b + b * width + n + r + 2 * c
 
 
 def decode(header: torch.Tensor, payload: torch.Tensor) -> StepPlan:
-    _, t, b, width, n, r, sp, num_decode = header.tolist()
+    _, t, b, width, n, r, sp, num_decode, c = header.tolist()
     flat = payload.numpy()
     out, at = [], 0
     for size in (t, t, b + 1, b, b, b):
@@ -75,8 +76,10 @@ def decode(header: torch.Tensor, payload: torch.Tensor) -> StepPlan:
     at += b * width
     logits = flat[at:at + n].tolist()
     reset = flat[at + n:at + n + r].tolist()
+    at += n + r
+    copies = [(int(s), int(d)) for s, d in flat[at:at + 2 * c].reshape(c, 2)]
     return StepPlan(ids, pos, cu, ctx, slots, [tables[i, :lens[i]].tolist() for i in range(b)], logits, reset,
-                    bool(sp), num_decode)
+                    bool(sp), num_decode, state_copies=copies)
 
 
 def encode_draft(plan: StepPlan, source_rows: list[int], from_main: bool,

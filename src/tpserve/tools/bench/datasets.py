@@ -1,6 +1,7 @@
 """Prompts for `tpserve bench serve`: random token ids, a JSONL file, or the built-in structured,
-code and prose sets; and the salt of cold-prefill mode (a unique head on every prompt, so no
-prefix cache can serve any of it).
+code and prose sets (multi-turn conversations: multiturn.py); and the salt of cold-prefill mode
+(a unique head on every prompt, and a cache_salt per request in load.py, so no prefix cache can
+serve any of it).
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ import json
 import random
 import uuid
 
-DATASETS = ("random", "jsonl", "structured", "code", "prose")
+DATASETS = ("random", "jsonl", "structured", "code", "prose", "multiturn")  # multiturn: tools/bench/multiturn.py
 
 _STRUCTURED = [
     'Return a JSON object with keys "name", "age" and "city" for a fictional person born in {n}.',

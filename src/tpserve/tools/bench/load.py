@@ -1,6 +1,7 @@
 """The load generator of `tpserve bench serve`: streaming /v1/completions requests at a fixed
 concurrency, optionally arriving as a Poisson process, each checked (status, a well-formed SSE
-stream ending in [DONE], the token count asked for, and in cold-prefill mode cached_tokens == 0).
+stream ending in [DONE], the token count asked for, and in cold-prefill mode, where every request
+carries its own cache_salt, cached_tokens == 0).
 
 Metrics per request, as in `vllm bench serve`: TTFT (first token), TPOT ((E2E - TTFT) /
 (output tokens - 1)), ITL (gaps between streamed token events), E2E latency.
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+import uuid
 
 from tpserve.tools.sse import SseError, sse_event
 
@@ -24,11 +26,13 @@ def percentile(values: list[float], q: float) -> float:
     return s[lo] + (s[hi] - s[lo]) * (k - lo)
 
 
-async def one_request(client, url: str, model: str, prompt, max_tokens: int, cold: bool) -> dict:
+async def one_request(client, url: str, model: str, prompt, max_tokens: int, cold: bool,
+                      extra: dict | None = None) -> dict:
+    """One streamed completion, checked; `extra`: more body fields (cache_salt). -> its metrics and text."""
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True, "ignore_eos": True,
-            "temperature": 0, "stream_options": {"include_usage": True}}
+            "temperature": 0, "stream_options": {"include_usage": True}, **(extra or {})}
     start = time.perf_counter()
-    stamps, usage, error, done = [], None, None, False
+    stamps, usage, error, done, texts = [], None, None, False, []
     try:
         async with client.stream("POST", url + "/v1/completions", json=body) as r:
             if r.status_code != 200:
@@ -51,6 +55,7 @@ async def one_request(client, url: str, model: str, prompt, max_tokens: int, col
                     usage = chunk["usage"]
                 if any(c.get("text") for c in chunk.get("choices") or []):
                     stamps.append(time.perf_counter())
+                    texts.extend(c.get("text") or "" for c in chunk["choices"])
     except Exception as exc:  # noqa: BLE001 - counted and reported
         error = f"{type(exc).__name__}: {exc}"
     end = time.perf_counter()
@@ -64,7 +69,7 @@ async def one_request(client, url: str, model: str, prompt, max_tokens: int, col
     cached = ((usage or {}).get("prompt_tokens_details") or {}).get("cached_tokens")
     res = {"error": error, "latency": end - start, "ttft": stamps[0] - start if stamps else None,
            "itl": [b - a for a, b in zip(stamps, stamps[1:])], "output_tokens": n_out or 0,
-           "prompt_tokens": (usage or {}).get("prompt_tokens", 0), "cached_tokens": cached}
+           "prompt_tokens": (usage or {}).get("prompt_tokens", 0), "cached_tokens": cached, "text": "".join(texts)}
     if res["ttft"] is not None and n_out and n_out > 1:
         res["tpot"] = (res["latency"] - res["ttft"]) / (n_out - 1)
     if cold and error is None and cached != 0:
@@ -86,16 +91,17 @@ async def run_level(url: str, model: str, prompts: list, *, concurrency: int, ma
     async with httpx.AsyncClient(timeout=600, limits=limits, headers=headers or {}) as client:
         bar = tqdm(total=len(prompts), desc=desc, unit="req", leave=False)
 
-        async def guarded(prompt):
+        async def guarded(prompt, i):
             async with sem:
-                res = await one_request(client, url, model, prompt, max_tokens, cold)
+                extra = {"cache_salt": f"cold-{run}-{i}"} if cold else None  # no cache shares across requests
+                res = await one_request(client, url, model, prompt, max_tokens, cold, extra)
                 bar.update(1)
                 return res
 
         start = time.perf_counter()
-        tasks = []
-        for prompt in prompts:
-            tasks.append(asyncio.ensure_future(guarded(prompt)))
+        tasks, run = [], uuid.uuid4().hex[:12]
+        for i, prompt in enumerate(prompts):
+            tasks.append(asyncio.ensure_future(guarded(prompt, i)))
             if request_rate != float("inf"):
                 await asyncio.sleep(rng.expovariate(request_rate))
         results = await asyncio.gather(*tasks)

@@ -6,9 +6,11 @@ Targets --url (any OpenAI-compatible server) or starts a server in this process.
 E2E percentiles, throughput and errors. Every response is checked: a wrong token count, an
 HTTP error or a broken stream is an error, and the command exits 1.
 
---cold-prefill salts every prompt so no prefix cache can serve it and proves it: each
-response's usage.prompt_tokens_details.cached_tokens must be 0; if one is missing or not 0 the
-run is marked invalid (exit 1). The GPU guard (gpu_guard.py) samples clocks, temperature and
+--cold-prefill salts every prompt (a unique head, and a unique cache_salt per request) so no prefix
+cache can serve it and proves it: each response's usage.prompt_tokens_details.cached_tokens must be
+0; if one is missing or not 0 the run is marked invalid (exit 1). --dataset multiturn runs
+conversations that resend their history each turn, with the cache and replayed without it
+(multiturn.py): hit rate and TTFT per turn. The GPU guard (gpu_guard.py) samples clocks, temperature and
 throttle reasons meanwhile and flags a throttled run. Results: a table, --json, --plot (PNG).
 Load generation: bench_load.py; prompts: bench_datasets.py.
 """
@@ -33,7 +35,11 @@ def register(sub, bench, tune) -> None:
     p.add_argument("--max-tokens", type=int, default=200, help="output tokens per request (ignore_eos)")
     p.add_argument("--dataset", default="random", choices=DATASETS)
     p.add_argument("--dataset-path", default=None, help="JSONL file for --dataset jsonl")
-    p.add_argument("--prompt-len", type=int, default=32, help="prompt length in tokens (--dataset random)")
+    p.add_argument("--prompt-len", type=int, default=32,
+                   help="prompt length in tokens (--dataset random; multiturn: the first message, in words)")
+    p.add_argument("--turns", type=int, default=4, help="turns per conversation (--dataset multiturn)")
+    p.add_argument("--turn-len", type=int, default=64,
+                   help="words of each later turn's new user message or tool result (--dataset multiturn)")
     p.add_argument("--cold-prefill", action="store_true",
                    help="salt every prompt and require cached_tokens == 0 in every response")
     p.add_argument("--prompt-seed", type=int, default=0, help="seed of the prompts and the Poisson arrivals")
@@ -67,6 +73,11 @@ def report(res: dict) -> str:
             lines.append(f"speculative decoding at concurrency {lv['concurrency']}: mean accepted length "
                          f"{lv['mean_accepted_length']:.2f}")
     for lv in res["levels"]:
+        if "turns" in lv:
+            from tpserve.tools.bench.multiturn import report_lines
+
+            lines.extend(report_lines(lv))
+    for lv in res["levels"]:
         for err in sorted(set(lv["errors"]))[:3]:
             lines.append(f"ERROR (concurrency {lv['concurrency']}, {lv['errors'].count(err)}x): {err}")
     if res["cold_prefill"]:
@@ -80,6 +91,10 @@ def report(res: dict) -> str:
 
 
 def plot(res: dict, path: str) -> None:
+    if res["dataset"] == "multiturn":
+        from tpserve.tools.bench.multiturn import plot_multiturn
+
+        return plot_multiturn(res, path)
     import matplotlib
 
     matplotlib.use("Agg")
@@ -134,6 +149,11 @@ def bench(url: str, args, headers: dict, model: str) -> dict:
     levels = []
     with GpuGuard() as guard:
         for k, conc in enumerate(_levels(args.concurrency)):
+            if args.dataset == "multiturn":
+                from tpserve.tools.bench.multiturn import bench_multiturn
+
+                levels.append(bench_multiturn(url, args, headers, model, conc))
+                continue
             n = args.num_requests or conc
             prompts = load_prompts(args.dataset, n, prompt_len=args.prompt_len, path=args.dataset_path,
                                    seed=args.prompt_seed + k)
@@ -152,7 +172,7 @@ def bench(url: str, args, headers: dict, model: str) -> dict:
            "cold_prefill": args.cold_prefill, "levels": levels,
            "errors": [e for lv in levels for e in lv["errors"]], "gpu_guard": guard.summary(),
            "gpu_guard_line": guard.line()}
-    if args.cold_prefill:
+    if args.cold_prefill or args.dataset == "multiturn":  # (multiturn: its cold pass)
         res["cold_valid"] = all(lv["cold_valid"] for lv in levels)
     return res
 
@@ -162,6 +182,8 @@ def run(args) -> int:
 
     if args.max_tokens < 1:
         raise ValueError(f"--max-tokens must be at least 1, got {args.max_tokens}")
+    if args.turns < 1 or args.turn_len < 1:
+        raise ValueError(f"--turns and --turn-len must be at least 1, got {args.turns} and {args.turn_len}")
     _levels(args.concurrency)
 
     @friendly
