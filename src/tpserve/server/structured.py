@@ -19,11 +19,12 @@ from tpserve.server.state import ApiError, ServerState
 
 
 def grammar_compiler(state: ServerState) -> GrammarCompiler:
-    """The server's compiler (built on first use; ~10 ms for the tiny tokenizer, ~1 s for a real one)."""
+    """The server's compiler (built by the engine's warm-up, else on first use; ~10 ms for the tiny tokenizer, ~1 s
+    for a real one)."""
     if state.grammar is None:
         eng = state.engine.engine
-        state.grammar = GrammarCompiler(state.need_tokenizer("structured output"), eng.model_config.vocab_size,
-                                        sorted(eng.eos_ids))
+        state.grammar = getattr(eng, "grammar_compiler", None) or GrammarCompiler(
+            state.need_tokenizer("structured output"), eng.model_config.vocab_size, sorted(eng.eos_ids))
     return state.grammar
 
 
