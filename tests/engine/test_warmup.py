@@ -39,8 +39,10 @@ def test_plan_covers_every_class():
         assert any(t % 16 == 0 for t in cls) and any(t % 16 for t in cls), p
     assert set(sizes) >= {2047, 2048}  # the budget, and the MoE's triton limit at it
     sparse = steps["sparse"]
-    assert [s[0][1] for s in sparse] == list(range(1, ROW_SWEEP + 1)) + [2048]
-    assert all(c + n >= 8192 for (c, n, _), in sparse)  # each past the sparse threshold
+    chunks = [s[-1] for s in sparse]
+    assert [n for _, n, _ in chunks] == [t for t in range(1, ROW_SWEEP + 1) for _ in (0, 1)] + [2048]
+    assert all(c + n >= 8192 for c, n, _ in chunks)  # each past the sparse threshold
+    assert [len(s) for s in sparse[:2]] == [1, 2] and sparse[1][0][2]  # alone, then after a decode row
     mixed = steps["mixed"]
     assert [sum(n for _, n, d in s if d) for s in mixed] == list(range(1, 65))  # every decode row count
     assert all(s[-1][2] is False and all(d for _, _, d in s[:-1]) for s in mixed)  # decodes first, then a chunk

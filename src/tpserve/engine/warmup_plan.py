@@ -8,7 +8,8 @@ a context length), per integer argument equal to 1 or a multiple of 16, and tune
   batch     several prefill chunks in one step (varlen KDA kernels by sequence count)
   chunked   chunks after a context (chunked prefill)
   sparse    chunks on the sparse MLA prefill path, every length below ROW_SWEEP (the kernel splits each token's
-            selection by the chunk's length) and a full one
+            selection by the chunk's length) and a full one, each alone and after a decode row (Triton specializes
+            pointers on 16-byte alignment: the chunk's rows of the selection then start at an odd row)
   mixed     decode rows (verify rows with speculation) beside a prefill chunk, every count below ROW_SWEEP
   contexts  a decode row beside a prefill chunk at each pool count up to the indexer's top-k pools (its top-k kernel
             is built per k), then at powers of two and one past them
@@ -95,8 +96,9 @@ def plan(lim: Limits) -> dict[str, list[list[Seq]]]:
     steps["sparse"] = []
     if lim.sparse_from is not None:
         for t in sorted(set(range(1, min(ROW_SWEEP, b) + 1)) | {b}):
-            if t <= lim.max_len:
-                steps["sparse"].append([(max(lim.sparse_from - t, 0), t, False)])
+            chunk = (max(lim.sparse_from - t, 0), t, False)
+            if t <= lim.max_len:  # alone, and after a decode row (its rows from an odd offset: another alignment)
+                steps["sparse"] += [[chunk]] + ([[(deep, 1, True), chunk]] if t < b else [])
     rows = min(lim.max_seqs * (1 + lim.spec_k), ROW_SWEEP, b - 1)
     steps["mixed"] = [_decode_rows(r, lim, deep) + [(0, min(5, b - r), False)] for r in range(1, rows + 1)]
     pools = list(range(lim.keep + 1))
