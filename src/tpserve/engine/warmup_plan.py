@@ -25,7 +25,7 @@ from tpserve.engine.graphs import buckets
 from tpserve.model.mla import SPARSE_PREFILL_FROM
 
 ROW_SWEEP = 264   # rows below which the sparse MLA splits its work by the count (kernels/mla_triton.FULL_GRID)
-CPU_TOKENS = 16   # a CPU warm-up's largest chunk
+CPU_TOKENS = 4    # a CPU warm-up's largest chunk
 CPU_SEQS = 2
 
 Seq = tuple[int, int, bool]  # (context, rows, decode) of one sequence in a step
