@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from tpserve.config import EngineConfig
-from tpserve.engine import logits_process, overlap, prompt_logprobs, sampler
+from tpserve.engine import logits_process, overlap, prompt_logprobs, sampler, warmup
 from tpserve.engine.spec import speculator as speculate
 from tpserve.engine.detokenize import Detokenizer
 from tpserve.engine.executor import EngineDeadError, LocalExecutor
@@ -42,6 +42,7 @@ def load_tokenizer(model_dir, cache_words: int):
 
 class LLMEngine:
     def __init__(self, ecfg: EngineConfig):
+        t0 = time.perf_counter()
         rt = resolve_runtime(ecfg)
         self.ecfg, self.model_dir, self.device, self.dtype = ecfg, rt.model_dir, rt.device, rt.dtype
         self.model_config = load_model_config(ecfg, self.model_dir)
@@ -86,6 +87,7 @@ class LLMEngine:
         log.info("engine ready: %s on %s (%s), TP=%d, %d cache blocks of %d tokens, %d slots, max_model_len %d",
                  self.model_dir, self.device, self.dtype, ecfg.tensor_parallel_size, shape.num_blocks,
                  shape.block_size, shape.num_slots, self.max_model_len)
+        self.boot = warmup.start(self, t0)  # every kernel shape compiled before the server answers /health
 
     # ------------------------------------------------------------------ setup
     def reset_prefix_cache(self) -> bool:
@@ -387,7 +389,7 @@ class LLMEngine:
                 "slots_total": self.slot_pool.num_blocks, "slots_free": self.slot_pool.num_free,
                 "preemptions": self.scheduler.num_preemptions,
                 **(self.prefix_cache.stats() if self.prefix_cache is not None else {}),
-                **(self.speculator.stats() if self.speculator is not None else {})}
+                **(self.speculator.stats() if self.speculator is not None else {}), **self.boot.stats()}
 
     def shutdown(self) -> None:
         self.executor.shutdown()

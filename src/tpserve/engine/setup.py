@@ -89,6 +89,8 @@ def resolve_runtime(ecfg: EngineConfig) -> Runtime:
         raise ValueError("device: cuda was asked for but no CUDA device is available")
     else:
         device = torch.device(ecfg.device)
+    if device.type == "cuda":
+        triton_cache_env()  # before any kernel module is imported (Triton reads it when a kernel is defined)
     if ecfg.dtype == "auto":
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     else:
@@ -129,6 +131,19 @@ def resolve_runtime(ecfg: EngineConfig) -> Runtime:
         raise ValueError("indexer_topk_backend: triton works on the Triton decode scores; it needs "
                          "--indexer-backend triton (or auto on cuda)")
     return Runtime(model_dir, device, dtype, kernels)
+
+
+def triton_cache_env(environ=None) -> dict[str, str]:
+    """Triton's compiled kernels and autotuning results kept across restarts: TRITON_CACHE_AUTOTUNING=1 (without it
+    Triton tunes again in every process) and TRITON_CACHE_DIR=<cache dir>/triton (one directory to keep with the
+    weight snapshots), each unless already set. -> what was set."""
+    environ = os.environ if environ is None else environ
+    wanted = {"TRITON_CACHE_AUTOTUNING": "1", "TRITON_CACHE_DIR": str(cache_dir() / "triton")}
+    added = {k: v for k, v in wanted.items() if k not in environ}
+    environ.update(added)
+    if added:
+        log.info("Triton cache: %s", ", ".join(f"{k}={v}" for k, v in added.items()))
+    return added
 
 
 def quant_decode(value: str, device: torch.device, dtype: torch.dtype) -> tuple[str, str]:

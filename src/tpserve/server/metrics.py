@@ -7,6 +7,11 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
                    7.5, 10.0, 20.0, 40.0, 80.0)
 
+BOOT_GAUGES = {"boot_seconds": "Seconds from the engine's start to ready",
+               "boot_load_seconds": "Of which loading (weights, cache, graphs)",
+               "boot_warmup_seconds": "Of which the warm-up (every kernel shape compiled)",
+               "kernels_after_ready": "Triton kernel specializations first met after ready (compiled or loaded)"}
+
 
 class ServerMetrics:
     def __init__(self, stats_fn):
@@ -46,6 +51,7 @@ class ServerMetrics:
         self.spec_per_pos = Counter("tpserve:spec_decode_num_accepted_tokens_per_pos",
                                     "Drafted tokens accepted, by draft position", ["position"], registry=r)
         self._spec_seen: dict[str, float] = {}
+        self.boot: dict[str, Gauge] = {}  # made once the engine reports them (engine/warmup.py)
 
     def render(self) -> bytes:
         s = self._stats_fn()
@@ -54,6 +60,11 @@ class ServerMetrics:
         self.cache_usage.set(1 - s["blocks_free"] / max(s["blocks_total"], 1))
         self.slot_usage.set(1 - s["slots_free"] / max(s["slots_total"], 1))
         self.preemptions.set(s["preemptions"])
+        for key, text in BOOT_GAUGES.items():
+            if key in s:
+                if key not in self.boot:
+                    self.boot[key] = Gauge(f"tpserve:{key}", text, registry=self.registry)
+                self.boot[key].set(s[key])
         for key, counter in (*self.spec.items(), *self.prefix.items()):
             self._advance(key, s.get(key, 0), counter)
         for key, gauge in self.prefix_gauges.items():

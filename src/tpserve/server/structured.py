@@ -21,11 +21,11 @@ from tpserve.server.state import ApiError, ServerState
 
 
 def grammar_compiler(state: ServerState) -> GrammarCompiler:
-    """The server's compiler, built on first use (it indexes the whole vocabulary)."""
+    """The server's compiler (built by the engine's warm-up, else on first use: it indexes the vocabulary)."""
     if state.grammar is None:
         eng = state.engine.engine
-        state.grammar = GrammarCompiler(state.need_tokenizer("structured output"), eng.model_config.vocab_size,
-                                        sorted(eng.eos_ids))
+        state.grammar = getattr(eng, "grammar_compiler", None) or GrammarCompiler(
+            state.need_tokenizer("structured output"), eng.model_config.vocab_size, sorted(eng.eos_ids))
     return state.grammar
 
 

@@ -35,6 +35,22 @@ def test_sweep_cold_prefill_plot(live, tmp_path, capsys):
     assert "cold prefill: VALID" in out and "GPU guard: no GPU" in out
 
 
+def test_passes_compare_the_first_with_the_last(live, tmp_path, capsys):
+    rc, res = _bench(live.url, tmp_path, "--concurrency", "2", "--num-requests", "3", "--passes", "2")
+    assert rc == 0, res["errors"]
+    one, two = res["passes"]
+    assert one["levels"] == res["levels"] and two["levels"][0]["completed"] == 3
+    (row,) = res["first_pass"]
+    assert row["concurrency"] == 2
+    assert row["tok_per_s_ratio"] == one["levels"][0]["output_tok_per_s"] / two["levels"][0]["output_tok_per_s"]
+    assert row["ttft_p99_ratio"] == one["levels"][0]["ttft_ms"]["p99"] / two["levels"][0]["ttft_ms"]["p99"]
+    boot = res["boot"]  # the server's /metrics
+    assert boot["boot_seconds"] == pytest.approx(boot["boot_load_seconds"] + boot["boot_warmup_seconds"])
+    out = capsys.readouterr().out
+    assert "pass 1 (the first after boot)" in out and "first pass / pass 2 at concurrency 2" in out
+    assert "server ready in" in out
+
+
 def test_jsonl_poisson(live, tmp_path):
     data = tmp_path / "prompts.jsonl"
     data.write_text('{"prompt": "Hello there"}\n\n{"text": "Tell me a story"}\n')

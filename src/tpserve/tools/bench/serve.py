@@ -12,6 +12,9 @@ cache can serve it and proves it: each response's usage.prompt_tokens_details.ca
 conversations that resend their history each turn, with the cache and replayed without it
 (multiturn.py): hit rate and TTFT per turn. The GPU guard (gpu_guard.py) samples clocks, temperature and
 throttle reasons meanwhile and flags a throttled run. Results: a table, --json, --plot (PNG).
+--passes N runs the sweep N times on the same server (fresh prompts of the same shape each time) and
+compares the first pass with the last: output tok/s and TTFT p99 ratios, the server's boot seconds and
+the kernel specializations it first met during each pass (from /metrics, where it has them).
 Load generation: bench_load.py; prompts: bench_datasets.py.
 """
 
@@ -43,6 +46,8 @@ def register(sub, bench, tune) -> None:
     p.add_argument("--cold-prefill", action="store_true",
                    help="salt every prompt and require cached_tokens == 0 in every response")
     p.add_argument("--prompt-seed", type=int, default=0, help="seed of the prompts and the Poisson arrivals")
+    p.add_argument("--passes", type=int, default=1, help="run the sweep N times on one server and compare the first "
+                   "pass with the last (fresh prompts of the same shape each pass)")
     p.add_argument("--json", dest="json_out", default=None, help="write the results as JSON here ('-': stdout)")
     p.add_argument("--plot", default=None, help="write a PNG (latency percentiles and throughput per level)")
     p.set_defaults(func=run)
@@ -58,16 +63,34 @@ def _levels(text: str) -> list[int]:
     return levels
 
 
-def report(res: dict) -> str:
-    lines = [f"{res['url']} ({res['model']}): dataset {res['dataset']}, {res['max_tokens']} output tokens per "
-             f"request{', cold prefill' if res['cold_prefill'] else ''}",
-             "| conc | rate | ok/req | out tok/s | req/s | TTFT p50/p90/p99 ms | TPOT p50/p90/p99 ms "
+def _table(levels: list[dict]) -> list[str]:
+    lines = ["| conc | rate | ok/req | out tok/s | req/s | TTFT p50/p90/p99 ms | TPOT p50/p90/p99 ms "
              "| ITL p50/p90/p99 ms | E2E p50/p90/p99 ms |", "|" + " --- |" * 9]
     f3 = lambda d: "/".join(f"{v:.1f}" for v in d.values())  # noqa: E731
-    for lv in res["levels"]:
+    for lv in levels:
         lines.append(f"| {lv['concurrency']} | {lv['request_rate']} | {lv['completed']}/{lv['requests']} | "
                      f"{lv['output_tok_per_s']:.1f} | {lv['requests_per_s']:.2f} | {f3(lv['ttft_ms'])} | "
                      f"{f3(lv['tpot_ms'])} | {f3(lv['itl_ms'])} | {f3(lv['e2e_ms'])} |")
+    return lines
+
+
+def report(res: dict) -> str:
+    lines = [f"{res['url']} ({res['model']}): dataset {res['dataset']}, {res['max_tokens']} output tokens per "
+             f"request{', cold prefill' if res['cold_prefill'] else ''}"]
+    boot = res.get("boot") or {}
+    if "boot_seconds" in boot:
+        lines.append(f"server ready in {boot['boot_seconds']:.1f} s (load {boot['boot_load_seconds']:.1f} s, "
+                     f"warm-up {boot['boot_warmup_seconds']:.1f} s)")
+    passes = res.get("passes") or [{"levels": res["levels"]}]
+    for i, one in enumerate(passes):
+        if len(passes) > 1:
+            met = one.get("kernels_met")
+            lines.append(f"pass {i + 1}{' (the first after boot)' if i == 0 else ''}"
+                         f"{'' if met is None else f': {met} kernel specializations first met'}")
+        lines += _table(one["levels"])
+    for row in res.get("first_pass", []):
+        lines.append(f"first pass / pass {len(passes)} at concurrency {row['concurrency']}: output tok/s "
+                     f"{row['tok_per_s_ratio']:.3f}, TTFT p99 {row['ttft_p99_ratio']:.3f}")
     for lv in res["levels"]:
         if "mean_accepted_length" in lv:
             lines.append(f"speculative decoding at concurrency {lv['concurrency']}: mean accepted length "
@@ -121,12 +144,15 @@ def plot(res: dict, path: str) -> None:
     plt.close(fig)
 
 
-def spec_counters(url: str, headers: dict) -> dict:
-    """The server's speculative-decoding counters from /metrics ({} when it has none or hides them)."""
+def server_metrics(url: str, headers: dict) -> dict:
+    """What the report reads of the server's /metrics: speculative-decoding counters, boot seconds, kernel
+    specializations met after ready ({} when it has none or hides them)."""
     import httpx
 
     names = {"tpserve:spec_decode_num_drafts_total": "drafts",
-             "tpserve:spec_decode_num_accepted_tokens_total": "accepted"}
+             "tpserve:spec_decode_num_accepted_tokens_total": "accepted",
+             **{f"tpserve:{k}": k for k in ("boot_seconds", "boot_load_seconds", "boot_warmup_seconds",
+                                            "kernels_after_ready")}}
     try:
         text = httpx.get(url + "/metrics", headers=headers, timeout=10).text
     except httpx.HTTPError:
@@ -146,34 +172,48 @@ def bench(url: str, args, headers: dict, model: str) -> dict:
     from tpserve.tools.bench.load import run_level
     from tpserve.tools.bench.gpu_guard import GpuGuard
 
-    levels = []
+    passes = []
     with GpuGuard() as guard:
-        for k, conc in enumerate(_levels(args.concurrency)):
-            if args.dataset == "multiturn":
-                from tpserve.tools.bench.multiturn import bench_multiturn
+        for i in range(args.passes):
+            levels, start = [], server_metrics(url, headers)
+            for k, conc in enumerate(_levels(args.concurrency)):
+                if args.dataset == "multiturn":
+                    from tpserve.tools.bench.multiturn import bench_multiturn
 
-                levels.append(bench_multiturn(url, args, headers, model, conc))
-                continue
-            n = args.num_requests or conc
-            prompts = load_prompts(args.dataset, n, prompt_len=args.prompt_len, path=args.dataset_path,
-                                   seed=args.prompt_seed + k)
-            if args.cold_prefill:
-                prompts = salt(prompts)
-            before = spec_counters(url, headers)
-            levels.append(asyncio.run(run_level(url, model, prompts, concurrency=conc, max_tokens=args.max_tokens,
-                                                cold=args.cold_prefill, request_rate=args.request_rate,
-                                                seed=args.prompt_seed + k, headers=headers,
-                                                desc=f"concurrency {conc}")))
-            after = spec_counters(url, headers)
-            drafts = after.get("drafts", 0) - before.get("drafts", 0)
-            if drafts > 0:  # a server with speculative decoding: accepted drafts per verify, plus its own token
-                levels[-1]["mean_accepted_length"] = 1 + (after["accepted"] - before["accepted"]) / drafts
+                    levels.append(bench_multiturn(url, args, headers, model, conc))
+                    continue
+                n = args.num_requests or conc
+                seed = args.prompt_seed + k + 1000 * i  # (each pass: fresh prompts, nothing a prefix cache holds)
+                prompts = load_prompts(args.dataset, n, prompt_len=args.prompt_len, path=args.dataset_path, seed=seed)
+                if args.cold_prefill:
+                    prompts = salt(prompts)
+                before = server_metrics(url, headers)
+                levels.append(asyncio.run(run_level(url, model, prompts, concurrency=conc,
+                                                    max_tokens=args.max_tokens, cold=args.cold_prefill,
+                                                    request_rate=args.request_rate, seed=seed, headers=headers,
+                                                    desc=f"concurrency {conc}" + (f", pass {i + 1}" if i else ""))))
+                after = server_metrics(url, headers)
+                drafts = after.get("drafts", 0) - before.get("drafts", 0)
+                if drafts > 0:  # a server with speculative decoding: accepted drafts per verify, plus its own token
+                    levels[-1]["mean_accepted_length"] = 1 + (after["accepted"] - before["accepted"]) / drafts
+            one = {"levels": levels}
+            after = server_metrics(url, headers)
+            if "kernels_after_ready" in start and "kernels_after_ready" in after:
+                one["kernels_met"] = int(after["kernels_after_ready"] - start["kernels_after_ready"])
+            passes.append(one)
+    every = [lv for one in passes for lv in one["levels"]]
     res = {"url": url, "model": model, "dataset": args.dataset, "max_tokens": args.max_tokens,
-           "cold_prefill": args.cold_prefill, "levels": levels,
-           "errors": [e for lv in levels for e in lv["errors"]], "gpu_guard": guard.summary(),
-           "gpu_guard_line": guard.line()}
+           "cold_prefill": args.cold_prefill, "levels": passes[0]["levels"],
+           "errors": [e for lv in every for e in lv["errors"]], "gpu_guard": guard.summary(),
+           "gpu_guard_line": guard.line(), "boot": {k: v for k, v in start.items() if k.startswith("boot_")}}
+    if args.passes > 1:
+        res["passes"] = passes
+        res["first_pass"] = [{"concurrency": a["concurrency"],
+                              "tok_per_s_ratio": a["output_tok_per_s"] / max(b["output_tok_per_s"], 1e-9),
+                              "ttft_p99_ratio": a["ttft_ms"]["p99"] / max(b["ttft_ms"]["p99"], 1e-9)}
+                             for a, b in zip(passes[0]["levels"], passes[-1]["levels"])]
     if args.cold_prefill or args.dataset == "multiturn":  # (multiturn: its cold pass)
-        res["cold_valid"] = all(lv["cold_valid"] for lv in levels)
+        res["cold_valid"] = all(lv["cold_valid"] for lv in every)
     return res
 
 
@@ -184,6 +224,8 @@ def run(args) -> int:
         raise ValueError(f"--max-tokens must be at least 1, got {args.max_tokens}")
     if args.turns < 1 or args.turn_len < 1:
         raise ValueError(f"--turns and --turn-len must be at least 1, got {args.turns} and {args.turn_len}")
+    if args.passes < 1:
+        raise ValueError(f"--passes must be at least 1, got {args.passes}")
     _levels(args.concurrency)
 
     @friendly
@@ -210,7 +252,7 @@ def run(args) -> int:
         emit_json(args.json_out, res)
         if args.plot:
             plot(res, args.plot)
-        bad = any(lv["errors"] for lv in res["levels"]) or res.get("cold_valid") is False
+        bad = bool(res["errors"]) or res.get("cold_valid") is False
         if not res["levels"] or not isinstance(res["levels"][0], dict):
             raise ToolError("no results")
         return 1 if bad or res.get("pool_full_after") is False else 0
