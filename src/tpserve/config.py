@@ -68,7 +68,8 @@ class EngineConfig:
                             switch=True, advanced=True, choices=("auto", "sparse", "dense"))
     enforce_eager: bool = _opt(False, "no CUDA graphs: run every step eagerly (cuda only)", switch=True)
     warmup: bool | None = _opt(None, "compile and tune every kernel shape before the server reports ready "
-                               "(default: on for cuda, off on cpu; docs/serving.md)", switch=True)
+                               "(default: on for cuda, off on cpu; docs/serving.md)", switch=True,
+                               advanced=True)
     merge_linears: bool = _opt(True, "run linears that share an input (gate + up, q + k + v, ...) as one GEMM "
                                "over stacked weights", switch=True, advanced=True)
     async_scheduling: bool = _opt(True, "launch the next decode step before the host reads this step's tokens "

@@ -73,11 +73,7 @@ class LLMEngine:
         self.dead: str | None = None
         self.step_count = 0
         self.num_added = 0  # requests added so far
-        self.speculator = None
-        if spec is not None:
-            self.speculator = speculate.Speculator(spec, self.model_config, self.scheduler, self.executor,
-                                                   append=self._append, generator=self.generator,
-                                                   max_model_len=self.max_model_len)
+        self.speculator = self.new_speculator() if spec is not None else None
         if self.prefix_cache is not None and spec is not None:
             self.prefix_cache.state_current_at_finish = False
         # async scheduling (engine/overlap.py): a decode step launched, its tokens not yet on the host
@@ -90,6 +86,11 @@ class LLMEngine:
         self.boot = warmup.start(self, t0)  # every kernel shape compiled before the server answers /health
 
     # ------------------------------------------------------------------ setup
+    def new_speculator(self) -> speculate.Speculator:
+        """A Speculator on this engine's scheduler and executor (nothing measured yet)."""
+        return speculate.Speculator(self.ecfg.speculative, self.model_config, self.scheduler, self.executor,
+                                    append=self._append, generator=self.generator, max_model_len=self.max_model_len)
+
     def reset_prefix_cache(self) -> bool:
         """vLLM's reset_prefix_cache: forget every cached block and state checkpoint (those held by running
         requests stay theirs, no longer shared). -> whether prefix caching is on."""

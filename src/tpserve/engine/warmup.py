@@ -132,7 +132,7 @@ def run(engine) -> dict[str, int]:
     engine.generator.set_state(saved[0])
     engine.step_count, engine.num_added, engine.num_overlapped, engine.scheduler.num_preemptions = saved[1:]
     if engine.speculator is not None:  # nothing learned from warm-up steps (their times include compiling)
-        engine.speculator = type(engine.speculator)(engine, engine.ecfg.speculative)
+        engine.speculator = engine.new_speculator()
     reset = getattr(engine, "reset_prefix_cache", None)  # prefix caching: no warm-up prompt stays cached
     if reset is not None:
         reset()
