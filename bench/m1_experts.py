@@ -17,13 +17,15 @@ gate|up and down both change; wrong values by design, not kernels to ship):
 If "none" is not clearly faster at one token, the one-token loss is not the decode's.
 
 Every form is checked against fp32 math (large for the bound forms, by design) and timed three times in alternation
-(bench/quant_decode_sweep.py's `_m1_alternate`: graph replays of 40 calls, 8 seeded routings in turn).
+(`alternate`: graph replays of 40 calls, 8 seeded routings in turn; the experts' weights and routings from
+bench/quant_decode_sweep.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import re
 import sys
 from pathlib import Path
@@ -63,6 +65,38 @@ def variant(name: str):
     return mod
 
 
+def alternate(forms: dict, tokens) -> dict:
+    """The experts at each token count (routings seeded), every form (name -> (nvfp4_m1 module, gate|up config, down
+    config, more keywords)) checked against fp32 math, then timed three times in alternation (graph replays of 40
+    calls, 8 routings in turn)."""
+    import torch
+    from quant_decode_sweep import _experts_setup, _nvfp4_moe_case
+    from quant_kernels import rel, timed
+
+    res: dict = {}
+    P, e, d, i = _experts_setup()
+    d2 = P["d2"].reshape(e, 1).contiguous()
+    for t in tokens:
+        torch.manual_seed(t)
+        routes, touched, floor, ref = _nvfp4_moe_case(P, e, d, i, t)
+
+        def run(r, f):
+            mod, cg, cd, kw = f
+            return mod.experts(r[2], r[1], r[0], P["gp"], P["gb"], P["g2"], P["dp"], P["db"], d2, 10.0, cg, cd, **kw)
+
+        errs = {k: rel(run(routes[0], f), ref) for k, f in forms.items()}
+        times = {k: [] for k in forms}
+        for _ in range(3):
+            for k, f in forms.items():
+                times[k].append(timed([(lambda r=r, f=f: run(r, f)) for r in routes], reps=40) * 1e6)
+        print(f"\nMoE nvfp4_m1 {t} token(s), {touched:.1f} experts touched, floor {floor * 1e6:.1f} us:", flush=True)
+        for k in forms:
+            print(f"  {k}: {' / '.join(f'{v:.1f}' for v in times[k])} us ({100 * floor * 1e6 / min(times[k]):.0f}% at "
+                  f"best), rel err {errs[k]:.1e}", flush=True)
+        res[f"m1experts t={t}"] = dict(floor_us=floor * 1e6, touched=touched, us=times, rel_err=errs)
+    return res
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--down", default="", help="down configs, rows:splits:stages, comma-separated")
@@ -71,6 +105,13 @@ def main() -> None:
     ap.add_argument("--tokens", default="1,2,8")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
+    try:
+        tokens = [int(t) for t in args.tokens.split(",") if t.strip()]
+    except ValueError:
+        tokens = []
+    if not tokens or any(t < 1 for t in tokens):
+        ap.error(f"--tokens: positive integers, comma-separated, got {args.tokens!r}")
+    import torch
     from tpserve.kernels.quant import nvfp4_m1_cuda as m1
 
     try:  # (Config checks each field's range)
@@ -80,11 +121,13 @@ def main() -> None:
         forms.update({f"gate|up {r}:{s}:{st}": (m1, m1.Config(r, s, st), None, {}) for r, s, st in gate_up})
     except ValueError as exc:
         ap.error(str(exc))
+    if not torch.cuda.is_available():
+        ap.error("needs a CUDA GPU (the nvfp4_m1 kernels)")
     if args.decode_bound:
         forms.update({name: (variant(name), None, None, {}) for name in BODIES})
-    from quant_decode_sweep import m1_forms_run
-
-    m1_forms_run("m1experts", forms, args.tokens, args.json, ap.error)
+    res = alternate(forms, tokens)
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=1))
 
 
 if __name__ == "__main__":

@@ -79,6 +79,24 @@ def timed(fn, reps: int = 20) -> float:
     return statistics.median(out)
 
 
+def profile_kernels(fn, calls_per_fn: int, reps: int = 10) -> dict:
+    """Mean device microseconds per call by kernel name (torch.profiler, eager launches)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as p:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    out: dict = {}
+    for ev in p.key_averages():
+        us = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)
+        if ev.device_type.name == "CUDA" and us:
+            out[ev.key[:40]] = out.get(ev.key[:40], 0.0) + us / (reps * calls_per_fn)
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
 L2_BYTES = 50 * 2**20  # H100 / H200
 
 
@@ -347,9 +365,12 @@ def run_sections(sections: dict, default: str, json_name: str) -> int:
     """The command line of a sectioned GPU bench: --sections (names in `sections`, run in order, a failing one
     reported and skipped) and --out DIR (the results as DIR/json_name, rewritten after every section)."""
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=None)
-    ap.add_argument("--sections", default=default)
+    ap.add_argument("--out", default=None, metavar="DIR", help="write the results to DIR/" + json_name)
+    ap.add_argument("--sections", default=default, help=f"comma-separated, of: {', '.join(sections)}")
     args = ap.parse_args()
+    unknown = [s for s in args.sections.split(",") if s not in sections]
+    if unknown:
+        ap.error(f"--sections: unknown {', '.join(unknown)}; the sections: {', '.join(sections)}")
     print(torch.cuda.get_device_name(), torch.__version__, flush=True)
     res: dict = {}
     for name in args.sections.split(","):
