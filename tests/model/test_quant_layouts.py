@@ -218,3 +218,64 @@ def test_dummy_load_format_builds_the_quantized_layout(tiny, method):
     assert len(out[0].outputs[0].token_ids) == 3
     logits = model.layers[3].mlp(torch.randn(4, 64))
     assert torch.isfinite(logits).all() and logits.abs().max() > 0
+
+
+@pytest.mark.parametrize("shard", ["column", "row"])
+def test_nvfp4_group32_scales_fill_the_16_wide_layout(tmp_path, shard):
+    """A checkpoint with one block scale per 32 input columns: every rank's dense weight is its slice of the
+    weight dequantized with 32-wide groups (each stored scale fills two columns of the layout the kernels read)."""
+    from safetensors.torch import save_file
+
+    from tpserve.collectives.comm import Communicator
+    from tpserve.model.layers import column, row
+    from tpserve.model.loader import load_weights
+    from tpserve.model.quant_methods import Nvfp4Linear
+
+    gen = torch.Generator().manual_seed(0)
+    n, k = 32, 128
+    w = torch.randint(0, 256, (n, k // 2), generator=gen, dtype=torch.uint8)
+    s = (0.5 + torch.rand(n, k // 32, generator=gen)).to(torch.float8_e4m3fn)
+    s2 = torch.tensor(0.03)
+    save_file({"weight": w, "weight_scale": s, "weight_scale_2": s2}, str(tmp_path / "model.safetensors"))
+    whole = qr.e2m1_decode(qr.unpack_nibbles(w)) * s.float().repeat_interleave(32, -1) * s2
+    pieces = []
+    for rank in range(2):
+        layer = (column if shard == "column" else row)(
+            ShardContext(rank, 2, torch.float32, Communicator(None, torch.device("cpu"))), k, n)
+        layer.set_quant(Nvfp4Linear(32), "t")
+        assert tuple(layer.weight_scale.shape) == ((n // 2, k // 16) if shard == "column" else (n, k // 32))
+        load_weights(layer, tmp_path, rank=rank, world=2, num_layers=1)
+        pieces.append(layer.dense_weight(torch.float32))
+    assert torch.equal(torch.cat(pieces, 0 if shard == "column" else 1), whole)
+
+
+def test_modelopt_mixed_precision_config():
+    from tpserve.model.quant import plan_for_dummy
+    from tpserve.model.quant_config import parse_quant_config
+
+    layers = {"model.layers.3.mlp.experts.0.up_proj": {"quant_algo": "W4A16_NVFP4", "group_size": 32},
+              "model.layers.3.self_attn.o_proj": {"quant_algo": "FP8_PB_WO"}}
+    qc = parse_quant_config({"quant_method": "modelopt_mixed", "quant_algo": "MIXED_PRECISION",
+                             "quantized_layers": layers})
+    assert (qc.method, qc.nvfp4_group, qc.fp8_block) == ("mixed", 32, (128, 128))
+    assert qc.allows("fp8") and qc.allows("nvfp4") and not parse_quant_config(
+        {"quant_method": "fp8", "weight_block_size": [128, 128]}).allows("nvfp4")
+    # NVIDIA's hf_quant_config.json: MIXED_PRECISION of NVFP4 (group 16) layers only
+    hf = {"producer": {"name": "modelopt"}, "quantization": {"quant_algo": "MIXED_PRECISION", "quantized_layers": {
+        "model.language_model.layers.0.mlp.gate_proj": {"quant_algo": "NVFP4"}}}}
+    assert (parse_quant_config(hf).method, parse_quant_config(hf).nvfp4_group) == ("mixed", 16)
+    # ModelOpt's config.json form: the group size inside config_groups
+    groups = {"group_0": {"weights": {"num_bits": 4, "group_size": 32}}}
+    nvfp4 = {"quant_method": "modelopt", "quant_algo": "NVFP4"}
+    assert parse_quant_config(dict(nvfp4, config_groups=groups)).nvfp4_group == 32
+    bad = dict(layers, **{"model.layers.3.self_attn.q_a_proj": {"quant_algo": "W4A8_AWQ"}})
+    with pytest.raises(UnsupportedConfigError, match=r"quantized_layers\.model\.layers\.3\.self_attn\.q_a_proj: "
+                                                     r"quant_algo 'W4A8_AWQ' is not supported"):
+        parse_quant_config({"quant_method": "modelopt_mixed", "quant_algo": "MIXED_PRECISION", "quantized_layers": bad})
+    two = dict(layers, **{"model.layers.4.mlp.experts.0.up_proj": {"quant_algo": "NVFP4", "group_size": 16}})
+    with pytest.raises(UnsupportedConfigError, match=r"nvfp4 group sizes \[16, 32\] differ"):
+        parse_quant_config({"quant_method": "modelopt", "quant_algo": "MIXED_PRECISION", "quantized_layers": two})
+    with pytest.raises(UnsupportedConfigError, match="group_size must be a multiple of 16, got 24"):
+        parse_quant_config(dict(nvfp4, group_size=24))
+    with pytest.raises(UnsupportedConfigError, match="load_format dummy: a ModelOpt MIXED_PRECISION"):
+        plan_for_dummy(None, qc)

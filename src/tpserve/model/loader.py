@@ -129,6 +129,9 @@ def load_weights(model: nn.Module, model_dir: str | Path, *, rank: int = 0, worl
                     local = src.shard.take(piece, rank, world, shape)
                     if src.full_shape == () and shape == (1,):
                         local = local.reshape(())
+                    nbytes = local.numel() * local.element_size() * world
+                    if src.repeat > 1:
+                        local = local.repeat_interleave(src.repeat, dim=-1)
                     target = getattr(module, src.target)[src.index]
                     if tuple(target.shape) != tuple(local.shape):
                         raise CheckpointError(f"{name}: rank {rank} piece {list(local.shape)} does not fit "
@@ -137,7 +140,7 @@ def load_weights(model: nn.Module, model_dir: str | Path, *, rank: int = 0, worl
                     with torch.no_grad():
                         target.copy_(local)
                     seen.add(target_name)
-                    bar.update(local.numel() * local.element_size() * world)
+                    bar.update(nbytes)
     if unexpected:
         raise CheckpointError(f"unexpected tensor(s) in checkpoint: {_few(unexpected)}")
     missing = sorted(set(sources) - seen)

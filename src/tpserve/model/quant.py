@@ -1,15 +1,17 @@
 """Which quantization method each linear / expert layer uses.
 
 The checkpoint's `quantization_config` (config.json, or ModelOpt's hf_quant_config.json) names
-the method; `--quantization` (vLLM's name) overrides that name. Which layers are quantized is read
-per tensor from the checkpoint: a weight stored as float8_e4m3fn with a `weight_scale_inv`
-beside it is FP8 block, a uint8 weight with `weight_scale` and `weight_scale_2` is NVFP4, anything
-else is the model dtype, whatever `modules_to_not_convert` says. Nothing is upcast silently: a
+the method (`mixed`: ModelOpt MIXED_PRECISION, FP8 and NVFP4 layers side by side); `--quantization`
+(vLLM's name) overrides that name. Which layers are quantized is read per tensor from the checkpoint:
+a weight stored as float8_e4m3fn with a `weight_scale_inv` beside it is FP8 block, a uint8 weight with
+`weight_scale` and `weight_scale_2` is NVFP4, anything else is the model dtype, whatever
+`modules_to_not_convert` says. Nothing is upcast silently: a
 float8 weight without its scale, or a layout that disagrees with the method, is an error.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 from torch import nn
@@ -49,16 +51,17 @@ def linear_method(qc: QuantConfig, layout: str):
     if layout == "fp8":
         return Fp8BlockLinear(qc.fp8_block)
     if layout == "nvfp4":
-        return Nvfp4Linear()
+        return Nvfp4Linear(qc.nvfp4_group)
     return Fp8ChannelLinear() if qc.dense_fp8 else Bf16Linear()
 
 
 def expert_method(qc: QuantConfig, layout: str):
-    return {"fp8": lambda: Fp8Experts(qc.fp8_block), "nvfp4": Nvfp4Experts, "bf16": Bf16Experts}[layout]()
+    return {"fp8": lambda: Fp8Experts(qc.fp8_block), "nvfp4": lambda: Nvfp4Experts(qc.nvfp4_group),
+            "bf16": Bf16Experts}[layout]()
 
 
 def _check_method(qc: QuantConfig, layout: str, name: str) -> None:
-    if layout != "bf16" and layout != qc.method:
+    if not qc.allows(layout):
         raise UnsupportedConfigError(f"{name}: stored as {layout} but the quantization method is {qc.method} "
                                      "(set --quantization to match the checkpoint)")
 
@@ -76,7 +79,7 @@ def plan_from_checkpoint(model: nn.Module, qc: QuantConfig,
         if len(found) > 1:
             raise UnsupportedConfigError(f"checkpoint mixes quantized layouts {sorted(found)}")
         if found:
-            qc = QuantConfig(found.pop(), qc.fp8_block, qc.not_convert, qc.dense_fp8, raw=qc.raw)
+            qc = dataclasses.replace(qc, method=found.pop())
             log.info("no quantization_config: the stored tensors are %s", qc.method)
     for name, mod in model.named_modules():
         if isinstance(mod, Linear):
@@ -93,7 +96,7 @@ def plan_from_checkpoint(model: nn.Module, qc: QuantConfig,
     if qc.method != "bf16" and not any(v != "bf16" for v in plan.values()):
         raise UnsupportedConfigError(f"quantization: method {qc.method} but the checkpoint holds no {qc.method} "
                                      "tensors (quantize it with `tpserve quantize`)")
-    if qc.method == "fp8":
+    if qc.method in ("fp8", "mixed"):
         _check_scale_shapes(info, plan, qc.fp8_block)
     return qc, plan
 
@@ -119,6 +122,9 @@ def plan_for_dummy(model: nn.Module, qc: QuantConfig) -> dict:
     from tpserve.model.layers import Linear
     from tpserve.model.moe import Experts
 
+    if qc.method == "mixed":
+        raise UnsupportedConfigError("load_format dummy: a ModelOpt MIXED_PRECISION checkpoint's layer layouts are "
+                                     "read from its tensors; load the checkpoint itself")
     plan: dict[str, str] = {}
     for name, mod in model.named_modules():
         if isinstance(mod, Experts):

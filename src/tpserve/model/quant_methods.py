@@ -95,12 +95,17 @@ class Fp8BlockLinear(Bf16Linear):
 
 
 class Nvfp4Linear(Bf16Linear):
-    """uint8 weight [N, K/2], float8_e4m3fn weight_scale [N, K/16], float32 weight_scale_2 []."""
+    """uint8 weight [N, K/2], float8_e4m3fn weight_scale [N, K/16], float32 weight_scale_2 []. A checkpoint
+    with wider groups (`group` 32: weight_scale [N, K/32]) loads each scale into group/16 columns of that
+    layout: the same values, exactly, for the same kernels."""
 
     name = "nvfp4"
 
+    def __init__(self, group: int = qr.NVFP4_GROUP):
+        self.group = group
+
     def create(self, layer, ctx, in_f, out_f, shard):
-        g = qr.NVFP4_GROUP
+        g = self.group
         what = f"{layer.qualname or type(layer).__name__} (nvfp4)"
         if in_f % g:
             raise ValueError(f"{what}: input size {in_f} is not a multiple of the nvfp4 group ({g})")
@@ -108,7 +113,10 @@ class Nvfp4Linear(Bf16Linear):
             raise ValueError(f"{what}: tensor_parallel_size={ctx.world} would cut a {g}-wide nvfp4 group "
                              f"(input size {in_f})")
         declare(layer, "weight", (out_f, in_f // 2), shard, dtype=torch.uint8, world=ctx.world)
-        declare(layer, "weight_scale", (out_f, in_f // g), shard, dtype=FP8, world=ctx.world)
+        declare(layer, "weight_scale", (out_f, in_f // qr.NVFP4_GROUP), shard, dtype=FP8, world=ctx.world)
+        if g != qr.NVFP4_GROUP:
+            add_source(layer, "weight_scale", (out_f, in_f // g), shard, "weight_scale", (), ctx.world,
+                       repeat=g // qr.NVFP4_GROUP)
         declare(layer, "weight_scale_2", (), REPLICATED, dtype=torch.float32, world=ctx.world, fp32=True)
 
     def forward(self, layer, x, bias):
@@ -119,6 +127,9 @@ class Nvfp4Linear(Bf16Linear):
 
     def randomize(self, layer, gen):
         _random_nvfp4_(layer.weight, layer.weight_scale, layer.weight_scale_2, gen)
+
+    def describe(self):
+        return self.name if self.group == qr.NVFP4_GROUP else f"{self.name} (group {self.group} read as 16)"
 
 
 class Fp8ChannelLinear(Bf16Linear):
@@ -189,16 +200,17 @@ class Bf16Experts:
 
 
 def _expert_sources(layer, ctx, x: int, i: int, d: int, il: int, suffix: str, gu: str, dn: str,
-                    block: tuple[int, int]) -> None:
+                    block: tuple[int, int], repeat: int = 1) -> None:
     """Per-expert checkpoint tensors `{x}.{gate,up,down}_proj.<suffix>` into fused rows of `gu`/`dn`.
-    block: (rows, cols) of one stored element (1, 1 for weights; the scale block for scales)."""
+    block: (rows, cols) of one stored element (1, 1 for weights; the scale block for scales); repeat: see
+    weights.Source."""
     br, bc = block
     col = Shard(dim=0)
     rows_i, rows_d, cols_d, cols_i = -(-i // br), -(-d // br), -(-d // bc), -(-i // bc)
     lr = rows_i // ctx.world
-    add_source(layer, f"{x}.gate_proj.{suffix}", (rows_i, cols_d), col, gu, (x, slice(0, lr)), ctx.world)
-    add_source(layer, f"{x}.up_proj.{suffix}", (rows_i, cols_d), col, gu, (x, slice(lr, 2 * lr)), ctx.world)
-    add_source(layer, f"{x}.down_proj.{suffix}", (rows_d, cols_i), Shard(dim=1), dn, (x,), ctx.world)
+    add_source(layer, f"{x}.gate_proj.{suffix}", (rows_i, cols_d), col, gu, (x, slice(0, lr)), ctx.world, repeat)
+    add_source(layer, f"{x}.up_proj.{suffix}", (rows_i, cols_d), col, gu, (x, slice(lr, 2 * lr)), ctx.world, repeat)
+    add_source(layer, f"{x}.down_proj.{suffix}", (rows_d, cols_i), Shard(dim=1), dn, (x,), ctx.world, repeat)
 
 
 class Fp8Experts(Bf16Experts):
@@ -240,12 +252,16 @@ class Fp8Experts(Bf16Experts):
 
 class Nvfp4Experts(Bf16Experts):
     """uint8 [E, rows, cols/2], float8 block scales [E, rows, cols/16], float32 global scales per
-    (expert, projection): gate_up_scale2 [E, 2] (gate, up), down_scale2 [E, 1]."""
+    (expert, projection): gate_up_scale2 [E, 2] (gate, up), down_scale2 [E, 1]. Wider stored groups
+    (`group` 32) fill group/16 columns per scale, as Nvfp4Linear."""
 
     name = "nvfp4"
 
+    def __init__(self, group: int = qr.NVFP4_GROUP):
+        self.group = group
+
     def create(self, layer, ctx, e, i, d):
-        g = qr.NVFP4_GROUP
+        g, g16 = self.group, qr.NVFP4_GROUP
         what = f"{layer.qualname or 'experts'} (nvfp4)"
         if d % g or i % (g * ctx.world):
             raise ValueError(f"{what}: hidden_size {d} and moe_intermediate_size {i} / tensor_parallel_size "
@@ -253,15 +269,16 @@ class Nvfp4Experts(Bf16Experts):
         il = i // ctx.world
         p = lambda *s, dt: nn.Parameter(torch.empty(*s, dtype=dt), requires_grad=False)  # noqa: E731
         layer.gate_up_proj = p(e, 2 * il, d // 2, dt=torch.uint8)
-        layer.gate_up_bscale = p(e, 2 * il, d // g, dt=FP8)
+        layer.gate_up_bscale = p(e, 2 * il, d // g16, dt=FP8)
         layer.gate_up_scale2 = p(e, 2, dt=torch.float32)
         layer.down_proj = p(e, d, il // 2, dt=torch.uint8)
-        layer.down_bscale = p(e, d, il // g, dt=FP8)
+        layer.down_bscale = p(e, d, il // g16, dt=FP8)
         layer.down_scale2 = p(e, 1, dt=torch.float32)
         for x in range(e):
-            # packed bytes: 2 input columns per element; block scales: 16 input columns per element
+            # packed bytes: 2 input columns per element; block scales: g input columns per element
             _expert_sources(layer, ctx, x, i, d, il, "weight", "gate_up_proj", "down_proj", (1, 2))
-            _expert_sources(layer, ctx, x, i, d, il, "weight_scale", "gate_up_bscale", "down_bscale", (1, g))
+            _expert_sources(layer, ctx, x, i, d, il, "weight_scale", "gate_up_bscale", "down_bscale", (1, g),
+                            repeat=g // g16)
             add_source(layer, f"{x}.gate_proj.weight_scale_2", (), REPLICATED, "gate_up_scale2", (x, 0), ctx.world)
             add_source(layer, f"{x}.up_proj.weight_scale_2", (), REPLICATED, "gate_up_scale2", (x, 1), ctx.world)
             add_source(layer, f"{x}.down_proj.weight_scale_2", (), REPLICATED, "down_scale2", (x, 0), ctx.world)
@@ -272,3 +289,6 @@ class Nvfp4Experts(Bf16Experts):
     def randomize(self, layer, gen):
         _random_nvfp4_(layer.gate_up_proj, layer.gate_up_bscale, layer.gate_up_scale2, gen)
         _random_nvfp4_(layer.down_proj, layer.down_bscale, layer.down_scale2, gen)
+
+    def describe(self):
+        return self.name if self.group == qr.NVFP4_GROUP else f"{self.name} (group {self.group} read as 16)"

@@ -78,12 +78,14 @@ ROW = Shard(dim=1)     # split inputs (the result is a partial sum)
 @dataclass(frozen=True)
 class Source:
     """One checkpoint tensor: its full shape, how it is split, and where this rank's piece goes
-    (`module.<target>[index]`)."""
+    (`module.<target>[index]`); `repeat` > 1 repeats each element of the piece that many times along its last
+    dim first (scales stored per wider group than the layout the kernels read)."""
 
     full_shape: tuple[int, ...]
     shard: Shard
     target: str
     index: tuple = ()
+    repeat: int = 1
 
 
 def _sources(module: nn.Module) -> dict[str, Source]:
@@ -104,10 +106,10 @@ def declare(module: nn.Module, name: str, full_shape: tuple[int, ...], shard: Sh
 
 
 def add_source(module: nn.Module, name: str, full_shape: tuple[int, ...], shard: Shard, target: str,
-               index: tuple, world: int) -> None:
+               index: tuple, world: int, repeat: int = 1) -> None:
     """Checkpoint tensor `name` fills `module.<target>[index]` (e.g. one expert of a fused tensor)."""
     shard.check_divisible(full_shape, world, f"{type(module).__name__}.{name}")
-    _sources(module)[name] = Source(tuple(full_shape), shard, target, index)
+    _sources(module)[name] = Source(tuple(full_shape), shard, target, index, repeat)
 
 
 def checkpoint_sources(model: nn.Module) -> dict[str, tuple[nn.Module, Source]]:
