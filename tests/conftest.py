@@ -1,11 +1,19 @@
+import os
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
 from helpers import make_checkpoint  # noqa: E402
+
+# One intra-op thread (unless OMP_NUM_THREADS says otherwise), here and in the processes the tests start
+# (TP ranks, servers): the tiny models' ops are too small to gain from more, and a parallel region stalls
+# whenever a core it waits for is busy with another of these processes.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 @pytest.fixture(scope="session")

@@ -65,7 +65,7 @@ def _agreeable_drafter(path: Path, mtp_layer: int, scale: float) -> None:
     save_file(t, str(file), metadata={"format": "pt"})
 
 
-@functools.lru_cache(maxsize=4)
+@functools.lru_cache(maxsize=8)
 def reference_model(path: str, dtype: torch.dtype = torch.float32):
     import transformers
     from transformers import Glm5NextForConditionalGeneration
@@ -79,16 +79,28 @@ def reference_model(path: str, dtype: torch.dtype = torch.float32):
 
 
 def reference_greedy(path: Path, prompt: list[int], max_new_tokens: int) -> list[int]:
-    model = reference_model(str(path))
-    with torch.no_grad():
-        out = model.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False,
-                             pad_token_id=0)
-    return out[0, len(prompt):].tolist()
+    return list(_reference_greedy(str(path), tuple(prompt), max_new_tokens))
 
 
 def reference_logits(path: Path, prompt: list[int], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return _reference_logits(str(path), tuple(prompt), dtype).clone()
+
+
+# the reference's results per (checkpoint, prompt): tests that check several engines against the same ones
+# run transformers once
+@functools.lru_cache(maxsize=64)
+def _reference_greedy(path: str, prompt: tuple[int, ...], max_new_tokens: int) -> tuple[int, ...]:
+    model = reference_model(path, torch.float32)
     with torch.no_grad():
-        return reference_model(str(path), dtype)(input_ids=torch.tensor([prompt])).logits[0]
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False,
+                             pad_token_id=0)
+    return tuple(out[0, len(prompt):].tolist())
+
+
+@functools.lru_cache(maxsize=64)
+def _reference_logits(path: str, prompt: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    with torch.no_grad():
+        return reference_model(path, dtype)(input_ids=torch.tensor([prompt])).logits[0]
 
 
 FP32_EPS = torch.finfo(torch.float32).eps  # unit roundoff u = eps / 2

@@ -137,10 +137,14 @@ def _peer_battery(rank: int, world: int, quick: bool = False, narrow: bool = Fal
                 fused_bad[f"fused normed {dtype} {shape}"] = f"max err {float(err.max()):.3g}"
     # fused all-reduce + mHC expand: post 1 and comb 0 give `total` itself (bitwise the
     # all-reduce's), random post / comb new streams within fused.hc_expand_bound; shapes with
-    # several column tiles per row, more tiles than programs, one stream, odd stream counts
+    # several column tiles per row, more tiles than programs, one stream, odd stream counts.
+    # More tiles than programs (200 rows on 128 programs) in bfloat16 at world 2 only: the
+    # interpreter's slowest case (every program waits on its peers), the same loop in any dtype
+    # and world
     for dtype in (torch.bfloat16,) if quick or narrow else (torch.float32, torch.bfloat16, torch.float16):
-        for t, n, d in [(3, 4, 100)] if quick else [(3, 4, 64), (1, 4, 1500), (200, 2, 8),
-                                                    (2, 3, 700), (5, 1, 33)]:
+        many = [(200, 2, 8)] if dtype == torch.bfloat16 and not quick and not narrow else []
+        for t, n, d in [(3, 4, 100)] if quick else [(3, 4, 64), (1, 4, 1500), *many, (2, 3, 700),
+                                                    (5, 1, 33)]:
             case += 1
             parts = gen(case, (t, d), dtype)
             streams = gen(case + 500, (t, n, d), dtype)[0]

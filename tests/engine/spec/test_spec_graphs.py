@@ -8,10 +8,28 @@ from spec_cases import PROMPTS, SPEC, Model, fused_llm, pools_full
 from tpserve import LLM, SamplingParams
 
 
-def _padded_graph_run(plain, mode: str):
-    """Greedy generations through the fixed-shape graph steps run eagerly on CPU (--draft-graph `mode`):
-    -> (graph kinds used, each step's drafts and their probabilities, verify steps that padded sequences of
-    different lengths)."""
+PADDED_PROMPTS = PROMPTS + ["1, 2, 3, 4,", "{\"name\": \"a\", \"value\":"]
+PADDED_PARAMS = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def padded_run(plain):
+    """run(mode): _padded_graph_run with --draft-graph `mode`, each mode run once for the module (its results are
+    only read), against plain decoding's tokens computed once."""
+    want = [o.outputs[0].token_ids for o in plain.generate(PADDED_PROMPTS, PADDED_PARAMS)]
+    runs = {}
+
+    def run(mode: str):
+        if mode not in runs:
+            runs[mode] = _padded_graph_run(plain, mode, want)
+        return runs[mode]
+    return run
+
+
+def _padded_graph_run(plain, mode: str, want: list[list[int]]):
+    """Greedy generations of PADDED_PROMPTS through the fixed-shape graph steps run eagerly on CPU (--draft-graph
+    `mode`), `want` plain decoding's tokens: -> (graph kinds used, each step's drafts and their probabilities,
+    verify steps that padded sequences of different lengths)."""
     import collections
 
     llm = LLM(Model.path, device="cpu", kv_cache_memory="16MiB", block_size=16, max_num_seqs=8, speculative_config=SPEC)
@@ -59,10 +77,7 @@ def _padded_graph_run(plain, mode: str):
         drafts.append([(s.request_id, list(s.drafts), list(s.draft_sure)) for s in llm.engine.scheduler.running])
 
     speculator.verify_fused = spy_verify_fused
-    sp = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
-    prompts = PROMPTS + ["1, 2, 3, 4,", "{\"name\": \"a\", \"value\":"]
-    want = [o.outputs[0].token_ids for o in plain.generate(prompts, sp)]
-    got = [o.outputs[0].token_ids for o in llm.generate(prompts, sp)]
+    got = [o.outputs[0].token_ids for o in llm.generate(PADDED_PROMPTS, PADDED_PARAMS)]
     assert got == want
     # a request with one token left after its prefill has no room for drafts: a plain one-row step
     # (whether the run above had one depends on how confident the model's drafts are)
@@ -73,18 +88,18 @@ def _padded_graph_run(plain, mode: str):
     return used, drafts, mixed
 
 
-def test_padded_graph_steps_give_identical_tokens(plain):
+def test_padded_graph_steps_give_identical_tokens(padded_run):
     """Verify, commit and MTP draft steps through the fixed-shape graph path (each sequence padded to
     1+k rows, the batch to a bucket; what CUDA graphs replay), run eagerly on CPU: greedy tokens
     identical to plain decoding, every kind of graph step used, pools full afterwards. The draft chain
     (catch-up and chained depths in one graph step, drafts fed forward on the device) drafts exactly
     what one graph step per depth drafts, with the same probabilities (to rounding)."""
-    by_depth, by_depth_drafts, mixed = _padded_graph_run(plain, "depth")
+    by_depth, by_depth_drafts, mixed = padded_run("depth")
     for kind in (("main", True), ("commit", True), ("draft", False), ("draft", True), ("main", False)):
         assert by_depth[kind], f"no {kind} graph step ran ({dict(by_depth)})"
     assert not by_depth["chain", False] and not by_depth["chain", True] and not by_depth["spec", True]
     assert mixed, "no verify step padded sequences of different lengths"
-    chained, chained_drafts, _ = _padded_graph_run(plain, "chain")
+    chained, chained_drafts, _ = padded_run("chain")
     assert chained["chain", True] and not chained["spec", True], dict(chained)
     assert chained["draft", False] < by_depth["draft", False]  # chained depths no longer run one by one
     # the same shapes and forms: the same drafts, step by step, with the same probabilities up to rounding (a
@@ -98,16 +113,16 @@ def test_padded_graph_steps_give_identical_tokens(plain):
     assert gap < 1e-5, gap
 
 
-def test_fused_spec_steps_give_identical_tokens_and_drafts(plain):
+def test_fused_spec_steps_give_identical_tokens_and_drafts(padded_run):
     """--draft-graph fused through the padded graph steps on CPU: greedy tokens identical to plain decoding;
     decode steps where every sequence verifies drafts run the spec graph (acceptance, KDA commit, catch-up over
     the verify rows and the chain, on the device), sequences with fewer than k drafts (truncated) padded to k;
     the same drafts as the chain, step by step, with the same probabilities up to rounding (the catch-up
     multiplies 1+k rows per sequence where the chain's multiplies the accepted ones)."""
-    fused, fused_drafts, padded = _padded_graph_run(plain, "fused")
+    fused, fused_drafts, padded = padded_run("fused")
     assert fused["spec", True] > 10 and padded, (dict(fused), padded)
     commits = fused["commit", True]
-    chained, chained_drafts, _ = _padded_graph_run(plain, "chain")
+    chained, chained_drafts, _ = padded_run("chain")
     assert commits < chained["commit", True]  # a fused step commits inside its spec graph
     assert [[(r, d) for r, d, _ in step] for step in fused_drafts] == \
         [[(r, d) for r, d, _ in step] for step in chained_drafts]

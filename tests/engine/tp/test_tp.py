@@ -40,24 +40,35 @@ def test_tp_matches_transformers(tiny, name, tp, sp):
     assert all(not p.is_alive() for p in llm.engine.executor.procs)
 
 
+SPEC_PROMPTS = ["Count from 1 to 30: 1, 2, 3,", "The capital of France is", "{\"name\": \"a\", \"value\":"]
+SPEC_PARAMS = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+
+
+def _mtp_engine_args(tiny) -> dict:
+    return dict(model=str(tiny("mtp")), device="cpu", kv_cache_memory="16MiB", block_size=16, max_num_seqs=4)
+
+
+@pytest.fixture(scope="module")
+def tp1_plain_tokens(tiny):
+    """Plain decoding's tokens of SPEC_PROMPTS at TP=1 on the MTP checkpoint."""
+    plain = LLM(**_mtp_engine_args(tiny))
+    try:
+        return [o.outputs[0].token_ids for o in plain.generate(SPEC_PROMPTS, SPEC_PARAMS)]
+    finally:
+        plain.shutdown()
+
+
 @pytest.mark.parametrize("fused", [True, False])
-def test_speculative_decoding_at_tp2_gives_tp1_plain_tokens(tiny, fused):
+def test_speculative_decoding_at_tp2_gives_tp1_plain_tokens(tiny, tp1_plain_tokens, fused):
     """MTP drafting at TP=2 on a checkpoint in the published MTP layout (draft steps and KDA commits sent to
     the worker like the plans; the MTP layer's linears split like the main layers', its all-reduces fused
     with the add and norm or not): greedy tokens equal plain decoding at TP=1, drafts were verified and
     accepted, pools full after."""
-    prompts = ["Count from 1 to 30: 1, 2, 3,", "The capital of France is", "{\"name\": \"a\", \"value\":"]
-    sp = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-    kw = dict(model=str(tiny("mtp")), device="cpu", kv_cache_memory="16MiB", block_size=16, max_num_seqs=4)
-    plain = LLM(**kw)
-    try:
-        want = [o.outputs[0].token_ids for o in plain.generate(prompts, sp)]
-    finally:
-        plain.shutdown()
     llm = LLM(tensor_parallel_size=2, speculative_config={"method": "mtp", "num_speculative_tokens": 3,
-                                                           "adaptive": False}, fused_collectives=fused, **kw)
+                                                           "adaptive": False}, fused_collectives=fused,
+              **_mtp_engine_args(tiny))
     try:
-        assert [o.outputs[0].token_ids for o in llm.generate(prompts, sp)] == want
+        assert [o.outputs[0].token_ids for o in llm.generate(SPEC_PROMPTS, SPEC_PARAMS)] == tp1_plain_tokens
         stats = llm.engine.stats()
         assert stats["spec_decode_num_draft_tokens"] > 0 and stats["spec_decode_num_accepted_tokens"] > 0
         e = llm.engine
