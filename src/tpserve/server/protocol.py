@@ -63,6 +63,13 @@ TokenId = Annotated[StrictInt, Field(ge=0)]
 Text = Annotated[str, Field(min_length=1)]
 
 
+
+def check_cache_salt(value: str | None) -> str | None:
+    """vLLM's rule: a cache_salt, when given, is a non-empty string."""
+    if value is not None and not value:
+        raise ParamError("cache_salt", "cache_salt must be a non-empty string")
+    return value
+
 class FunctionDefinition(OpenAIModel):
     name: str = Field(min_length=1, max_length=128, pattern=r"^[^\s<>]+$")
     description: str | None = None
@@ -115,9 +122,7 @@ class SamplingRequest(VllmSampling):
     @field_validator("cache_salt")
     @classmethod
     def _check_cache_salt(cls, value: str | None) -> str | None:
-        if value is not None and not value:
-            raise ParamError("cache_salt", "cache_salt must be a non-empty string")
-        return value
+        return check_cache_salt(value)
 
     @field_validator("logit_bias")
     @classmethod

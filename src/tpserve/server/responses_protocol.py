@@ -20,7 +20,8 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, ValidationError, WithJsonSchema, field_validator, model_validator
 
 from tpserve.server.chat import REASONING_EFFORTS, ParamError, normalize_messages
-from tpserve.server.protocol import ChatCompletionRequest, FunctionDefinition, validation_error_to_body
+from tpserve.server.protocol import (ChatCompletionRequest, FunctionDefinition, check_cache_salt,
+                                     validation_error_to_body)
 from tpserve.server.request_fields import Metadata, ServiceTier
 from tpserve.server.request_parts import OpenAIModel
 
@@ -244,9 +245,7 @@ class ResponsesRequest(OpenAIModel):
     @field_validator("cache_salt")
     @classmethod
     def _check_cache_salt(cls, value: str | None) -> str | None:
-        if value is not None and not value:
-            raise ParamError("cache_salt", "cache_salt must be a non-empty string")
-        return value
+        return check_cache_salt(value)
 
     @field_validator("tool_choice")
     @classmethod
