@@ -155,7 +155,7 @@ class ScriptedStream:
 
 @pytest.fixture
 def scripted(server, monkeypatch):
-    monkeypatch.setattr(server.engine, "add", lambda rid, ids, params, prompt=None: ScriptedStream(rid, ids))
+    monkeypatch.setattr(server.engine, "add", lambda rid, ids, params, prompt=None, **_: ScriptedStream(rid, ids))
 
 
 def items(output):

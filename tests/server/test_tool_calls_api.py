@@ -34,7 +34,7 @@ class ScriptedStream:
 @pytest.fixture(scope="module")
 def server(tiny):
     s = LiveServer(str(tiny("default")))
-    s.engine.add = lambda rid, ids, params, prompt=None: ScriptedStream(rid, ids, SCRIPT)
+    s.engine.add = lambda rid, ids, params, prompt=None, **_: ScriptedStream(rid, ids, SCRIPT)
     yield s
     s.close()
 

@@ -31,9 +31,9 @@ def script(server, answers) -> None:
     tok = server.engine.engine.tokenizer
     real_add = server.engine.add
 
-    def add(rid, ids, params, prompt=None):
+    def add(rid, ids, params, prompt=None, **kw):
         text = answers(tok.decode(ids))
-        return real_add(rid, ids, params, prompt) if text is None else ScriptedStream(rid, ids, text)
+        return real_add(rid, ids, params, prompt, **kw) if text is None else ScriptedStream(rid, ids, text)
 
     server.engine.add = add
 

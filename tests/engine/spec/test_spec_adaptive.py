@@ -43,8 +43,9 @@ def test_adaptive_does_not_draft_above_the_verify_graphs(plain):
     the three prompts are prefilled in one step, already above the limit); a batch within the limit
     still drafts; once the batch is found above the limit, the steps until a request is added skip the
     speculator. (The limit is stood in for on the CPU, where nothing is captured.)"""
+    # (no prefix caching: its chunk ends at state checkpoints would split the prefill over two steps)
     llm = LLM(Model.path, device="cpu", kv_cache_memory="16MiB", block_size=16, max_num_seqs=8,
-              speculative_config={"method": "mtp", "num_speculative_tokens": 3})
+              speculative_config={"method": "mtp", "num_speculative_tokens": 3}, enable_prefix_caching=False)
     eng = llm.engine
     assert eng.executor.verify_graph_batch() is None  # CPU: no step replays a graph
     eng.executor.verify_graph_batch = lambda: 2
