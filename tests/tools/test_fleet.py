@@ -52,6 +52,15 @@ class Fleet:
     def log(self) -> str:
         return open(self.log_path, errors="replace").read()
 
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL where it has not exited within 120 s."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(120)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
     def status(self) -> dict:
         return httpx.get(self.admin + "/admin/replicas", headers=AUTH, timeout=10).json()
 
@@ -109,12 +118,7 @@ def fleet(tiny, tmp_path_factory):
     try:
         yield f.wait_up()
     finally:
-        if f.proc.poll() is None:
-            f.proc.send_signal(signal.SIGTERM)
-            try:
-                f.proc.wait(120)
-            except subprocess.TimeoutExpired:
-                f.proc.kill()
+        f.stop()
 
 
 def wait_for(check, timeout, what):

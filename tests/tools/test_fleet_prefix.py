@@ -9,8 +9,6 @@ where a turn lands depends on the order the conversations' turns arrive in."""
 
 from __future__ import annotations
 
-import signal
-import subprocess
 from types import SimpleNamespace
 
 import httpx
@@ -26,15 +24,6 @@ MODEL = "demo"
 TRACE = SimpleNamespace(num_requests=3, turns=4, prompt_len=16, turn_len=16, prompt_seed=0, max_tokens=4)
 
 
-def stop(f: Fleet) -> None:
-    if f.proc.poll() is None:
-        f.proc.send_signal(signal.SIGTERM)
-        try:
-            f.proc.wait(120)
-        except subprocess.TimeoutExpired:
-            f.proc.kill()
-
-
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
     demo = builtin_demo_model()
@@ -47,7 +36,7 @@ def fleet(tmp_path_factory):
     try:
         yield f.wait_up()
     finally:
-        stop(f)
+        f.stop()
 
 
 def trace(url: str) -> dict:
@@ -73,7 +62,7 @@ def test_cache_aware_keeps_the_single_replica_hit_rate(fleet, tmp_path):
                  60, "the round_robin router to route")
         robin = trace(rr.url)
     finally:
-        stop(rr)
+        rr.stop()
 
     rates = {"single": single["hit_rate"], "cache_aware": aware["hit_rate"], "round_robin": robin["hit_rate"]}
     print("prefix hit rates:", {k: round(v, 3) for k, v in rates.items()})
