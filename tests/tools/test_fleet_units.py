@@ -1,11 +1,18 @@
-"""The fleet's parts that need no process: a replica's command line, GPU groups, the merged /metrics."""
+"""The fleet's parts that need no server process: a replica's command line, GPU groups, the merged /metrics,
+the wait for a replica's /health."""
+
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from tpserve.cli import build_parser
+from tpserve.engine.tp.launch import free_port
 from tpserve.tools.fleet.cli import fleet_wanted, local_replicas
 from tpserve.tools.fleet.metrics import merge, render
-from tpserve.tools.fleet.replica import ReplicaError, gpu_groups, replica_argv
+from tpserve.tools.fleet.replica import Replica, ReplicaError, gpu_groups, replica_argv, wait_healthy
 from tpserve.tools.fleet.router import RouterError, make_router
 
 
@@ -65,3 +72,30 @@ def test_metrics_merge_labels_every_sample():
 def test_vllm_router_power_of_two_is_refused():
     with pytest.raises(RouterError, match="power_of_two"):
         make_router("vllm-router", "127.0.0.1", 1, "power_of_two", None, "error")
+
+
+class _Ok(BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+def test_wait_healthy_answers_exits_and_times_out():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Ok)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        wait_healthy(Replica(0, server.server_address[1], None, proc=sleeper), 10)  # /health answers 200
+        with pytest.raises(ReplicaError, match="replica 1 was not healthy within 1 s"):
+            wait_healthy(Replica(1, free_port(), None, proc=sleeper), 1)  # nothing listens there
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+        server.shutdown()
+    gone = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    gone.wait()
+    with pytest.raises(ReplicaError, match=r"replica 2 exited \(code 3\) before it was healthy"):
+        wait_healthy(Replica(2, free_port(), None, proc=gone), 10)

@@ -132,20 +132,31 @@ def relay(stream, prefix: str, quiet=None) -> None:
     stream.close()
 
 
-def wait_healthy(replica: Replica, timeout: float, stop: threading.Event | None = None) -> None:
-    """Wait until /health answers 200; ReplicaError if the process exits or `timeout` passes first."""
+def wait_until_answers(url: str, alive, timeout: float, interval: float,
+                       stop: threading.Event | None = None) -> bool:
+    """GET `url` every `interval` s until it answers 200 (True); False once `alive()` turns false, `timeout`
+    passes or `stop` is set."""
     deadline = time.monotonic() + timeout
     with httpx.Client(timeout=2.0) as client:
         while time.monotonic() < deadline and not (stop and stop.is_set()):
-            if not replica.alive():
-                code = replica.proc.returncode if replica.proc else None
-                raise ReplicaError(f"replica {replica.index} exited (code {code}) before it was healthy")
+            if not alive():
+                return False
             try:
-                if client.get(replica.url + "/health").status_code == 200:
-                    return
+                if client.get(url).status_code == 200:
+                    return True
             except httpx.HTTPError:
                 pass
-            time.sleep(0.25)
+            time.sleep(interval)
+    return False
+
+
+def wait_healthy(replica: Replica, timeout: float, stop: threading.Event | None = None) -> None:
+    """Wait until /health answers 200; ReplicaError if the process exits or `timeout` passes first."""
+    if wait_until_answers(replica.url + "/health", replica.alive, timeout, 0.25, stop):
+        return
+    if not replica.alive():
+        code = replica.proc.returncode if replica.proc else None
+        raise ReplicaError(f"replica {replica.index} exited (code {code}) before it was healthy")
     raise ReplicaError(f"replica {replica.index} was not healthy within {timeout:.0f} s")
 
 

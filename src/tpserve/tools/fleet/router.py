@@ -21,7 +21,7 @@ import time
 import httpx
 
 from tpserve.engine.tp.launch import free_port
-from tpserve.tools.fleet.replica import relay
+from tpserve.tools.fleet.replica import relay, wait_until_answers
 
 POLICIES = ("cache_aware", "round_robin", "power_of_two")
 ROUTERS = ("sglang-router", "vllm-router")
@@ -63,18 +63,11 @@ class Router:
         self.proc = subprocess.Popen(self.argv(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, start_new_session=True)
         threading.Thread(target=relay, args=(self.proc.stdout, "[router] ", self.quiet), daemon=True).start()
-        deadline = time.monotonic() + timeout
-        with httpx.Client(timeout=2.0) as client:
-            while time.monotonic() < deadline:
-                if self.proc.poll() is not None:
-                    raise RouterError(f"the router exited (code {self.proc.returncode}) before it listened on "
-                                      f"{self.host}:{self.port} (is the port taken?)")
-                try:
-                    if client.get(self.local_url + "/liveness").status_code == 200:
-                        return
-                except httpx.HTTPError:
-                    pass
-                time.sleep(0.2)
+        if wait_until_answers(self.local_url + "/liveness", self.alive, timeout, 0.2):
+            return
+        if not self.alive():
+            raise RouterError(f"the router exited (code {self.proc.returncode}) before it listened on "
+                              f"{self.host}:{self.port} (is the port taken?)")
         raise RouterError(f"the router did not answer on {self.host}:{self.port} within {timeout:.0f} s")
 
     def quiet(self, line: str) -> bool:
