@@ -62,3 +62,26 @@ def test_demo_model_counts():
     out = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=20))[0].outputs[0].text
     llm.shutdown()
     assert out.startswith("1, 2, 3, 4, 5, 6, 7, 8, 9, 10"), out
+
+
+@pytest.mark.timeout(300)
+def test_demo_model_speculates_in_the_published_layout():
+    """Its MTP layer loads as the drafter (no hc_* tensors) and greedy output equals plain decoding's."""
+    from tpserve import LLM, SamplingParams
+    from tpserve.engine.setup import builtin_demo_model
+
+    prompts = ["Count from 1 to 30.", "Write a JSON object with keys name and city for Ana from Lisbon."]
+    outs, accepted = [], None
+    for spec in (None, {"method": "mtp", "num_speculative_tokens": 3}):
+        llm = LLM(str(builtin_demo_model()), device="cpu", dtype="float32", kv_cache_memory="16MiB", block_size=16,
+                  max_num_seqs=4, speculative_config=spec)
+        tok = llm.get_tokenizer()
+        chats = [tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True,
+                                         enable_thinking=False) for p in prompts]
+        outs.append([r.outputs[0].token_ids for r in llm.generate(chats, SamplingParams(temperature=0, max_tokens=40))])
+        if spec is not None:
+            m = {x.name: x.value for x in llm.get_metrics()}
+            accepted = m["tpserve:spec_decode_num_accepted_tokens"] / m["tpserve:spec_decode_num_draft_tokens"]
+        llm.shutdown()
+    assert outs[0] == outs[1]
+    assert accepted >= 0.6, accepted  # the demo model's MTP target
