@@ -5,7 +5,8 @@ A graph is captured per key (kind, b, q): b sequences (a padded batch size, "buc
 Decode steps are ("main", b, 1) for every bucket up to --max-num-seqs. With the MTP drafter, buckets up
 to SPEC_MAX_BATCH also get ("main", b, q) verify steps for q = 2 .. 1+k (a sequence with fewer drafts, or
 none, is padded to q rows), ("commit", b, q) for the KDA commit after each, and ("draft", b, q) for the
-MTP layer (catch-up over up to q positions, then one position per chained depth). With the draft chain
+MTP layer (catch-up over up to q positions, then one position per chained depth; with MTP index sharing
+a chained depth is ("reuse", b, 1), its selection rows an input). With the draft chain
 (`--draft-graph chain`, and fused) ("chain", b, q) graphs run a catch-up of q rows per sequence and then
 k-1 more depths in one replay: each depth's greedy draft (the argmax, on the device) is the next depth's
 input token at the next position, its cache row looked up in the block table inside the graph, so a
@@ -38,6 +39,7 @@ import numpy as np
 import torch
 
 from tpserve.model.batch import ForwardBatch
+from tpserve.model.indexer import selection_width
 from tpserve.model.kda import commit_uniform
 
 log = logging.getLogger("tpserve.graphs")
@@ -79,8 +81,12 @@ class StepGraphs:
         rows = max(self.max_bs, max(self.spec_buckets, default=0) * max_query)
         self.arange = torch.arange(rows, dtype=torch.long, device=dev)
         self.hidden_in = None  # the MTP draft graphs' hidden rows (input)
+        self.selection_in = None  # ... and, with MTP index sharing, the selection rows of ("reuse", b, 1) graphs
+        self.share = bool(runner.mtp) and runner.model.mtp.share_selection
         if self.spec_buckets and runner.mtp:
             self.hidden_in = torch.zeros(rows, runner.cfg.hidden_size, dtype=runner.ctx.dtype, device=dev)
+            if self.share:
+                self.selection_in = torch.zeros(rows, selection_width(runner.cfg), dtype=torch.long, device=dev)
         self.copied = torch.cuda.Event() if dev.type == "cuda" else None  # the host twin may be rewritten
         self._tables_layout, self._tables_cache = None, []  # the block-table rows last written (`_fill_tables`)
         self._view_cache: dict[tuple[bool, int, int], tuple] = {}  # (host?, b, q) -> `_views`
@@ -223,11 +229,12 @@ class StepGraphs:
         if kind == "spec":
             return self._spec(batch, b, q)
         hidden = self.hidden_in[:b * q]
-        out = model.mtp.draft(hidden, model.embed(batch.input_ids, batch), batch, cache)
+        reuse = self.selection_in[:b] if kind == "reuse" else None
+        out, selection = model.mtp.draft(hidden, model.embed(batch.input_ids, batch), batch, cache, reuse)
         if kind == "chain":  # one logits row per sequence, from the host
-            return self._chain(batch, b, out, self._views(self.device_buf, b, q)[6][:b])
+            return self._chain(batch, b, out, self._views(self.device_buf, b, q)[6][:b], selection=selection)
         logits = model.lm_logits(out)
-        return out, logits, self.runner.ops.argmax_probability(logits)
+        return out, logits, self.runner.ops.argmax_probability(logits), selection
 
     def _spec(self, batch: ForwardBatch, b: int, q: int) -> torch.Tensor:
         """After the verify graph (b, q) (its logits and hidden rows; each sequence's last token and up to q-1
@@ -242,27 +249,28 @@ class StepGraphs:
         accepted = hit.long().cumprod(1).sum(1)
         commit_uniform(cache, self.verify[(b, q)], accepted + 1)
         # catch-up: the token after row j's position is row j's argmax (a draft accepted there, or the bonus)
-        out = model.mtp.draft(hidden, model.embed(greedy.view(-1), batch), batch, cache)
+        out, selection = model.mtp.draft(hidden, model.embed(greedy.view(-1), batch), batch, cache)
         packed = torch.empty(b * q + b + 2 * self.chain_depths * b, dtype=torch.float64, device=greedy.device)
         packed[:b * q] = greedy.view(-1)
         packed[b * q:b * q + b] = accepted
         self._chain(batch, b, out, self.arange[:b] * q + accepted,
-                    packed[b * q + b:].view(2, self.chain_depths, b))
+                    packed[b * q + b:].view(2, self.chain_depths, b), selection)
         return packed
 
     def _chain(self, batch: ForwardBatch, b: int, hidden: torch.Tensor, lrows: torch.Tensor,
-               draws: torch.Tensor | None = None) -> torch.Tensor:
+               draws: torch.Tensor | None = None, selection: torch.Tensor | None = None) -> torch.Tensor:
         """The chained depths after a catch-up (its MTP output rows, b*q rows: the LM head's input and the
-        next depth's hidden): each sequence's row lrows[i] gives its draft, which the next depth reads at the
-        next position.
-        The same forms and shapes as the per-depth draft graphs ("draft", b, 1). -> greedy [2, depths, b]
-        (written into `draws` when given)."""
+        next depth's hidden; `selection`: its selection rows): each sequence's row lrows[i] gives its draft,
+        which the next depth reads at the next position (with index sharing, over row lrows[i]'s selection).
+        The same forms and shapes as the per-depth draft graphs ("draft" / "reuse", b, 1). -> greedy
+        [2, depths, b] (written into `draws` when given)."""
         model, cache, bs, depths = self.runner.model, self.runner.cache, self.block_size, self.chain_depths
         if draws is None:
             draws = torch.empty(2, depths, b, dtype=torch.float64, device=hidden.device)
         seqs = self.arange[:b]
         pos = batch.positions.index_select(0, lrows)
         hidden = hidden.index_select(0, lrows)
+        reuse = selection.index_select(0, lrows) if self.share else None
         self._draw(model.lm_logits(hidden), draws[:, 0])
         if depths > 1:  # every later depth's positions and cache rows at once [depths - 1, b]
             ahead = pos.unsqueeze(0) + self.arange[1:depths].unsqueeze(1)
@@ -273,7 +281,7 @@ class StepGraphs:
                                 context_lens=[0] * b, slots=batch.slots, block_tables=batch.block_tables,
                                 slot_mapping=rows[d - 1], logits_indices=seqs, token_seq=seqs, decode_seqs=b,
                                 fixed_shapes=True, query_len=1)
-            hidden = model.mtp.draft(hidden, model.embed(ids, step), step, cache)
+            hidden, _ = model.mtp.draft(hidden, model.embed(ids, step), step, cache, reuse)
             self._draw(model.lm_logits(hidden), draws[:, d])
         return draws
 
@@ -305,6 +313,8 @@ class StepGraphs:
                 out += [("main", b, q), ("commit", b, q)]
         if self.runner.mtp:
             out += [("draft", b, q) for q in range(1, self.max_q + 1) for b in reversed(self.spec_buckets)]
+            if self.share:
+                out += [("reuse", b, 1) for b in reversed(self.spec_buckets)]
         if self.chain_depths:
             out += [("chain", b, q) for q in range(1, self.max_q + 1) for b in reversed(self.spec_buckets)]
         if self.fused:
@@ -396,15 +406,19 @@ class StepGraphs:
         self._copy(self.counts_at, self.counts_at + b)
         self._replay(("commit", b, q))
 
-    def draft(self, plan, key, source: torch.Tensor, source_rows: list[int]):
-        """One MTP depth: hidden inputs source[source_rows] for the plan's rows -> (fp32 logits at
-        plan.logits_indices, the MTP hidden rows there, their argmax_and_probability [2, n])."""
+    def draft(self, plan, key, source: torch.Tensor, source_rows: list[int], selection: torch.Tensor | None = None):
+        """One MTP depth: hidden inputs source[source_rows] for the plan's rows (and, for a ("reuse", b, 1) key,
+        selection rows selection[source_rows]) -> (fp32 logits at plan.logits_indices, the MTP hidden rows
+        there, their argmax_and_probability [2, n], their selection rows)."""
         _, b, q = key
         n_real, n_logits = self._fill(plan, b, q, source_rows)
         lrows, real, src = self._fields(b, q, n_real, n_logits)
         self.hidden_in.index_copy_(0, real, source.index_select(0, src))
-        new_hidden, logits, greedy = self._replay(key)
-        return logits.index_select(0, lrows), new_hidden.index_select(0, lrows), greedy.index_select(1, lrows)
+        if key[0] == "reuse":
+            self.selection_in.index_copy_(0, real, selection.index_select(0, src))
+        new_hidden, logits, greedy, used = self._replay(key)
+        return (logits.index_select(0, lrows), new_hidden.index_select(0, lrows), greedy.index_select(1, lrows),
+                used.index_select(0, lrows))
 
     def draft_chain(self, plan, key, source: torch.Tensor, source_rows: list[int]) -> torch.Tensor:
         """The catch-up `plan` (one logits row per sequence) and chain_depths - 1 more depths -> greedy draws

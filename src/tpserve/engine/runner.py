@@ -79,6 +79,7 @@ class ModelRunner:
                                  mtp=mtp, timings=self.boot_seconds)
         self.last_hidden: torch.Tensor | None = None   # speculative decoding: the last step's hidden rows
         self.draft_hidden: torch.Tensor | None = None  # ... and the last MTP depth's output rows
+        self.draft_selection: torch.Tensor | None = None  # ... and their selection rows (MTP index sharing)
         self.kernels = kernels
         self.ops = self.model.ctx.ops  # what the model runs (kernels/registry.py), resolved once by build_model
         self.kda_report = f"{kernels.kda} KDA path"
@@ -270,14 +271,21 @@ class ModelRunner:
                 raise ValueError(f"draft: {depths} chained depths asked; this plan can chain "
                                  f"{self.chain_depths(plan)} (0: no chain graph runs it)")
             return Drafted(None, self.graphs.draft_chain(plan, key, src, source_rows))
+        # index sharing: a chained depth attends over its sequence's catch-up selection (model/mtp.py)
+        reuse = self.draft_selection if self.model.mtp.share_selection and not from_main else None
         key = None if self.graphs is None or self.graphs.hidden_in is None else self.graphs.key_for(plan, "draft")
+        if key is not None and reuse is not None:
+            key = ("reuse", key[1], 1) if key[2] == 1 else None
         if key is not None:
-            logits, self.draft_hidden, greedy = self.graphs.draft(plan, key, src, source_rows)
+            logits, self.draft_hidden, greedy, self.draft_selection = self.graphs.draft(plan, key, src, source_rows,
+                                                                                      reuse)
             return Drafted(logits, greedy)
         batch = self.build_batch(plan)
-        hidden = src[to_device(source_rows, self.device, torch.long)]
-        out = self.model.mtp.draft(hidden, self.model.embed(batch.input_ids, batch), batch, self.cache)
+        rows = to_device(source_rows, self.device, torch.long)
+        out, selection = self.model.mtp.draft(src[rows], self.model.embed(batch.input_ids, batch), batch, self.cache,
+                                              None if reuse is None else reuse[rows])
         self.draft_hidden = out[batch.logits_indices]
+        self.draft_selection = selection[batch.logits_indices]
         logits = self.model.lm_logits(self.draft_hidden)
         return Drafted(logits, self.ops.argmax_probability(logits))
 

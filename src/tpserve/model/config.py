@@ -74,6 +74,8 @@ class ModelConfig:
     index_kpool_always_select_tail: bool = True
     # MTP layers after the main ones (the published checkpoints have one: speculative decoding's drafter)
     num_nextn_predict_layers: int = 0
+    # the MTP layer's chained depths reuse the catch-up's selection instead of running its indexer (vLLM)
+    index_share_for_mtp_iteration: bool = False
 
     # ---------------------------------------------------------------- derived
     @property
@@ -232,6 +234,8 @@ class ModelConfig:
         if not isinstance(self.num_nextn_predict_layers, int) or isinstance(self.num_nextn_predict_layers, bool) \
                 or self.num_nextn_predict_layers < 0:
             bad("num_nextn_predict_layers", "must be an integer >= 0")
+        if not isinstance(self.index_share_for_mtp_iteration, bool):
+            bad("index_share_for_mtp_iteration", "must be true or false")
         if self.n_shared_experts < 0:
             bad("n_shared_experts", "must be >= 0")
         if self.n_routed_experts < 1:

@@ -61,12 +61,12 @@ class MlaAttention(nn.Module):
         latent = self.kv_a_layernorm(kva[..., :self.rank])
         latent_flat = cache.latent[self.layer].view(-1, self.rank)
         latent_flat[batch.slot_mapping] = latent.to(latent_flat.dtype)
-        if self.indexer is not None:
-            selection = self.indexer(x, q_resid, batch, cache)
-        elif prev_selection is None:
-            raise ValueError(f"layer {self.layer}: a shared indexer layer needs the previous layer's selection")
-        else:
+        if prev_selection is not None:  # a shared-indexer layer, or the MTP layer's chained depths
             selection = prev_selection
+        elif self.indexer is not None:
+            selection = self.indexer(x, q_resid, batch, cache)
+        else:
+            raise ValueError(f"layer {self.layer}: a shared indexer layer needs the previous layer's selection")
         nd = batch.decode_tokens
         bs = cache.block_size
         if nd == t:

@@ -8,7 +8,9 @@ after the final norm) and the embedding e of token p+1 (zero where p == 0), and 
     out = shared_head.norm(r + MoE(post_attention_layernorm(r)))
     logits = lm_head(out)
 
-`out` (normed) is also the hidden state the next chained depth reads. This is vLLM's
+`out` (normed) is also the hidden state the next chained depth reads. With `index_share_for_mtp_iteration`
+(config) a chained depth skips the indexer and attends over the selection its sequence's catch-up row had
+(the last verified position's): nothing drafted since is added. This is vLLM's
 Glm5NextMultiTokenPredictorLayer (docs/checkpoints.md). The embedding and the LM head are the main
 model's; the block is MLA with its own full indexer + MoE with shared experts, its linears split over
 ranks as the main layers' are. Its MLA / indexer cache is layer `num_hidden_layers` of the cache (same
@@ -60,22 +62,24 @@ class MtpLayer(DecoderLayer):
         self.eh_proj = replicated(ctx, 2 * d, d)
         self.shared_head = SharedHead(ctx, cfg)
         self.fused = ctx.ops.kernels.fused_collectives and ctx.world > 1
+        self.share_selection = cfg.index_share_for_mtp_iteration
 
     def forward(self, *args, **kwargs):
         raise TypeError("MtpLayer: call draft() (the layer has no mHC streams)")
 
-    def draft(self, hidden: torch.Tensor, embedded: torch.Tensor, batch: ForwardBatch,
-              cache: CacheTensors) -> torch.Tensor:
+    def draft(self, hidden: torch.Tensor, embedded: torch.Tensor, batch: ForwardBatch, cache: CacheTensors,
+              selection: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """hidden [T, D] (the main model's, or the previous depth's output), embedded [T, D] (embedding of
-        the token after each row's position) -> out [T, D]: the LM head's input and the next depth's hidden.
+        the token after each row's position), selection [T, W] (index sharing: the rows to attend over, the
+        indexer skipped) -> (out [T, D]: the LM head's input and the next depth's hidden, the selection used).
         Draft steps never split the sequence across ranks (batch.sequence_parallel is False)."""
         batch.memo.clear()
         embedded = embedded.masked_fill((batch.positions == 0).unsqueeze(-1), 0.0)
         x = self.eh_proj(torch.cat([norm_fp32(embedded, self.enorm), norm_fp32(hidden, self.hnorm)], dim=-1))
-        attn, _ = self.self_attn(self.input_layernorm(x), batch, cache, None)
+        attn, selection = self.self_attn(self.input_layernorm(x), batch, cache, selection)
         normed, r = self._add_norm(attn, x, self.post_attention_layernorm)
         out, _ = self._add_norm(self.mlp(normed), r, self.shared_head.norm)
-        return out
+        return out, selection
 
     def _add_norm(self, partial: torch.Tensor, residual: torch.Tensor,
                   norm: RMSNorm) -> tuple[torch.Tensor, torch.Tensor]:

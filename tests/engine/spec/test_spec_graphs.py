@@ -26,13 +26,14 @@ def padded_run(plain):
     return run
 
 
-def _padded_graph_run(plain, mode: str, want: list[list[int]]):
+def _padded_graph_run(plain, mode: str, want: list[list[int]], before=None, **llm_kw):
     """Greedy generations of PADDED_PROMPTS through the fixed-shape graph steps run eagerly on CPU (--draft-graph
     `mode`), `want` plain decoding's tokens: -> (graph kinds used, each step's drafts and their probabilities,
-    verify steps that padded sequences of different lengths)."""
+    verify steps that padded sequences of different lengths). before(llm): run before generating."""
     import collections
 
-    llm = LLM(Model.path, device="cpu", kv_cache_memory="16MiB", block_size=16, max_num_seqs=8, speculative_config=SPEC)
+    llm = LLM(Model.path, device="cpu", kv_cache_memory="16MiB", block_size=16, max_num_seqs=8, speculative_config=SPEC,
+              **llm_kw)
     runner = llm.engine.executor.runner
     runner.setup_graphs(8, None, enforce_eager=False, pad_on_cpu=True, num_speculative_tokens=3, draft_graph=mode)
     graphs = runner.graphs
@@ -77,6 +78,8 @@ def _padded_graph_run(plain, mode: str, want: list[list[int]]):
         drafts.append([(s.request_id, list(s.drafts), list(s.draft_sure)) for s in llm.engine.scheduler.running])
 
     speculator.verify_fused = spy_verify_fused
+    if before is not None:
+        before(llm)
     got = [o.outputs[0].token_ids for o in llm.generate(PADDED_PROMPTS, PADDED_PARAMS)]
     assert got == want
     # a request with one token left after its prefill has no room for drafts: a plain one-row step

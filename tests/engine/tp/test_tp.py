@@ -58,15 +58,15 @@ def tp1_plain_tokens(tiny):
         plain.shutdown()
 
 
-@pytest.mark.parametrize("fused", [True, False])
-def test_speculative_decoding_at_tp2_gives_tp1_plain_tokens(tiny, tp1_plain_tokens, fused):
+@pytest.mark.parametrize("fused,share", [(True, False), (False, True)])
+def test_speculative_decoding_at_tp2_gives_tp1_plain_tokens(tiny, tp1_plain_tokens, fused, share):
     """MTP drafting at TP=2 on a checkpoint in the published MTP layout (draft steps and KDA commits sent to
     the worker like the plans; the MTP layer's linears split like the main layers', its all-reduces fused
-    with the add and norm or not): greedy tokens equal plain decoding at TP=1, drafts were verified and
-    accepted, pools full after."""
+    with the add and norm or not; with MTP index sharing or not): greedy tokens equal plain decoding at TP=1,
+    drafts were verified and accepted, pools full after."""
     llm = LLM(tensor_parallel_size=2, speculative_config={"method": "mtp", "num_speculative_tokens": 3,
                                                            "adaptive": False}, fused_collectives=fused,
-              **_mtp_engine_args(tiny))
+              hf_overrides={"index_share_for_mtp_iteration": share}, **_mtp_engine_args(tiny))
     try:
         assert [o.outputs[0].token_ids for o in llm.generate(SPEC_PROMPTS, SPEC_PARAMS)] == tp1_plain_tokens
         stats = llm.engine.stats()
