@@ -40,3 +40,21 @@ def isolated_cache(tmp_path_factory):
     import os
 
     os.environ.setdefault("TPSERVE_CACHE_DIR", str(tmp_path_factory.mktemp("tpserve-cache")))
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """The interpreter suite's child runs start now, in the background, and its tests go last
+    (interpreter_runs.py)."""
+    last = [i for i in items if Path(str(i.fspath)).name == "test_interpreter_suite.py"]
+    if not last:
+        return
+    items[:] = [i for i in items if i not in last] + last
+    from interpreter_runs import start
+
+    start([i.callspec.params["file"] for i in last if hasattr(i, "callspec")])
+
+
+def pytest_sessionfinish(session, exitstatus):
+    from interpreter_runs import stop
+
+    stop()
