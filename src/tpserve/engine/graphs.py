@@ -409,7 +409,7 @@ class StepGraphs:
     def draft(self, plan, key, source: torch.Tensor, source_rows: list[int], selection: torch.Tensor | None = None):
         """One MTP depth: hidden inputs source[source_rows] for the plan's rows (and, for a ("reuse", b, 1) key,
         selection rows selection[source_rows]) -> (fp32 logits at plan.logits_indices, the MTP hidden rows
-        there, their argmax_and_probability [2, n], their selection rows)."""
+        there, their argmax_and_probability [2, n], their selection rows with index sharing, else None)."""
         _, b, q = key
         n_real, n_logits = self._fill(plan, b, q, source_rows)
         lrows, real, src = self._fields(b, q, n_real, n_logits)
@@ -418,7 +418,7 @@ class StepGraphs:
             self.selection_in.index_copy_(0, real, selection.index_select(0, src))
         new_hidden, logits, greedy, used = self._replay(key)
         return (logits.index_select(0, lrows), new_hidden.index_select(0, lrows), greedy.index_select(1, lrows),
-                used.index_select(0, lrows))
+                used.index_select(0, lrows) if self.share else None)
 
     def draft_chain(self, plan, key, source: torch.Tensor, source_rows: list[int]) -> torch.Tensor:
         """The catch-up `plan` (one logits row per sequence) and chain_depths - 1 more depths -> greedy draws

@@ -272,7 +272,8 @@ class ModelRunner:
                                  f"{self.chain_depths(plan)} (0: no chain graph runs it)")
             return Drafted(None, self.graphs.draft_chain(plan, key, src, source_rows))
         # index sharing: a chained depth attends over its sequence's catch-up selection (model/mtp.py)
-        reuse = self.draft_selection if self.model.mtp.share_selection and not from_main else None
+        share = self.model.mtp.share_selection
+        reuse = self.draft_selection if share and not from_main else None
         key = None if self.graphs is None or self.graphs.hidden_in is None else self.graphs.key_for(plan, "draft")
         if key is not None and reuse is not None:
             key = ("reuse", key[1], 1) if key[2] == 1 else None
@@ -285,7 +286,7 @@ class ModelRunner:
         out, selection = self.model.mtp.draft(src[rows], self.model.embed(batch.input_ids, batch), batch, self.cache,
                                               None if reuse is None else reuse[rows])
         self.draft_hidden = out[batch.logits_indices]
-        self.draft_selection = selection[batch.logits_indices]
+        self.draft_selection = selection[batch.logits_indices] if share else None
         logits = self.model.lm_logits(self.draft_hidden)
         return Drafted(logits, self.ops.argmax_probability(logits))
 
