@@ -12,7 +12,7 @@ a context length), per integer argument equal to 1 or a multiple of 16, and tune
             pointers on 16-byte alignment: the chunk's rows of the selection then start at an odd row)
   mixed     decode rows (verify rows with speculation) beside a prefill chunk, every count below ROW_SWEEP
   contexts  a decode row beside a prefill chunk at each pool count up to the indexer's top-k pools (its top-k kernel
-            is built per k), then at powers of two and one past them
+            is built per tile, which follows the count), then at powers of two and one past them
   decode    one step per captured graph bucket, or every batch size when steps run eagerly
 On a CPU nothing compiles: each phase runs one step (its largest, at small sizes).
 """

@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["table_stride"])  # one build for any block-table width
 def _fill_pools_kernel(keys_ptr, gates_ptr, ape_ptr, pos_ptr, seq_ptr, tables_ptr, pool_ptr, table_stride,
                        BS: tl.constexpr, KPOOL: tl.constexpr, D: tl.constexpr, KP: tl.constexpr, DP: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
@@ -77,7 +77,7 @@ def fill_pools(keys: torch.Tensor, gates: torch.Tensor, ape: torch.Tensor, posit
                                  KP=triton.next_power_of_2(kpool), DP=triton.next_power_of_2(d), num_warps=4)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["table_stride"])  # one build for any block-table width
 def _decode_scores_kernel(q_ptr, w_ptr, pos_ptr, seq_ptr, tables_ptr, pool_ptr, out_ptr, P, table_stride, scale, fill,
                           H: tl.constexpr, D: tl.constexpr, HP: tl.constexpr, DP: tl.constexpr, BS: tl.constexpr,
                           KPOOL: tl.constexpr, BP: tl.constexpr, IEEE: tl.constexpr):
@@ -170,8 +170,10 @@ def _packed(score, j):
     return (mono.to(tl.int64) << 32) | (4294967295 - j.to(tl.int64))
 
 
+# K (the pools kept) is a runtime argument in the three top-pools kernels: one build per tile C, not one per k
+# (k follows the context up to the indexer's top-k pools).
 @triton.jit
-def _top_pools_kernel(scores_ptr, pos_ptr, out_ptr, P, K: tl.constexpr, KPOOL: tl.constexpr, C: tl.constexpr):
+def _top_pools_kernel(scores_ptr, pos_ptr, out_ptr, P, K, KPOOL: tl.constexpr, C: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + t).to(tl.int64)
     v = tl.minimum((pos + 1) // KPOOL, P)        # pools complete at this token: the only ones it may pick
@@ -191,7 +193,7 @@ def _top_pools_kernel(scores_ptr, pos_ptr, out_ptr, P, K: tl.constexpr, KPOOL: t
 
 
 @triton.jit
-def _top_pools_chunk_kernel(scores_ptr, pos_ptr, part_ptr, P, NCH, K: tl.constexpr, KPOOL: tl.constexpr,
+def _top_pools_chunk_kernel(scores_ptr, pos_ptr, part_ptr, P, NCH, K, KPOOL: tl.constexpr,
                             C: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
@@ -207,7 +209,7 @@ def _top_pools_chunk_kernel(scores_ptr, pos_ptr, part_ptr, P, NCH, K: tl.constex
 
 
 @triton.jit
-def _top_pools_merge_kernel(part_ptr, pos_ptr, out_ptr, P, NCH, K: tl.constexpr, KPOOL: tl.constexpr,
+def _top_pools_merge_kernel(part_ptr, pos_ptr, out_ptr, P, NCH, K, KPOOL: tl.constexpr,
                             C: tl.constexpr, M: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     v = tl.minimum((tl.load(pos_ptr + t).to(tl.int64) + 1) // KPOOL, P)

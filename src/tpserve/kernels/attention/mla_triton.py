@@ -46,7 +46,7 @@ FULL_GRID = 264   # two waves on an H200's 132 SMs: ranges fill up to it, never 
 # programs measured slower; bench/mla_sparse_bench.py --ranges); past it one range per token
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["table_stride"])  # one build for any block-table width
 def _sparse_kernel(q_ptr, sel_ptr, seq_ptr, tables_ptr, lat_ptr, m_ptr, l_ptr, acc_ptr, out_ptr,
                    H, W, table_stride, scaling,
                    BS: tl.constexpr, C: tl.constexpr, CP: tl.constexpr, BH: tl.constexpr, BW: tl.constexpr,
