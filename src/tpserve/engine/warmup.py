@@ -50,7 +50,7 @@ class KernelWatch:
     def _hook(self, before, kw):
         self.met += 1
         if self.ready_at is not None and self.met - self.ready_at <= 50:
-            log.info("kernel specialization first met after ready: %s", str(kw.get("repr"))[:400])
+            log.info("kernel specialization first met after ready: %s", describe(kw))
         return before(**kw) if before is not None else None
 
     @property
@@ -59,6 +59,17 @@ class KernelWatch:
 
 
 WATCH = KernelWatch()
+
+
+def describe(kw: dict) -> str:
+    """A jit_cache_hook call as `kernel(arg=type/specialization, ...)`: what made this build differ (constexpr
+    values, 'D' for a pointer aligned to 16 bytes or an integer divisible by 16)."""
+    try:
+        names = [p.name for p in kw["fn"].jit_function.params]
+        args = ", ".join(f"{n}={t}" + ("" if a is None else f"/{a}") for n, (t, a) in zip(names, kw["key"][0]))
+        return f"{kw['fn'].name}({args})"
+    except (KeyError, AttributeError, TypeError, ValueError):
+        return str(kw.get("repr"))[:400]
 
 
 @dataclass
