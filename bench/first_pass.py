@@ -2,7 +2,7 @@
 
     python bench/first_pass.py [--layers KKKM] [--size real|tiny] [--device cuda] [--modes cold,restart,no-warmup]
                                [--concurrency 16] [--num-requests 64] [--max-tokens 200] [--prompt-len 32]
-                               [--dir /tmp/tpserve-first-pass] [--json F] [extra `bench serve` / engine flags]
+                               [--dir /tmp/tpserve-first-pass] [--triton-dir D] [--json F] [extra `bench serve` / engine flags]
 
 Writes GLM-5.3-Flash's real widths with the given layer schedule as a checkpoint without weights (random ones:
 --load-format dummy) with make-tiny's tokenizer at the model's vocabulary (streamed text, so TTFT is measured), then
@@ -30,7 +30,8 @@ READY = re.compile(r"ready in ([\d.]+) s .*the process started ([\d.]+) s ago")
 
 def run_mode(args, mode: str, cfg_dir: Path, extra: list[str]) -> dict:
     out = args.dir / f"{mode}.json"
-    cache = args.dir / ("triton-restart" if mode in ("cold", "restart") else "triton-no-warmup")
+    cache = (args.triton_dir or args.dir / "triton-restart") if mode in ("cold", "restart") else \
+        args.dir / "triton-no-warmup"
     if mode in ("cold", "no-warmup") and cache.exists():
         import shutil
 
@@ -40,12 +41,14 @@ def run_mode(args, mode: str, cfg_dir: Path, extra: list[str]) -> dict:
            "--num-requests", str(args.num_requests), "--max-tokens", str(args.max_tokens), "--prompt-len",
            str(args.prompt_len), "--json", str(out), "--no-warmup" if mode == "no-warmup" else "--warmup", *extra]
     env = {**os.environ, "TRITON_CACHE_DIR": str(cache), "TPSERVE_LOG_LEVEL": "INFO"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    (args.dir / f"{mode}.log").write_text(proc.stdout + proc.stderr)
+    log = args.dir / f"{mode}.log"
+    with open(log, "w") as f:  # written as it runs: the warm-up's phases show while it boots
+        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, text=True, env=env)
+    text = log.read_text()
     if proc.returncode != 0 or not out.is_file():
-        raise SystemExit(f"{mode}: bench serve failed (rc {proc.returncode}):\n{(proc.stdout + proc.stderr)[-4000:]}")
+        raise SystemExit(f"{mode}: bench serve failed (rc {proc.returncode}):\n{text[-4000:]}")
     res = json.loads(out.read_text())
-    ready = READY.findall(proc.stderr)
+    ready = READY.findall(text)
     passes = res["passes"]
     row = {"mode": mode, "boot": res.get("boot", {}), "process_ready_s": float(ready[-1][1]) if ready else None,
            "errors": res["errors"], "passes": [{"tok_per_s": p["levels"][0]["output_tok_per_s"],
@@ -83,6 +86,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--dir", type=Path, default=Path("/tmp/tpserve-first-pass"))
     ap.add_argument("--json", default=None)
+    ap.add_argument("--triton-dir", type=Path, default=None,
+                    help="Triton's cache of the cold and restart boots (default DIR/triton-restart)")
     args, extra = ap.parse_known_args(argv)
     modes = [m for m in args.modes.split(",") if m]
     bad = set(modes) - {"cold", "restart", "no-warmup"}

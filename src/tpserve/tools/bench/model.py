@@ -376,6 +376,8 @@ def run(args) -> int:
                    max_num_batched_tokens=max([ecfg.max_num_batched_tokens, *args.prefill, args.profile_prefill]),
                    max_num_seqs=max([ecfg.max_num_seqs, *args.batch]))
     options.pop("model")
+    if options["warmup"] is None:  # the timed shapes compile in the untimed steps before each measurement
+        options["warmup"] = False
     if options["kv_cache_memory"] is None:
         options["kv_cache_memory"] = 8 * 2**30 if args.size == "real" else 64 * 2**20
     modes = [("eager", True), ("graphs", False)] if args.compare_eager else [

@@ -133,6 +133,8 @@ def measure(args) -> dict:
         for name, spec in settings:
             kw = engine_options(base)  # every switch given on the command line reaches the engines
             kw["max_num_seqs"] = max(max(args.batch), kw["max_num_seqs"] or 0)
+            if kw["warmup"] is None:  # the untimed pass below compiles what the timed ones meet
+                kw["warmup"] = False
             if kw["kv_cache_memory"] is None:  # several engines live in this process, one after another
                 kw["kv_cache_memory"] = 2 * 2**30
             llm = LLM(**{k: v for k, v in kw.items() if v is not None}, speculative_config=spec)
