@@ -37,7 +37,11 @@ def test_bench_spec_small_run(tiny, tmp_path, capsys):
         assert r["tok_s"] > 0 and r["decode_tok_s"] > 0
     off = res["rows"][0]
     assert off["speedup"] == off["decode_speedup"] == 1.0
-    assert "| decode tok/s | decode speedup |" in capsys.readouterr().out
+    assert [r["measured_rates"] is None for r in res["rows"]] == [True, True, False]  # adaptive k's own rates
+    assert all(v["steps"] > 0 and v["tok_s"] > 0 for v in res["rows"][2]["measured_rates"].values())
+    printed = capsys.readouterr().out
+    assert "| decode tok/s | decode speedup |" in printed
+    assert "adaptive k's own measurements at batch 1: batch<=1 " in printed
 
 
 def test_bench_spec_passes_every_engine_switch_through(monkeypatch):

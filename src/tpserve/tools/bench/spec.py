@@ -96,6 +96,14 @@ def structured_groups(batch: int) -> list[list[str]]:
     return [prompts[i:i + batch] for i in range(0, len(prompts), batch)]
 
 
+def rates_seen(llm) -> dict | None:
+    """What adaptive k measured of its own steps (engine/spec/rates.py): emitted tok/s with and without drafts
+    per batch bucket, the plain steps being those of this engine (its MTP layer catching up), not of one without
+    speculation."""
+    spec = llm.engine.speculator
+    return None if spec is None or not spec.spec.adaptive else spec.rates.snapshot()
+
+
 def decode_rate(steps: list[tuple[float, bool, int]]) -> float:
     """Tokens per second over the steps (from step_times) that held no prefill chunk."""
     decode = [(s, n) for s, had_prefill, n in steps if not had_prefill]
@@ -168,7 +176,8 @@ def measure(args) -> dict:
                              "mean_accepted_length": 1 + acc / drafts if drafts else None,
                              "equal_to_plain": tokens == reference.get(batch),
                              "outputs_equal": sum(a == b for a, b in zip(tokens, reference.get(batch, []))),
-                             "outputs": len(tokens), "kda_state_bytes_per_request": state, "kda_path": kda_path})
+                             "outputs": len(tokens), "kda_state_bytes_per_request": state, "kda_path": kda_path,
+                             "measured_rates": rates_seen(llm)})
                 bar.update(1)
             llm.shutdown()
             del llm
@@ -190,7 +199,11 @@ def table(result: dict) -> str:
                      f"{r['decode_tok_s']:.1f} | {r['decode_speedup']:.2f}x | {mal} | "
                      f"{r['outputs_equal']}/{r['outputs']} | {r['kda_state_bytes_per_request']:,} |")
     paths = sorted({r["kda_path"] for r in result["rows"] if r.get("kda_path")})
-    return "\n".join(lines + [f"KDA path: {p}" for p in paths])
+    seen = [f"adaptive k's own measurements at batch {r['batch']}: " + ", ".join(
+        f"{mode} {v['tok_s']} tok/s ({v['steps']} steps)" for mode, v in r["measured_rates"].items()
+        if mode.startswith(f"batch<={1 << (r['batch'] - 1).bit_length()} "))
+        for r in result["rows"] if r.get("measured_rates")]
+    return "\n".join(lines + [f"KDA path: {p}" for p in paths] + seen)
 
 
 def plot(result: dict, path: str) -> None:
