@@ -199,9 +199,11 @@ def table(result: dict) -> str:
                      f"{r['decode_tok_s']:.1f} | {r['decode_speedup']:.2f}x | {mal} | "
                      f"{r['outputs_equal']}/{r['outputs']} | {r['kda_state_bytes_per_request']:,} |")
     paths = sorted({r["kda_path"] for r in result["rows"] if r.get("kda_path")})
+    from tpserve.engine.spec.rates import MeasuredRates
+
     seen = [f"adaptive k's own measurements at batch {r['batch']}: " + ", ".join(
         f"{mode} {v['tok_s']} tok/s ({v['steps']} steps)" for mode, v in r["measured_rates"].items()
-        if mode.startswith(f"batch<={1 << (r['batch'] - 1).bit_length()} "))
+        if mode.startswith(f"batch<={MeasuredRates.bucket(r['batch'])} "))
         for r in result["rows"] if r.get("measured_rates")]
     return "\n".join(lines + [f"KDA path: {p}" for p in paths] + seen)
 
