@@ -177,6 +177,36 @@ def test_measured_rates_leave_out_the_step_after_a_prompt_catch_up():
     llm.shutdown()
 
 
+def test_plain_steps_measure_without_the_mtp_catch_up():
+    """A plain step's measured rate leaves out the MTP catch-up that ran after the step before it (decoding
+    plainly for long stops the MTP layer, so plain decoding's steady state has none); a drafting step's rate
+    keeps the drafting pass that made its drafts."""
+    llm = LLM(Model.path, device="cpu", kv_cache_memory="16MiB", block_size=16, max_num_seqs=8,
+              speculative_config={"method": "mtp", "num_speculative_tokens": 2})
+    spec = llm.engine.speculator
+    observed, calls = [], [0]
+    draft, observe = spec.drafter.draft, spec.rates.observe
+
+    def slow_draft(*a, **kw):
+        time.sleep(0.3)
+        return draft(*a, **kw)
+
+    def alternate_k(batch, running, fused):
+        calls[0] += 1
+        return 2 * (calls[0] % 2)
+
+    def recording_observe(batch, drafted, emitted, seconds):
+        observed.append((drafted, seconds))
+        return observe(batch, drafted, emitted, seconds)
+    spec.drafter.draft, spec._choose_k, spec.rates.observe = slow_draft, alternate_k, recording_observe
+    llm.generate([PROMPTS[0]], SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))
+    plain = [s for drafted, s in observed if not drafted]
+    drafting = [s for drafted, s in observed if drafted]
+    assert plain and drafting
+    assert max(plain) < 0.3 <= min(drafting)
+    llm.shutdown()
+
+
 @pytest.mark.parametrize("adaptive", [True, False])
 def test_only_decode_steps_train_the_cost_model_and_rates(adaptive):
     """Steps that hold prefill chunks are not decode costs: neither the step-cost fit, the draft-cost

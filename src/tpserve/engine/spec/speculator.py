@@ -253,7 +253,10 @@ class Speculator:
         if self.last_draft_seconds is None:  # the drafts came with a prompt's MTP catch-up
             return
         self.while_waiting()  # a pending observation first
-        seen = (batch, self.step_drafted, self.emitted, step_seconds + self.last_draft_seconds)
+        # a plain step's rate leaves out the MTP catch-up before it: decoding plainly for long stops the MTP layer
+        # (IDLE_STEPS), so plain steps then cost the step alone
+        seconds = step_seconds + self.last_draft_seconds if self.step_drafted else step_seconds
+        seen = (batch, self.step_drafted, self.emitted, seconds)
         if fused:
             self.pending_rate = seen
         else:
