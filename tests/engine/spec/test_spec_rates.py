@@ -207,6 +207,28 @@ def test_plain_steps_measure_without_the_mtp_catch_up():
     llm.shutdown()
 
 
+def test_a_batch_measured_faster_plain_skips_the_prompts_mtp_pass():
+    """Where both modes are measured at this batch size and drafting is the slower (no probe due), a new request's
+    MTP pass over its prompt and the catch-up steps are skipped: the MTP layer stops at once, the output is plain
+    decoding's."""
+    llm = LLM(Model.path, device="cpu", kv_cache_memory="16MiB", block_size=16, max_num_seqs=8,
+              speculative_config={"method": "mtp", "num_speculative_tokens": 2})
+    spec = llm.engine.speculator
+    for _ in range(4):  # plain 1,000 tok/s against drafting 200
+        spec.rates.observe(1, False, 1, 0.001)
+        spec.rates.observe(1, True, 2, 0.01)
+    assert spec.rates.plain_leads(1) and not spec.rates.plain_leads(2)
+    drafts, draft = [], spec.drafter.draft
+    spec.drafter.draft = lambda *a, **kw: drafts.append(1) or draft(*a, **kw)
+    sp = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    out = llm.generate([PROMPTS[0]], sp)[0].outputs[0].token_ids
+    assert drafts == []
+    plain = LLM(Model.path, device="cpu", kv_cache_memory="16MiB", block_size=16, max_num_seqs=8)
+    assert out == plain.generate([PROMPTS[0]], sp)[0].outputs[0].token_ids
+    llm.shutdown()
+    plain.shutdown()
+
+
 @pytest.mark.parametrize("adaptive", [True, False])
 def test_only_decode_steps_train_the_cost_model_and_rates(adaptive):
     """Steps that hold prefill chunks are not decode costs: neither the step-cost fit, the draft-cost

@@ -133,6 +133,11 @@ class MeasuredRates:
         self.step += 1  # (tick)
         return (self._decided(decision, k) if k else 0), decision[2]
 
+    def plain_leads(self, batch: int) -> bool:
+        """Whether both modes are measured in this batch's bucket and drafting is the slower."""
+        decision = self._decision.get(_bucket(batch))
+        return decision is not None and decision[0][1]
+
     def tick(self) -> None:
         """A step the speculator was not asked about (Speculator.idle): the probes' clock counts it too."""
         self.step += 1

@@ -236,9 +236,11 @@ class Speculator:
         # (above the graphs only requests with a fixed k draft: `Drafter.budget`)
         k = self.last_k = 0 if above_graphs else self._choose_k(batch, running, fused)
         self.idle_steps = self.idle_steps + 1 if k == 0 else 0
-        if self.idle_steps > IDLE_STEPS and not any(fixed(seq) for seq in running):
-            # speculation has not paid for a while (large batches): the MTP catch-up stops too; requests that
-            # arrive later draft when k > 0 again
+        stop = self.idle_steps > IDLE_STEPS or (k == 0 and self.rates.plain_leads(batch))
+        if stop and not any(fixed(seq) for seq in running):
+            # speculation has not paid for a while (large batches), or this batch size measures plain decoding
+            # faster and drafting is not due for a probe: the MTP catch-up stops too (a prompt's MTP pass is
+            # skipped); requests that arrive later draft when k > 0 again
             for seq in running:
                 seq.mtp_computed = -1
             self._stop_drafting(above_graphs=False)
