@@ -38,12 +38,13 @@ def _record(monkeypatch, module, names: tuple[str, ...]) -> list[tuple]:
     return keys
 
 
-def _per_width(keys: list, call) -> dict[int, tuple]:
+def _per_value(keys: list, call, values=WIDTHS) -> dict[int, tuple]:
+    """value -> the specialization keys of the launches `call(value)` made."""
     out = {}
-    for width in WIDTHS:
+    for value in values:
         keys.clear()
-        call(width)
-        out[width] = tuple(keys)
+        call(value)
+        out[value] = tuple(keys)
     return out
 
 
@@ -60,7 +61,7 @@ def test_sparse_mla_builds_once_for_every_block_table_width(monkeypatch):
     seq = torch.zeros(n, dtype=torch.long)
     latent = torch.zeros(4096, c, dtype=torch.bfloat16)
     rec = _record(monkeypatch, mla_triton, ("_sparse_kernel", "_combine_kernel"))
-    keys = _per_width(rec, lambda width: mla_triton.sparse_mla(q, sel, seq, _tables(width), latent, 64, 0.1,
+    keys = _per_value(rec, lambda width: mla_triton.sparse_mla(q, sel, seq, _tables(width), latent, 64, 0.1,
                                                                  config=mla_triton.PREFILL))
     assert all(len(k) == 1 for k in keys.values())
     assert len(set(keys.values())) == 1, keys
@@ -79,7 +80,7 @@ def test_indexer_kernels_build_once_for_every_block_table_width(monkeypatch):
         indexer_triton.fill_pools(keys_cache, gates, ape, pos, seq, _tables(width), 64, pool)
         indexer_triton.decode_scores(q, w, pos, seq, _tables(width), pool, 64, kpool, 256)
 
-    keys = _per_width(_record(monkeypatch, indexer_triton, ("_fill_pools_kernel", "_decode_scores_kernel")), both)
+    keys = _per_value(_record(monkeypatch, indexer_triton, ("_fill_pools_kernel", "_decode_scores_kernel")), both)
     assert all(len(k) == 2 for k in keys.values())
     assert len(set(keys.values())) == 1, keys
 
@@ -89,9 +90,7 @@ def test_top_pools_builds_once_per_tile_not_per_k(monkeypatch):
 
     scores, pos = torch.zeros(4, 200, dtype=torch.float32), torch.arange(4, dtype=torch.long) * 999
     rec = _record(monkeypatch, indexer_triton, ("_top_pools_kernel",))
-    keys = {}
-    for k in (65, 100, 127):  # pools kept follow the context up to the indexer's top-k: one tile (C = 256) for these
-        rec.clear()
-        indexer_triton.top_pools(scores, pos, k, 16, chunked=False)
-        keys[k] = tuple(rec)
+    # pools kept follow the context up to the indexer's top-k: one tile (C = 256) for these
+    keys = _per_value(rec, lambda k: indexer_triton.top_pools(scores, pos, k, 16, chunked=False), (65, 100, 127))
+    assert all(len(k) == 1 for k in keys.values())
     assert len(set(keys.values())) == 1, keys
