@@ -7,7 +7,10 @@ compared with (a) the CPU float32 path and (b) CUDA TP=1:
 - with --tp: TP=2 over NCCL without and with sequence parallelism (SP from 16 tokens, so the
   prefill chunks take the SP path and decodes plain TP);
 - with --fla: fla-core's KDA kernels in float32 (TF32 rounding) and bf16 (tolerance rows).
+--prefix: prefix caching on against off in float32 (a second turn through the first answer, a shared system
+prompt resumed mid-prompt): tokens equal, the cached token counts, the largest logprob difference.
 Usage: python bench/gpu_check_tiny.py [--tp] [--custom-allreduce] [--fla] [--kernels-only] [--norms] [--graphs]
+       [--prefix]
        [--configs default,...] [--switch norm_backend|moe_route_backend|...] [--fp32-only]
 """
 
@@ -70,11 +73,15 @@ def main() -> int:
                     "norm kernels (--norm-backend triton) vs the torch forms, fp32 and bf16, graphs on")
     ap.add_argument("--graphs", action="store_true", help="only: greedy tokens with decode CUDA graphs vs "
                     "--enforce-eager (fp32 and bf16; 5 prompts, max_num_seqs 6, so batches are padded)")
+    ap.add_argument("--prefix", action="store_true", help="only: greedy tokens with prefix caching on vs off "
+                    "(float32, graphs on), and the tokens each turn found cached")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         paths = {name: str(make_checkpoint(Path(tmp), name)) for name in args.configs.split(",")}
         prompts = random_prompts((9, 120, 40, 77), seed=3)
-        if args.graphs:
+        if args.prefix:
+            prefix_rows(args, paths)
+        elif args.graphs:
             graph_rows(args, paths, random_prompts((9, 120, 40, 77, 33), seed=3))
         elif args.norms:
             switch_rows(args, paths, prompts)
@@ -130,6 +137,36 @@ def graph_rows(args, paths: dict[str, str], prompts) -> None:
             same = sum(a == b for a, b in zip(got, eager))
             diff = (logits.float() - e_logits.float()).abs().max().item()
             print(f"| {name} | {dtype} | {same}/{len(prompts)} | {diff:.2e} | {captured} |", flush=True)
+
+
+def prefix_rows(args, paths: dict[str, str]) -> None:
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, logprobs=2)
+    system, user1, user2, user3, more = random_prompts((70, 21, 9, 13, 15), seed=31)
+    print("| config | prefix caching on: greedy equal to off | cached tokens a request | max logprob diff "
+          "|\n| --- | --- | --- | --- |", flush=True)
+    for name, path in paths.items():
+        for kda in ("auto", "fla") if args.device == "cuda" else ("auto",):
+            prefix_row(name, path, args.device, kda, params, (system, user1, user2, user3, more))
+
+
+def prefix_row(name: str, path: str, device: str, kda: str, params, parts) -> None:
+    system, user1, user2, user3, more = parts
+    outs = {}
+    for on in (True, False):
+        llm = LLM(path, **COMMON, device=device, dtype="float32", enable_prefix_caching=on, kda_backend=kda)
+        try:
+            first = llm.generate([{"prompt_token_ids": system + user1}], params)[0]
+            turn2 = system + user1 + first.outputs[0].token_ids + more
+            rest = [llm.generate([{"prompt_token_ids": p}], params)[0]
+                    for p in (turn2, system + user2, system + user3)]
+            outs[on] = [first, *rest]
+        finally:
+            llm.shutdown()
+    same = sum(a.outputs[0].token_ids == b.outputs[0].token_ids for a, b in zip(outs[True], outs[False]))
+    diff = max(abs(x[t].logprob - y[t].logprob) for a, b in zip(outs[True], outs[False])
+               for x, y in zip(a.outputs[0].logprobs, b.outputs[0].logprobs) for t in x.keys() & y.keys())
+    cached = " / ".join(str(o.num_cached_tokens) for o in outs[True])
+    print(f"| {name} kda={kda} | {same}/{len(outs[True])} | {cached} | {diff:.2e} |", flush=True)
 
 
 def kernel_rows(args, paths: dict[str, str], prompts) -> None:

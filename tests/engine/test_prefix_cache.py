@@ -130,3 +130,22 @@ def test_tiny_pool_evicts_and_preempts_and_every_request_finishes_exactly(path, 
     assert sum(o.num_cached_tokens for o in second) > 0 and stats["prefix_state_checkpoints_used"] <= 3
     assert on.engine.scheduler.num_preemptions > 0
     assert _pools_full(on)
+
+
+def test_checkpoints_inside_one_chunk_keep_the_prefill_in_one_step(path, off):
+    """A 91-token prompt prefilled in one chunk keeps its checkpoints at 32 and 64 (the interval) and 80 (its last
+    full block) without ending the chunk there: one prefill step, and later requests resume at each of them with
+    the uncached engine's tokens."""
+    on = _llm(path, max_num_batched_tokens=128, prefix_state_interval=32)
+    prompt, other, short = random_prompts([91, 9, 6], seed=36)
+    steps = on.engine.step_count
+    first = on.generate([_p(prompt)], GREEDY)[0]
+    assert on.engine.step_count - steps == GREEDY.max_tokens  # 1 prefill step + 19 decodes
+    again = on.generate([_p(prompt)], GREEDY)[0]
+    branch = on.generate([_p(prompt[:70] + other)], GREEDY)[0]
+    early = on.generate([_p(prompt[:40] + short)], GREEDY)[0]
+    assert [first.num_cached_tokens, again.num_cached_tokens, branch.num_cached_tokens,
+            early.num_cached_tokens] == [0, 80, 64, 32]
+    want = off.generate([_p(prompt), _p(prompt), _p(prompt[:70] + other), _p(prompt[:40] + short)], GREEDY)
+    _same([first, again, branch, early], want)
+    assert _pools_full(on)

@@ -48,6 +48,8 @@ class FakeDevice:
                 assert self.rows[seq.blocks[p // BS], p % BS] == toks[p], "a cached row of another prefix"
             for p in range(start, start + s.num_tokens):
                 self.rows[seq.blocks[p // BS], p % BS] = toks[p]
+            for rows, ckpt in s.saves:  # checkpoints kept inside the chunk (the states after its first rows)
+                self.state[ckpt] = tuple(toks[:start + rows])
             self.state[seq.slot] = tuple(toks[:start + s.num_tokens])
         done = []
         for s in scheduled:

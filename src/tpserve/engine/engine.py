@@ -130,7 +130,11 @@ class LLMEngine:
         if not prompt_token_ids:
             raise ValueError("prompt: the prompt is empty (at least one token is needed)")
         vocab = self.model_config.vocab_size
-        bad = [t for t in prompt_token_ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab]
+        ids = prompt_token_ids  # (the quick test first: its loops run in C)
+        if set(map(type, ids)) != {int} or min(ids) < 0 or max(ids) >= vocab:
+            bad = [t for t in ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab]
+        else:
+            bad = []
         if bad:
             raise ValueError(f"prompt_token_ids: {bad[:3]} out of range for vocab_size {vocab}")
         oov = [t for t in (params.logit_bias or {}) if not 0 <= t < vocab]
@@ -324,9 +328,10 @@ class LLMEngine:
         return not seqs[0].final_only or all(s.is_finished for s in seqs)
 
     def _plan(self, scheduled: list[Scheduled]) -> StepPlan:
-        ids, pos, cu, ctx, slots, tables, logits_idx = [], [], [0], [], [], [], []
-        for s in scheduled:
+        ids, pos, cu, ctx, slots, tables, logits_idx, saves = [], [], [0], [], [], [], [], []
+        for i, s in enumerate(scheduled):
             seq, start = s.seq, s.seq.num_computed
+            saves.extend((i, rows, ckpt) for rows, ckpt in s.saves)
             for p in range(start, start + s.num_tokens):
                 ids.append(seq.token_at(p))
                 pos.append(p)
@@ -341,7 +346,7 @@ class LLMEngine:
               and cu[-1] >= self.ecfg.sp_min_tokens)
         num_decode = sum(1 for s in scheduled if s.decode)
         return StepPlan(ids, pos, cu, ctx, slots, tables, logits_idx, self.scheduler.take_fresh_slots(), sp,
-                        num_decode, state_copies=self.scheduler.take_copies())
+                        num_decode, state_copies=self.scheduler.take_copies(), state_saves=saves)
 
     def _append(self, seq: Sequence, res: sampler.SampleResult) -> None:
         seq.output_ids.append(res.token)

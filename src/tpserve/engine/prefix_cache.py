@@ -15,7 +15,8 @@ to the entry of the block it follows. Saving and restoring are slot-to-slot copi
 Checkpoints are kept at the last full block of every prompt (and at the block end before its last token,
 where the same prompt resumes), every `interval` prompt tokens, and where a prompt's cached blocks stopped
 matching when it was admitted (a branch point: the next request with that prefix and another suffix resumes
-there); the scheduler ends prefill chunks at those positions (`chunk`). And where a request stops: a
+there). A prefill chunk does not end there: the step computes the states at those positions besides its own
+(`saves`, ForwardBatch.state_saves) and they are attached to their blocks once registered. And where a request stops: a
 per-request rolling checkpoint follows each block end a step of its decoding begins at and becomes a cached
 one when the request stops, unless it stops right at a block end, which is kept instead (with speculation a
 verify may jump over a block end, and a request ending inside a verify keeps its rolling checkpoint). Cached
@@ -72,6 +73,8 @@ class SeqPrefix:
     rolling_pos: int = 0
     branch: int = 0             # where its cached blocks stopped matching when admitted: a checkpoint is kept there
     next: int = 0               # `progress` has nothing to do before num_computed reaches this (a block end)
+    pending: list[tuple[int, int]] = field(default_factory=list)  # (position, checkpoint) written by a step,
+    # attached to the block before the position once it is registered
     broken: bool = False        # its later blocks are not registered (a hash collision, or a reset)
 
 
@@ -172,18 +175,24 @@ class PrefixCache:
             self.hits += seq.num_cached_tokens
         return held
 
-    def chunk(self, seq, start: int, n: int) -> int:
-        """n, shortened so that a prompt chunk from `start` ends at the next position a checkpoint is kept."""
+    def saves(self, seq, start: int, n: int) -> list[tuple[int, int]]:
+        """The prompt positions strictly inside the prefill chunk [start, start + n) where a checkpoint is
+        kept -> (rows into the chunk, checkpoint slot) for the step to write (a position at the chunk's end is
+        kept by `progress` before the next step)."""
         if not self.ckpts.capacity:
-            return n
-        n_prompt, bs = len(seq.prompt_ids), self.bs
-        stops = [(n_prompt - 1) // bs * bs, n_prompt // bs * bs]
+            return []
+        st, n_prompt, bs = self._state(seq), len(seq.prompt_ids), self.bs
+        stops = {(n_prompt - 1) // bs * bs, n_prompt // bs * bs, st.branch}
         if self.interval:
-            stops.append((start // self.interval + 1) * self.interval)
-        if seq.prefix is not None:
-            stops.append(seq.prefix.branch)
-        stop = min((p for p in stops if p > start), default=start + n)
-        return min(n, stop - start)
+            stops.update(range((start // self.interval + 1) * self.interval, start + n, self.interval))
+        out = []
+        for p in sorted(p for p in stops if max(start, st.saved) < p < start + n and p <= n_prompt):
+            ckpt = self.ckpts.allocate()
+            if ckpt is None:
+                break
+            st.pending.append((p, ckpt))
+            out.append((p - start, ckpt))
+        return out
 
     # --------------------------------------------------------------- progress
     def progress(self, seq) -> None:
@@ -193,6 +202,7 @@ class PrefixCache:
         pos, known = seq.num_computed, self._known(seq)
         st.next = (pos // self.bs + 1) * self.bs
         self._register(seq, st, min(pos, known) // self.bs)
+        self._attach_pending(st, pos)
         if not self.ckpts.capacity or pos % self.bs or pos <= st.saved or pos > known:
             return
         st.saved = pos
@@ -226,6 +236,7 @@ class PrefixCache:
             return
         if seq.slot is not None:
             self._register(seq, st, min(seq.num_computed, self._known(seq)) // self.bs)
+            self._attach_pending(st, seq.num_computed)
             pos = seq.num_computed
             if (state_current and self.ckpts.capacity and pos % self.bs == 0 and pos > st.saved
                     and pos <= self._known(seq) and len(st.entries) >= pos // self.bs
@@ -243,7 +254,8 @@ class PrefixCache:
             else:
                 self.ckpts.free.append(st.rolling)
             st.rolling = None
-        st.entries, st.saved, st.broken = [], 0, False
+        self.ckpts.free.extend(ckpt for _, ckpt in st.pending)  # (steps not run up to them: never attached)
+        st.entries, st.saved, st.broken, st.pending = [], 0, False, []
 
     def take_copies(self) -> list[tuple[int, int]]:
         copies, self.copies = self.copies, []
@@ -311,6 +323,22 @@ class PrefixCache:
                 st.entries.append(e)  # the same content cached from another sequence: its children follow it
             else:
                 st.broken = True  # a hash collision: this chain is not entered further
+
+    def _attach_pending(self, st: SeqPrefix, upto: int) -> None:
+        """The checkpoints written at positions up to `upto` go to their blocks' entries (registered by now;
+        a slot whose entry is gone, or already has one, goes back to the free list)."""
+        keep = []
+        for p, ckpt in st.pending:
+            if p > upto:
+                keep.append((p, ckpt))
+                continue
+            entry = st.entries[p // self.bs - 1] if len(st.entries) >= p // self.bs else None
+            if entry is not None and entry.live and entry.ckpt is None:
+                self.ckpts.attach(ckpt, entry)
+                st.saved = max(st.saved, p)
+            else:
+                self.ckpts.free.append(ckpt)
+        st.pending = keep
 
     def _evicted(self, block: int) -> None:
         e = self.by_block.pop(block)

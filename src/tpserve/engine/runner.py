@@ -51,6 +51,8 @@ class StepPlan:
     # in-flight step's device tokens (input_ids holds placeholders; engine/overlap.py)
     state_copies: list[tuple[int, int]] = field(default_factory=list)  # prefix caching: KDA / conv state
     # copies (source slot, destination slot) applied in order before the forward, then reset_slots
+    state_saves: list[tuple[int, int, int]] = field(default_factory=list)  # prefix caching: checkpoints kept
+    # inside a prefill chunk (sequence, rows, checkpoint slot; ForwardBatch.state_saves)
 
     @property
     def is_uniform_decode(self) -> bool:
@@ -214,7 +216,7 @@ class ModelRunner:
             block_tables=tables.to(dev, non_blocking=True), slot_mapping=slot_mapping.to(dev, non_blocking=True),
             logits_indices=to_device(plan.logits_indices, dev, torch.long),
             sequence_parallel=plan.sequence_parallel, token_seq=owner.to(dev, non_blocking=True),
-            decode_seqs=plan.num_decode)
+            decode_seqs=plan.num_decode, state_saves=list(plan.state_saves))
 
     def execute(self, plan: StepPlan, prev: torch.Tensor | None = None) -> torch.Tensor:
         """plan's forward -> logits at plan.logits_indices. prev: the in-flight step's tokens, the input ids of

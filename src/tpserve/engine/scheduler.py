@@ -8,13 +8,13 @@ preempted: its blocks and slot are freed and it goes back to the front of the qu
 recomputed from its prompt and the tokens it already generated.
 With prefix caching (engine/prefix_cache.py) a waiting sequence starts after the longest cached run of
 its blocks that ends at a state checkpoint (its blocks shared, its KDA state restored by a copy before
-the step's forward), and prefill chunks end where a checkpoint is to be kept.
+the step's forward), and a prefill chunk that passes a position where a checkpoint is kept writes it too.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tpserve.engine.cache import BlockPool, SlotPool
 from tpserve.engine.prefix_cache import PrefixCache
@@ -26,6 +26,8 @@ class Scheduled:
     seq: Sequence
     num_tokens: int  # tokens computed this step, starting at seq.num_computed (a decode's drafts included)
     decode: bool = False  # a decode / verify (every known token but the last was in the cache)
+    saves: list[tuple[int, int]] = field(default_factory=list)  # prefix caching: (rows, checkpoint slot) inside
+    # this prefill chunk whose states the step keeps (PrefixCache.saves)
 
     @property
     def completes(self) -> bool:
@@ -92,8 +94,6 @@ class Scheduler:
             if seq.status is not Status.RUNNING:  # preempted below while making room
                 continue
             n = min(seq.num_tokens - seq.num_computed + (len(seq.drafts) if seq.in_decode else 0), budget)
-            if self.prefix is not None and not seq.in_decode:
-                n = self.prefix.chunk(seq, seq.num_computed, n)
             if not self._grow(seq, seq.num_computed + n):
                 continue
             if seq.in_decode and n - 1 < len(seq.drafts):  # the budget verifies fewer drafts
@@ -101,15 +101,14 @@ class Scheduler:
                 del seq.draft_sure[n - 1:]
                 if seq.draft_probs is not None:
                     del seq.draft_probs[n - 1:]
-            out.append(Scheduled(seq, n, seq.in_decode))
+            saves = [] if self.prefix is None or seq.in_decode else self.prefix.saves(seq, seq.num_computed, n)
+            out.append(Scheduled(seq, n, seq.in_decode, saves))
             budget -= n
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and self.slots.num_free:
             seq = self.waiting[0]
             run = self.prefix.match(seq) if self.prefix is not None else []
             start = len(run) * self.block_size
             n = min(seq.num_tokens - start, budget)
-            if self.prefix is not None:
-                n = self.prefix.chunk(seq, start, n)
             need = self._blocks_for(start + n) - len(run)
             idle = sum(1 for e in run if self.blocks.refs(e.block) == 0)  # cached blocks a hit takes off the LRU
             if need + idle > self.blocks.num_free:
@@ -123,7 +122,8 @@ class Scheduler:
                 self.fresh_slots.append(seq.slot)
             seq.status = Status.RUNNING
             self.running.append(seq)
-            out.append(Scheduled(seq, n, seq.in_decode))
+            saves = self.prefix.saves(seq, start, n) if self.prefix is not None else []
+            out.append(Scheduled(seq, n, seq.in_decode, saves))
             budget -= n
         return out
 

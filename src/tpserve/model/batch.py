@@ -48,6 +48,10 @@ class ForwardBatch:
     decode_seqs: int = 0             # the first decode_seqs sequences take the decode kernels
     fixed_shapes: bool = False       # a graph step: shapes from the buffers only, never from host lengths
     query_len: int = 1               # in a fixed-shape step: rows of every decode sequence (1, or 1+k to verify)
+    # prefix caching: (sequence, rows, checkpoint slot): the KDA / conv states of a prefill sequence after its
+    # first `rows` rows of this step are copied into the checkpoint slot (model/kda.py), so a chunk need not
+    # end where a checkpoint is kept
+    state_saves: list[tuple[int, int, int]] = field(default_factory=list)
     # index tensors that depend on this batch only (not on a layer's weights), computed by the first layer
     # that needs them and reused by the others in the same forward (a graph step then launches their
     # kernels once, not once per layer); emptied at the start of every forward

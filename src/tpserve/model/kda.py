@@ -10,6 +10,7 @@ kda_backend "fla" the recurrences run in fla-core's Triton kernels over all sequ
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -58,13 +59,18 @@ class KdaAttention(nn.Module):
         t, h, dh = x.shape[0], self.heads, self.head_dim
         raw = merged.stacked(self, "qkv", x)  # q | k | v
         fa, ga, b = merged.outputs(self, "fgb_a", x, contiguous=True)
+        conv_states, saves = cache.conv_state[self.layer], batch.state_saves if batch.has_prefill else ()
+        # the conv windows the saves start from, before this step's conv moves them
+        old_conv = conv_states[batch.slots[[i for i, _, _ in saves]]] if saves else None
         if self.conv_rows:
-            q, k, v = (y.view(t, h, dh) for y in self._conv_fused(raw, batch, cache.conv_state[self.layer]))
+            q, k, v = (y.view(t, h, dh) for y in self._conv_fused(raw, batch, conv_states))
         else:
-            mixed = self._conv(raw, batch, cache.conv_state[self.layer])
+            mixed = self._conv(raw, batch, conv_states)
             q, k, v = (y.reshape(t, h, dh) for y in mixed.split(h * dh, dim=-1))
         g, beta = self.gate_beta(self.f_b_proj(fa), self.dt_bias, self.A_log, b, dh, self.lower_bound)
         states = cache.kda_state[self.layer]
+        if saves:
+            self._keep_states(raw, old_conv, (q, k, v, g, beta), batch, states, conv_states)
         if self.backend == "fla" and batch.fixed_shapes and batch.query_len > 1:
             q, k, v = q.contiguous(), k.contiguous(), v.contiguous()  # once: fla's verify and commit read them
         nv = batch.single_token_seqs
@@ -80,6 +86,32 @@ class KdaAttention(nn.Module):
             out = self._torch(q, k, v, g, beta, batch, states)
         gate = self.g_b_proj(ga).view(t, h, dh)
         return self.o_proj(self.o_norm(out, gate).reshape(t, h * dh))
+
+    def _keep_states(self, raw: torch.Tensor, old_conv: torch.Tensor, qkvgb: tuple, batch: ForwardBatch,
+                     states: torch.Tensor, conv_states: torch.Tensor) -> None:
+        """batch.state_saves: the states of a prefill sequence after its first n rows of this step, computed
+        from the states its slot holds before the step (the recurrence over those rows again, its outputs
+        dropped) and written to a checkpoint slot. Equal to the states of a chunk that ended there."""
+        saves, dev = batch.state_saves, raw.device
+        ckpts = torch.tensor([c for _, _, c in saves], device=dev)
+        width = conv_states.shape[-1]
+        windows = [torch.cat([old_conv[j].to(raw.dtype), raw[batch.cu_seqlens[i]:batch.cu_seqlens[i] + n].t()],
+                             dim=-1)[:, -width:] for j, (i, n, _) in enumerate(saves)]
+        conv_states[ckpts] = torch.stack(windows).to(conv_states.dtype)
+        init = states[batch.slots[[i for i, _, _ in saves]]]
+        spans = [(batch.cu_seqlens[i], batch.cu_seqlens[i] + n) for i, n, _ in saves]
+        if self.backend == "fla" and self.fla_options is not None:
+            from fla.ops.kda import chunk_kda
+
+            rows = torch.cat([torch.arange(a, b) for a, b in spans]).to(dev)
+            cu = torch.tensor([0, *itertools.accumulate(b - a for a, b in spans)], dtype=torch.long, device=dev)
+            q, k, v, g, beta = (x[None, rows] for x in qkvgb)
+            _, final = chunk_kda(q, k, v, g, beta, initial_state=init, output_final_state=True,
+                                 use_qk_l2norm_in_kernel=True, cu_seqlens=cu, **self.fla_options)
+        else:
+            final = torch.stack([(kda_ops.kda_recurrent if b - a == 1 else kda_ops.kda_chunked)(
+                *(x[a:b] for x in qkvgb), init[j])[1] for j, (a, b) in enumerate(spans)])
+        states[ckpts] = final.to(states.dtype)
 
     def _conv(self, mixed: torch.Tensor, batch: ForwardBatch, conv_states: torch.Tensor) -> torch.Tensor:
         weight = self.conv_weight.squeeze(1)

@@ -1,9 +1,10 @@
 """The step plan on the wire: rank 0 sends each step to the other ranks as two int64 tensors
-(a fixed 9-entry header, then a payload whose size the header gives), never a pickled object.
+(a fixed 10-entry header, then a payload whose size the header gives), never a pickled object.
 
 Payload layout, in order: input_ids [T], positions [T], cu_seqlens [B+1], context_lens [B],
 slots [B], block-table lengths [B], block tables [B x width] (-1 padded), logits_indices [N],
-reset_slots [R], state_copies [C x 2] (source, destination; prefix caching).
+reset_slots [R], state_copies [C x 2] (source, destination; prefix caching), state_saves [S x 3]
+(sequence, rows, checkpoint slot; prefix caching).
 
 Speculative decoding adds two messages: an MTP draft step (header[0] DRAFT_MAIN or DRAFT_CHAIN:
 the hidden rows come from the main model or the previous depth; the payload is the plan's, then
@@ -27,7 +28,7 @@ import torch.distributed as dist
 
 from tpserve.engine.runner import StepPlan
 
-HEADER = 9
+HEADER = 10
 STEP, STOP, COMMIT, DRAFT_MAIN, DRAFT_CHAIN, SPEC, STEP_PREV = 1, 2, 3, 4, 5, 6, 7
 
 
@@ -53,19 +54,21 @@ def encode(plan: StepPlan, kind: int = STEP) -> tuple[torch.Tensor, torch.Tensor
     payload = np.concatenate([np.asarray(p, dtype=np.int64) for p in parts]
                              + [tables.reshape(-1), np.asarray(plan.logits_indices, dtype=np.int64),
                                 np.asarray(plan.reset_slots, dtype=np.int64),
-                                np.asarray(plan.state_copies, dtype=np.int64).reshape(-1)])
+                                np.asarray(plan.state_copies, dtype=np.int64).reshape(-1),
+                                np.asarray(plan.state_saves, dtype=np.int64).reshape(-1)])
     header = torch.tensor([kind, t, b, width, len(plan.logits_indices), len(plan.reset_slots),
-                           int(plan.sequence_parallel), plan.num_decode, len(plan.state_copies)], dtype=torch.long)
+                           int(plan.sequence_parallel), plan.num_decode, len(plan.state_copies),
+                           len(plan.state_saves)], dtype=torch.long)
     return header, torch.from_numpy(payload)
 
 
 def payload_size(header: torch.Tensor) -> int:
-    _, t, b, width, n, r, _, _, c = header.tolist()
-    return 2 * t + (b + 1) + 3 * b + b * width + n + r + 2 * c
+    _, t, b, width, n, r, _, _, c, v = header.tolist()
+    return 2 * t + (b + 1) + 3 * b + b * width + n + r + 2 * c + 3 * v
 
 
 def decode(header: torch.Tensor, payload: torch.Tensor) -> StepPlan:
-    _, t, b, width, n, r, sp, num_decode, c = header.tolist()
+    _, t, b, width, n, r, sp, num_decode, c, v = header.tolist()
     flat = payload.numpy()
     out, at = [], 0
     for size in (t, t, b + 1, b, b, b):
@@ -78,8 +81,10 @@ def decode(header: torch.Tensor, payload: torch.Tensor) -> StepPlan:
     reset = flat[at + n:at + n + r].tolist()
     at += n + r
     copies = [(int(s), int(d)) for s, d in flat[at:at + 2 * c].reshape(c, 2)]
+    at += 2 * c
+    saves = [(int(i), int(n), int(k)) for i, n, k in flat[at:at + 3 * v].reshape(v, 3)]
     return StepPlan(ids, pos, cu, ctx, slots, [tables[i, :lens[i]].tolist() for i in range(b)], logits, reset,
-                    bool(sp), num_decode, state_copies=copies)
+                    bool(sp), num_decode, state_copies=copies, state_saves=saves)
 
 
 def encode_draft(plan: StepPlan, source_rows: list[int], from_main: bool,
