@@ -75,6 +75,7 @@ def main() -> int:
                     "--enforce-eager (fp32 and bf16; 5 prompts, max_num_seqs 6, so batches are padded)")
     ap.add_argument("--prefix", action="store_true", help="only: greedy tokens with prefix caching on vs off "
                     "(float32, graphs on), and the tokens each turn found cached")
+    ap.add_argument("--kda", default="auto,fla", help="with --prefix: the KDA backends compared (fla: cuda only)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         paths = {name: str(make_checkpoint(Path(tmp), name)) for name in args.configs.split(",")}
@@ -145,7 +146,7 @@ def prefix_rows(args, paths: dict[str, str]) -> None:
     print("| config | prefix caching on: greedy equal to off | cached tokens a request | max logprob diff "
           "|\n| --- | --- | --- | --- |", flush=True)
     for name, path in paths.items():
-        for kda in ("auto", "fla") if args.device == "cuda" else ("auto",):
+        for kda in (k for k in args.kda.split(",") if args.device == "cuda" or k != "fla"):
             prefix_row(name, path, args.device, kda, params, (system, user1, user2, user3, more))
 
 

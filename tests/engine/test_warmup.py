@@ -86,9 +86,12 @@ def test_every_phase_runs_and_pools_are_full(path, caplog):
     assert e.boot.steps["sampler"] >= 2 and e.boot.warmup > 0
     calls = []
     execute = e.executor.execute
-    e.executor.execute = lambda plan, prev=None: calls.append(len(plan.input_ids)) or execute(plan, prev)
+    e.executor.execute = lambda plan, prev=None: calls.append(plan) or execute(plan, prev)
     counts = warmup.run(e)  # again, counting the steps that reach the executor
     assert len(calls) == sum(counts.values()) and sum(len(v) for v in planned.values()) > 5
+    # a state checkpoint kept inside a prefill chunk (the prefix cache's saves build their kernels here too)
+    first = e.prefix_cache.ckpts.first
+    assert any(p.state_saves and p.state_saves[0][2] == first for p in calls)
     assert e.block_pool.num_free == e.block_pool.num_blocks and e.slot_pool.num_free == e.slot_pool.num_blocks
     assert not e.requests and not e.has_unfinished() and e.inflight is None
     text = [r.getMessage() for r in caplog.records]

@@ -14,6 +14,8 @@ a context length), per integer argument equal to 1 or a multiple of 16, and tune
   contexts  a decode row beside a prefill chunk at each pool count up to the indexer's top-k pools (its top-k kernel
             is built per tile, which follows the count), then at powers of two and one past them
   decode    one step per captured graph bucket, or every batch size when steps run eagerly
+With prefix caching, each step's first prefill chunk of two or more rows also keeps a state checkpoint inside it
+(ForwardBatch.state_saves: the KDA recurrence over its rows but the last), as requests' chunks do.
 On a CPU nothing compiles: each phase runs one step (its largest, at small sizes).
 """
 
