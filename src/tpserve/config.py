@@ -59,7 +59,8 @@ class EngineConfig:
     enable_prefix_caching: bool = _opt(True, "reuse the cache of earlier requests' shared prompt prefixes (full "
                                        "blocks and KDA state checkpoints; docs/prefix-caching.md)", switch=True)
     prefix_state_memory: float | None = _opt(None, "bytes of the cache budget for prefix caching's KDA state "
-                                             "checkpoints (default: a quarter of it)", switch=True, advanced=True)
+                                             "checkpoints (default: a quarter of it, up to half for two per "
+                                             "request slot)", switch=True, advanced=True)
     prefix_state_interval: int = _opt(2048, "tokens between KDA state checkpoints within a prompt (0: only at "
                                       "its end)", switch=True, advanced=True)
     # ---- speedup switches (docs/switches.md; measurements in docs/performance.md) ----

@@ -134,6 +134,37 @@ def test_second_turn_resumes_after_the_first_prompt_and_answer():
     assert _full(sched, cache)
 
 
+def test_concurrent_conversations_keep_where_each_prompt_ended():
+    """Six conversations at once, two checkpoints each, checkpoints every 8 tokens besides: each answer comes back
+    in the next turn as other tokens (a re-tokenized text), so only the checkpoint where the previous prompt ended
+    serves it. Interval, branch and rolling checkpoints take free slots only, and where a prompt ended may evict,
+    so every later turn resumes there."""
+    convs, turns = 6, 4
+    sched, cache = _sched(blocks=400, slots=convs, ckpts=2 * convs, interval=8, budget=16)
+    dev = FakeDevice(sched)
+    prompts = [list(range(100 * c + 1000, 100 * c + 1022)) for c in range(convs)]
+    live = {c: _seq(prompts[c], salt=f"c{c}", max_tokens=5, rid=f"{c}-0") for c in range(convs)}
+    for seq in live.values():
+        sched.add(seq)
+    resumed, prev = [], {}
+    for _ in range(10_000):
+        if not live:
+            break
+        for seq in dev.step():
+            c, t = map(int, seq.request_id.split("-"))
+            if t:
+                resumed.append((seq.num_cached_tokens, prev[c] // BS * BS))
+            del live[c]
+            if t + 1 < turns:
+                prev[c] = len(seq.prompt_ids)
+                prompts[c] = prompts[c] + [x + 5000 for x in seq.output_ids] + list(range(7 * t, 7 * t + 9))
+                live[c] = _seq(prompts[c], salt=f"c{c}", max_tokens=5, rid=f"{c}-{t + 1}")
+                sched.add(live[c])
+    assert len(resumed) == convs * (turns - 1)
+    assert [got for got, _ in resumed] == [want for _, want in resumed]
+    assert _full(sched, cache)
+
+
 def test_a_hit_leaves_one_token_and_a_branch_point_gets_a_checkpoint():
     sched, cache = _sched()
     dev = FakeDevice(sched)

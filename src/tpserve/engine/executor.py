@@ -59,10 +59,13 @@ def cache_budget(ecfg: EngineConfig, cfg: ModelConfig, device: torch.device, dty
 
 def checkpoint_count(ecfg: EngineConfig, budget: int, per_slot: int) -> int:
     """Prefix caching's KDA state checkpoints: --prefix-state-memory bytes of the cache budget left after the
-    running requests' slots (default: a quarter of it), one KDA state per checkpoint."""
+    running requests' slots, one KDA state per checkpoint. Default: a quarter of it, or up to half of it where a
+    quarter holds fewer than two checkpoints per request slot (a conversation in flight keeps one where its
+    prompt ended and one where its answer did; fewer, and turns of concurrent conversations evict each other's)."""
     if not ecfg.enable_prefix_caching or per_slot == 0:
         return 0
-    share = budget // 4 if ecfg.prefix_state_memory is None else int(ecfg.prefix_state_memory)
+    default = max(budget // 4, min(2 * ecfg.max_num_seqs * per_slot, budget // 2))
+    share = default if ecfg.prefix_state_memory is None else int(ecfg.prefix_state_memory)
     if share > budget:
         raise ValueError(f"prefix_state_memory ({share / 2**20:.1f} MiB) exceeds the cache budget left after the "
                          f"KDA slots ({budget / 2**20:.1f} MiB)")

@@ -21,7 +21,11 @@ per-request rolling checkpoint follows each block end a step of its decoding beg
 one when the request stops, unless it stops right at a block end, which is kept instead (with speculation a
 verify may jump over a block end, and a request ending inside a verify keeps its rolling checkpoint). Cached
 checkpoints have their own LRU and a fixed number of slots (the memory budget); evicting a block drops its
-checkpoint, a checkpoint may go alone.
+checkpoint, a checkpoint may go alone. Only a checkpoint where a prompt ends may evict a cached one: interval,
+branch and rolling ones take free slots (else they are skipped), so concurrent conversations do not evict each
+other's resume points. When a request stops, its prompt's end goes to the LRU's recent end and where its answer
+ended to the old end: the next turn resumes at the prompt's end even when the answer it sends back tokenizes
+otherwise.
 
 A hit is the longest run of cached blocks from the first one that ends at a checkpoint, leaving at least
 one token to compute (the last prompt token gives the logits). Requests asking for prompt logprobs skip the
@@ -91,20 +95,21 @@ class Checkpoints:
     def used(self) -> int:
         return self.capacity - len(self.free)
 
-    def allocate(self) -> int | None:
+    def allocate(self, evict: bool = True) -> int | None:
+        """A free slot, else (evict) the least recently used cached one."""
         if self.free:
             return self.free.pop()
-        if self.lru:
+        if self.lru and evict:
             ckpt, entry = self.lru.popitem(last=False)
             entry.ckpt = None
             return ckpt
         return None
 
     def allocate_rolling(self) -> int | None:
-        """Rolling checkpoints take at most half the slots (the rest keep cached ones)."""
+        """A free slot for a rolling checkpoint, at most half the slots (the rest keep cached ones)."""
         if self.rolling >= self.capacity // 2:
             return None
-        ckpt = self.allocate()
+        ckpt = self.allocate(evict=False)
         self.rolling += ckpt is not None
         return ckpt
 
@@ -187,9 +192,9 @@ class PrefixCache:
             stops.update(range((start // self.interval + 1) * self.interval, start + n, self.interval))
         out = []
         for p in sorted(p for p in stops if max(start, st.saved) < p < start + n and p <= n_prompt):
-            ckpt = self.ckpts.allocate()
+            ckpt = self.ckpts.allocate(evict=self._is_end(seq, p))
             if ckpt is None:
-                break
+                continue
             st.pending.append((p, ckpt))
             out.append((p - start, ckpt))
         return out
@@ -215,7 +220,7 @@ class PrefixCache:
             n = len(seq.prompt_ids)
             if (pos in (n // self.bs * self.bs, (n - 1) // self.bs * self.bs) or pos == st.branch
                     or (self.interval and pos % self.interval == 0)):
-                ckpt = self.ckpts.allocate()
+                ckpt = self.ckpts.allocate(evict=self._is_end(seq, pos))
                 if ckpt is not None:
                     self.copies.append((seq.slot, ckpt))
                     self.ckpts.attach(ckpt, entry)
@@ -255,7 +260,23 @@ class PrefixCache:
                 self.ckpts.free.append(st.rolling)
             st.rolling = None
         self.ckpts.free.extend(ckpt for _, ckpt in st.pending)  # (steps not run up to them: never attached)
+        self._refresh_ends(seq, st)
         st.entries, st.saved, st.broken, st.pending = [], 0, False, []
+
+    def _is_end(self, seq, pos: int) -> bool:
+        """pos is where the same prompt resumes (its last full block ends): a checkpoint there may evict a cached
+        one; one at an interval or branch point only takes a free slot."""
+        n = len(seq.prompt_ids)
+        return pos in ((n - 1) // self.bs * self.bs, n // self.bs * self.bs)
+
+    def _refresh_ends(self, seq, st: SeqPrefix) -> None:
+        """A request stops: the checkpoints at its prompt's end go to the LRU's recent end, those past it (where
+        its answer ended) to the old end; its other checkpoints keep their age."""
+        n = len(seq.prompt_ids)
+        first = max((n - 1) // self.bs - 1, 0)
+        for i, e in reversed(list(enumerate(st.entries[first:], first))):
+            if e.ckpt is not None and e.ckpt in self.ckpts.lru:
+                self.ckpts.lru.move_to_end(e.ckpt, last=(i + 1) * self.bs <= n)
 
     def take_copies(self) -> list[tuple[int, int]]:
         copies, self.copies = self.copies, []
