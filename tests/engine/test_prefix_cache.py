@@ -132,20 +132,20 @@ def test_tiny_pool_evicts_and_preempts_and_every_request_finishes_exactly(path, 
     assert _pools_full(on)
 
 
-def test_checkpoints_inside_one_chunk_keep_the_prefill_in_one_step(path, off):
-    """A 91-token prompt prefilled in one chunk keeps its checkpoints at 32 and 64 (the interval) and 80 (its last
-    full block) without ending the chunk there: one prefill step, and later requests resume at each of them with
-    the uncached engine's tokens."""
-    on = _llm(path, max_num_batched_tokens=128, prefix_state_interval=32)
+def test_checkpoints_inside_a_chunk_cost_no_step_and_a_second_one_ends_it(path, off):
+    """A 91-token prompt in one 128-token chunk keeps its last full block's checkpoint (80) inside it: one prefill
+    step. With checkpoints every 32 tokens too, the chunk keeps 32 inside and ends at 64 (kept before the next
+    step), which keeps 80: two prefill steps. Later requests resume at each with the uncached engine's tokens."""
     prompt, other, short = random_prompts([91, 9, 6], seed=36)
-    steps = on.engine.step_count
-    first = on.generate([_p(prompt)], GREEDY)[0]
-    assert on.engine.step_count - steps == GREEDY.max_tokens  # 1 prefill step + 19 decodes
-    again = on.generate([_p(prompt)], GREEDY)[0]
-    branch = on.generate([_p(prompt[:70] + other)], GREEDY)[0]
-    early = on.generate([_p(prompt[:40] + short)], GREEDY)[0]
-    assert [first.num_cached_tokens, again.num_cached_tokens, branch.num_cached_tokens,
-            early.num_cached_tokens] == [0, 80, 64, 32]
     want = off.generate([_p(prompt), _p(prompt), _p(prompt[:70] + other), _p(prompt[:40] + short)], GREEDY)
-    _same([first, again, branch, early], want)
-    assert _pools_full(on)
+    for interval, prefill_steps, cached in ((0, 1, [0, 80, 0, 0]), (32, 2, [0, 80, 64, 32])):
+        on = _llm(path, max_num_batched_tokens=128, prefix_state_interval=interval)
+        first = on.generate([_p(prompt)], GREEDY)[0]
+        assert on.engine.step_count == prefill_steps + GREEDY.max_tokens - 1
+        again = on.generate([_p(prompt)], GREEDY)[0]
+        branch = on.generate([_p(prompt[:70] + other)], GREEDY)[0]
+        early = on.generate([_p(prompt[:40] + short)], GREEDY)[0]
+        got = [first, again, branch, early]
+        assert [o.num_cached_tokens for o in got] == cached
+        _same(got, want)
+        assert _pools_full(on)

@@ -180,24 +180,26 @@ class PrefixCache:
             self.hits += seq.num_cached_tokens
         return held
 
-    def saves(self, seq, start: int, n: int) -> list[tuple[int, int]]:
-        """The prompt positions strictly inside the prefill chunk [start, start + n) where a checkpoint is
-        kept -> (rows into the chunk, checkpoint slot) for the step to write (a position at the chunk's end is
-        kept by `progress` before the next step)."""
+    def saves(self, seq, start: int, n: int) -> tuple[int, list[tuple[int, int]]]:
+        """The prefill chunk [start, start + n) keeps a checkpoint at the first prompt position inside it where
+        one is kept -> (its length, [(rows into the chunk, checkpoint slot)] for the step to write). A second
+        such position ends the chunk (kept by `progress` before the next step, as any at a chunk's end), so a
+        step recomputes at most its own rows for its saves."""
         if not self.ckpts.capacity:
-            return []
+            return n, []
         st, n_prompt, bs = self._state(seq), len(seq.prompt_ids), self.bs
         stops = {(n_prompt - 1) // bs * bs, n_prompt // bs * bs, st.branch}
         if self.interval:
             stops.update(range((start // self.interval + 1) * self.interval, start + n, self.interval))
-        out = []
+        out: list[tuple[int, int]] = []
         for p in sorted(p for p in stops if max(start, st.saved) < p < start + n and p <= n_prompt):
+            if out:
+                return p - start, out
             ckpt = self.ckpts.allocate(evict=self._is_end(seq, p))
-            if ckpt is None:
-                continue
-            st.pending.append((p, ckpt))
-            out.append((p - start, ckpt))
-        return out
+            if ckpt is not None:
+                st.pending.append((p, ckpt))
+                out.append((p - start, ckpt))
+        return n, out
 
     # --------------------------------------------------------------- progress
     def progress(self, seq) -> None:

@@ -101,7 +101,9 @@ class Scheduler:
                 del seq.draft_sure[n - 1:]
                 if seq.draft_probs is not None:
                     del seq.draft_probs[n - 1:]
-            saves = [] if self.prefix is None or seq.in_decode else self.prefix.saves(seq, seq.num_computed, n)
+            saves = []
+            if self.prefix is not None and not seq.in_decode:
+                n, saves = self.prefix.saves(seq, seq.num_computed, n)
             out.append(Scheduled(seq, n, seq.in_decode, saves))
             budget -= n
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and self.slots.num_free:
@@ -122,7 +124,7 @@ class Scheduler:
                 self.fresh_slots.append(seq.slot)
             seq.status = Status.RUNNING
             self.running.append(seq)
-            saves = self.prefix.saves(seq, start, n) if self.prefix is not None else []
+            n, saves = self.prefix.saves(seq, start, n) if self.prefix is not None else (n, [])
             out.append(Scheduled(seq, n, seq.in_decode, saves))
             budget -= n
         return out
