@@ -15,8 +15,9 @@ to the entry of the block it follows. Saving and restoring are slot-to-slot copi
 Checkpoints are kept at the last full block of every prompt (and at the block end before its last token,
 where the same prompt resumes), every `interval` prompt tokens, and where a prompt's cached blocks stopped
 matching when it was admitted (a branch point: the next request with that prefix and another suffix resumes
-there). A prefill chunk does not end there: the step computes the states at those positions besides its own
-(`saves`, ForwardBatch.state_saves) and they are attached to their blocks once registered. And where a request stops: a
+there). A prefill chunk passing one such position does not end there: its step also computes the state there
+(`saves`, ForwardBatch.state_saves), attached to its block once registered; a second such position ends the
+chunk, its state copied before the next step (`progress`). And where a request stops: a
 per-request rolling checkpoint follows each block end a step of its decoding begins at and becomes a cached
 one when the request stops, unless it stops right at a block end, which is kept instead (with speculation a
 verify may jump over a block end, and a request ending inside a verify keeps its rolling checkpoint). Cached
@@ -248,7 +249,7 @@ class PrefixCache:
             if (state_current and self.ckpts.capacity and pos % self.bs == 0 and pos > st.saved
                     and pos <= self._known(seq) and len(st.entries) >= pos // self.bs
                     and st.entries[pos // self.bs - 1].ckpt is None):
-                ckpt = self.ckpts.allocate()
+                ckpt = self.ckpts.allocate(evict=self._is_end(seq, pos))
                 if ckpt is not None:
                     self.copies.append((seq.slot, ckpt))
                     self.ckpts.attach(ckpt, st.entries[pos // self.bs - 1])
