@@ -137,14 +137,15 @@ def test_checkpoints_inside_a_chunk_cost_no_step_and_a_second_one_ends_it(path, 
     step. With checkpoints every 32 tokens too, the chunk keeps 32 inside and ends at 64 (kept before the next
     step), which keeps 80: two prefill steps. Later requests resume at each with the uncached engine's tokens."""
     prompt, other, short = random_prompts([91, 9, 6], seed=36)
-    want = off.generate([_p(prompt), _p(prompt), _p(prompt[:70] + other), _p(prompt[:40] + short)], GREEDY)
+    sp = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logprobs=2)
+    want = off.generate([_p(prompt), _p(prompt), _p(prompt[:70] + other), _p(prompt[:40] + short)], sp)
     for interval, prefill_steps, cached in ((0, 1, [0, 80, 0, 0]), (32, 2, [0, 80, 64, 32])):
         on = _llm(path, max_num_batched_tokens=128, prefix_state_interval=interval)
-        first = on.generate([_p(prompt)], GREEDY)[0]
-        assert on.engine.step_count == prefill_steps + GREEDY.max_tokens - 1
-        again = on.generate([_p(prompt)], GREEDY)[0]
-        branch = on.generate([_p(prompt[:70] + other)], GREEDY)[0]
-        early = on.generate([_p(prompt[:40] + short)], GREEDY)[0]
+        first = on.generate([_p(prompt)], sp)[0]
+        assert on.engine.step_count == prefill_steps + sp.max_tokens - 1
+        again = on.generate([_p(prompt)], sp)[0]
+        branch = on.generate([_p(prompt[:70] + other)], sp)[0]
+        early = on.generate([_p(prompt[:40] + short)], sp)[0]
         got = [first, again, branch, early]
         assert [o.num_cached_tokens for o in got] == cached
         _same(got, want)
