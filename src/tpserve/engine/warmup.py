@@ -190,8 +190,10 @@ class _Lent:
 
 def _kernel_steps(engine, lent: _Lent, steps: list[list[Seq]]) -> int:
     vocab, bs, e = engine.model_config.vocab_size, engine.executor.cache_shape.block_size, engine.ecfg
-    pc = engine.prefix_cache  # with checkpoints: each step also keeps the state inside a prefill chunk (into the
-    ckpt = pc.ckpts.first if pc is not None and pc.ckpts.capacity else None  # first slot, free until requests)
+    # with prefix caching, each step also keeps a state inside a prefill chunk (the save path's kernels), into the
+    # first checkpoint slot: free until requests come
+    pc = engine.prefix_cache
+    ckpt = pc.ckpts.first if pc is not None and pc.ckpts.capacity else None
     for seqs in steps:
         ids, pos, cu, ctx, slots, tables, logits, reset, verify = [], [], [0], [], [], [], [], [], 0
         for i, (c, n, decode) in enumerate(seqs):
@@ -207,7 +209,8 @@ def _kernel_steps(engine, lent: _Lent, steps: list[list[Seq]]) -> int:
             if not decode and c == 0:
                 reset.append(slot)
         sp = e.sequence_parallel and e.tensor_parallel_size > 1 and cu[-1] >= e.sp_min_tokens
-        saves = [(i, n - 1, ckpt) for i, (_, n, d) in enumerate(seqs) if not d and n > 1][:1] if ckpt is not None else []
+        chunks = [(i, n - 1, ckpt) for i, (_, n, d) in enumerate(seqs) if not d and n > 1]
+        saves = chunks[:1] if ckpt is not None else []
         engine.executor.execute(StepPlan(ids, pos, cu, ctx, slots, tables, logits, sorted(set(reset)), sp,
                                          sum(d for _, _, d in seqs), state_saves=saves))
         if verify:  # verify rows: their KDA inputs wait for a commit, as after a real verify step
