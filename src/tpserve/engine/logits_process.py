@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from tpserve.engine.h2d import to_device
+from tpserve.model.h2d import to_device
 
 # JSON output without free whitespace: a model cannot stall in an endless run of spaces
 JSON_OPTIONS = {"whitespace_flexible": False}

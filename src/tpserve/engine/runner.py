@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from tpserve.model import cache as cache_mod
-from tpserve.engine.h2d import to_device
+from tpserve.model.h2d import to_device
 from tpserve.kernels.choice import Kernels
 from tpserve.model.batch import ForwardBatch
 from tpserve.model.config import ModelConfig

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from tpserve.engine.h2d import to_device
+from tpserve.model.h2d import to_device
 from tpserve.engine.logits_process import apply_logits_processors, grammar_finished
 from tpserve.engine.outputs import Logprob
 from tpserve.engine.request import Sequence

@@ -21,6 +21,7 @@ from tpserve.kernels.attention import kda as kda_ops
 from tpserve.model import merged
 from tpserve.model.batch import CacheTensors, ForwardBatch
 from tpserve.model.config import ModelConfig
+from tpserve.model.h2d import to_device
 from tpserve.model.layers import GatedRMSNorm, ShardContext, column, replicated, row
 from tpserve.model.weights import Shard, add_source, declare
 
@@ -61,7 +62,7 @@ class KdaAttention(nn.Module):
         fa, ga, b = merged.outputs(self, "fgb_a", x, contiguous=True)
         conv_states, saves = cache.conv_state[self.layer], batch.state_saves if batch.has_prefill else ()
         # the conv windows the saves start from, before this step's conv moves them
-        old_conv = conv_states[_save_index(batch)[0]] if saves else None
+        old_conv = conv_states[_save_index(batch)[1]] if saves else None
         if self.conv_rows:
             q, k, v = (y.view(t, h, dh) for y in self._conv_fused(raw, batch, conv_states))
         else:
@@ -92,14 +93,12 @@ class KdaAttention(nn.Module):
         """batch.state_saves: the states of a prefill sequence after its first n rows of this step, computed
         from the states its slot holds before the step (the recurrence over those rows again, its outputs
         dropped) and written to a checkpoint slot. Equal to the states of a chunk that ended there."""
-        saves = batch.state_saves
-        slots, ckpts, rows, cu = _save_index(batch)
+        spans, slots, ckpts, rows, cu = _save_index(batch)
         width = conv_states.shape[-1]
-        windows = [torch.cat([old_conv[j].to(raw.dtype), raw[batch.cu_seqlens[i]:batch.cu_seqlens[i] + n].t()],
-                             dim=-1)[:, -width:] for j, (i, n, _) in enumerate(saves)]
+        windows = [torch.cat([old_conv[j].to(raw.dtype), raw[a:b].t()], dim=-1)[:, -width:]
+                   for j, (a, b) in enumerate(spans)]
         conv_states[ckpts] = torch.stack(windows).to(conv_states.dtype)
         init = states[slots]
-        spans = [(batch.cu_seqlens[i], batch.cu_seqlens[i] + n) for i, n, _ in saves]
         if self.backend == "fla" and self.fla_options is not None:
             from fla.ops.kda import chunk_kda
 
@@ -211,7 +210,8 @@ class KdaAttention(nn.Module):
 
             slots, a = batch.slots[nd:], batch.cu_seqlens[nd]
             # one tensor for every layer: fla-core keeps what it derives from it (its chunk indices)
-            cu = batch.memoized(("kda_prefill_cu", nd), lambda: _on(q.device, [c - a for c in batch.cu_seqlens[nd:]]))
+            cu = batch.memoized(("kda_prefill_cu", nd),
+                                lambda: to_device([c - a for c in batch.cu_seqlens[nd:]], q.device, torch.long))
             out, final = chunk_kda(q[None, a:], k[None, a:], v[None, a:], g[None, a:], beta[None, a:],
                                    initial_state=states[slots], output_final_state=True,
                                    use_qk_l2norm_in_kernel=True, cu_seqlens=cu, **self.fla_options)
@@ -220,20 +220,16 @@ class KdaAttention(nn.Module):
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
-def _on(device: torch.device, values: list[int]) -> torch.Tensor:
-    """A host list as a long tensor on `device`, copied without a stream sync (engine/h2d.py says why)."""
-    return torch.tensor(values, dtype=torch.long).to(device, non_blocking=True)
-
-
-def _save_index(batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """batch.state_saves on the device, once a step: the sequences' slots, the checkpoint slots, the rows the
-    saves recompute and their offsets (varlen cu_seqlens)."""
+def _save_index(batch: ForwardBatch) -> tuple:
+    """batch.state_saves, once a step: the rows each save recomputes (host spans), then on the device the
+    sequences' slots, the checkpoint slots, those rows and their offsets (varlen cu_seqlens)."""
     def build():
         saves, dev = batch.state_saves, batch.slots.device
         spans = [(batch.cu_seqlens[i], batch.cu_seqlens[i] + n) for i, n, _ in saves]
-        rows = [r for a, b in spans for r in range(a, b)]
-        return (batch.slots[_on(dev, [i for i, _, _ in saves])], _on(dev, [c for _, _, c in saves]), _on(dev, rows),
-                _on(dev, [0, *itertools.accumulate(b - a for a, b in spans)]))
+        on = lambda values: to_device(values, dev, torch.long)  # noqa: E731
+        return (spans, batch.slots[on([i for i, _, _ in saves])], on([c for _, _, c in saves]),
+                on([r for a, b in spans for r in range(a, b)]),
+                on([0, *itertools.accumulate(b - a for a, b in spans)]))
     return batch.memoized(("kda_state_saves",), build)
 
 

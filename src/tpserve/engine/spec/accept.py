@@ -16,7 +16,7 @@ from typing import Callable
 import torch
 
 from tpserve.engine import sampler
-from tpserve.engine.h2d import to_device
+from tpserve.model.h2d import to_device
 from tpserve.engine.request import Sequence
 from tpserve.engine.scheduler import Scheduled
 from tpserve.engine.spec.verify import rejection_tokens

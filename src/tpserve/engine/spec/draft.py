@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from tpserve.engine import sampler
-from tpserve.engine.h2d import to_device
+from tpserve.model.h2d import to_device
 from tpserve.engine.request import Sequence, Status
 from tpserve.engine.runner import Drafted, StepPlan
 from tpserve.engine.scheduler import Scheduled, Scheduler

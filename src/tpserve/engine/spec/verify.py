@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from tpserve.engine.h2d import to_device
+from tpserve.model.h2d import to_device
 
 
 def _check_generators(generators: list, n: int) -> None:
