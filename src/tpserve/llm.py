@@ -10,6 +10,7 @@ from typing import Any
 from tpserve.config import EngineConfig
 from tpserve.engine.engine import LLMEngine
 from tpserve.engine.outputs import RequestOutput
+from tpserve.engine.tokenizer import encode
 from tpserve.sampling_params import SamplingParams
 
 
@@ -99,7 +100,7 @@ class LLM:
                                        chat_template=chat_template, chat_template_kwargs=kwargs,
                                        enable_thinking=kwargs.get("enable_thinking"),
                                        reasoning_effort=kwargs.get("reasoning_effort"))
-            prompts.append({"prompt_token_ids": tok.encode(text, add_special_tokens=False), "prompt": text})
+            prompts.append({"prompt_token_ids": encode(tok, text, add_special_tokens=False), "prompt": text})
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
     def _tokens(self, prompt: str | dict) -> tuple[list[int], str | None]:
@@ -115,7 +116,7 @@ class LLM:
         if self.engine.tokenizer is None:
             raise ValueError("prompt: text prompts need a tokenizer; with skip_tokenizer_init=True pass "
                              "{'prompt_token_ids': [...]}")
-        return self.engine.tokenizer.encode(prompt), prompt
+        return encode(self.engine.tokenizer, prompt), prompt
 
     def get_metrics(self) -> list["Metric"]:
         """vLLM's LLM.get_metrics(): the engine's counters and gauges, each with `name` and `value`

@@ -21,23 +21,10 @@ from tpserve.engine.scheduler import Scheduled, Scheduler
 from tpserve.engine.cache import BlockPool, SlotPool
 from tpserve.engine.prefix_cache import check_cache_salt, make_prefix_cache
 from tpserve.engine.setup import load_model_config, resolve_runtime
+from tpserve.engine.tokenizer import load_tokenizer
 from tpserve.sampling_params import SamplingParams
 
 log = logging.getLogger("tpserve.engine")
-
-
-def load_tokenizer(model_dir, cache_words: int):
-    """The checkpoint's tokenizer, its BPE word cache capped at cache_words: HF tokenizers caches up to
-    10,000 words by count, not size, so a server that meets many unique long words (numbers, ids, hashes)
-    keeps growing its heap until the cache is full (BENCHMARKS.md, soak). tokenizers exposes the
-    capacity only as the model's `_resize_cache`; a tokenizer without one is left as it is."""
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    resize = getattr(getattr(getattr(tok, "backend_tokenizer", None), "model", None), "_resize_cache", None)
-    if resize is not None:
-        resize(cache_words)
-    return tok
 
 
 class LLMEngine:

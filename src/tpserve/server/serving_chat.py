@@ -9,6 +9,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from tpserve.engine.tokenizer import encode
 from tpserve.server.chat import ParamError, apply_chat_template, thinking_enabled
 from tpserve.server.metrics import RequestTimer
 from tpserve.server.parsers import (ChatOutputParser, chat_finish_reason, merge_deltas, parse_chat_output,
@@ -69,7 +70,7 @@ async def start_chat(state: ServerState, req: ChatCompletionRequest, rid: str | 
             raise ApiError(400, str(exc), param=exc.param) from None
         except (ValueError, TypeError) as exc:  # a template that chokes on a kwarg value
             raise ApiError(400, f"chat template error: {exc}", param="chat_template_kwargs") from None
-        return text, tok.encode(text, add_special_tokens=False)
+        return text, encode(tok, text, add_special_tokens=False)
 
     prompt, ids = await state.off_loop(render)
     params = sampling_params(req, state.sampling_defaults, logit_bias=bias, structured_outputs=constraint)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from tpserve.engine.tokenizer import encode
 from tpserve.server.metrics import RequestTimer
 from tpserve.server.protocol import CompletionRequest
 from tpserve.server.responses import CompletionChoice, CompletionResponse, CompletionStreamResponse, UsageInfo
@@ -39,11 +40,11 @@ async def completions(state: ServerState, request: Request, req: CompletionReque
     for p in texts:
         state.check_text_length(len(p), "prompt")
 
-    def encode() -> list[Prompt]:
-        return [Prompt(tok.encode(p), p) if isinstance(p, str)
+    def tokenized() -> list[Prompt]:
+        return [Prompt(encode(tok, p), p) if isinstance(p, str)
                 else Prompt(list(p), tok.decode(p) if req.echo else None) for p in req.prompts()]
 
-    prompts = await state.off_loop(encode) if texts or req.echo else encode()
+    prompts = await state.off_loop(tokenized) if texts or req.echo else tokenized()
     rid = request_id("cmpl")
     streams, timers = [], []
     try:

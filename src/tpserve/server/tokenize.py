@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fastapi.responses import JSONResponse
 
+from tpserve.engine.tokenizer import encode
 from tpserve.server.chat import ParamError, apply_chat_template
 from tpserve.server.protocol import DetokenizeRequest, TokenizeRequest
 from tpserve.server.responses import DetokenizeResponse, TokenizeResponse
@@ -38,12 +39,12 @@ async def tokenize_request(state: ServerState, req: TokenizeRequest) -> JSONResp
                                            chat_template_kwargs=req.chat_template_kwargs)
             except ParamError as exc:
                 raise ApiError(400, str(exc), param=exc.param) from None
-            return tok.encode(text, add_special_tokens=req.special_tokens())
+            return encode(tok, text, add_special_tokens=req.special_tokens())
     else:
         state.check_text_length(len(req.prompt), "prompt")
 
         def work():
-            return tok.encode(req.prompt, add_special_tokens=req.special_tokens())
+            return encode(tok, req.prompt, add_special_tokens=req.special_tokens())
 
     ids = await state.off_loop(work)
     strs = tok.convert_ids_to_tokens(ids) if req.return_token_strs else None

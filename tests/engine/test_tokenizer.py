@@ -1,0 +1,76 @@
+"""The tokenizer's BPE word cache is capped (EngineConfig.tokenizer_cache_words): unique long words no
+longer pile up in the heap (the soak's slow RSS rise), and the cap does not change any encoding. `encode`
+returns transformers' ids, through the backend where that is the same pipeline."""
+
+import random
+import string
+
+import pytest
+
+from tpserve.config import EngineConfig
+from tpserve.engine.tokenizer import _backend, encode, load_tokenizer
+from tpserve.engine.setup import builtin_demo_model
+from tpserve.server.memory import heap_mib
+
+_rng = random.Random(0)
+WORDS = ["".join(_rng.choice(string.ascii_lowercase) for _ in range(200)) for _ in range(3000)]
+
+
+def _heap_growth(cache_words: int) -> float:
+    tok = load_tokenizer(builtin_demo_model(), cache_words)
+    before = heap_mib()["in_use"]
+    for w in WORDS:
+        tok.encode(w, add_special_tokens=False)
+    return heap_mib()["in_use"] - before
+
+
+@pytest.mark.skipif(heap_mib() is None, reason="needs glibc's mallinfo2")
+def test_capped_cache_keeps_the_heap_flat():
+    # 3,000 unique 200-letter words: the default cache keeps all of them (~19 MiB), a cap of
+    # 100 at most 100 (~0.6 MiB); the bounds leave a wide margin either way
+    assert _heap_growth(10_000) > 8.0
+    assert _heap_growth(100) < 3.0
+
+
+def test_cap_does_not_change_encodings():
+    text = "Count from 1 to 20: 1, 2, 3 " + " ".join(WORDS[:50])
+    assert load_tokenizer(builtin_demo_model(), 0).encode(text) == load_tokenizer(builtin_demo_model(), 10_000).encode(text)
+
+
+def test_negative_cap_is_a_clear_error():
+    with pytest.raises(ValueError, match="tokenizer_cache_words"):
+        EngineConfig(tokenizer_cache_words=-1)
+
+
+TEXTS = ["", " ", "Count from 1 to 20: 1, 2, 3", "  two  spaces\n\n\tand tabs  ", "héllo wörld 日本語 🙂",
+         "[gMASK]<sop><|user|>What is 2+2?<|assistant|><think></think>", "<|endoftext|> after the end",
+         " ".join(WORDS[:20])]
+
+
+def test_encode_gives_transformers_ids_through_the_backend():
+    tok = load_tokenizer(builtin_demo_model(), 10_000)
+    assert _backend(tok) is not None
+    for text in TEXTS:
+        for special in (True, False):
+            assert encode(tok, text, add_special_tokens=special) == tok.encode(text, add_special_tokens=special)
+
+
+def test_encode_falls_back_where_the_backend_would_differ():
+    tok = load_tokenizer(builtin_demo_model(), 10_000)
+    text = " ".join(WORDS[:20])
+    tok.backend_tokenizer.enable_truncation(3)  # state transformers' encode resets, the backend would apply
+    assert _backend(tok) is None
+    assert encode(tok, text) == tok.encode(text) and len(encode(tok, text)) > 3
+
+    tok = load_tokenizer(builtin_demo_model(), 10_000)
+    tok.split_special_tokens = True  # transformers sets the backend's flag on its next encode
+    assert _backend(tok) is None
+    assert encode(tok, TEXTS[5]) == tok.encode(TEXTS[5])
+
+    class Lowercase(type(tok)):
+        def encode(self, text, **kw):
+            return super().encode(text.lower(), **kw)
+
+    tok.__class__ = Lowercase
+    assert _backend(tok) is None
+    assert encode(tok, "ABC abc") == tok.encode("ABC abc")
