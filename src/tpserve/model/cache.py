@@ -7,6 +7,7 @@ import torch
 
 from tpserve.model.batch import CacheTensors
 from tpserve.model.config import ModelConfig
+from tpserve.model.h2d import to_device
 
 
 def bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
@@ -53,12 +54,13 @@ def reset_slots(cache: CacheTensors, slots: list[int]) -> None:
     if not slots:
         return
     if cache.kda_stack is not None:
+        index = to_device(slots, cache.kda_stack.device, torch.long)
         for t in (cache.kda_stack, cache.conv_stack):
-            t[:, torch.tensor(slots, device=t.device)] = 0
+            t[:, index] = 0
         return
     for tensors in (cache.kda_state, cache.conv_state):
         for t in tensors.values():
-            t[torch.tensor(slots, device=t.device)] = 0
+            t[to_device(slots, t.device, torch.long)] = 0
 
 
 def copy_waves(copies: list[tuple[int, int]]) -> list[tuple[list[int], list[int]]]:

@@ -128,12 +128,12 @@ class KdaAttention(nn.Module):
             out[:nd] = head
         for i in range(nd, batch.num_seqs):
             a, b = batch.cu_seqlens[i], batch.cu_seqlens[i + 1]
-            slot = batch.slots[i]
+            slot = batch.slots[i:i + 1]  # (a 1-element index: a 0-d device tensor as an index syncs the host)
             if i < batch.decode_seqs:  # verify rows: as decode steps; the state is committed after acceptance
-                out[a:b] = conv.causal_conv_verify(mixed[a:b], conv_states[slot], weight)
+                out[a:b] = conv.causal_conv_verify(mixed[a:b], conv_states[slot][0], weight)
                 continue
-            out[a:b], new = conv.causal_conv_seq(mixed[a:b], conv_states[slot], weight)
-            conv_states[slot] = new.to(conv_states.dtype)
+            out[a:b], new = conv.causal_conv_seq(mixed[a:b], conv_states[slot][0], weight)
+            conv_states[slot] = new.to(conv_states.dtype)[None]
         return out
 
     def _conv_fused(self, mixed: torch.Tensor, batch: ForwardBatch,
@@ -157,9 +157,9 @@ class KdaAttention(nn.Module):
                 self.conv_rows.plain(mixed[a:b], conv_states, batch.slots[i:i + 1], weight, b - a, False,
                                      out=out[a:b])
                 continue
-            slot = batch.slots[i]
-            _, new = self.conv_chunk(mixed[a:b], conv_states[slot], weight, out=out[a:b])
-            conv_states[slot] = new.to(conv_states.dtype)
+            slot = batch.slots[i:i + 1]
+            _, new = self.conv_chunk(mixed[a:b], conv_states[slot][0], weight, out=out[a:b])
+            conv_states[slot] = new.to(conv_states.dtype)[None]
         return tuple(out.split(out.shape[1] // 3, dim=-1))
 
     def _torch(self, q, k, v, g, beta, batch: ForwardBatch, states: torch.Tensor) -> torch.Tensor:
@@ -237,9 +237,10 @@ def _prefill_torch(q, k, v, g, beta, batch: ForwardBatch, states: torch.Tensor, 
     """The prefill chunks (sequences after the decode group), one at a time, into out's rows."""
     for i in range(batch.decode_seqs, batch.num_seqs):
         a, b = batch.cu_seqlens[i], batch.cu_seqlens[i + 1]
-        slot = batch.slots[i]
+        slot = batch.slots[i:i + 1]
         fn = kda_ops.kda_recurrent if b - a == 1 else kda_ops.kda_chunked
-        out[a:b], states[slot] = fn(q[a:b], k[a:b], v[a:b], g[a:b], beta[a:b], states[slot])
+        out[a:b], new = fn(q[a:b], k[a:b], v[a:b], g[a:b], beta[a:b], states[slot][0])
+        states[slot] = new[None]
 
 
 @dataclass
