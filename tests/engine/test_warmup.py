@@ -172,6 +172,16 @@ def test_kernel_watch_counts_and_logs_after_ready(monkeypatch, caplog):
     assert watch.after == 1 and "_kernel_b" in caplog.text
 
 
+def test_describe_names_what_made_a_build():
+    """Triton 3.6's hook arguments: the signature by name, constexprs by path, 16-byte alignment attributes."""
+    kw = {"fn": types.SimpleNamespace(name="_top_pools_kernel"), "key": "[...]", "repr": "_top_pools_kernel[...](x: ()",
+          "compile": {"signature": {"scores_ptr": "*fp32", "pos_ptr": "*i64", "P": "i32", "K": "constexpr"},
+                      "constants": {(3,): 128}, "configs": [{(0,): [["tt.divisibility", 16]], (2,): [["tt.divisibility", 16]]}]}}
+    assert warmup.describe(kw) == "_top_pools_kernel(scores_ptr=*fp32/D, pos_ptr=*i64, P=i32/D, K=128)"
+    del kw["compile"]
+    assert warmup.describe(kw) == "_top_pools_kernel [...]"
+
+
 SLOW_WARMUP = """
 import pathlib, sys, time
 from tpserve.engine import warmup

@@ -63,13 +63,17 @@ WATCH = KernelWatch()
 
 def describe(kw: dict) -> str:
     """A jit_cache_hook call as `kernel(arg=type/specialization, ...)`: what made this build differ (constexpr
-    values, 'D' for a pointer aligned to 16 bytes or an integer divisible by 16)."""
+    values, '/D' for a pointer aligned to 16 bytes or an integer divisible by 16)."""
     try:
-        names = [p.name for p in kw["fn"].jit_function.params]
-        args = ", ".join(f"{n}={t}" + ("" if a is None else f"/{a}") for n, (t, a) in zip(names, kw["key"][0]))
+        c = kw["compile"]
+        consts = {path[0]: v for path, v in c["constants"].items() if len(path) == 1}
+        aligned = {path[0] for path, v in c["configs"][0].items() if len(path) == 1 and "divisibility" in str(v)}
+        args = ", ".join(f"{n}={consts[i]}" if i in consts else f"{n}={t}" + ("/D" if i in aligned else "")
+                         for i, (n, t) in enumerate(c["signature"].items()))
         return f"{kw['fn'].name}({args})"
-    except (KeyError, AttributeError, TypeError, ValueError):
-        return str(kw.get("repr"))[:400]
+    except (KeyError, AttributeError, TypeError, ValueError, IndexError):
+        fn = getattr(kw.get("fn"), "name", None)
+        return f"{fn} {str(kw.get('key'))[:400]}" if fn else str(kw.get("repr"))[:400]
 
 
 @dataclass
