@@ -1,0 +1,149 @@
+"""Where the first token of a cached turn goes, in process: tokenizing the prompt, then the engine from add_request
+to the first token, for a turn whose history is cached (warm) and for the same prompt under a fresh salt (cold).
+
+    python bench/prefix_ttft.py MODEL [--load-format dummy] [--device cuda] [--prompt-len 5500] [--turn-len 87]
+        [--repeats 3] [--profile 20] [--sync-debug]
+
+The prompts are `bench serve --dataset multiturn`'s: the first turn of --prompt-len words, answered, then a turn of
+--turn-len words. Each repeat runs turn 1 under a new salt, then turn 2 under the same salt (warm) and under another
+(cold). Prints the medians and warm/cold; --profile N adds one more warm turn under torch.profiler and prints its N
+ops with the most self time on the device and on the host; --sync-debug (CUDA) one more warm turn that counts
+the host's waits on the device (torch's sync debug mode) by where they happen.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import statistics
+import time
+import traceback
+import uuid
+import warnings
+
+import torch
+
+from tpserve import LLM
+from tpserve.engine.tokenizer import encode
+from tpserve.sampling_params import SamplingParams
+from tpserve.tools.bench.multiturn import conversation_turns
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def first_token(engine, ids: list[int], salt: str, max_tokens: int, device: str) -> tuple[float, list[int], int]:
+    """add_request to the first output token; the request then runs to its end. -> (s, tokens, cached)."""
+    rid = uuid.uuid4().hex
+    params = SamplingParams(max_tokens=max_tokens, temperature=0)
+    _sync(device)
+    t0 = time.perf_counter()
+    engine.add_request(rid, ids, params, cache_salt=salt)
+    ttft, out = None, None
+    while out is None or not out.finished:
+        for o in engine.step():
+            if o.request_id == rid:
+                out = o
+                if ttft is None and o.outputs[0].token_ids:
+                    ttft = time.perf_counter() - t0
+    return ttft, list(out.outputs[0].token_ids), out.num_cached_tokens or 0
+
+
+def sync_sites(run) -> collections.Counter:
+    """Where run()'s implicit host-device syncs happen: the innermost frames outside torch, by count."""
+    sites: collections.Counter = collections.Counter()
+
+    def hook(message, category, filename, lineno, file=None, line=None):
+        frames = [f for f in traceback.extract_stack()[:-1] if "/torch/" not in f.filename
+                  and not f.filename.endswith(("warnings.py", "prefix_ttft.py"))]
+        sites[" < ".join(f"{f.filename.split('site-packages/')[-1]}:{f.lineno}" for f in frames[::-1][:3])] += 1
+
+    shown = warnings.showwarning
+    warnings.showwarning = hook
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.showwarning = hook
+            torch.cuda.set_sync_debug_mode("warn")
+            run()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+        warnings.showwarning = shown
+    return sites
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("model")
+    ap.add_argument("--load-format", default="auto")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--prompt-len", type=int, default=5500)
+    ap.add_argument("--turn-len", type=int, default=87)
+    ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--profile", type=int, default=0)
+    ap.add_argument("--sync-debug", action="store_true")
+    args = ap.parse_args()
+
+    llm = LLM(args.model, device=args.device, load_format=args.load_format)
+    engine, tok = llm.engine, llm.get_tokenizer()
+    first, second = conversation_turns(1, 2, args.prompt_len, args.turn_len, 0)[0]
+    ids1 = encode(tok, first, add_special_tokens=False)
+    rows: dict[str, list[float]] = {"tokenize turn 2": [], "warm: add to first token": [],
+                                    "cold: add to first token": []}
+    cached = []
+    for r in range(args.repeats + 1):  # the first round warms up
+        salt = f"ttft-{uuid.uuid4().hex}"
+        _, answer, _ = first_token(engine, ids1, salt, args.max_tokens, args.device)
+        text2 = first + tok.decode(answer) + second
+        t0 = time.perf_counter()
+        ids2 = encode(tok, text2, add_special_tokens=False)
+        t_tok = time.perf_counter() - t0
+        warm, out_w, hit = first_token(engine, ids2, salt, args.max_tokens, args.device)
+        cold, out_c, _ = first_token(engine, ids2, f"cold-{uuid.uuid4().hex}", args.max_tokens, args.device)
+        if r:
+            rows["tokenize turn 2"].append(t_tok)
+            rows["warm: add to first token"].append(warm)
+            rows["cold: add to first token"].append(cold)
+            cached.append(hit)
+        print(f"round {r}: turn 2 {len(ids2)} tokens, {hit} cached, outputs "
+              f"{'identical' if out_w == out_c else 'DIFFER'}", flush=True)
+    med = {k: statistics.median(v) * 1e3 for k, v in rows.items()}
+    print(f"\n| part | ms (median of {args.repeats}) |\n| --- | --- |")
+    for k, v in med.items():
+        print(f"| {k} | {v:.1f} |")
+    t = med["tokenize turn 2"]
+    print(f"| warm/cold, engine only | {med['warm: add to first token'] / med['cold: add to first token']:.3f}x |")
+    print(f"| warm/cold, with tokenizing | {(med['warm: add to first token'] + t) / (med['cold: add to first token'] + t):.3f}x |")
+    print(f"cached tokens: {cached}")
+
+    if args.sync_debug and args.device.startswith("cuda"):
+        salt = f"ttft-{uuid.uuid4().hex}"
+        _, answer, _ = first_token(engine, ids1, salt, 1, args.device)
+        ids2 = encode(tok, first + tok.decode(answer) + second, add_special_tokens=False)
+        sites = sync_sites(lambda: first_token(engine, ids2, salt, 1, args.device))
+        print(f"\nwaits on the device in a warm turn: {sum(sites.values())}")
+        for site, n in sites.most_common():
+            print(f"{n:4d}  {site}")
+
+    if args.profile:
+        from torch.profiler import ProfilerActivity, profile
+
+        salt = f"ttft-{uuid.uuid4().hex}"
+        _, answer, _ = first_token(engine, ids1, salt, 1, args.device)
+        ids2 = encode(tok, first + tok.decode(answer) + second, add_special_tokens=False)
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device.startswith("cuda") else [])
+        with profile(activities=acts) as prof:
+            wall, _, hit = first_token(engine, ids2, salt, 1, args.device)
+        key = "self_device_time_total" if args.device.startswith("cuda") else "self_cpu_time_total"
+        print(f"\nprofiled warm turn: {wall * 1e3:.1f} ms wall (profiler on), {hit} cached")
+        print(prof.key_averages().table(sort_by=key, row_limit=args.profile, max_name_column_width=60))
+        if key != "self_cpu_time_total":
+            print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.profile,
+                                            max_name_column_width=60))
+
+
+if __name__ == "__main__":
+    main()
