@@ -3,18 +3,21 @@ to the first token, for a turn whose history is cached (warm) and for the same p
 
     python bench/prefix_ttft.py MODEL [--load-format dummy] [--device cuda] [--prompt-len 5500] [--turn-len 87]
         [--repeats 3] [--profile 20] [--sync-debug]
+    python bench/prefix_ttft.py MODEL --tokenize-only
 
 The prompts are `bench serve --dataset multiturn`'s: the first turn of --prompt-len words, answered, then a turn of
 --turn-len words. Each repeat runs turn 1 under a new salt, then turn 2 under the same salt (warm) and under another
 (cold). Prints the medians and warm/cold; --profile N adds one more warm turn under torch.profiler and prints its N
 ops with the most self time on the device and on the host; --sync-debug (CUDA) one more warm turn that counts
-the host's waits on the device (torch's sync debug mode) by where they happen.
+the host's waits on the device (torch's sync debug mode) by where they happen. --tokenize-only loads just the
+tokenizer and times transformers' encode against tpserve's (engine/tokenizer.py) on the second turn's text.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import os
 import statistics
 import time
 import traceback
@@ -74,6 +77,28 @@ def sync_sites(run) -> collections.Counter:
     return sites
 
 
+def tokenize_only(args) -> None:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(args.model)
+    first, second = conversation_turns(1, 2, args.prompt_len, args.turn_len, 0)[0]
+    text = first + " an answer of a few words" + second
+    times = {}
+    for name, fn in (("transformers", lambda: tok.encode(text, add_special_tokens=False)),
+                     ("tpserve", lambda: encode(tok, text, add_special_tokens=False))):
+        fn()
+        runs = []
+        for _ in range(15):
+            t0 = time.perf_counter()
+            ids = fn()
+            runs.append(time.perf_counter() - t0)
+        times[name] = (statistics.median(runs) * 1e3, ids)
+    same = times["transformers"][1] == times["tpserve"][1]
+    print(f"{len(times['tpserve'][1])} tokens, {os.cpu_count()} cores: transformers' encode "
+          f"{times['transformers'][0]:.1f} ms, tpserve's {times['tpserve'][0]:.1f} ms (median of 15); ids "
+          f"{'identical' if same else 'DIFFER'}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("model")
@@ -85,7 +110,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--profile", type=int, default=0)
     ap.add_argument("--sync-debug", action="store_true")
+    ap.add_argument("--tokenize-only", action="store_true")
     args = ap.parse_args()
+    if args.tokenize_only:
+        return tokenize_only(args)
 
     llm = LLM(args.model, device=args.device, load_format=args.load_format)
     engine, tok = llm.engine, llm.get_tokenizer()

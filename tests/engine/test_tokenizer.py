@@ -8,7 +8,7 @@ import string
 import pytest
 
 from tpserve.config import EngineConfig
-from tpserve.engine.tokenizer import _backend, encode, load_tokenizer
+from tpserve.engine.tokenizer import _backend, encode, load_tokenizer, splittable
 from tpserve.engine.setup import builtin_demo_model
 from tpserve.server.memory import heap_mib
 
@@ -74,3 +74,69 @@ def test_encode_falls_back_where_the_backend_would_differ():
     tok.__class__ = Lowercase
     assert _backend(tok) is None
     assert encode(tok, "ABC abc") == tok.encode("ABC abc")
+
+
+CL100K = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+          r"|\s+(?!\S)|\s+")
+
+
+def _with_pre_tokenizer(kind: str):
+    from tokenizers import Regex, pre_tokenizers
+
+    tok = load_tokenizer(builtin_demo_model(), 10_000)
+    if kind == "gpt2":
+        tok.backend_tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    elif kind == "cl100k":
+        tok.backend_tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(CL100K), "isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    return tok
+
+
+def _random_text(rng: random.Random, n: int) -> str:
+    parts = (list(string.ascii_letters) * 6 + [" "] * 30 + list(string.digits) + list(string.punctuation)
+             + ["\n", "\n\n", "\t", "  ", "'s", "'ll", "é", "ß", "日本", "\u0301", "🙂", "<|endoftext|>", "[gMASK]",
+                " 12", "Ab cd", "x y"])
+    return "".join(rng.choice(parts) for _ in range(n))
+
+
+@pytest.mark.parametrize("kind", ["demo", "gpt2", "cl100k"])
+def test_long_texts_encode_in_pieces_with_the_whole_texts_ids(kind, monkeypatch):
+    """Cut at every few characters (8 pieces a text), random texts of letters, spaces, digits, punctuation,
+    newlines, contractions, non-ASCII, combining marks and special tokens encode to the ids of the whole text."""
+    from tpserve.engine import tokenizer as mod
+
+    tok = _with_pre_tokenizer(kind)
+    assert mod.splittable(tok.backend_tokenizer)
+    monkeypatch.setattr(mod, "PIECE_CHARS", 32)
+    monkeypatch.setattr(mod.os, "cpu_count", lambda: 8)
+    cut = []
+    real = mod._cuts
+    monkeypatch.setattr(mod, "_cuts", lambda text, n: cut.append(n) or real(text, n))
+    rng = random.Random(kind)
+    for i in range(150):
+        text = _random_text(rng, rng.randrange(40, 600))
+        special = bool(i % 2)
+        assert encode(tok, text, add_special_tokens=special) == tok.encode(text, add_special_tokens=special), text
+    assert len(cut) > 100  # the pieces path ran
+    assert len(real("1 2, 3. " * 100, 8)) == 1  # no space between two letters: no cut
+    text = "ab cd " * 200
+    assert "".join(real(text, 8)) == text and len(real(text, 8)) == 8
+
+
+def test_pre_tokenizers_not_checked_encode_whole():
+    from tokenizers import normalizers, pre_tokenizers
+
+    tok = load_tokenizer(builtin_demo_model(), 10_000)
+    tok.backend_tokenizer.normalizer = normalizers.Lowercase()
+    assert not splittable(tok.backend_tokenizer)
+    for pre in (pre_tokenizers.Whitespace(), pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+                pre_tokenizers.ByteLevel(add_prefix_space=True, use_regex=True)):
+        tok = load_tokenizer(builtin_demo_model(), 10_000)
+        tok.backend_tokenizer.pre_tokenizer = pre
+        assert not splittable(tok.backend_tokenizer), pre
+    from tokenizers import AddedToken
+
+    tok = load_tokenizer(builtin_demo_model(), 10_000)
+    tok.backend_tokenizer.add_special_tokens([AddedToken("<x>", rstrip=True)])
+    assert not splittable(tok.backend_tokenizer)
