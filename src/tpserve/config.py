@@ -64,6 +64,8 @@ class EngineConfig:
     prefix_state_interval: int = _opt(2048, "tokens between KDA state checkpoints within a prompt (0: only at "
                                       "its end)", switch=True, advanced=True)
     # ---- speedup switches (docs/switches.md; measurements in docs/performance.md) ----
+    tokenize_in_pieces: bool = _opt(True, "encode a prompt of 8,192+ characters in pieces cut between words, on all "
+                                    "cores at once (ids unchanged; engine/tokenizer.py)", switch=True, advanced=True)
     mla_prefill: str = _opt("auto", "MLA of prefill chunks: dense (SDPA under the selection mask), sparse (the "
                             "selected rows only), or auto (sparse once the context reaches 8,192 tokens)",
                             switch=True, advanced=True, choices=("auto", "sparse", "dense"))

@@ -140,3 +140,18 @@ def test_pre_tokenizers_not_checked_encode_whole():
     tok = load_tokenizer(builtin_demo_model(), 10_000)
     tok.backend_tokenizer.add_special_tokens([AddedToken("<x>", rstrip=True)])
     assert not splittable(tok.backend_tokenizer)
+
+
+def test_the_switch_turns_the_pieces_off(monkeypatch):
+    from tpserve.engine import tokenizer as mod
+
+    monkeypatch.setattr(mod, "PIECE_CHARS", 32)
+    monkeypatch.setattr(mod.os, "cpu_count", lambda: 8)
+    cut = []
+    real = mod._cuts
+    monkeypatch.setattr(mod, "_cuts", lambda text, n: cut.append(n) or real(text, n))
+    text = "ab cd " * 100
+    on, off = load_tokenizer(builtin_demo_model(), 10_000), load_tokenizer(builtin_demo_model(), 10_000, in_pieces=False)
+    assert encode(off, text) == encode(on, text) == on.encode(text)
+    assert cut == [8]  # only the tokenizer loaded with pieces on cut the text
+    assert EngineConfig(tokenize_in_pieces=False).tokenize_in_pieces is False

@@ -35,7 +35,7 @@ class LLMEngine:
         self.model_config = load_model_config(ecfg, self.model_dir)
         self.tokenizer = None
         if not ecfg.skip_tokenizer_init:
-            self.tokenizer = load_tokenizer(self.model_dir, ecfg.tokenizer_cache_words)
+            self.tokenizer = load_tokenizer(self.model_dir, ecfg.tokenizer_cache_words, ecfg.tokenize_in_pieces)
         self.eos_ids = frozenset(self._eos_ids())
         spec = ecfg.speculative
         if spec is not None and ecfg.load_format != "dummy":  # dummy: the MTP layer is random like the rest

@@ -26,14 +26,16 @@ _SPLITS = {  # Split patterns (Isolated) checked for that property: GPT-2's, cl1
     r" ?\p{N}", r"\p{N}", r" (?=\p{L})"}
 
 
-def load_tokenizer(model_dir, cache_words: int):
+def load_tokenizer(model_dir, cache_words: int, in_pieces: bool = True):
     """The checkpoint's tokenizer, its BPE word cache capped at cache_words: HF tokenizers caches up to
     10,000 words by count, not size, so a server that meets many unique long words (numbers, ids, hashes)
     keeps growing its heap until the cache is full (BENCHMARKS.md, soak). tokenizers exposes the
-    capacity only as the model's `_resize_cache`; a tokenizer without one is left as it is."""
+    capacity only as the model's `_resize_cache`; a tokenizer without one is left as it is. in_pieces:
+    whether `encode` may cut long texts (EngineConfig.tokenize_in_pieces)."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_dir)
+    tok.tpserve_in_pieces = in_pieces
     resize = getattr(getattr(getattr(tok, "backend_tokenizer", None), "model", None), "_resize_cache", None)
     if resize is not None:
         resize(cache_words)
@@ -100,7 +102,7 @@ def encode(tok: Any, text: str, add_special_tokens: bool = True) -> list[int]:
     pieces = min(os.cpu_count() or 1, len(text) // PIECE_CHARS)
     specials = add_special_tokens and backend.post_processor is not None \
         and backend.post_processor.num_special_tokens_to_add(False) > 0
-    if pieces < 2 or specials or not _splittable_cached(tok, backend):
+    if pieces < 2 or specials or not getattr(tok, "tpserve_in_pieces", True) or not _splittable_cached(tok, backend):
         return backend.encode_batch_fast([text], add_special_tokens=add_special_tokens)[0].ids
     return [i for e in backend.encode_batch_fast(_cuts(text, pieces), add_special_tokens=False) for i in e.ids]
 
