@@ -17,13 +17,14 @@ from typing import Any
 PIECE_CHARS = 4096  # a piece encoded on its own: about a thousand tokens
 # A space between two ASCII letters. Under the pre-tokenizers in _SPLITS a pre-token ends before such a space and
 # the next one starts at it, scanning the whole text or starting from the space: their patterns look behind
-# nothing and ahead only at whitespace, and a letter run stops at the space either way. BPE then works on each
-# pre-token alone, so the pieces' ids are the whole text's.
+# nothing, a lookahead from the space sees the same letter either way, and a letter run stops at the space. BPE
+# then works on each pre-token alone, so the pieces' ids are the whole text's.
 _BOUNDARY = re.compile(r"(?<=[A-Za-z]) (?=[A-Za-z])")
-_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
-_SPLITS = {  # Split patterns (Isolated) checked for that property: GPT-2's, cl100k-style (Qwen2, GLM-4.5), digits
-    _GPT2, r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
-    r" ?\p{N}", r"\p{N}", r" (?=\p{L})"}
+# Split patterns (Isolated) checked for that property: word-level ones (GPT-2's, cl100k-style as Qwen2 and GLM-4.5
+# use), and ones that only cut off digits or a space before a letter
+_WORDS = {r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+",
+          r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"}
+_SPLITS = _WORDS | {r" ?\p{N}", r"\p{N}", r" (?=\p{L})"}
 
 
 def load_tokenizer(model_dir, cache_words: int, in_pieces: bool = True):
@@ -77,8 +78,8 @@ def splittable(backend) -> bool:
     pre = backend.pre_tokenizer
     spec = json.loads(pre.__getstate__()) if pre is not None else {}
     stages = spec.get("pretokenizers", []) if spec.get("type") == "Sequence" else [spec]
-    words = any(st.get("type") == "ByteLevel" and st.get("use_regex") or st.get("pattern", {}).get("Regex") in
-                (_GPT2, *[r for r in _SPLITS if r.startswith("(?i:")]) for st in stages)
+    words = any(st.get("type") == "ByteLevel" and st.get("use_regex") or st.get("pattern", {}).get("Regex") in _WORDS
+                for st in stages)
     return bool(stages) and words and all(_stage_ok(st) for st in stages)
 
 
