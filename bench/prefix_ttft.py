@@ -63,17 +63,14 @@ def sync_sites(run) -> collections.Counter:
                   and not f.filename.endswith(("warnings.py", "prefix_ttft.py"))]
         sites[" < ".join(f"{f.filename.split('site-packages/')[-1]}:{f.lineno}" for f in frames[::-1][:3])] += 1
 
-    shown = warnings.showwarning
-    warnings.showwarning = hook
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("always")
-            warnings.showwarning = hook
-            torch.cuda.set_sync_debug_mode("warn")
+    with warnings.catch_warnings():  # (restores showwarning on the way out)
+        warnings.simplefilter("always")
+        warnings.showwarning = hook
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
             run()
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
-        warnings.showwarning = shown
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
     return sites
 
 
