@@ -54,6 +54,18 @@ def first_token(engine, ids: list[int], salt: str, max_tokens: int, device: str)
     return ttft, list(out.outputs[0].token_ids), out.num_cached_tokens or 0
 
 
+def turn_two(engine, tok, turns: tuple[str, str], max_tokens: int, device: str) -> tuple[str, list[int], float]:
+    """Turn 1 run under a new salt, then turn 2's text (turn 1, its answer, the new turn) tokenized ->
+    (the salt, turn 2's ids, seconds tokenizing them)."""
+    first, second = turns
+    salt = f"ttft-{uuid.uuid4().hex}"
+    _, answer, _ = first_token(engine, encode(tok, first, add_special_tokens=False), salt, max_tokens, device)
+    text = first + tok.decode(answer) + second
+    t0 = time.perf_counter()
+    ids = encode(tok, text, add_special_tokens=False)
+    return salt, ids, time.perf_counter() - t0
+
+
 def sync_sites(run) -> collections.Counter:
     """Where run()'s implicit host-device syncs happen: the innermost frames outside torch, by count."""
     sites: collections.Counter = collections.Counter()
@@ -114,18 +126,12 @@ def main() -> None:
 
     llm = LLM(args.model, device=args.device, load_format=args.load_format)
     engine, tok = llm.engine, llm.get_tokenizer()
-    first, second = conversation_turns(1, 2, args.prompt_len, args.turn_len, 0)[0]
-    ids1 = encode(tok, first, add_special_tokens=False)
+    turns = tuple(conversation_turns(1, 2, args.prompt_len, args.turn_len, 0)[0])
     rows: dict[str, list[float]] = {"tokenize turn 2": [], "warm: add to first token": [],
                                     "cold: add to first token": []}
     cached = []
     for r in range(args.repeats + 1):  # the first round warms up
-        salt = f"ttft-{uuid.uuid4().hex}"
-        _, answer, _ = first_token(engine, ids1, salt, args.max_tokens, args.device)
-        text2 = first + tok.decode(answer) + second
-        t0 = time.perf_counter()
-        ids2 = encode(tok, text2, add_special_tokens=False)
-        t_tok = time.perf_counter() - t0
+        salt, ids2, t_tok = turn_two(engine, tok, turns, args.max_tokens, args.device)
         warm, out_w, hit = first_token(engine, ids2, salt, args.max_tokens, args.device)
         cold, out_c, _ = first_token(engine, ids2, f"cold-{uuid.uuid4().hex}", args.max_tokens, args.device)
         if r:
@@ -145,9 +151,7 @@ def main() -> None:
     print(f"cached tokens: {cached}")
 
     if args.sync_debug and args.device.startswith("cuda"):
-        salt = f"ttft-{uuid.uuid4().hex}"
-        _, answer, _ = first_token(engine, ids1, salt, 1, args.device)
-        ids2 = encode(tok, first + tok.decode(answer) + second, add_special_tokens=False)
+        salt, ids2, _ = turn_two(engine, tok, turns, 1, args.device)
         sites = sync_sites(lambda: first_token(engine, ids2, salt, 1, args.device))
         print(f"\nwaits on the device in a warm turn: {sum(sites.values())}")
         for site, n in sites.most_common():
@@ -156,9 +160,7 @@ def main() -> None:
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
 
-        salt = f"ttft-{uuid.uuid4().hex}"
-        _, answer, _ = first_token(engine, ids1, salt, 1, args.device)
-        ids2 = encode(tok, first + tok.decode(answer) + second, add_special_tokens=False)
+        salt, ids2, _ = turn_two(engine, tok, turns, 1, args.device)
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device.startswith("cuda") else [])
         with profile(activities=acts) as prof:
             wall, _, hit = first_token(engine, ids2, salt, 1, args.device)
