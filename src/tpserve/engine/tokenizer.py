@@ -4,7 +4,7 @@
 (its own fast tokenizer class, unchanged by a subclass, no truncation or padding set on the backend): the same
 pipeline without tracking character offsets, which nothing here reads. A long text is also cut into pieces that
 the backend encodes on all cores at once, where the pieces' ids are provably the whole text's (`_cuts`). Both
-come before a prompt's first token: a 16k-token prompt took 18-20 ms to encode on a GPU host (bench/prefix_ttft.py).
+come before a prompt's first token (bench/prefix_ttft.py times them).
 """
 
 from __future__ import annotations
