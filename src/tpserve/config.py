@@ -55,7 +55,8 @@ class EngineConfig:
     kv_cache_memory: float | None = _opt(
         None, "bytes for the MLA / indexer block pool, e.g. 2GiB "
         "(default: from --gpu-memory-utilization on cuda, 256MiB on cpu)")
-    gpu_memory_utilization: float = _opt(0.85, "fraction of GPU memory the engine may use")
+    gpu_memory_utilization: float = _opt(0.85, "fraction of the GPU's memory this engine may use, whatever "
+                                         "other processes hold (engines sharing a GPU each pass their share)")
     enable_prefix_caching: bool = _opt(True, "reuse the cache of earlier requests' shared prompt prefixes (full "
                                        "blocks and KDA state checkpoints; docs/prefix-caching.md)", switch=True)
     prefix_state_memory: float | None = _opt(None, "bytes of the cache budget for prefix caching's KDA state "
@@ -154,7 +155,7 @@ class EngineConfig:
                                     "(default: the checkpoint's quantization_config)")
     dense_fp8: bool = _opt(False, "convert a bf16 checkpoint's dense linears to FP8 at load", switch=True)
     snapshot: bool | None = _opt(None, "restore processed-weight snapshots, or write them on first boot "
-                                 "(default: on for cuda, off on cpu)", switch=True)
+                                 "(default: on for cuda, off on cpu and for --load-format dummy)", switch=True)
     snapshot_dir: str | None = _opt(None, "where snapshots live (default: <cache dir>/snapshots)", switch=True)
 
     def __post_init__(self) -> None:

@@ -80,6 +80,27 @@ def test_knobs_change_the_key(ckpt, tmp_path):
                                      {"a": "fp8"})) != store.entry_dir(k1)
 
 
+def test_random_weights_snapshot_only_when_asked_and_keyed_by_seed(ckpt, tmp_path):
+    def build(seed, snapshot=True):
+        kernels = Kernels(weights=WeightOptions(snapshot=snapshot, snapshot_dir=str(tmp_path)))
+        return build_model(ckpt, ModelConfig.from_file(ckpt), ShardContext.single(torch.float32),
+                           torch.device("cpu"), kernels, load_format="dummy", seed=seed)
+
+    from tpserve.config import EngineConfig
+    from tpserve.model.build import weight_options
+
+    assert not weight_options(EngineConfig(load_format="dummy"), torch.device("cuda")).snapshot
+    assert weight_options(EngineConfig(load_format="dummy", snapshot=True), torch.device("cuda")).snapshot
+    first = build(7)
+    assert len(snap.list_snapshots(tmp_path)) == 1
+    _same(first, build(7))  # restored: the same random weights
+    assert len(snap.list_snapshots(tmp_path)) == 1
+    other = build(8)  # another seed: its own entry, other weights
+    assert len(snap.list_snapshots(tmp_path)) == 2
+    assert not torch.equal(first.embed_tokens.weight, other.embed_tokens.weight)
+    _same(other, build(8, snapshot=False))
+
+
 @pytest.mark.parametrize("damage", ["flip", "truncate", "ok-missing"])
 def test_damaged_snapshot_is_rebuilt_not_loaded(ckpt, tmp_path, damage):
     first = _build(ckpt, tmp_path)

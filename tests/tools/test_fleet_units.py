@@ -50,6 +50,10 @@ def test_gpu_groups(monkeypatch):
     assert gpu_groups(3, 1, "cpu") == [None] * 3
     with pytest.raises(ReplicaError, match="needs 6 GPUs; 4 are visible"):
         gpu_groups(3, 2, "auto")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,0")
+    assert gpu_groups(2, 1, "cuda", 0.45) == [["0"], ["0"]]
+    with pytest.raises(ReplicaError, match="GPU 0 is shared by 2 replicas.*pass at most 0.5"):
+        gpu_groups(2, 1, "cuda", 0.85)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     assert gpu_groups(2, 1, "auto") == [None, None]
     with pytest.raises(ReplicaError, match="no GPU"):

@@ -40,7 +40,7 @@ def cache_budget(ecfg: EngineConfig, cfg: ModelConfig, device: torch.device, dty
         budget = int(ecfg.kv_cache_memory)
     elif device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
-        budget = int(total * ecfg.gpu_memory_utilization) - (total - free) - ACTIVATION_RESERVE
+        budget = cuda_cache_budget(total, free, torch.cuda.memory_reserved(device), ecfg.gpu_memory_utilization)
     else:
         budget = CPU_DEFAULT_CACHE
     per_block = bytes_per_block(cfg, bs, dtype)
@@ -55,6 +55,13 @@ def cache_budget(ecfg: EngineConfig, cfg: ModelConfig, device: torch.device, dty
                          f"{ckpts * per_slot / 2**20:.1f} MiB of prefix-cache state checkpoints; raise "
                          "--kv-cache-memory / --gpu-memory-utilization or lower --max-num-seqs / --prefix-state-memory")
     return CacheShape(num_blocks=int(blocks), num_slots=slots, block_size=bs, num_checkpoints=ckpts)
+
+
+def cuda_cache_budget(total: int, free: int, own: int, utilization: float) -> int:
+    """Cache bytes on a GPU: this process's share (`utilization` of the card, as vLLM's per-instance limit, less
+    what it holds already), never more than is free, less the activation reserve. Other processes' memory does not
+    shrink the share, so replicas sharing a card each get theirs."""
+    return min(int(total * utilization) - own, free) - ACTIVATION_RESERVE
 
 
 def checkpoint_count(ecfg: EngineConfig, budget: int, per_slot: int) -> int:

@@ -99,9 +99,10 @@ def build_model(model_dir: str | Path, cfg: ModelConfig, ctx: ShardContext, devi
         mplan.check()
     groups = merged.plan(model) if opts.merge_linears else []
     store = key = None
-    if opts.snapshot and load_format != "dummy":
+    if opts.snapshot:
         store = SnapshotStore(opts.snapshot_dir)
-        key = store.key(model_dir, cfg, ctx, qc, plan, merged=bool(groups))
+        key = store.key(model_dir, cfg, ctx, qc, plan, merged=bool(groups),
+                        dummy_seed=seed if load_format == "dummy" else None)
     timings["plan"] = time.perf_counter() - t0
     if store is not None and store.restore(model, key, ctx.rank, ctx.world, device):
         log.warning("rank %d: weights restored from snapshot %s", ctx.rank, store.entry_dir(key).name)
@@ -135,11 +136,13 @@ def prepare_runtime(model: nn.Module) -> None:
 
 
 def weight_options(ecfg, device: torch.device):
-    """EngineConfig -> WeightOptions (snapshots default on for cuda, off on cpu)."""
+    """EngineConfig -> WeightOptions (snapshots default on for cuda, off on cpu and for random weights)."""
     from tpserve.kernels.choice import WeightOptions
 
-    snapshot = ecfg.snapshot if ecfg.snapshot is not None else device.type == "cuda"
+    snapshot = ecfg.snapshot
+    if snapshot is None:
+        snapshot = device.type == "cuda" and ecfg.load_format != "dummy"
     return WeightOptions(quantization=ecfg.quantization, dense_fp8=ecfg.dense_fp8,
-                         snapshot=bool(snapshot) and ecfg.load_format != "dummy", snapshot_dir=ecfg.snapshot_dir,
+                         snapshot=bool(snapshot), snapshot_dir=ecfg.snapshot_dir,
                          gpu_memory_utilization=ecfg.gpu_memory_utilization, block_size=ecfg.block_size,
                          merge_linears=ecfg.merge_linears)

@@ -5,8 +5,8 @@ Layout: <root>/v<FORMAT>-<key hash>/rank<r>-of-<w>.<i>.safetensors (parts of at 
 memory stays bounded), rank<r>-of-<w>.ok (JSON: each part's byte size, each tensor's checksum, the
 key) and key.json (the readable key, for `tpserve snapshot list`). The key covers the checkpoint's
 fingerprint (config files' bytes; each weight file's name, size and mtime), the TP layout, dtype,
-the quantization method and every layer's chosen layout, and LAYOUT_VERSION (bumped whenever
-processing changes). Writes go to a temporary file, fsync, rename; the .ok file is written last.
+the quantization method and every layer's chosen layout, random weights' seed (--load-format dummy
+with --snapshot), and LAYOUT_VERSION (bumped whenever processing changes). Writes go to a temporary file, fsync, rename; the .ok file is written last.
 Too little disk, or a failed write, skips the snapshot with a warning. Restore reads each file
 once, in large reads from several threads (st_reader): sizes are checked first, tensor checksums
 (summed on the target device) after loading and before any tensor goes into the model. A snapshot
@@ -77,15 +77,20 @@ class SnapshotStore:
                 shutil.rmtree(entry, ignore_errors=True)
 
     # ------------------------------------------------------------------ key
-    def key(self, model_dir, cfg, ctx, qc, plan: dict[str, str], merged: bool = False) -> dict[str, Any]:
-        """merged: model/merged.py stacked the weights of linears that share an input (`--merge-linears`)."""
-        return {"format": FORMAT, "layout_version": LAYOUT_VERSION, "merged": merged,
+    def key(self, model_dir, cfg, ctx, qc, plan: dict[str, str], merged: bool = False,
+            dummy_seed: int | None = None) -> dict[str, Any]:
+        """merged: model/merged.py stacked the weights of linears that share an input (`--merge-linears`);
+        dummy_seed: the seed of random weights (`--load-format dummy`), None for a checkpoint's."""
+        key = {"format": FORMAT, "layout_version": LAYOUT_VERSION, "merged": merged,
                 "checkpoint": str(Path(model_dir).resolve()),
                 "fingerprint": fingerprint(model_dir), "world": ctx.world, "dtype": str(ctx.dtype),
                 "num_layers": cfg.num_hidden_layers, "quant": qc.key(),
                 "config": hashlib.sha256(json.dumps(dataclasses.asdict(cfg), sort_keys=True,
                                                     default=str).encode()).hexdigest(),  # hf_overrides too
                 "plan": hashlib.sha256(json.dumps(sorted(plan.items())).encode()).hexdigest()}
+        if dummy_seed is not None:
+            key["dummy_seed"] = dummy_seed
+        return key
 
     def entry_dir(self, key: dict[str, Any]) -> Path:
         digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]

@@ -67,7 +67,7 @@ def run_fleet(args, cfg) -> int:
     except OSError as exc:
         log.error("cannot listen on %s:%d (%s; is the port taken?)", args.host, args.port, exc.strerror or exc)
         return 1
-    groups = gpu_groups(local, cfg.tensor_parallel_size, cfg.device)
+    groups = gpu_groups(local, cfg.tensor_parallel_size, cfg.device, cfg.gpu_memory_utilization)
     replicas = [Replica(i, free_port(), groups[i]) for i in range(local)]
     env = dict(os.environ)
     env.pop("TPSERVE_API_KEY", None)
@@ -80,7 +80,7 @@ def run_fleet(args, cfg) -> int:
     except RouterError as exc:
         log.error("%s", exc)
         return 1
-    snapshots = args.snapshot is not False and cfg.load_format != "dummy"
+    snapshots = args.snapshot if args.snapshot is not None else cfg.load_format != "dummy"
     fleet = Fleet(replicas, router, lambda r: replica_argv(args, r.port), env, api_key=args.api_key,
                   drain_timeout=args.drain_timeout, start_timeout=args.replica_start_timeout,
                   remote_urls=args.worker_urls, snapshot_first=snapshots)

@@ -93,9 +93,10 @@ def visible_gpus() -> list[str]:
     return [str(i) for i in range(torch.cuda.device_count())]
 
 
-def gpu_groups(replicas: int, tp: int, device: str | None) -> list[list[str] | None]:
+def gpu_groups(replicas: int, tp: int, device: str | None, utilization: float = 0.85) -> list[list[str] | None]:
     """Each replica's GPUs: the visible ones (CUDA_VISIBLE_DEVICES's list, else 0..n-1) split in order into
-    groups of `tp`; None for every replica on the CPU."""
+    groups of `tp`; None for every replica on the CPU. A GPU listed twice (CUDA_VISIBLE_DEVICES=0,0) is shared,
+    so its replicas' --gpu-memory-utilization must add up to at most 1."""
     if device == "cpu":
         return [None] * replicas
     gpus = visible_gpus()
@@ -107,7 +108,13 @@ def gpu_groups(replicas: int, tp: int, device: str | None) -> list[list[str] | N
     if len(gpus) < need:
         raise ReplicaError(f"--data-parallel-size {replicas} x --tp {tp} needs {need} GPUs; {len(gpus)} are "
                            f"visible ({','.join(gpus)})")
-    return [gpus[i * tp:(i + 1) * tp] for i in range(replicas)]
+    groups = [gpus[i * tp:(i + 1) * tp] for i in range(replicas)]
+    for gpu in set(gpus[:need]):
+        sharing = sum(gpu in group for group in groups)
+        if sharing * utilization > 1.0:
+            raise ReplicaError(f"GPU {gpu} is shared by {sharing} replicas: --gpu-memory-utilization {utilization:g} "
+                               f"x {sharing} > 1; pass at most {int(100 / sharing) / 100:g}")
+    return groups
 
 
 def start(replica: Replica, argv: list[str], env: dict[str, str]) -> None:
