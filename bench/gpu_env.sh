@@ -8,8 +8,14 @@
 #     pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 \
 #     opentelemetry-api==1.45.2
 # (.whl is ignored by git: `echo /.whl/ >> .git/info/exclude`; each device call carries it.)
+# For `serve -dp N` add the router: its wheel (31 MB) does not fit the carry beside the rest, so its package goes
+# in stripped and xz-compressed (16 MB), unpacked here, with its dependencies' wheels (aiohttp, aiohappyeyeballs,
+# aiosignal, attrs, frozenlist, multidict, propcache, yarl, orjson, setproctitle: the same download line):
+#   unzip the sglang_router-0.3.2 wheel into D; strip D/sglang_router/sglang_router_rs.abi3.so;
+#   tar -C D -cf - sglang_router sglang_router-0.3.2.dist-info | xz -9 > .whl/sglang_router-0.3.2.tar.xz
 OUT=${OUT:-/tmp/tpserve-out}; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+for packed in .whl/*.tar.xz; do [ -f "$packed" ] && tar -xJf "$packed" -C /tmp/site; done
 export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 TPSERVE_CACHE_DIR=/tmp/tpserve-cache
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 TRITON_CACHE_AUTOTUNING=1
 step() { echo; echo "=== $1 ($(date +%T))"; }
