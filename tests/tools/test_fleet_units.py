@@ -32,6 +32,8 @@ def test_replica_argv_keeps_engine_and_serve_flags():
     assert "9000" not in joined and "-dp" not in argv and "K" not in argv  # the key goes by environment
     assert "--no-snapshot" in replica_argv(parse("/m", "--no-snapshot"), 1)
     assert replica_argv(parse("/m", "--no-snapshot"), 1).count("--snapshot") == 0
+    assert "--snapshot" not in replica_argv(parse("/m", "--load-format", "dummy"), 1)  # random weights: if asked
+    assert "--snapshot" in replica_argv(parse("/m", "--load-format", "dummy", "--snapshot"), 1)
 
 
 def test_local_replicas():

@@ -6,12 +6,12 @@ memory stays bounded), rank<r>-of-<w>.ok (JSON: each part's byte size, each tens
 key) and key.json (the readable key, for `tpserve snapshot list`). The key covers the checkpoint's
 fingerprint (config files' bytes; each weight file's name, size and mtime), the TP layout, dtype,
 the quantization method and every layer's chosen layout, random weights' seed (--load-format dummy
-with --snapshot), and LAYOUT_VERSION (bumped whenever processing changes). Writes go to a temporary file, fsync, rename; the .ok file is written last.
-Too little disk, or a failed write, skips the snapshot with a warning. Restore reads each file
-once, in large reads from several threads (st_reader): sizes are checked first, tensor checksums
-(summed on the target device) after loading and before any tensor goes into the model. A snapshot
-whose key, size or checksum does not match is deleted and rebuilt, never used. Entries of another
-FORMAT are deleted when a store is opened.
+with --snapshot), and LAYOUT_VERSION (bumped whenever processing changes). Writes go to a temporary
+file, fsync, rename; the .ok file is written last. Too little disk, or a failed write, skips the
+snapshot with a warning. Restore reads each file once, in large reads from several threads
+(st_reader): sizes are checked first, tensor checksums (summed on the target device) after loading
+and before any tensor goes into the model. A snapshot whose key, size or checksum does not match is
+deleted and rebuilt, never used. Entries of another FORMAT are deleted when a store is opened.
 """
 
 from __future__ import annotations
@@ -82,12 +82,12 @@ class SnapshotStore:
         """merged: model/merged.py stacked the weights of linears that share an input (`--merge-linears`);
         dummy_seed: the seed of random weights (`--load-format dummy`), None for a checkpoint's."""
         key = {"format": FORMAT, "layout_version": LAYOUT_VERSION, "merged": merged,
-                "checkpoint": str(Path(model_dir).resolve()),
-                "fingerprint": fingerprint(model_dir), "world": ctx.world, "dtype": str(ctx.dtype),
-                "num_layers": cfg.num_hidden_layers, "quant": qc.key(),
-                "config": hashlib.sha256(json.dumps(dataclasses.asdict(cfg), sort_keys=True,
-                                                    default=str).encode()).hexdigest(),  # hf_overrides too
-                "plan": hashlib.sha256(json.dumps(sorted(plan.items())).encode()).hexdigest()}
+               "checkpoint": str(Path(model_dir).resolve()),
+               "fingerprint": fingerprint(model_dir), "world": ctx.world, "dtype": str(ctx.dtype),
+               "num_layers": cfg.num_hidden_layers, "quant": qc.key(),
+               "config": hashlib.sha256(json.dumps(dataclasses.asdict(cfg), sort_keys=True,
+                                                   default=str).encode()).hexdigest(),  # hf_overrides too
+               "plan": hashlib.sha256(json.dumps(sorted(plan.items())).encode()).hexdigest()}
         if dummy_seed is not None:
             key["dummy_seed"] = dummy_seed
         return key

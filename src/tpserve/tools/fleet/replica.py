@@ -55,7 +55,8 @@ class Replica:
 
 def replica_argv(args, port: int) -> list[str]:
     """The `tpserve serve` command line of one replica: the model and every engine flag given to the fleet,
-    serve's own flags, snapshots on (a restart restores processed weights instead of loading them)."""
+    serve's own flags, snapshots on (a restart restores processed weights instead of loading them; random weights
+    only with --snapshot)."""
     argv = [sys.executable, "-m", "tpserve.cli", "serve"]
     model = getattr(args, "model", None) or getattr(args, "model_flag", None)
     if model:
@@ -69,7 +70,7 @@ def replica_argv(args, port: int) -> list[str]:
             argv.append(flag if value else f"--no-{flag[2:]}")
         else:
             argv += [flag, str(value)]
-    if getattr(args, "snapshot", None) is None:
+    if getattr(args, "snapshot", None) is None and getattr(args, "load_format", None) != "dummy":
         argv.append("--snapshot")
     for name, flag in SERVE_FLAGS.items():
         value = getattr(args, name, None)
