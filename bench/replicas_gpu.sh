@@ -10,7 +10,7 @@ set -uo pipefail
 C=$1; DP=${DP:-2}; POLICY=${POLICY:-cache_aware}; PORT=${PORT:-8011}; U=http://127.0.0.1:$PORT
 OUT=${OUT:-/tmp/tpserve-out}; mkdir -p "$OUT"; TAG=$POLICY-$DP; LOG=$OUT/serve-$TAG.log
 gpus=0; for _ in $(seq 2 "$DP"); do gpus=$gpus,0; done
-share=$(python3 -c "print(int(90 / $DP) / 100)")
+share=$(python3 -c "print(int(90 / max($DP, 2)) / 100)")  # DP=1: one replica's share
 fleet=(); [ "$DP" -gt 1 ] && fleet=(-dp "$DP" --router-policy "$POLICY")
 t0=$(date +%s)
 CUDA_VISIBLE_DEVICES=$gpus python3 -m tpserve.cli serve "$C" --load-format dummy --snapshot --quantization "${QUANT:-nvfp4}" \
