@@ -12,7 +12,8 @@ from tpserve.cli import build_parser
 from tpserve.engine.tp.launch import free_port
 from tpserve.tools.fleet.cli import fleet_wanted, local_replicas
 from tpserve.tools.fleet.metrics import merge, render
-from tpserve.tools.fleet.replica import Replica, ReplicaError, gpu_groups, replica_argv, wait_healthy
+from tpserve.tools.fleet.replica import (Replica, ReplicaError, gpu_groups, replica_argv, snapshots_wanted,
+                                         wait_healthy)
 from tpserve.tools.fleet.router import RouterError, make_router
 
 
@@ -34,6 +35,9 @@ def test_replica_argv_keeps_engine_and_serve_flags():
     assert replica_argv(parse("/m", "--no-snapshot"), 1).count("--snapshot") == 0
     assert "--snapshot" not in replica_argv(parse("/m", "--load-format", "dummy"), 1)  # random weights: if asked
     assert "--snapshot" in replica_argv(parse("/m", "--load-format", "dummy", "--snapshot"), 1)
+    assert "--snapshot" not in replica_argv(parse("/m"), 1, snapshots=False)  # e.g. TPSERVE_SNAPSHOT=0
+    assert [snapshots_wanted(s, f) for s, f in ((None, "auto"), (None, "dummy"), (True, "dummy"), (False, "auto"))] \
+        == [True, False, True, False]
 
 
 def test_local_replicas():

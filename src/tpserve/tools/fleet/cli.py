@@ -13,7 +13,7 @@ import signal
 import threading
 
 from tpserve.engine.tp.launch import free_port
-from tpserve.tools.fleet.replica import Replica, ReplicaError, gpu_groups, replica_argv
+from tpserve.tools.fleet.replica import Replica, ReplicaError, gpu_groups, replica_argv, snapshots_wanted
 from tpserve.tools.fleet.router import POLICIES, ROUTERS, RouterError, make_router
 
 log = logging.getLogger("tpserve.fleet")
@@ -80,8 +80,8 @@ def run_fleet(args, cfg) -> int:
     except RouterError as exc:
         log.error("%s", exc)
         return 1
-    snapshots = args.snapshot if args.snapshot is not None else cfg.load_format != "dummy"
-    fleet = Fleet(replicas, router, lambda r: replica_argv(args, r.port), env, api_key=args.api_key,
+    snapshots = snapshots_wanted(cfg.snapshot, cfg.load_format)  # (cfg: the flags and TPSERVE_* resolved)
+    fleet = Fleet(replicas, router, lambda r: replica_argv(args, r.port, snapshots), env, api_key=args.api_key,
                   drain_timeout=args.drain_timeout, start_timeout=args.replica_start_timeout,
                   remote_urls=args.worker_urls, snapshot_first=snapshots)
     admin_port = args.port + 1 if args.admin_port is None else args.admin_port

@@ -53,10 +53,16 @@ class Replica:
                 "state": self.state, "started_at": self.started_at, "restarts": self.restarts, "gpus": self.gpus}
 
 
-def replica_argv(args, port: int) -> list[str]:
+def snapshots_wanted(snapshot: bool | None, load_format: str | None) -> bool:
+    """Whether the replicas keep weight snapshots: --snapshot / --no-snapshot as given, else on (the first replica
+    writes one, the rest and every restart restore it), except for random weights (--load-format dummy)."""
+    return snapshot if snapshot is not None else load_format != "dummy"
+
+
+def replica_argv(args, port: int, snapshots: bool | None = None) -> list[str]:
     """The `tpserve serve` command line of one replica: the model and every engine flag given to the fleet,
-    serve's own flags, snapshots on (a restart restores processed weights instead of loading them; random weights
-    only with --snapshot)."""
+    serve's own flags, snapshots on where `snapshots` (default: `snapshots_wanted` of the flags) says so: a restart
+    then restores processed weights instead of loading them."""
     argv = [sys.executable, "-m", "tpserve.cli", "serve"]
     model = getattr(args, "model", None) or getattr(args, "model_flag", None)
     if model:
@@ -70,7 +76,9 @@ def replica_argv(args, port: int) -> list[str]:
             argv.append(flag if value else f"--no-{flag[2:]}")
         else:
             argv += [flag, str(value)]
-    if getattr(args, "snapshot", None) is None and getattr(args, "load_format", None) != "dummy":
+    if snapshots is None:
+        snapshots = snapshots_wanted(getattr(args, "snapshot", None), getattr(args, "load_format", None))
+    if getattr(args, "snapshot", None) is None and snapshots:
         argv.append("--snapshot")
     for name, flag in SERVE_FLAGS.items():
         value = getattr(args, name, None)
