@@ -4,10 +4,14 @@
 # The wheels (the device machine has torch and Triton, not these), fetched once from the repo root:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl \
-#     fla-core==0.6.0 transformers==5.23.0 fastapi==0.165.0 starlette==1.10.0 uvicorn==0.54.0 \
+#     fla-core==0.6.0 fastapi==0.165.0 starlette==1.10.0 uvicorn==0.54.0 \
 #     pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 \
 #     opentelemetry-api==1.45.2
 # (.whl is ignored by git: `echo /.whl/ >> .git/info/exclude`; each device call carries it.)
+# Transformers goes in stripped (a device call carries at most 64 MiB with the tree): only the configs and
+# tokenizers serving needs, the models `auto`, `glm5_next` and `encoder_decoder`, xz-compressed (1.5 MB):
+#   unzip the transformers-5.23.0 wheel into D; in D/transformers/models delete every folder but those three;
+#   tar -C D -cf - transformers transformers-5.23.0.dist-info | xz -9 > .whl/transformers-5.23.0.tar.xz
 # For `serve -dp N` add the router: its wheel (31 MB) does not fit the carry beside the rest, so its package goes
 # in stripped and xz-compressed (16 MB), unpacked here, with its dependencies' wheels (aiohttp, aiohappyeyeballs,
 # aiosignal, attrs, frozenlist, multidict, propcache, yarl, orjson, setproctitle: the same download line):

@@ -2,13 +2,14 @@
 to the first token, for a turn whose history is cached (warm) and for the same prompt under a fresh salt (cold).
 
     python bench/prefix_ttft.py MODEL [--load-format dummy] [--device cuda] [--prompt-len 5500] [--turn-len 87]
-        [--repeats 3] [--profile 20] [--sync-debug]
+        [--repeats 3] [--profile 20] [--trace trace.json] [--sync-debug]
     python bench/prefix_ttft.py MODEL --tokenize-only
 
 The prompts are `bench serve --dataset multiturn`'s: the first turn of --prompt-len words, answered, then a turn of
 --turn-len words. Each repeat runs turn 1 under a new salt, then turn 2 under the same salt (warm) and under another
 (cold). Prints the medians and warm/cold; --profile N adds one more warm turn under torch.profiler and prints its N
-ops with the most self time on the device and on the host; --sync-debug (CUDA) one more warm turn that counts
+ops with the most self time on the device and on the host (--trace: its timeline as a Chrome trace, for
+bench/trace_gaps.py); --sync-debug (CUDA) one more warm turn that counts
 the host's waits on the device (torch's sync debug mode) by where they happen. --tokenize-only loads just the
 tokenizer and times transformers' encode against tpserve's (engine/tokenizer.py) on the second turn's text.
 """
@@ -118,6 +119,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--profile", type=int, default=0)
+    ap.add_argument("--trace", help="with --profile: write the profiled turn's Chrome trace here")
     ap.add_argument("--sync-debug", action="store_true")
     ap.add_argument("--tokenize-only", action="store_true")
     args = ap.parse_args()
@@ -162,10 +164,12 @@ def main() -> None:
 
         salt, ids2, _ = turn_two(engine, tok, turns, 1, args.device)
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device.startswith("cuda") else [])
-        with profile(activities=acts) as prof:
+        with profile(activities=acts, with_stack=bool(args.trace)) as prof:
             wall, _, hit = first_token(engine, ids2, salt, 1, args.device)
         key = "self_device_time_total" if args.device.startswith("cuda") else "self_cpu_time_total"
         print(f"\nprofiled warm turn: {wall * 1e3:.1f} ms wall (profiler on), {hit} cached")
+        if args.trace:
+            prof.export_chrome_trace(args.trace)
         print(prof.key_averages().table(sort_by=key, row_limit=args.profile, max_name_column_width=60))
         if key != "self_cpu_time_total":
             print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.profile,

@@ -76,7 +76,8 @@ class LLMEngine:
     def new_speculator(self) -> speculate.Speculator:
         """A Speculator on this engine's scheduler and executor (nothing measured yet)."""
         return speculate.Speculator(self.ecfg.speculative, self.model_config, self.scheduler, self.executor,
-                                    append=self._append, generator=self.generator, max_model_len=self.max_model_len)
+                                    append=self._append, generator=self.generator, max_model_len=self.max_model_len,
+                                    overlap=self.ecfg.async_scheduling)
 
     def reset_prefix_cache(self) -> bool:
         """vLLM's reset_prefix_cache: forget every cached block and state checkpoint (those held by running

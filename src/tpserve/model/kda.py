@@ -100,11 +100,8 @@ class KdaAttention(nn.Module):
         conv_states[ckpts] = torch.stack(windows).to(conv_states.dtype)
         init = states[slots]
         if self.backend == "fla" and self.fla_options is not None:
-            from fla.ops.kda import chunk_kda
-
             q, k, v, g, beta = (x[None, rows] for x in qkvgb)
-            _, final = chunk_kda(q, k, v, g, beta, initial_state=init, output_final_state=True,
-                                 use_qk_l2norm_in_kernel=True, cu_seqlens=cu, **self.fla_options)
+            _, final = kda_fla.chunk(q, k, v, g, beta, init, cu, self.fla_options)
         else:
             final = torch.stack([(kda_ops.kda_recurrent if b - a == 1 else kda_ops.kda_chunked)(
                 *(x[a:b] for x in qkvgb), init[j])[1] for j, (a, b) in enumerate(spans)])
@@ -206,15 +203,12 @@ class KdaAttention(nn.Module):
             _prefill_torch(q, k, v, g, beta, batch, states, out)
             parts.append(out[batch.cu_seqlens[nd]:])
         elif nd < batch.num_seqs:
-            from fla.ops.kda import chunk_kda
-
             slots, a = batch.slots[nd:], batch.cu_seqlens[nd]
             # one tensor for every layer: fla-core keeps what it derives from it (its chunk indices)
             cu = batch.memoized(("kda_prefill_cu", nd),
                                 lambda: to_device([c - a for c in batch.cu_seqlens[nd:]], q.device, torch.long))
-            out, final = chunk_kda(q[None, a:], k[None, a:], v[None, a:], g[None, a:], beta[None, a:],
-                                   initial_state=states[slots], output_final_state=True,
-                                   use_qk_l2norm_in_kernel=True, cu_seqlens=cu, **self.fla_options)
+            out, final = kda_fla.chunk(q[None, a:], k[None, a:], v[None, a:], g[None, a:], beta[None, a:],
+                                       states[slots], cu, self.fla_options)
             states[slots] = final
             parts.append(out.squeeze(0))
         return parts[0] if len(parts) == 1 else torch.cat(parts)

@@ -207,6 +207,47 @@ def test_plain_steps_measure_without_the_mtp_catch_up():
     llm.shutdown()
 
 
+@pytest.mark.parametrize("overlap", [True, False])
+def test_rates_count_the_host_work_between_steps(monkeypatch, overlap):
+    """A step's measured rate runs over its whole cycle: the host's work between steps (here the outputs, made
+    slow) counts for drafting and plain steps alike. Where plain decoding would run with async scheduling, a
+    plain step's host work overlaps its wait for the forward (here made slow too): it counts the longer of the
+    two; without async scheduling, both."""
+    from tpserve.engine.spec import speculator
+
+    llm = LLM(Model.path, device="cpu", kv_cache_memory="16MiB", block_size=16, max_num_seqs=8,
+              async_scheduling=overlap, speculative_config={"method": "mtp", "num_speculative_tokens": 2})
+    eng, spec = llm.engine, llm.engine.speculator
+    assert spec.overlap is overlap
+    observed, calls = [], [0]
+    outputs, observe = eng._outputs, spec.rates.observe
+
+    def alternate_k(batch, running, fused):
+        calls[0] += 1
+        return 2 * (calls[0] % 2)
+
+    def slow_outputs(*a, **kw):
+        time.sleep(0.15)
+        return outputs(*a, **kw)
+
+    def slow_wait(t):
+        time.sleep(0.4)
+        return 0.4
+    monkeypatch.setattr(speculator, "_wait", slow_wait)
+    eng._outputs, spec._choose_k = slow_outputs, alternate_k
+    spec.rates.observe = lambda batch, drafted, emitted, seconds: observed.append((drafted, seconds))
+    llm.generate([PROMPTS[0]], SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))
+    plain = [s for drafted, s in observed if not drafted]
+    drafting = [s for drafted, s in observed if drafted]
+    assert plain and drafting
+    assert min(drafting) >= 0.15
+    if overlap:
+        assert 0.4 <= min(plain) and max(plain) < 0.53
+    else:
+        assert min(plain) >= 0.55
+    llm.shutdown()
+
+
 def test_a_batch_measured_faster_plain_skips_the_prompts_mtp_pass():
     """Where both modes are measured at this batch size and drafting is the slower (no probe due), a new request's
     MTP pass over its prompt and the catch-up steps are skipped: the MTP layer stops at once, the output is plain

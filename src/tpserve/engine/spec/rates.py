@@ -64,9 +64,10 @@ class _RateWindow:
 class MeasuredRates:
     """Emitted tokens per second actually measured, for steps with and without drafts, per batch-size
     bucket (powers of two): the policy's cost model sees tokens and experts, not what the machine does
-    with them (graphs for some steps, host overheads, a compute-bound CPU). A drafting step's time holds the
-    drafting pass that made its drafts; a plain step's leaves out the MTP catch-up, as plain decoding does once
-    the MTP layer stops (the speculator's `_observe`).
+    with them (graphs for some steps, host overheads, a compute-bound CPU). A step's time is its whole cycle, the
+    host's work between steps included: a drafting step's holds the drafting pass that made its drafts; a plain
+    step's leaves out the MTP catch-up, as plain decoding does once the MTP layer stops, and counts its host work
+    as overlapped with the forward where plain decoding runs with async scheduling (the speculator's `_observe`).
 
     A mode's rate is tokens / seconds over its last steps, each step's time capped (`_RateWindow`): one drafting
     step emits 1..k+1 tokens, so single steps say little, and a compile or a GC pause in one step must not decide

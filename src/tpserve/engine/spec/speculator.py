@@ -44,6 +44,15 @@ def check_checkpoint(model_dir, cfg: ModelConfig) -> None:
                          f"{cfg.num_hidden_layers}: eh_proj, enorm, hnorm, ...), and {model_dir} has none")
 
 
+def _wait(t: torch.Tensor) -> float:
+    """Seconds the host waits for the work queued before `t` (0 off the GPU, where nothing is queued)."""
+    if t.device.type != "cuda":
+        return 0.0
+    t0 = time.perf_counter()
+    torch.cuda.current_stream(t.device).synchronize()
+    return time.perf_counter() - t0
+
+
 def _argmax_only(seq: Sequence) -> bool:
     """A fused step can choose this sequence's tokens: the raw logits' argmax, no logprobs to report."""
     return seq.params.logprobs is None and sampler.plain_argmax(seq)
@@ -55,8 +64,9 @@ class Speculator:
     keep its per-request state; tokens reach the sequences through `append` (the engine's)."""
 
     def __init__(self, spec: SpeculativeConfig, model_config: ModelConfig, scheduler: Scheduler, executor, *,
-                 append: accept.Append, generator: torch.Generator, max_model_len: int):
+                 append: accept.Append, generator: torch.Generator, max_model_len: int, overlap: bool = False):
         self.spec, self.scheduler, self.executor = spec, scheduler, executor
+        self.overlap = overlap  # plain decoding without the speculator runs with async scheduling
         self.append, self.generator, self.max_model_len = append, generator, max_model_len
         self.policy = SpecPolicy(spec.num_speculative_tokens, adaptive=spec.adaptive,
                                  truncate_threshold=spec.truncate_threshold,
@@ -77,6 +87,8 @@ class Speculator:
         self.step_drafted = False  # the step just run verified drafts (what MeasuredRates files it under)
         self.fused_limit = 0  # the largest batch of a fused step, as `fusable` last read it
         self.pending_rate: tuple | None = None  # a fused step's MeasuredRates observation, filed by `while_waiting`
+        self.mark: float | None = None  # when `_next_k` last ran (None: steps without the speculator since)
+        self.wait_seconds = 0.0  # a plain step's wait for its forward (`verify`)
 
     def set_adaptive(self, on: bool, fixed_k: int | None = None) -> None:
         """Switch between adaptive k and a fixed k in a running engine (bench/spec_ab.py --one-engine).
@@ -131,6 +143,7 @@ class Speculator:
             if limit is None or len(self.scheduler.running) <= limit:
                 return False
         self.idle_steps += 1
+        self.mark = None
         self.rates.tick()  # (a probe due then comes with the next request)
         return True
 
@@ -141,6 +154,7 @@ class Speculator:
         seqs = [s.seq for s in sampled]
         self.step_drafted = any(seq.drafts for seq in seqs)
         if not self.step_drafted:  # nothing to verify (k = 0): the plain engine's sampling
+            self.wait_seconds = _wait(logits)
             for seq, res in zip(seqs, sampler.sample(logits, seqs, self.generator)):
                 self.append(seq, res)
             self.finished(seqs)
@@ -219,6 +233,8 @@ class Speculator:
                 fused: bool = False) -> int | None:
         """Observe the step just run (its time and tokens), then choose the next step's k; None: the MTP layer
         stops for the running sequences (they draft no more)."""
+        now = time.perf_counter()
+        cycle, self.mark = (now - self.mark if self.mark is not None else None), now
         adaptive, batch = self.spec.adaptive, len(self.scheduler.running)
         # (after a fused step of the whole batch the batch is within the verify graphs)
         limit = self.executor.verify_graph_batch() if adaptive and not (fused and batch <= self.fused_limit) else None
@@ -230,8 +246,8 @@ class Speculator:
         running = [s.seq for s in scheduled if s.seq.status is Status.RUNNING]
         # steps with prefill chunks say nothing of decode costs or rates; a fixed k uses neither
         if adaptive and (fused or all(s.decode for s in scheduled)):
-            self._observe(batch, step_seconds, step_tokens, fused)
-        self.emitted, self.last_draft_seconds, self.step_drafted = 0, 0.0, False
+            self._observe(batch, step_seconds, step_tokens, fused, cycle)
+        self.emitted, self.last_draft_seconds, self.step_drafted, self.wait_seconds = 0, 0.0, False, 0.0
         self.choice = self.policy.begin_step()
         # (above the graphs only requests with a fixed k draft: `Drafter.budget`)
         k = self.last_k = 0 if above_graphs else self._choose_k(batch, running, fused)
@@ -247,17 +263,24 @@ class Speculator:
             return None
         return k
 
-    def _observe(self, batch: int, step_seconds: float, step_tokens: int, fused: bool) -> None:
+    def _observe(self, batch: int, step_seconds: float, step_tokens: int, fused: bool, cycle: float | None) -> None:
         """A decode step's time into the cost model (not a fused step's: it holds the drafting too, which the
-        model fits apart) and its rate into MeasuredRates (a fused step's filed while the next step runs)."""
+        model fits apart) and its rate into MeasuredRates (a fused step's filed while the next step runs).
+        The rate is over the step's whole cycle (`cycle`: from the last step's `_next_k` to this one's), so the
+        host's work between steps counts, which grows with the tokens a step emits. A plain step's cycle leaves
+        out the MTP catch-up before it (decoding plainly for long stops the MTP layer: IDLE_STEPS), and where
+        plain decoding would run with async scheduling its host work overlaps the forward: the cycle is then
+        taken as the longer of the host's work and the wait for the forward (`verify`)."""
         if not fused:
             self.policy.observe_step(step_tokens, max(step_seconds, 1e-9))
-        if self.last_draft_seconds is None:  # the drafts came with a prompt's MTP catch-up
-            return
+        if self.last_draft_seconds is None or cycle is None:  # the drafts came with a prompt's MTP catch-up, or
+            return  # the step before ran without the speculator
         self.while_waiting()  # a pending observation first
-        # a plain step's rate leaves out the MTP catch-up before it: decoding plainly for long stops the MTP layer
-        # (IDLE_STEPS), so plain steps then cost the step alone
-        seconds = step_seconds + self.last_draft_seconds if self.step_drafted else step_seconds
+        if self.step_drafted:
+            seconds = cycle
+        else:
+            host = max(cycle - self.last_draft_seconds - self.wait_seconds, 0.0)
+            seconds = max(host, self.wait_seconds) if self.overlap else host + self.wait_seconds
         seen = (batch, self.step_drafted, self.emitted, seconds)
         if fused:
             self.pending_rate = seen

@@ -99,6 +99,18 @@ def _self_test_inputs(head_dim: int, lower_bound: float | None, device: torch.de
     return q, k, v, g, beta, states
 
 
+def chunk(q, k, v, g, beta, initial_state: torch.Tensor, cu: torch.Tensor, options: dict):
+    """fla-core's chunk_kda over the varlen rows cu (q ... [1, T, ...]) -> (out, final states). With
+    options["use_graph"] fla-core builds its chunk indices on the device, at a fixed size (sentinel rows
+    past the last chunk): without it, it reads the sequence lengths on the host, a wait on the device
+    for every new cu."""
+    from fla.ops.kda import chunk_kda
+
+    extra = {"max_num_seqs": cu.shape[0] - 1} if options.get("use_graph") else {}
+    return chunk_kda(q, k, v, g, beta, initial_state=initial_state, output_final_state=True,
+                     use_qk_l2norm_in_kernel=True, cu_seqlens=cu, **options, **extra)
+
+
 def select_fla_options(head_dim: int, lower_bound: float | None, device: torch.device,
                        tolerance: float = 2e-3) -> tuple[bool, dict | None, str]:
     """Check fla-core's fused_recurrent_kda and chunk_kda against the torch references on this
@@ -107,8 +119,6 @@ def select_fla_options(head_dim: int, lower_bound: float | None, device: torch.d
     bounded, or None: prefill chunks take the torch path; a report line). The two are separate:
     at small head sizes the chunked kernel's lower-precision intra-chunk products can miss the
     bound while the recurrent kernel is exact to fp32 rounding."""
-    from fla.ops.kda import chunk_kda
-
     q, k, v, g, beta, states = _self_test_inputs(head_dim, lower_bound, device)
     cuts = [0, 67, 80]  # two sequences, one longer than a 64-token chunk
     ref_o, ref_s = [], []
@@ -119,7 +129,9 @@ def select_fla_options(head_dim: int, lower_bound: float | None, device: torch.d
     ref_o, ref_s = torch.cat(ref_o), torch.stack(ref_s)
     scale = max(1.0, ref_o.abs().max().item())
     cu = torch.tensor(cuts, dtype=torch.long, device=device)
-    candidates = ([dict(safe_gate=True, lower_bound=lower_bound)] if lower_bound is not None else []) + [{}]
+    # each option set first with fla-core's device-built chunk indices (`chunk`), then without
+    bases = ([dict(safe_gate=True, lower_bound=lower_bound)] if lower_bound is not None else []) + [{}]
+    candidates = [opts for base in bases for opts in ({**base, "use_graph": True}, base)]
     report = []
     step_o, step_s = kda_recurrent_batched(q[:2], k[:2], v[:2], g[:2], beta[:2], states)
     pool = torch.zeros(4, *states.shape[1:], device=device)  # the two states in slots 2 and 0 of a pool
@@ -132,8 +144,7 @@ def select_fla_options(head_dim: int, lower_bound: float | None, device: torch.d
     if rec_err > tolerance * scale:
         return False, None, "; ".join(report) + " -> torch KDA path"
     for opts in candidates:
-        o, s = chunk_kda(q[None], k[None], v[None], g[None], beta[None], initial_state=states.clone(),
-                         output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=cu, **opts)
+        o, s = chunk(q[None], k[None], v[None], g[None], beta[None], states.clone(), cu, opts)
         err = max((o[0] - ref_o).abs().max().item(), (s - ref_s).abs().max().item())
         report.append(f"chunk_kda {opts or 'default'} err {err:.1e}")
         if err <= tolerance * scale:
