@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Replicas sharing one GPU: `serve -dp DP` of CONFIG (random NVFP4 weights, snapshot on) on GPU 0 behind the router,
-# the multi-turn trace through it, and with ROLL=1 a rolling restart under load (bench/rolling_restart.py). DP=1
+# the multi-turn trace through it, with RR=1 the trace again through a round_robin front router over the same
+# replicas (`serve --worker-urls`), and with ROLL=1 a rolling restart under load (bench/rolling_restart.py). DP=1
 # serves one engine with the same memory share, the single-replica baseline of the trace.
-#   bash bench/replicas_gpu.sh CONFIG   (env: DP=2, POLICY=cache_aware, ROLL=0, PORT=8011; the trace: CONVS=16,
+#   bash bench/replicas_gpu.sh CONFIG   (env: DP=2, POLICY=cache_aware, ROLL=0, RR=0, PORT=8011; the trace: CONVS=16,
 #                                        TURNS=6, WORDS=510 a message, TOKENS=100 an answer; DEVICE=cpu QUANT=none:
 #                                        the same on the CPU, a check of the script)
 # Needs the router on the device (bench/gpu_env.sh); writes the serve log, the trace's JSON and roll.json to $OUT.
@@ -38,8 +39,24 @@ sys.exit(1)
 EOF
 echo "serving $(( $(date +%s) - t0 )) s after the start ($DP x $share of the GPU)"
 grep -E 'ready in|restored|in rotation|memory plan' "$LOG" | cut -c1-220 | head -12
-python3 -m tpserve.cli bench serve --url "$U" --dataset multiturn --num-requests "${CONVS:-16}" --concurrency "${CONVS:-16}" \
-  --turns "${TURNS:-6}" --prompt-len "${WORDS:-510}" --turn-len "${WORDS:-510}" --max-tokens "${TOKENS:-100}" --json "$OUT/trace-$TAG.json" 2>&1 | grep -v httpx | tail -14
+trace() {  # URL JSON
+  python3 -m tpserve.cli bench serve --url "$1" --dataset multiturn --num-requests "${CONVS:-16}" --concurrency "${CONVS:-16}" \
+    --turns "${TURNS:-6}" --prompt-len "${WORDS:-510}" --turn-len "${WORDS:-510}" --max-tokens "${TOKENS:-100}" --json "$2" 2>&1 | grep -v httpx | tail -14
+}
+trace "$U" "$OUT/trace-$TAG.json"
+if [ "${RR:-0}" = 1 ] && [ "$DP" -gt 1 ]; then  # the same replicas behind a round_robin front router (no boot)
+  urls=$(python3 -c "import httpx; print(' '.join(r['url'] for r in httpx.get('$U'.rsplit(':', 1)[0] + ':$((PORT + 1))/admin/replicas').json()['replicas']))")
+  python3 -m tpserve.cli serve --worker-urls $urls --router-policy round_robin --port $((PORT + 10)) --admin-port $((PORT + 11)) \
+    > "$OUT/front-rr.log" 2>&1 &
+  front=$!
+  for _ in $(seq 120); do
+    curl -sf -o /dev/null -H 'Content-Type: application/json' -d '{"prompt": "front", "max_tokens": 1}' \
+      "http://127.0.0.1:$((PORT + 10))/v1/completions" && break
+    sleep 1
+  done
+  trace "http://127.0.0.1:$((PORT + 10))" "$OUT/trace-round_robin-$DP.json"
+  kill "$front"; wait "$front"
+fi
 if [ "${ROLL:-0}" = 1 ] && [ "$DP" -gt 1 ]; then
   python3 bench/rolling_restart.py --url "$U" --concurrency 8 --json "$OUT/roll.json"
   grep -E 'restarted|restored|stopped' "$LOG" | cut -c1-200
