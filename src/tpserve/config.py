@@ -83,6 +83,9 @@ class EngineConfig:
                             switch=True, advanced=True, choices=("fused", "chain", "depth"))
     kda_backend: str = _opt("auto", "KDA kernels: fla (fla-core, cuda), torch, or auto (fla on cuda in "
                             "bf16 / fp16, else torch)", switch=True, advanced=True, choices=("auto", "fla", "torch"))
+    kda_chunk_indices: str = _opt("host", "fla-core's KDA prefill chunk indices: host (the host reads the lengths, "
+                                  "a wait on the device) or device (built on the device, no wait; self-tested)",
+                                  switch=True, advanced=True, choices=("host", "device"))
     kda_prep_backend: str = _opt("auto", "KDA short conv, forget gate and beta of decode / verify rows: triton "
                                  "(cuda), torch, or auto (triton on cuda)",
                                  switch=True, advanced=True, choices=("auto", "triton", "torch"))

@@ -105,7 +105,8 @@ class ModelRunner:
         if not layers:
             return
         recurrent, opts, report = select_fla_options(self.cfg.linear_head_dim, self.cfg.linear_lower_bound,
-                                                     self.device)
+                                                     self.device,
+                                                     device_indices=self.kernels.kda_chunk_indices == "device")
         log.info("fla-core KDA self-test (head_dim %d): %s", self.cfg.linear_head_dim, report)
         if not recurrent:
             log.warning("fla-core KDA kernels disagree with the reference here (%s); using the torch path", report)

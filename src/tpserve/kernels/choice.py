@@ -25,6 +25,7 @@ class Kernels:
     "fla" / "cuda" a fast one (the ops each switch picks: the subjects' ops.py and quant/dispatch.py)."""
 
     kda: str = "torch"            # "fla": fla-core's Triton kernels; "torch": our chunked / recurrent forms
+    kda_chunk_indices: str = "host"  # "device": fla-core builds chunk_kda's chunk indices on the device (use_graph)
     kda_prep: str = "torch"       # "triton": KDA short conv (decode / verify rows), forget gate, beta in Triton
     mhc: str = "torch"            # "triton": one fused kernel for the mHC weights; "torch": plain ops
     mhc_project: str = "torch"    # "triton": prefill steps' mHC stream norm + projection as one kernel (bf16, cuda)

@@ -204,7 +204,7 @@ class KdaAttention(nn.Module):
             parts.append(out[batch.cu_seqlens[nd]:])
         elif nd < batch.num_seqs:
             slots, a = batch.slots[nd:], batch.cu_seqlens[nd]
-            # one tensor for every layer: fla-core keeps what it derives from it (its chunk indices)
+            # one tensor for every layer: fla-core keeps what it derives from it on the host (its chunk indices)
             cu = batch.memoized(("kda_prefill_cu", nd),
                                 lambda: to_device([c - a for c in batch.cu_seqlens[nd:]], q.device, torch.long))
             out, final = kda_fla.chunk(q[None, a:], k[None, a:], v[None, a:], g[None, a:], beta[None, a:],

@@ -76,3 +76,17 @@ def test_commit_equals_counted_decode_steps():
     _decode_steps(rows, ref_pool, slots, n, counts)
     kda_fla.fla_commit(*rows, pool, slots, torch.tensor(counts, device="cuda"), n)
     assert torch.equal(pool[:-1], ref_pool[:-1])
+
+
+def test_device_chunk_indices_give_the_host_form_bit_for_bit():
+    """`kda_chunk_indices device` (fla-core's use_graph: chunk indices built on the device with sentinel rows) runs
+    the same chunks as the host form: outputs and final states equal, for sequences shorter and longer than a
+    64-token chunk."""
+    cuts = [0, 13, 80, 380]
+    q, k, v, g, beta = (x.to(torch.bfloat16) for x in _rows(cuts[-1], 5))
+    states = _pool(len(cuts) - 2)[:len(cuts) - 1]
+    cu = torch.tensor(cuts, device="cuda")
+    rows = [x[None] for x in (q, k, v, g, beta)]
+    o_host, s_host = kda_fla.chunk(*rows, states.clone(), cu, {})
+    o_dev, s_dev = kda_fla.chunk(*rows, states.clone(), cu, {"use_graph": True})
+    assert torch.equal(o_host, o_dev) and torch.equal(s_host, s_dev)

@@ -112,11 +112,12 @@ def chunk(q, k, v, g, beta, initial_state: torch.Tensor, cu: torch.Tensor, optio
 
 
 def select_fla_options(head_dim: int, lower_bound: float | None, device: torch.device,
-                       tolerance: float = 2e-3) -> tuple[bool, dict | None, str]:
+                       tolerance: float = 2e-3, device_indices: bool = False) -> tuple[bool, dict | None, str]:
     """Check fla-core's fused_recurrent_kda and chunk_kda against the torch references on this
     device and head size. -> (whether the recurrent kernel agrees: decode, verify and commit may
     use it; the chunk_kda options that agree, safe_gate with the lower bound first as the gate is
-    bounded, or None: prefill chunks take the torch path; a report line). The two are separate:
+    bounded, or None: prefill chunks take the torch path; a report line). device_indices: each option set is
+    tried first with the chunk indices built on the device (`chunk`), then without. The two are separate:
     at small head sizes the chunked kernel's lower-precision intra-chunk products can miss the
     bound while the recurrent kernel is exact to fp32 rounding."""
     q, k, v, g, beta, states = _self_test_inputs(head_dim, lower_bound, device)
@@ -129,9 +130,8 @@ def select_fla_options(head_dim: int, lower_bound: float | None, device: torch.d
     ref_o, ref_s = torch.cat(ref_o), torch.stack(ref_s)
     scale = max(1.0, ref_o.abs().max().item())
     cu = torch.tensor(cuts, dtype=torch.long, device=device)
-    # each option set first with fla-core's device-built chunk indices (`chunk`), then without
     bases = ([dict(safe_gate=True, lower_bound=lower_bound)] if lower_bound is not None else []) + [{}]
-    candidates = [opts for base in bases for opts in ({**base, "use_graph": True}, base)]
+    candidates = [opts for base in bases for opts in ([{**base, "use_graph": True}] if device_indices else []) + [base]]
     report = []
     step_o, step_s = kda_recurrent_batched(q[:2], k[:2], v[:2], g[:2], beta[:2], states)
     pool = torch.zeros(4, *states.shape[1:], device=device)  # the two states in slots 2 and 0 of a pool
