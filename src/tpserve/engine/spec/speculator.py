@@ -19,6 +19,7 @@ import torch
 
 from tpserve.config import SpeculativeConfig
 from tpserve.engine import sampler
+from tpserve.engine.overlap import pipelinable
 from tpserve.engine.request import Sequence, Status
 from tpserve.engine.scheduler import Scheduled, Scheduler
 from tpserve.engine.spec import accept
@@ -246,7 +247,7 @@ class Speculator:
         running = [s.seq for s in scheduled if s.seq.status is Status.RUNNING]
         # steps with prefill chunks say nothing of decode costs or rates; a fixed k uses neither
         if adaptive and (fused or all(s.decode for s in scheduled)):
-            self._observe(batch, step_seconds, step_tokens, fused, cycle)
+            self._observe(scheduled, step_seconds, step_tokens, fused, cycle)
         self.emitted, self.last_draft_seconds, self.step_drafted, self.wait_seconds = 0, 0.0, False, 0.0
         self.choice = self.policy.begin_step()
         # (above the graphs only requests with a fixed k draft: `Drafter.budget`)
@@ -263,14 +264,16 @@ class Speculator:
             return None
         return k
 
-    def _observe(self, batch: int, step_seconds: float, step_tokens: int, fused: bool, cycle: float | None) -> None:
+    def _observe(self, scheduled: list[Scheduled], step_seconds: float, step_tokens: int, fused: bool,
+                 cycle: float | None) -> None:
         """A decode step's time into the cost model (not a fused step's: it holds the drafting too, which the
         model fits apart) and its rate into MeasuredRates (a fused step's filed while the next step runs).
         The rate is over the step's whole cycle (`cycle`: from the last step's `_next_k` to this one's), so the
         host's work between steps counts, which grows with the tokens a step emits. A plain step's cycle leaves
         out the MTP catch-up before it (decoding plainly for long stops the MTP layer: IDLE_STEPS), and where
-        plain decoding would run with async scheduling its host work overlaps the forward: the cycle is then
-        taken as the longer of the host's work and the wait for the forward (`verify`)."""
+        plain decoding would run with async scheduling (on, and every sequence pipelinable) its host work overlaps
+        the forward: the cycle is then taken as the longer of the host's work and the wait for the forward
+        (`verify`)."""
         if not fused:
             self.policy.observe_step(step_tokens, max(step_seconds, 1e-9))
         if self.last_draft_seconds is None or cycle is None:  # the drafts came with a prompt's MTP catch-up, or
@@ -280,8 +283,9 @@ class Speculator:
             seconds = cycle
         else:
             host = max(cycle - self.last_draft_seconds - self.wait_seconds, 0.0)
-            seconds = max(host, self.wait_seconds) if self.overlap else host + self.wait_seconds
-        seen = (batch, self.step_drafted, self.emitted, seconds)
+            overlapped = self.overlap and all(pipelinable(s.seq) for s in scheduled)
+            seconds = max(host, self.wait_seconds) if overlapped else host + self.wait_seconds
+        seen = (len(self.scheduler.running), self.step_drafted, self.emitted, seconds)
         if fused:
             self.pending_rate = seen
         else:
