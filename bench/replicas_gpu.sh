@@ -9,6 +9,7 @@
 # Needs the router on the device (bench/gpu_env.sh); writes the serve log, the trace's JSON and roll.json to $OUT.
 set -uo pipefail
 C=$1; DP=${DP:-2}; POLICY=${POLICY:-cache_aware}; PORT=${PORT:-8011}; U=http://127.0.0.1:$PORT
+A=http://127.0.0.1:$((PORT + 1))  # serve's control port (admin routes)
 OUT=${OUT:-/tmp/tpserve-out}; mkdir -p "$OUT"; TAG=$POLICY-$DP; LOG=$OUT/serve-$TAG.log
 gpus=0; for _ in $(seq 2 "$DP"); do gpus=$gpus,0; done
 share=$(python3 -c "print(int(90 / max($DP, 2)) / 100)")  # DP=1: one replica's share
@@ -17,10 +18,9 @@ t0=$(date +%s)
 CUDA_VISIBLE_DEVICES=$gpus python3 -m tpserve.cli serve "$C" --load-format dummy --snapshot --quantization "${QUANT:-nvfp4}" \
   --gpu-memory-utilization "$share" --device "${DEVICE:-cuda}" --port "$PORT" "${fleet[@]}" > "$LOG" 2>&1 &
 pid=$!
-SERVE_PID=$pid URL=$U DP=$DP python3 - <<'EOF' || { echo "not serving:"; tail -20 "$LOG"; kill $pid; exit 1; }
+SERVE_PID=$pid URL=$U ADMIN=$A DP=$DP python3 - <<'EOF' || { echo "not serving:"; tail -20 "$LOG"; kill $pid; exit 1; }
 import os, sys, time, httpx
-pid, url, dp = int(os.environ["SERVE_PID"]), os.environ["URL"], int(os.environ["DP"])
-admin = url.rsplit(":", 1)[0] + ":" + str(int(url.rsplit(":", 1)[1]) + 1)
+pid, url, admin, dp = int(os.environ["SERVE_PID"]), os.environ["URL"], os.environ["ADMIN"], int(os.environ["DP"])
 for _ in range(900):
     try:
         os.kill(pid, 0)
@@ -45,7 +45,7 @@ trace() {  # URL JSON
 }
 trace "$U" "$OUT/trace-$TAG.json"
 if [ "${RR:-0}" = 1 ] && [ "$DP" -gt 1 ]; then  # the same replicas behind a round_robin front router (no boot)
-  urls=$(python3 -c "import httpx; print(' '.join(r['url'] for r in httpx.get('$U'.rsplit(':', 1)[0] + ':$((PORT + 1))/admin/replicas').json()['replicas']))")
+  urls=$(python3 -c "import httpx; print(' '.join(r['url'] for r in httpx.get('$A/admin/replicas').json()['replicas']))")
   python3 -m tpserve.cli serve --worker-urls $urls --router-policy round_robin --port $((PORT + 10)) --admin-port $((PORT + 11)) \
     > "$OUT/front-rr.log" 2>&1 &
   front=$!
