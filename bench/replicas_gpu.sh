@@ -4,7 +4,8 @@
 # replicas (`serve --worker-urls`), and with ROLL=1 a rolling restart under load (bench/rolling_restart.py). DP=1
 # serves one engine with the same memory share, the single-replica baseline of the trace.
 #   bash bench/replicas_gpu.sh CONFIG   (env: DP=2, POLICY=cache_aware, ROLL=0, RR=0, PORT=8011; the trace: CONVS=16,
-#                                        TURNS=6, WORDS=510 a message, TOKENS=100 an answer; DEVICE=cpu QUANT=none:
+#                                        TURNS=6, WORDS=510 a message, TOKENS=100 an answer; TRACE=0 skips the trace
+#                                        through the fleet's own router; DEVICE=cpu QUANT=none:
 #                                        the same on the CPU, a check of the script)
 # Needs the router on the device (bench/gpu_env.sh); writes the serve log, the trace's JSON and roll.json to $OUT.
 set -uo pipefail
@@ -43,7 +44,7 @@ trace() {  # URL JSON
   python3 -m tpserve.cli bench serve --url "$1" --dataset multiturn --num-requests "${CONVS:-16}" --concurrency "${CONVS:-16}" \
     --turns "${TURNS:-6}" --prompt-len "${WORDS:-510}" --turn-len "${WORDS:-510}" --max-tokens "${TOKENS:-100}" --json "$2" 2>&1 | grep -v httpx | tail -14
 }
-trace "$U" "$OUT/trace-$TAG.json"
+[ "${TRACE:-1}" = 1 ] && trace "$U" "$OUT/trace-$TAG.json"
 if [ "${RR:-0}" = 1 ] && [ "$DP" -gt 1 ]; then  # the same replicas behind a round_robin front router (no boot)
   urls=$(python3 -c "import httpx; print(' '.join(r['url'] for r in httpx.get('$A/admin/replicas').json()['replicas']))")
   python3 -m tpserve.cli serve --worker-urls $urls --router-policy round_robin --port $((PORT + 10)) --admin-port $((PORT + 11)) \

@@ -101,6 +101,28 @@ def test_random_weights_snapshot_only_when_asked_and_keyed_by_seed(ckpt, tmp_pat
     _same(other, build(8, snapshot=False))
 
 
+def test_random_weights_of_a_config_only_folder_snapshot(tiny, tmp_path):
+    """--load-format dummy needs no weight files, and neither does its snapshot: the config is the identity."""
+    import shutil
+
+    folder = tmp_path / "config-only"
+    folder.mkdir()
+    shutil.copy(tiny("default") / "config.json", folder / "config.json")
+    key = snap.fingerprint(folder)
+    kernels = Kernels(weights=WeightOptions(snapshot=True, snapshot_dir=str(tmp_path / "snaps")))
+
+    def build():
+        return build_model(folder, ModelConfig.from_file(folder), ShardContext.single(torch.float32),
+                           torch.device("cpu"), kernels, load_format="dummy", seed=3)
+
+    _same(build(), build())
+    assert len(snap.list_snapshots(tmp_path / "snaps")) == 1
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg.setdefault("text_config", cfg)["rms_norm_eps"] = 1e-5 + 1e-9
+    (folder / "config.json").write_text(json.dumps(cfg))
+    assert snap.fingerprint(folder) != key
+
+
 @pytest.mark.parametrize("damage", ["flip", "truncate", "ok-missing"])
 def test_damaged_snapshot_is_rebuilt_not_loaded(ckpt, tmp_path, damage):
     first = _build(ckpt, tmp_path)

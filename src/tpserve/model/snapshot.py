@@ -53,7 +53,8 @@ def fingerprint(model_dir: str | Path) -> str:
     for name in ("config.json", "hf_quant_config.json", "model.safetensors.index.json"):
         if (d / name).is_file():
             h.update(name.encode() + b"\0" + (d / name).read_bytes())
-    for f in checkpoint_files(d):
+    weights = (d / "model.safetensors.index.json").is_file() or any(d.glob("*.safetensors"))
+    for f in checkpoint_files(d) if weights else []:  # none: random weights (--load-format dummy) of the config
         st = f.stat()
         h.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
     return h.hexdigest()
