@@ -128,6 +128,7 @@ def engine_options(base) -> dict:
 
 
 def measure(args) -> dict:
+    import torch
     from tqdm import tqdm
 
     from tpserve import LLM, SamplingParams
@@ -143,8 +144,9 @@ def measure(args) -> dict:
             kw["max_num_seqs"] = max(max(args.batch), kw["max_num_seqs"] or 0)
             if kw["warmup"] is None:  # the untimed pass below compiles what the timed ones meet
                 kw["warmup"] = False
-            if kw["kv_cache_memory"] is None:  # several engines live in this process, one after another
-                kw["kv_cache_memory"] = 2 * 2**30
+            on_gpu = kw["device"] == "cuda" or (kw["device"] == "auto" and torch.cuda.is_available())
+            if kw["kv_cache_memory"] is None and on_gpu:
+                kw["kv_cache_memory"] = 2 * 2**30  # several engines live in this process, one after another
             llm = LLM(**{k: v for k, v in kw.items() if v is not None}, speculative_config=spec)
             state = _state_bytes(llm)
             kda_path = getattr(getattr(llm.engine.executor, "runner", None), "kda_report", None)
