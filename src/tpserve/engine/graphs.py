@@ -230,9 +230,12 @@ class StepGraphs:
             return self._spec(batch, b, q)
         hidden = self.hidden_in[:b * q]
         reuse = self.selection_in[:b] if kind == "reuse" else None
-        out, selection = model.mtp.draft(hidden, model.embed(batch.input_ids, batch), batch, cache, reuse)
         if kind == "chain":  # one logits row per sequence, from the host
-            return self._chain(batch, b, out, self._views(self.device_buf, b, q)[6][:b], selection=selection)
+            lrows = self._views(self.device_buf, b, q)[6][:b]
+            out, selection = model.mtp.draft(hidden, model.embed(batch.input_ids, batch), batch, cache, reuse,
+                                             keep=lrows)
+            return self._chain(batch, b, out, lrows, selection=selection)
+        out, selection = model.mtp.draft(hidden, model.embed(batch.input_ids, batch), batch, cache, reuse)
         logits = model.lm_logits(out)
         return out, logits, self.runner.ops.argmax_probability(logits), selection
 
@@ -249,18 +252,18 @@ class StepGraphs:
         accepted = hit.long().cumprod(1).sum(1)
         commit_uniform(cache, self.verify[(b, q)], accepted + 1)
         # catch-up: the token after row j's position is row j's argmax (a draft accepted there, or the bonus)
-        out, selection = model.mtp.draft(hidden, model.embed(greedy.view(-1), batch), batch, cache)
+        lrows = self.arange[:b] * q + accepted
+        out, selection = model.mtp.draft(hidden, model.embed(greedy.view(-1), batch), batch, cache, keep=lrows)
         packed = torch.empty(b * q + b + 2 * self.chain_depths * b, dtype=torch.float64, device=greedy.device)
         packed[:b * q] = greedy.view(-1)
         packed[b * q:b * q + b] = accepted
-        self._chain(batch, b, out, self.arange[:b] * q + accepted,
-                    packed[b * q + b:].view(2, self.chain_depths, b), selection)
+        self._chain(batch, b, out, lrows, packed[b * q + b:].view(2, self.chain_depths, b), selection)
         return packed
 
     def _chain(self, batch: ForwardBatch, b: int, hidden: torch.Tensor, lrows: torch.Tensor,
                draws: torch.Tensor | None = None, selection: torch.Tensor | None = None) -> torch.Tensor:
-        """The chained depths after a catch-up (its MTP output rows, b*q rows: the LM head's input and the
-        next depth's hidden; `selection`: its selection rows): each sequence's row lrows[i] gives its draft,
+        """The chained depths after a catch-up (its MTP output at rows lrows, b rows: the LM head's input and
+        the next depth's hidden; `selection`: its selection rows, b*q): each sequence's row lrows[i] gives its draft,
         which the next depth reads at the next position (with index sharing, over row lrows[i]'s selection).
         The same forms and shapes as the per-depth draft graphs ("draft" / "reuse", b, 1). -> greedy
         [2, depths, b] (written into `draws` when given)."""
@@ -269,7 +272,6 @@ class StepGraphs:
             draws = torch.empty(2, depths, b, dtype=torch.float64, device=hidden.device)
         seqs = self.arange[:b]
         pos = batch.positions.index_select(0, lrows)
-        hidden = hidden.index_select(0, lrows)
         reuse = selection.index_select(0, lrows) if self.share else None
         self._draw(model.lm_logits(hidden), draws[:, 0])
         if depths > 1:  # every later depth's positions and cache rows at once [depths - 1, b]

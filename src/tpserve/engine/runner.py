@@ -287,8 +287,8 @@ class ModelRunner:
         batch = self.build_batch(plan)
         rows = to_device(source_rows, self.device, torch.long)
         out, selection = self.model.mtp.draft(src[rows], self.model.embed(batch.input_ids, batch), batch, self.cache,
-                                              None if reuse is None else reuse[rows])
-        self.draft_hidden = out[batch.logits_indices]
+                                              None if reuse is None else reuse[rows], keep=batch.logits_indices)
+        self.draft_hidden = out
         self.draft_selection = selection[batch.logits_indices] if share else None
         logits = self.model.lm_logits(self.draft_hidden)
         return Drafted(logits, self.ops.argmax_probability(logits))

@@ -68,15 +68,22 @@ class MtpLayer(DecoderLayer):
         raise TypeError("MtpLayer: call draft() (the layer has no mHC streams)")
 
     def draft(self, hidden: torch.Tensor, embedded: torch.Tensor, batch: ForwardBatch, cache: CacheTensors,
-              selection: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+              selection: torch.Tensor | None = None,
+              keep: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """hidden [T, D] (the main model's, or the previous depth's output), embedded [T, D] (embedding of
         the token after each row's position), selection [T, W] (index sharing: the rows to attend over, the
         indexer skipped) -> (out [T, D]: the LM head's input and the next depth's hidden, the selection used).
-        Draft steps never split the sequence across ranks (batch.sequence_parallel is False)."""
+        keep [R]: only these rows' out is wanted (out [R, D]): every row still writes its cache rows, but the
+        MoE runs on the kept rows alone (a prompt's catch-up keeps its last row). Draft steps never split the
+        sequence across ranks (batch.sequence_parallel is False)."""
         batch.memo.clear()
         embedded = embedded.masked_fill((batch.positions == 0).unsqueeze(-1), 0.0)
         x = self.eh_proj(torch.cat([norm_fp32(embedded, self.enorm), norm_fp32(hidden, self.hnorm)], dim=-1))
         attn, selection = self.self_attn(self.input_layernorm(x), batch, cache, selection)
+        if keep is not None:
+            attn, x = attn[keep], x[keep]
+            if keep.numel() == 0:
+                return x, selection
         normed, r = self._add_norm(attn, x, self.post_attention_layernorm)
         out, _ = self._add_norm(self.mlp(normed), r, self.shared_head.norm)
         return out, selection

@@ -141,6 +141,37 @@ def test_drafter_follows_the_vllm_recipe(setup):
     assert (unnormed - want2).abs().max().item() > 100 * bound
 
 
+def test_a_catch_up_runs_the_moe_on_its_logits_rows_only(setup):
+    """A prompt's catch-up wants the last row's draft: every row writes the MTP cache, the MoE runs on that
+    row alone, and its logits are the recipe's (which runs the MoE on every row)."""
+    path, llm = setup
+    cfg, eng = llm.engine.model_config, llm.engine
+    runner = eng.executor.runner
+    ids = torch.randint(3, cfg.vocab_size, (29,), generator=torch.Generator().manual_seed(9)).tolist()
+    n = len(ids)
+    moe_rows, forward = [], runner.model.mtp.mlp.forward
+
+    def spy(x, *a, **kw):
+        moe_rows.append(x.shape[0])
+        return forward(x, *a, **kw)
+
+    blocks, slot = eng.block_pool.allocate(-(-n // 16)), eng.slot_pool.allocate(1)[0]
+    runner.model.mtp.mlp.forward = spy
+    try:
+        runner.execute(StepPlan(ids, list(range(n)), [0, n], [0], [slot], [blocks], [n - 1], [slot]))
+        h = runner.last_hidden.clone()
+        rows = list(range(n - 1))
+        got = runner.draft(StepPlan(ids[1:], rows, [0, n - 1], [0], [slot], [blocks], [n - 2], []), rows, True)
+    finally:
+        del runner.model.mtp.mlp.forward
+        eng.block_pool.free(blocks)
+        eng.slot_pool.free([slot])
+    assert moe_rows == [1]
+    rec = Recipe(path, cfg)
+    want = rec.logits(rec.layer(torch.arange(n - 1), torch.tensor(ids[1:]), h[:n - 1])[0][-1:])
+    assert (got.logits - want).abs().max().item() < 1e-4 * want.abs().max().item()
+
+
 def test_training_forward_is_the_same_recipe(setup):
     """train/model.py's MTP step (what `tpserve train-demo` trains) at depths 1 and 2 against the
     transcription, over whole sequences (depth 2's rows at positions 1.. keep their embeddings)."""

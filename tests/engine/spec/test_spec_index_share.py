@@ -25,9 +25,9 @@ def _spy(llm):
         indexer_calls[0] += 1
         return indexer(*a, **kw)
 
-    def spy(hidden, embedded, batch, cache, selection=None):
+    def spy(hidden, embedded, batch, cache, selection=None, keep=None):
         before = indexer_calls[0]
-        out, used = draft(hidden, embedded, batch, cache, selection)
+        out, used = draft(hidden, embedded, batch, cache, selection, keep)
         calls.append((batch.positions.clone(), list(batch.cu_seqlens), [int(x) for x in batch.slots], selection, used.clone(),
                       indexer_calls[0] - before))
         return out, used
