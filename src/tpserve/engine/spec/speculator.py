@@ -247,7 +247,7 @@ class Speculator:
         running = [s.seq for s in scheduled if s.seq.status is Status.RUNNING]
         # steps with prefill chunks say nothing of decode costs or rates; a fixed k uses neither
         if adaptive and (fused or all(s.decode for s in scheduled)):
-            self._observe(scheduled, step_seconds, step_tokens, fused, cycle)
+            self._observe(batch, scheduled, step_seconds, step_tokens, fused, cycle)
         self.emitted, self.last_draft_seconds, self.step_drafted, self.wait_seconds = 0, 0.0, False, 0.0
         self.choice = self.policy.begin_step()
         # (above the graphs only requests with a fixed k draft: `Drafter.budget`)
@@ -264,7 +264,7 @@ class Speculator:
             return None
         return k
 
-    def _observe(self, scheduled: list[Scheduled], step_seconds: float, step_tokens: int, fused: bool,
+    def _observe(self, batch: int, scheduled: list[Scheduled], step_seconds: float, step_tokens: int, fused: bool,
                  cycle: float | None) -> None:
         """A decode step's time into the cost model (not a fused step's: it holds the drafting too, which the
         model fits apart) and its rate into MeasuredRates (a fused step's filed while the next step runs).
@@ -285,7 +285,7 @@ class Speculator:
             host = max(cycle - self.last_draft_seconds - self.wait_seconds, 0.0)
             overlapped = self.overlap and all(pipelinable(s.seq) for s in scheduled)
             seconds = max(host, self.wait_seconds) if overlapped else host + self.wait_seconds
-        seen = (len(self.scheduler.running), self.step_drafted, self.emitted, seconds)
+        seen = (batch, self.step_drafted, self.emitted, seconds)
         if fused:
             self.pending_rate = seen
         else:
