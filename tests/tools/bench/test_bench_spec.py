@@ -35,12 +35,15 @@ def test_bench_spec_small_run(tiny, tmp_path, capsys):
     for r in res["rows"]:
         assert r["outputs_equal"] == r["outputs"] == res["prompts"]  # float32: speculation is exact
         assert r["tok_s"] > 0 and r["decode_tok_s"] > 0
+        ms = r["ms_per_call"]  # the split adds up to the timed run: calls x (prefill + decode + outside)
+        assert ms["prefill"] > 0 and ms["decode"] > 0 and ms["outside"] >= 0
+        assert abs(res["prompts"] * sum(ms.values()) / 1e3 - r["seconds"]) < 1e-6 * r["seconds"] + 1e-9
     off = res["rows"][0]
     assert off["speedup"] == off["decode_speedup"] == 1.0
     assert [r["measured_rates"] is None for r in res["rows"]] == [True, True, False]  # adaptive k's own rates
     assert all(v["steps"] > 0 and v["tok_s"] > 0 for v in res["rows"][2]["measured_rates"].values())
     printed = capsys.readouterr().out
-    assert "| decode tok/s | decode speedup |" in printed
+    assert "| decode tok/s | decode speedup |" in printed and "| ms a call: prefill / decode / outside |" in printed
     assert "adaptive k's own measurements at batch 1: batch<=1 " in printed
 
 

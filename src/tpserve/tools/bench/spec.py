@@ -109,6 +109,15 @@ def decode_rate(steps: list[tuple[float, bool, int]]) -> float:
     decode = [(s, n) for s, had_prefill, n in steps if not had_prefill]
     return sum(n for _, n in decode) / max(sum(s for s, _ in decode), 1e-9)
 
+
+def time_split(steps: list[tuple[float, bool, int]], seconds: float, calls: int) -> dict:
+    """Milliseconds per generate call: in steps with a prefill chunk, in the other steps, and outside
+    the engine's steps (adding requests, detokenizing, returning outputs)."""
+    prefill = sum(s for s, had_prefill, _ in steps if had_prefill)
+    decode = sum(s for s, had_prefill, _ in steps if not had_prefill)
+    return {"prefill": 1e3 * prefill / calls, "decode": 1e3 * decode / calls,
+            "outside": 1e3 * (seconds - prefill - decode) / calls}
+
 def _release_memory() -> None:
     import gc
 
@@ -162,6 +171,8 @@ def measure(args) -> dict:
                         t0 = time.perf_counter()
                         outs = [o for g in groups for o in llm.generate(g, sp)]
                         dt = time.perf_counter() - t0
+                    if best is None or dt < best:
+                        split = time_split(steps, dt, len(groups))
                     best = dt if best is None else min(best, dt)
                     rate = decode_rate(steps)
                     best_decode = rate if best_decode is None else max(best_decode, rate)
@@ -174,7 +185,7 @@ def measure(args) -> dict:
                        - stats0.get("spec_decode_num_accepted_tokens", 0))
                 rows.append({"setting": name, "batch": batch, "seconds": best,
                              "tok_s": sum(map(len, tokens)) / best,
-                             "decode_tok_s": best_decode,
+                             "decode_tok_s": best_decode, "ms_per_call": split,
                              "mean_accepted_length": 1 + acc / drafts if drafts else None,
                              "equal_to_plain": tokens == reference.get(batch),
                              "outputs_equal": sum(a == b for a, b in zip(tokens, reference.get(batch, []))),
@@ -193,12 +204,13 @@ def measure(args) -> dict:
 
 def table(result: dict) -> str:
     lines = ["| batch | setting | tok/s | speedup | decode tok/s | decode speedup | mean accepted length | "
-             "outputs = plain | KDA state B/request |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "ms a call: prefill / decode / outside | outputs = plain | KDA state B/request |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in result["rows"]:
         mal = "-" if r["mean_accepted_length"] is None else f"{r['mean_accepted_length']:.2f}"
+        ms = " / ".join(f"{r['ms_per_call'][k]:.1f}" for k in ("prefill", "decode", "outside"))
         lines.append(f"| {r['batch']} | {r['setting']} | {r['tok_s']:.1f} | {r['speedup']:.2f}x | "
-                     f"{r['decode_tok_s']:.1f} | {r['decode_speedup']:.2f}x | {mal} | "
+                     f"{r['decode_tok_s']:.1f} | {r['decode_speedup']:.2f}x | {mal} | {ms} | "
                      f"{r['outputs_equal']}/{r['outputs']} | {r['kda_state_bytes_per_request']:,} |")
     paths = sorted({r["kda_path"] for r in result["rows"] if r.get("kda_path")})
     from tpserve.engine.spec.rates import MeasuredRates
