@@ -1,7 +1,7 @@
 """Speculative decoding on a GPU: greedy tokens with MTP drafts vs plain decoding, on the built-in
 demo model and its structured prompts (plus free text), in float32 and bfloat16; prints a table.
 
-    python bench/gpu_check_spec.py [--device cuda] [--max-tokens 96]
+    python bench/gpu_check_spec.py [--device cuda] [--max-tokens 96] [--dtypes float32 bfloat16] [--k 1 3]
 """
 
 import argparse
@@ -16,17 +16,19 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--dtypes", nargs="*", default=["float32", "bfloat16"])
+    ap.add_argument("--k", type=int, nargs="*", default=[1, 3])
     args = ap.parse_args()
     prompts = mtp_prompts() + TEXT
     sp = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True, logprobs=1)
     print("| dtype | k | prompts equal | first divergence (token index) | max logprob diff (equal prompts) | "
           "mean accepted length |")
     print("| --- | --- | --- | --- | --- | --- |")
-    for dtype in ("float32", "bfloat16"):
+    for dtype in args.dtypes:
         plain = LLM(device=args.device, dtype=dtype, max_num_seqs=16, kv_cache_memory="2GiB")
         ref = plain.generate(prompts, sp)
         plain.shutdown()
-        for k in (1, 3):
+        for k in args.k:
             spec = LLM(device=args.device, dtype=dtype, max_num_seqs=16, kv_cache_memory="2GiB",
                        speculative_config={"method": "mtp", "num_speculative_tokens": k})
             out = spec.generate(prompts, sp)

@@ -1,7 +1,7 @@
 """Where a decode step's time goes, phase by phase, with and without speculative decoding.
 
     python bench/spec_breakdown.py [--batch 1] [--k 3] [--adaptive] [--max-tokens 96] [--device cpu|cuda]
-        [--dtype D] [--draft-graph fused|chain|depth]
+        [--dtype D] [--draft-graph fused|chain|depth] [--steps decode|prefill] [--profile N]
 
 One generate call of --batch requests (the structured prompts of `bench spec`), greedy, after a
 warm-up call. Every engine phase is timed around a device synchronize (so GPU work is charged to
@@ -9,9 +9,11 @@ the phase that queued it): schedule, plan (host buffers), execute (the model for
 verify), sample (plain decoding), verify (acceptance on the host), commit (KDA state of the
 accepted drafts), draft (the MTP forwards), propose minus draft (the policy and bookkeeping), and
 the rest of the step (outputs); a fused step (`--draft-graph fused`) charges its verify, commit and drafts
-to execute and its host walk to verify. Steps that hold a prefill chunk are left out. Prints ms per step and
+to execute and its host walk to verify. Steps that hold a prefill chunk are left out (`--steps prefill`: only
+they are timed, the draft phase then holding the MTP layer's pass over the prompts). Prints ms per step and
 ms per emitted token for each phase; the synchronizes cost a little, so the step total is also
-given without them (a second call, untimed phases).
+given without them (a second call, untimed phases). `--profile N`: also the N operators that take the most host
+time in those steps (torch.profiler, one more call), with their device time.
 """
 
 from __future__ import annotations
@@ -58,9 +60,10 @@ class PhaseTimer:
         self.undo.clear()
 
 
-def breakdown(llm: LLM, prompts: list[str], sp: SamplingParams, device: str) -> dict:
-    """Phases of the decode steps of one generate call. Async scheduling is off meanwhile: the timer waits for
-    the device around every phase, so nothing would overlap anyway, and its sampling is not `sampler.sample`."""
+def breakdown(llm: LLM, prompts: list[str], sp: SamplingParams, device: str, prefill_steps: bool = False) -> dict:
+    """Phases of the decode steps (or the prefill steps) of one generate call. Async scheduling is off meanwhile:
+    the timer waits for the device around every phase, so nothing would overlap anyway, and its sampling is not
+    `sampler.sample`."""
     eng = llm.engine
     overlap, eng.overlap = eng.overlap, False
     timer = PhaseTimer(device)
@@ -87,7 +90,7 @@ def breakdown(llm: LLM, prompts: list[str], sp: SamplingParams, device: str) -> 
                 snap = dict(timer.totals)
                 out = step()
                 seconds, prefill, new = timed_steps[-1] if timed_steps else (0.0, True, 0)
-                if not prefill:
+                if prefill == prefill_steps:
                     for name, total in timer.totals.items():
                         decode[name] += total - snap.get(name, 0.0)
                     decode["step"] += seconds
@@ -103,11 +106,48 @@ def breakdown(llm: LLM, prompts: list[str], sp: SamplingParams, device: str) -> 
     return {"steps": steps, "tokens": tokens, "phases": dict(decode)}
 
 
-def untimed_ms_per_token(llm: LLM, prompts: list[str], sp: SamplingParams) -> float:
+def untimed_ms_per_token(llm: LLM, prompts: list[str], sp: SamplingParams, prefill_steps: bool = False) -> float:
     with step_times(llm.engine) as steps:
         llm.generate(prompts, sp)
+    if prefill_steps:
+        timed = [(s, n) for s, prefill, n in steps if prefill]
+        return 1e3 * sum(s for s, _ in timed) / max(1, sum(n for _, n in timed))
     rate = decode_rate(steps)
     return 1e3 / rate if rate else float("nan")
+
+
+def profile_steps(llm: LLM, prompts: list[str], sp: SamplingParams, prefill_steps: bool, top: int) -> str:
+    """The operators with the most host time in the first chosen step of one generate call, with their device
+    time: the profiler records from the step's schedule (once it shows the step's kind) to the step's end."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    eng = llm.engine
+    step, schedule = eng.step, eng.scheduler.schedule
+    prof, tables = [None], []
+
+    def chosen_schedule():
+        scheduled = schedule()
+        if any(not s.decode for s in scheduled) == prefill_steps and not tables and prof[0] is None:
+            prof[0] = profile(activities=activities)
+            prof[0].__enter__()
+        return scheduled
+
+    def chosen_step():
+        try:
+            return step()
+        finally:
+            if prof[0] is not None:
+                torch.cuda.synchronize() if torch.cuda.is_available() else None
+                prof[0].__exit__(None, None, None)
+                tables.append(prof[0].key_averages().table(sort_by="cpu_time_total", row_limit=top))
+                prof[0] = None
+    eng.step, eng.scheduler.schedule = chosen_step, chosen_schedule
+    try:
+        llm.generate(prompts, sp)
+    finally:
+        del eng.step, eng.scheduler.schedule
+    return tables[0] if tables else "(no such step)"
 
 
 PHASES = ("schedule", "plan", "execute", "sample", "verify", "commit", "draft", "propose", "step")
@@ -122,7 +162,10 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default=None)
     ap.add_argument("--draft-graph", default=None)
+    ap.add_argument("--steps", choices=("decode", "prefill"), default="decode", help="which steps to time")
+    ap.add_argument("--profile", type=int, default=0, metavar="N", help="also the N operators with the most host time")
     args = ap.parse_args()
+    prefill_steps = args.steps == "prefill"
     structured = mtp_prompts()
     prompts = [structured[i % len(structured)] for i in range(args.batch)]
     sp = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
@@ -138,11 +181,14 @@ def main() -> None:
         llm = LLM(device=args.device, speculative_config=spec, max_num_seqs=max(args.batch, 8),
                   kv_cache_memory=2 * 2**30, **kw)
         llm.generate(prompts, sp)  # warm-up: kernels compiled, graphs replayed once
-        res = breakdown(llm, prompts, sp, args.device)
-        res["untimed_ms_per_token"] = untimed_ms_per_token(llm, prompts, sp)
+        res = breakdown(llm, prompts, sp, args.device, prefill_steps)
+        res["untimed_ms_per_token"] = untimed_ms_per_token(llm, prompts, sp, prefill_steps)
+        if args.profile:
+            print(f"{name}: the {args.steps} steps' operators\n" + profile_steps(llm, prompts, sp, prefill_steps,
+                                                                                 args.profile))
         rows.append((name, res))
         llm.shutdown()
-    print("| setting | decode steps | tokens per step | " + " | ".join(f"{p} ms" for p in PHASES)
+    print(f"| setting | {args.steps} steps | tokens per step | " + " | ".join(f"{p} ms" for p in PHASES)
           + " | rest ms | ms per token (synced) | ms per token (not synced) |")
     print("| --- " * (len(PHASES) + 6) + "|")
     for name, res in rows:

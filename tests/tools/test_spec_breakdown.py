@@ -21,12 +21,17 @@ def test_breakdown_phases_fit_inside_the_steps(tiny):
         try:
             res = bd.breakdown(llm, prompts, sp, "cpu")
             again = bd.breakdown(llm, prompts, sp, "cpu")  # wrappers removed: a second run works the same
+            prefill = bd.breakdown(llm, prompts, sp, "cpu", prefill_steps=True)
+            table = bd.profile_steps(llm, prompts, sp, True, 5)
             assert "schedule" not in vars(llm.engine.scheduler) and "step" not in vars(llm.engine)
         finally:
             llm.shutdown()
         ph = res["phases"]
         assert res["steps"] > 0 and res["tokens"] >= res["steps"] * len(prompts)
         assert again["tokens"] == res["tokens"]
+        # the prompts' one prefill step (its first token each), then the profiled one's operators
+        assert prefill["steps"] == 1 and prefill["tokens"] == len(prompts) and prefill["phases"]["execute"] > 0
+        assert (spec is None) == ("draft" not in prefill["phases"]) and "aten::" in table
         own = sum(v for p, v in ph.items() if p not in ("step", "draft"))  # draft runs inside propose
         assert 0 < own <= ph["step"]
         assert ph["execute"] > 0
