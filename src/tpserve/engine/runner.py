@@ -29,10 +29,10 @@ log = logging.getLogger("tpserve.runner")
 @dataclass(frozen=True)
 class Drafted:
     """One MTP depth's output rows: fp32 logits [n, vocab] and ops.argmax_probability of
-    them, float64 [2, n] (greedy draws take one host copy of it)."""
+    them, float64 [2, n] (greedy draws take one host copy of it). Both None where no row wanted logits."""
 
     logits: torch.Tensor | None  # None from a chain of depths (greedy only)
-    greedy: torch.Tensor
+    greedy: torch.Tensor | None
 
 
 @dataclass
@@ -288,6 +288,8 @@ class ModelRunner:
         rows = to_device(source_rows, self.device, torch.long)
         out, selection = self.model.mtp.draft(src[rows], self.model.embed(batch.input_ids, batch), batch, self.cache,
                                               None if reuse is None else reuse[rows], keep=batch.logits_indices)
+        if not plan.logits_indices:  # rows that only write the MTP cache (a prompt's before its last)
+            return Drafted(None, None)
         self.draft_hidden = out
         self.draft_selection = selection[batch.logits_indices] if share else None
         logits = self.model.lm_logits(self.draft_hidden)

@@ -236,3 +236,28 @@ def test_fused_steps_skip_checks_that_fusable_made():
     del sp_.policy.choose_k, sp_.rates.override
     assert pools_full(llm)
     llm.shutdown()
+
+
+@pytest.mark.parametrize("mode", ["chain", "fused"])
+def test_a_prompt_drafts_through_the_chain(plain, mode):
+    """A drafting prompt's rows before its last catch up on their own (no logits); its last row then drafts as
+    a decode row, all k depths in one chain replay (not an eager pass and one graph step per depth): the tokens
+    stay plain decoding's."""
+    llm, _ = fused_llm(max_num_seqs=4) if mode == "fused" else (None, None)
+    if llm is None:
+        llm = LLM(Model.path, device="cpu", kv_cache_memory="16MiB", block_size=16, max_num_seqs=4,
+                  speculative_config=SPEC)
+        llm.engine.executor.runner.setup_graphs(4, None, enforce_eager=False, pad_on_cpu=True,
+                                                num_speculative_tokens=3, draft_graph="chain")
+    executor, calls = llm.engine.executor, []
+    draft = executor.draft
+
+    def spy(plan, rows, from_main, depths=1):
+        calls.append((from_main, plan.num_decode == len(plan.slots), len(plan.logits_indices), depths))
+        return draft(plan, rows, from_main, depths)
+    executor.draft = spy
+    sp = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    got = llm.generate(PROMPTS[:2], sp)
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in plain.generate(PROMPTS[:2], sp)]
+    assert calls[:2] == [(True, False, 0, 1), (True, True, 2, 3)], calls[:4]
+    assert pools_full(llm)

@@ -83,10 +83,14 @@ class Drafter:
 
     def draft(self, scheduled: list[Scheduled], starts: list[int], k: int, explore: bool) -> tuple[int, int] | None:
         """The catch-up over the positions this step made real (from `starts`), then up to k drafts per
-        sequence -> (the most drafts a sequence asked for, sequences drafting); None: nothing caught up."""
-        plan, rows, drafting = self._catch_up(scheduled, starts, k)
+        sequence -> (the most drafts a sequence asked for, sequences drafting); None: nothing caught up.
+        A drafting prompt's rows before its last catch up first, on their own: its last row then drafts as a
+        decode row does (in the chain graph where one runs, not one depth per call)."""
+        plan, rows, drafting, head, head_rows = self._catch_up(scheduled, starts, k)
         if not plan.ids:
             return None
+        if head.ids:
+            self.executor.draft(head.build(), head_rows, True)
         built = plan.build()
         chain = self._chain_depths(built, drafting, len(plan.slots))
         drafted = self.executor.draft(built, rows, True, max(chain, 1))
@@ -106,23 +110,33 @@ class Drafter:
                 at.append(i)
         self._take_chain(drafting, draws, at, explore)
 
-    def _catch_up(self, scheduled: list[Scheduled], starts: list[int], k: int) -> tuple[MtpPlan, list[int], Drafting]:
+    def _catch_up(self, scheduled: list[Scheduled], starts: list[int], k: int):
         """The catch-up plan (the positions each sequence made real, with the main model's hidden rows), its
-        source rows, and the sequences that draft after it."""
+        source rows, the sequences that draft after it, and the plan (and rows) of drafting prompts' rows
+        before their last."""
         plan, rows, drafting, base = MtpPlan(), [], [], 0
+        head, head_rows = MtpPlan(), []
         for s, start in zip(scheduled, starts):
             seq = s.seq
             if seq.status is Status.RUNNING and seq.mtp_computed == start and seq.num_computed > start:
                 want = self.budget(seq, k)
-                plan.add(seq, list(range(start, seq.num_computed)), want > 0, s.decode)
-                rows.extend(range(base, base + seq.num_computed - start))
+                last = seq.num_computed - 1
+                if want > 0 and not s.decode:
+                    if last > start:
+                        head.add(seq, list(range(start, last)), False, decode=False)
+                        head_rows.extend(range(base, base + last - start))
+                    plan.add(seq, [last], True)
+                    rows.append(base + last - start)
+                else:
+                    plan.add(seq, list(range(start, seq.num_computed)), want > 0, s.decode)
+                    rows.extend(range(base, base + seq.num_computed - start))
                 if want > 0:
                     drafting.append((seq, want))
                 seq.mtp_computed = seq.num_computed
             elif seq.status is Status.RUNNING and seq.mtp_computed != seq.num_computed:
                 seq.mtp_computed = -1  # its MTP cache has a gap: this sequence no longer drafts
             base += s.num_tokens
-        return plan, rows, drafting
+        return plan, rows, drafting, head, head_rows
 
     def _chain_depths(self, plan: StepPlan, drafting: Drafting, num_seqs: int) -> int:
         """Depths one chain-graph replay drafts, 0 for one depth per call: a chain runs when every sequence of
