@@ -70,6 +70,9 @@ class EngineConfig:
     mla_prefill: str = _opt("auto", "MLA of prefill chunks: dense (SDPA under the selection mask), sparse (the "
                             "selected rows only), or auto (sparse once the context reaches 8,192 tokens)",
                             switch=True, advanced=True, choices=("auto", "sparse", "dense"))
+    prefill_together: bool = _opt(True, "a step's prefill sequences attend and select in one call (where their "
+                                  "contexts total at most 8,192 positions), not a sequence at a time", switch=True,
+                                  advanced=True)
     enforce_eager: bool = _opt(False, "no CUDA graphs: run every step eagerly (cuda only)", switch=True)
     warmup: bool | None = _opt(None, "compile and tune every kernel shape before the server reports ready "
                                "(default: on for cuda, off on cpu; docs/serving.md)", switch=True,

@@ -124,7 +124,7 @@ def resolve_runtime(ecfg: EngineConfig) -> Runtime:
                       indexer=indexer,
                       indexer_topk=indexer_topk,
                       mla_decode=_triton_or_torch("mla_decode_backend", ecfg.mla_decode_backend, device),
-                      mla_prefill=ecfg.mla_prefill,
+                      mla_prefill=ecfg.mla_prefill, prefill_together=ecfg.prefill_together,
                       argmax=_triton_or_torch("argmax_backend", ecfg.argmax_backend, device),
                       pdl=pdl(ecfg.pdl, device),
                       fused_collectives=ecfg.fused_collectives, weights=weight_options(ecfg, device))

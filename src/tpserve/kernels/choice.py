@@ -45,6 +45,7 @@ class Kernels:
     mla_decode: str = "torch"     # "triton": sparse MLA over the paged latent cache (attention/mla_triton.py)
     mla_prefill: str = "auto"     # "sparse": each query attends its selected rows only; "dense": masked SDPA; "auto":
     # sparse from model/mla.SPARSE_PREFILL_FROM positions
+    prefill_together: bool = True  # model/mla.py, model/indexer.py: a step's prefill sequences in one call
     argmax: str = "torch"         # "triton": the drafter's argmax and its probability in one kernel per call
     pdl: bool = False             # programmatic dependent launch between our kernels (launch/pdl_triton.py)
     fused_collectives: bool = True  # TP > 1: all-reduce + mHC expand as one Communicator call; with SP, the
@@ -59,4 +60,4 @@ class Kernels:
                 f"(fp8 {self.quant_decode_fp8}), quant_gemv={self.quant_gemv}, "
                 f"indexer={self.indexer}, "
                 f"indexer_topk={self.indexer_topk}, mla_decode={self.mla_decode}, mla_prefill={self.mla_prefill}, "
-                f"pdl={'on' if self.pdl else 'off'}")
+                f"prefill_together={'on' if self.prefill_together else 'off'}, pdl={'on' if self.pdl else 'off'}")

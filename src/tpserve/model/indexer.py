@@ -22,6 +22,10 @@ from tpserve.model.layers import ShardContext, replicated
 from tpserve.model.weights import REPLICATED, declare
 
 QUERY_BLOCK = 2048  # prefill queries scored per step
+# --prefill-together: a step's prefill rows select at once, not a sequence at a time, where every pool they see is kept (no sequence
+# has more pools than the top-k: the selection is every visible pool, whatever the ties) and rows x pools x
+# head_dim is at most this
+BATCHED_SELECT_ELEMENTS = 1 << 24
 
 
 class LayerNorm(nn.Module):
@@ -59,6 +63,7 @@ class Indexer(nn.Module):
     def __init__(self, ctx: ShardContext, cfg: ModelConfig, layer: int):
         super().__init__()
         self.layer, self.ops = layer, ctx.ops
+        self.together = ctx.ops.kernels.prefill_together
         # truthy with --indexer-backend triton: pool compression, decode scores and selection in
         # kernels/attention/indexer_triton.py (the decode top-k there too with --indexer-topk-backend triton)
         self.fused_pools = bool(ctx.ops.fill_pools)
@@ -92,7 +97,13 @@ class Indexer(nn.Module):
         out = torch.full((x.shape[0], self.width), -1, dtype=torch.long, device=x.device)
         if nd:
             out[:nd] = self._select_tokens(q[:nd], w[:nd], batch, cache)
-        for i in range(batch.decode_seqs, batch.num_seqs):
+        prefill = range(batch.decode_seqs, batch.num_seqs)
+        pools = max(map(batch.total_len, prefill)) // self.kpool
+        if self.together and len(prefill) > 1 and pools <= self.pools_to_keep \
+                and (x.shape[0] - nd) * max(pools, 1) * self.head_dim <= BATCHED_SELECT_ELEMENTS:
+            out[nd:] = self._select_prefill(q[nd:], w[nd:], batch, cache, pools)
+            return out
+        for i in prefill:
             a, b = batch.cu_seqlens[i], batch.cu_seqlens[i + 1]
             pos = batch.positions[a:b]
             n_pools = batch.total_len(i) // self.kpool
@@ -200,6 +211,19 @@ class Indexer(nn.Module):
         pool_keys = cache.pool_k[self.layer].view(-1, self.head_dim)[rows]            # [n, P, d]
         scores = self._scores(q.unsqueeze(1), w.unsqueeze(1), pool_keys.unsqueeze(1)).squeeze(1)
         return self._expand(scores, visible, pos, batch)
+
+    def _select_prefill(self, q: torch.Tensor, w: torch.Tensor, batch: ForwardBatch, cache: CacheTensors,
+                        n_pools: int) -> torch.Tensor:
+        """Every prefill row (after the decode rows) scores the first n_pools pools of its own sequence, the
+        ones it cannot see masked, as decode rows do."""
+        nd = batch.decode_tokens
+        pos, seqs = batch.positions[nd:], batch.token_seq[nd:nd + q.shape[0]]
+        starts = (torch.arange(n_pools, device=pos.device) * self.kpool).expand(q.shape[0], -1)
+        rows = token_rows(batch.block_tables, seqs, starts, cache.block_size).clamp(min=0) // self.kpool
+        visible = (torch.arange(n_pools, device=pos.device) + 1) * self.kpool <= pos.unsqueeze(-1) + 1
+        pool_keys = cache.pool_k[self.layer].view(-1, self.head_dim)[rows]          # [n, P, d]
+        scores = self._scores(q.unsqueeze(1), w.unsqueeze(1), pool_keys.unsqueeze(1)).squeeze(1)
+        return self._expand(scores, visible, pos)
 
     def _select_rows(self, batch: ForwardBatch, n: int, n_pools: int, block_size: int):
         """-> (pool rows [n, n_pools] of each decode token's sequence, which of them it sees [n, n_pools])."""

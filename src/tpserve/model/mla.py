@@ -23,6 +23,10 @@ from tpserve.model.layers import RMSNorm, ShardContext, column, replicated, row
 QUERY_BLOCK = 1024  # prefill queries attended per SDPA call
 SPARSE_QUERY_BLOCK = 256  # sparse prefill queries per gather of their selected latent rows (torch form)
 FUSED_QUERY_BLOCK = 4096  # sparse prefill queries per kernel call (Triton: nothing gathered; bounds q / o in latent)
+# dense prefill (--prefill-together): a step's prefill sequences whose contexts total at most this many positions
+# attend in one SDPA call a query block (their keys side by side, each query masked to its own sequence's
+# selection), not one call each: a step of many short prompts was bound by the host's launches
+BATCHED_PREFILL_POSITIONS = 8192
 
 
 # --mla-prefill auto: a prefill chunk whose sequence reaches this many positions takes the sparse path (dense
@@ -36,6 +40,7 @@ class MlaAttention(nn.Module):
     def __init__(self, ctx: ShardContext, cfg: ModelConfig, layer: int):
         super().__init__()
         self.prefill_mode = ctx.ops.kernels.mla_prefill
+        self.together = ctx.ops.kernels.prefill_together
         self.sparse_mla = ctx.ops.sparse_mla  # truthy: kernels/attention/mla_triton.py reads the paged latent in place
         d, bias = cfg.hidden_size, cfg.attention_bias
         self.layer = layer
@@ -75,19 +80,27 @@ class MlaAttention(nn.Module):
             out = torch.empty(t, self.heads * self.v_dim, dtype=x.dtype, device=x.device)
             if nd:
                 out[:nd] = self._sparse(q[:nd], selection[:nd], batch.token_seq, batch.block_tables, latent_flat, bs)
-            for i in range(batch.decode_seqs, batch.num_seqs):
-                a, b = batch.cu_seqlens[i], batch.cu_seqlens[i + 1]
-                if self.prefill_mode == "sparse" or (self.prefill_mode == "auto"
-                                                     and batch.total_len(i) >= SPARSE_PREFILL_FROM):
-                    step = FUSED_QUERY_BLOCK if self.sparse_mla else SPARSE_QUERY_BLOCK
-                    for c in range(a, b, step):  # bounded memory: block x width x latent rows
-                        d = min(c + step, b)
-                        out[c:d] = self._sparse(q[c:d], selection[c:d], batch.token_seq[c:d], batch.block_tables,
-                                                latent_flat, bs, prefill=True)
-                else:
-                    out[a:b] = self._prefill_seq(q[a:b], selection[a:b], batch.block_tables[i:i + 1],
-                                                 batch.total_len(i), latent_flat, bs)
+            prefill = range(batch.decode_seqs, batch.num_seqs)
+            if self.together and len(prefill) > 1 and not any(self._sparse_prefill(batch, i) for i in prefill) \
+                    and sum(map(batch.total_len, prefill)) <= BATCHED_PREFILL_POSITIONS:
+                out[nd:] = self._prefill_batched(q[nd:], selection[nd:], batch, latent_flat, bs)
+            else:
+                for i in prefill:
+                    a, b = batch.cu_seqlens[i], batch.cu_seqlens[i + 1]
+                    if self._sparse_prefill(batch, i):
+                        step = FUSED_QUERY_BLOCK if self.sparse_mla else SPARSE_QUERY_BLOCK
+                        for c in range(a, b, step):  # bounded memory: block x width x latent rows
+                            d = min(c + step, b)
+                            out[c:d] = self._sparse(q[c:d], selection[c:d], batch.token_seq[c:d],
+                                                    batch.block_tables, latent_flat, bs, prefill=True)
+                    else:
+                        out[a:b] = self._prefill_seq(q[a:b], selection[a:b], batch.block_tables[i:i + 1],
+                                                     batch.total_len(i), latent_flat, bs)
         return self.o_proj(out), selection
+
+    def _sparse_prefill(self, batch: ForwardBatch, i: int) -> bool:
+        return self.prefill_mode == "sparse" or (self.prefill_mode == "auto"
+                                                 and batch.total_len(i) >= SPARSE_PREFILL_FROM)
 
     def _kv_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
         w = self.kv_b_proj.weight.view(self.heads, self.nope + self.v_dim, self.rank)
@@ -104,6 +117,25 @@ class MlaAttention(nn.Module):
             b = min(a + QUERY_BLOCK, n)
             mask = torch.zeros(b - a, total + 1, dtype=torch.bool, device=q.device)
             mask.scatter_(1, torch.where(sel[a:b] >= 0, sel[a:b], total), True)
+            o = F.scaled_dot_product_attention(q[a:b].transpose(0, 1).unsqueeze(0), k, v,
+                                               attn_mask=mask[None, None, :, :total], scale=self.scaling)
+            out[a:b] = o[0].transpose(0, 1).reshape(b - a, self.heads * self.v_dim)
+        return out
+
+    def _prefill_batched(self, q: torch.Tensor, sel: torch.Tensor, batch: ForwardBatch, latent_flat: torch.Tensor,
+                         block_size: int) -> torch.Tensor:
+        """Dense attention of every prefill row (after the decode rows) at once: the contexts of their sequences
+        side by side as keys, each query masked to its selected positions shifted to its sequence's place."""
+        rows, shift, total = batch.memoized(("mla_contexts", block_size), lambda: _contexts(batch, block_size))
+        n = q.shape[0]
+        kv = self.kv_b_proj(latent_flat[rows].to(q.dtype)).view(total, self.heads, self.nope + self.v_dim)
+        k, v = (x.transpose(0, 1).unsqueeze(0) for x in kv.split([self.nope, self.v_dim], dim=-1))
+        cols = torch.where(sel >= 0, sel + shift.unsqueeze(1), total)
+        out = torch.empty(n, self.heads * self.v_dim, dtype=q.dtype, device=q.device)
+        for a in range(0, n, QUERY_BLOCK):  # bounded memory
+            b = min(a + QUERY_BLOCK, n)
+            mask = torch.zeros(b - a, total + 1, dtype=torch.bool, device=q.device)
+            mask.scatter_(1, cols[a:b], True)
             o = F.scaled_dot_product_attention(q[a:b].transpose(0, 1).unsqueeze(0), k, v,
                                                attn_mask=mask[None, None, :, :total], scale=self.scaling)
             out[a:b] = o[0].transpose(0, 1).reshape(b - a, self.heads * self.v_dim)
@@ -131,3 +163,18 @@ class MlaAttention(nn.Module):
             probs = scores.softmax(dim=-1).masked_fill((sel < 0).all(-1)[:, None, None], 0.0).to(q.dtype)
             o_lat = torch.einsum("bhw,bwc->bhc", probs, lat)
         return torch.einsum("bhc,hvc->bhv", o_lat, w_uv).reshape(q.shape[0], self.heads * self.v_dim)
+
+
+def _contexts(batch: ForwardBatch, block_size: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """The prefill sequences' contexts side by side -> (their cache rows [K], each prefill row's offset into them
+    [rows], K)."""
+    seqs = torch.arange(batch.decode_seqs, batch.num_seqs)
+    totals = torch.tensor([batch.total_len(i) for i in range(batch.decode_seqs, batch.num_seqs)])
+    starts = totals.cumsum(0) - totals
+    owner = seqs.repeat_interleave(totals)
+    positions = torch.arange(int(totals.sum())) - starts.repeat_interleave(totals)
+    shift = starts.repeat_interleave(torch.tensor([batch.seq_len(i) for i in range(batch.decode_seqs, batch.num_seqs)]))
+    dev = batch.block_tables.device
+    owner, positions, shift = (t.to(dev, non_blocking=True) for t in (owner, positions, shift))
+    rows = token_rows(batch.block_tables, owner, positions.unsqueeze(-1), block_size).squeeze(-1)
+    return rows, shift, int(totals.sum())
