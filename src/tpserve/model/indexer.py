@@ -22,9 +22,9 @@ from tpserve.model.layers import ShardContext, replicated
 from tpserve.model.weights import REPLICATED, declare
 
 QUERY_BLOCK = 2048  # prefill queries scored per step
-# --prefill-together: a step's prefill rows select at once, not a sequence at a time, where every pool they see is kept (no sequence
-# has more pools than the top-k: the selection is every visible pool, whatever the ties) and rows x pools x
-# head_dim is at most this
+# --prefill-together: a step's prefill rows select at once, not a sequence at a time, where every pool they see is
+# kept (no sequence has more pools than the top-k: the selection is every visible pool, whatever the ties) and
+# rows x pools x head_dim is at most this
 BATCHED_SELECT_ELEMENTS = 1 << 24
 
 
@@ -216,19 +216,18 @@ class Indexer(nn.Module):
                         n_pools: int) -> torch.Tensor:
         """Every prefill row (after the decode rows) scores the first n_pools pools of its own sequence, the
         ones it cannot see masked, as decode rows do."""
-        nd = batch.decode_tokens
-        pos, seqs = batch.positions[nd:], batch.token_seq[nd:nd + q.shape[0]]
-        starts = (torch.arange(n_pools, device=pos.device) * self.kpool).expand(q.shape[0], -1)
-        rows = token_rows(batch.block_tables, seqs, starts, cache.block_size).clamp(min=0) // self.kpool
-        visible = (torch.arange(n_pools, device=pos.device) + 1) * self.kpool <= pos.unsqueeze(-1) + 1
-        pool_keys = cache.pool_k[self.layer].view(-1, self.head_dim)[rows]          # [n, P, d]
+        nd, n = batch.decode_tokens, q.shape[0]
+        rows, visible = batch.memoized(("select_prefill", n, n_pools, self.kpool, cache.block_size),
+                                       lambda: self._select_rows(batch, n, n_pools, cache.block_size, first=nd))
+        pool_keys = cache.pool_k[self.layer].view(-1, self.head_dim)[rows]            # [n, P, d]
         scores = self._scores(q.unsqueeze(1), w.unsqueeze(1), pool_keys.unsqueeze(1)).squeeze(1)
-        return self._expand(scores, visible, pos)
+        return self._expand(scores, visible, batch.positions[nd:nd + n])
 
-    def _select_rows(self, batch: ForwardBatch, n: int, n_pools: int, block_size: int):
-        """-> (pool rows [n, n_pools] of each decode token's sequence, which of them it sees [n, n_pools])."""
-        pos = batch.positions[:n]
+    def _select_rows(self, batch: ForwardBatch, n: int, n_pools: int, block_size: int, first: int = 0):
+        """-> (pool rows [n, n_pools] of the sequence of each of the n tokens from row `first`, which of them it
+        sees [n, n_pools])."""
+        pos = batch.positions[first:first + n]
         starts = (torch.arange(n_pools, device=pos.device) * self.kpool).expand(n, -1)
-        rows = token_rows(batch.block_tables, batch.token_seq[:n], starts, block_size) // self.kpool
+        rows = token_rows(batch.block_tables, batch.token_seq[first:first + n], starts, block_size) // self.kpool
         visible = (torch.arange(n_pools, device=pos.device) + 1) * self.kpool <= pos.unsqueeze(-1) + 1
         return rows, visible

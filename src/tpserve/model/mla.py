@@ -108,31 +108,25 @@ class MlaAttention(nn.Module):
 
     def _prefill_seq(self, q: torch.Tensor, sel: torch.Tensor, block_table: torch.Tensor, total: int,
                      latent_flat: torch.Tensor, block_size: int) -> torch.Tensor:
-        n = q.shape[0]
         rows = cache_rows(block_table, torch.arange(total, device=q.device).unsqueeze(0), block_size)[0]
-        kv = self.kv_b_proj(latent_flat[rows].to(q.dtype)).view(total, self.heads, self.nope + self.v_dim)
-        k, v = (x.transpose(0, 1).unsqueeze(0) for x in kv.split([self.nope, self.v_dim], dim=-1))
-        out = torch.empty(n, self.heads * self.v_dim, dtype=q.dtype, device=q.device)
-        for a in range(0, n, QUERY_BLOCK):  # bounded memory for long prompts
-            b = min(a + QUERY_BLOCK, n)
-            mask = torch.zeros(b - a, total + 1, dtype=torch.bool, device=q.device)
-            mask.scatter_(1, torch.where(sel[a:b] >= 0, sel[a:b], total), True)
-            o = F.scaled_dot_product_attention(q[a:b].transpose(0, 1).unsqueeze(0), k, v,
-                                               attn_mask=mask[None, None, :, :total], scale=self.scaling)
-            out[a:b] = o[0].transpose(0, 1).reshape(b - a, self.heads * self.v_dim)
-        return out
+        return self._attend(q, torch.where(sel >= 0, sel, total), rows, latent_flat)
 
     def _prefill_batched(self, q: torch.Tensor, sel: torch.Tensor, batch: ForwardBatch, latent_flat: torch.Tensor,
                          block_size: int) -> torch.Tensor:
         """Dense attention of every prefill row (after the decode rows) at once: the contexts of their sequences
         side by side as keys, each query masked to its selected positions shifted to its sequence's place."""
         rows, shift, total = batch.memoized(("mla_contexts", block_size), lambda: _contexts(batch, block_size))
-        n = q.shape[0]
+        return self._attend(q, torch.where(sel >= 0, sel + shift.unsqueeze(1), total), rows, latent_flat)
+
+    def _attend(self, q: torch.Tensor, cols: torch.Tensor, rows: torch.Tensor,
+                latent_flat: torch.Tensor) -> torch.Tensor:
+        """SDPA of queries q [n, H, d] over keys / values expanded from the latent cache rows `rows` [K], each query
+        attending the key columns cols [n, W] names (K: none)."""
+        n, total = q.shape[0], rows.shape[0]
         kv = self.kv_b_proj(latent_flat[rows].to(q.dtype)).view(total, self.heads, self.nope + self.v_dim)
         k, v = (x.transpose(0, 1).unsqueeze(0) for x in kv.split([self.nope, self.v_dim], dim=-1))
-        cols = torch.where(sel >= 0, sel + shift.unsqueeze(1), total)
         out = torch.empty(n, self.heads * self.v_dim, dtype=q.dtype, device=q.device)
-        for a in range(0, n, QUERY_BLOCK):  # bounded memory
+        for a in range(0, n, QUERY_BLOCK):  # bounded memory for long prompts
             b = min(a + QUERY_BLOCK, n)
             mask = torch.zeros(b - a, total + 1, dtype=torch.bool, device=q.device)
             mask.scatter_(1, cols[a:b], True)
@@ -167,7 +161,7 @@ class MlaAttention(nn.Module):
 
 def _contexts(batch: ForwardBatch, block_size: int) -> tuple[torch.Tensor, torch.Tensor, int]:
     """The prefill sequences' contexts side by side -> (their cache rows [K], each prefill row's offset into them
-    [rows], K)."""
+    [prefill rows], K)."""
     seqs = torch.arange(batch.decode_seqs, batch.num_seqs)
     totals = torch.tensor([batch.total_len(i) for i in range(batch.decode_seqs, batch.num_seqs)])
     starts = totals.cumsum(0) - totals
