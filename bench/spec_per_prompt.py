@@ -2,9 +2,11 @@
 acceptance by position, and each step's tokens left before max_tokens (where adaptive k's end-of-request rule could
 act: Speculator._left).
 
-    PYTHONPATH=src python bench/spec_per_prompt.py [--k 7] [--max-tokens 96,32] [--device cpu]
+    PYTHONPATH=src python bench/spec_per_prompt.py [--k 7] [--max-tokens 96,32] [--device cpu] [--batch B]
 
-Greedy, one request at a time, on the built-in demo model with its MTP layer.
+Greedy, one request at a time, on the built-in demo model with its MTP layer. `--batch B`: also the structured
+prompts in one generate call of B requests, each step's running requests and the tokens it emitted (where a
+batch's last requests leave it to run small steps).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=7)
     ap.add_argument("--max-tokens", default="96,32")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--batch", type=int, default=0)
     args = ap.parse_args()
     lengths = [int(n) for n in args.max_tokens.split(",") if n.strip()]
     if not lengths or any(n < 2 for n in lengths):
@@ -50,7 +53,28 @@ def main() -> None:
             pos = [b - a for a, b in zip(per_pos, counters.accepted_per_pos)]
             print(f"  prompt {i}: {steps} verify steps, mean run {1 + acc / max(steps, 1):.2f} tokens, accepted by "
                   f"position {pos}; tokens left before each step's choice {lefts}")
+        if args.batch:
+            print(f"  batch {args.batch}, one generate call: (running requests, tokens emitted) a step "
+                  f"{batch_steps(llm, structured_groups(args.batch)[0], sp)}")
     llm.shutdown()
+
+
+def batch_steps(llm, prompts: list[str], sp) -> list[tuple[int, int]]:
+    from tpserve.tools.bench.spec import step_times
+
+    eng, running = llm.engine, []
+    step = eng.step
+
+    def counted():
+        running.append(len(eng.scheduler.running))
+        return step()
+    eng.step = counted
+    try:
+        with step_times(eng) as steps:
+            llm.generate(prompts, sp)
+    finally:
+        eng.step = step
+    return [(r, n) for r, (_, _, n) in zip(running, steps) if n]
 
 
 if __name__ == "__main__":
