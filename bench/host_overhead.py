@@ -75,8 +75,10 @@ class StandInExecutor:
                               dtype=torch.float64)
         return Drafted(self.table[:len(positions)], greedy)
 
-    def chain_depths(self, plan) -> int:
+    def chain_depths(self, plan=None) -> int:
         """As a GPU with chain graphs (`--draft-graph chain`): k depths when every sequence drafts."""
+        if plan is None:
+            return self.chain
         return self.chain if len(plan.logits_indices) == len(plan.slots) == plan.num_decode else 0
 
     def spec_step_limits(self) -> tuple[int, int]:

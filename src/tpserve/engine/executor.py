@@ -111,7 +111,7 @@ class LocalExecutor:
     def draft(self, plan: StepPlan, source_rows: list[int], from_main: bool, depths: int = 1) -> Drafted:
         return self.runner.draft(plan, source_rows, from_main, depths)
 
-    def chain_depths(self, plan: StepPlan) -> int:
+    def chain_depths(self, plan: StepPlan | None = None) -> int:
         return self.runner.chain_depths(plan)
 
     def spec_step_limits(self) -> tuple[int, int]:

@@ -162,12 +162,12 @@ class MlaAttention(nn.Module):
 def _contexts(batch: ForwardBatch, block_size: int) -> tuple[torch.Tensor, torch.Tensor, int]:
     """The prefill sequences' contexts side by side -> (their cache rows [K], each prefill row's offset into them
     [prefill rows], K)."""
-    seqs = torch.arange(batch.decode_seqs, batch.num_seqs)
-    totals = torch.tensor([batch.total_len(i) for i in range(batch.decode_seqs, batch.num_seqs)])
+    prefill = range(batch.decode_seqs, batch.num_seqs)
+    totals = torch.tensor([batch.total_len(i) for i in prefill])
     starts = totals.cumsum(0) - totals
-    owner = seqs.repeat_interleave(totals)
+    owner = torch.tensor(prefill).repeat_interleave(totals)
     positions = torch.arange(int(totals.sum())) - starts.repeat_interleave(totals)
-    shift = starts.repeat_interleave(torch.tensor([batch.seq_len(i) for i in range(batch.decode_seqs, batch.num_seqs)]))
+    shift = starts.repeat_interleave(torch.tensor([batch.seq_len(i) for i in prefill]))
     dev = batch.block_tables.device
     owner, positions, shift = (t.to(dev, non_blocking=True) for t in (owner, positions, shift))
     rows = token_rows(batch.block_tables, owner, positions.unsqueeze(-1), block_size).squeeze(-1)

@@ -84,8 +84,9 @@ class Drafter:
     def draft(self, scheduled: list[Scheduled], starts: list[int], k: int, explore: bool) -> tuple[int, int] | None:
         """The catch-up over the positions this step made real (from `starts`), then up to k drafts per
         sequence -> (the most drafts a sequence asked for, sequences drafting); None: nothing caught up.
-        A drafting prompt's rows before its last catch up first, on their own: its last row then drafts as a
-        decode row does (in the chain graph where one runs, not one depth per call)."""
+        Where a chain graph runs, a drafting prompt's rows before its last catch up first, on their own: its last
+        row then drafts as a decode row does (all depths in one replay, not an eager pass and one call a depth;
+        without graphs that would be one more eager pass)."""
         plan, rows, drafting, head, head_rows = self._catch_up(scheduled, starts, k)
         if not plan.ids:
             return None
@@ -115,13 +116,13 @@ class Drafter:
         source rows, the sequences that draft after it, and the plan (and rows) of drafting prompts' rows
         before their last."""
         plan, rows, drafting, base = MtpPlan(), [], [], 0
-        head, head_rows = MtpPlan(), []
+        head, head_rows, split = MtpPlan(), [], self.executor.chain_depths(None) > 0
         for s, start in zip(scheduled, starts):
             seq = s.seq
             if seq.status is Status.RUNNING and seq.mtp_computed == start and seq.num_computed > start:
                 want = self.budget(seq, k)
                 last = seq.num_computed - 1
-                if want > 0 and not s.decode:
+                if want > 0 and not s.decode and split:
                     if last > start:
                         head.add(seq, list(range(start, last)), False, decode=False)
                         head_rows.extend(range(base, base + last - start))

@@ -222,7 +222,7 @@ class TPExecutor:
         return self._on_every_rank(lambda: plan_wire.broadcast(*wire, self.state.control),
                                    lambda: self.state.runner.draft(plan, source_rows, from_main, depths))
 
-    def chain_depths(self, plan: StepPlan) -> int:
+    def chain_depths(self, plan: StepPlan | None = None) -> int:
         return self.state.runner.chain_depths(plan)  # every rank captures the same graphs
 
     def spec_step_limits(self) -> tuple[int, int]:

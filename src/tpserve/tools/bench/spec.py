@@ -118,6 +118,7 @@ def time_split(steps: list[tuple[float, bool, int]], seconds: float, calls: int)
     return {"prefill": 1e3 * prefill / calls, "decode": 1e3 * decode / calls,
             "outside": 1e3 * (seconds - prefill - decode) / calls}
 
+
 def _release_memory() -> None:
     import gc
 
