@@ -1,8 +1,9 @@
-# Train the demo model over two device calls (each call may run 10 minutes; the run needs ~17 on an H100).
-# Before it, on the CPU: tpserve train-demo RUN --prepare-only --docs 80000, and RUN copied to
+# Train the demo model over two or three device calls (each call may run 10 minutes; the run needs 17-19 on an H100).
+# Before it, on the CPU: tpserve train-demo RUN --prepare-only --docs 120000, and RUN copied to
 # .carry_train/data (data.xz, data.json, model/ with the tokenizer files), carried with .whl:
 #   call 1: bash bench/gpu_train_split.sh --steps 2300 --stop-after 500
 #   call 2: bash bench/gpu_train_split.sh --resume --steps 2300
+# (where the steps run slower than ~2.2 a second, call 2 takes --stop-after 555 and a third call ends the run)
 # (batch 32, the default: batch 64 does not fit an H100's memory). Make call 2 within the idle release.
 # The run lives in out/trainrun (ignored by git, kept on the machine between calls while it is
 # held); call 2 refuses to start from scratch when the machine was given back in between.

@@ -99,6 +99,28 @@ def test_acceptance_cases_use_held_out_topics_and_their_arguments():
     assert plain_tools.plain_tool_cases(30, 1) == cases
 
 
+def test_training_tools_take_names_and_neighbours_the_acceptance_tools_never_do():
+    """In training, plain-words tools often take argument names from outside their topic's own, and
+    some toolboxes hold only tools that take the same kinds of values; the acceptance prompts, drawn
+    on their own path, are the same as before either existed."""
+    import hashlib
+
+    from tpserve.tools.served_checks import PLAIN_SEED
+
+    rng = random.Random(4)
+    renamed = similar = boxes = 0
+    for _ in range(400):
+        box = plain_tools.toolbox(rng, False, 3)
+        for t in box:
+            own = {a for _, args, _ in t["topic"].params for a in args}
+            renamed += not set(t["labels"].values()) <= own
+        boxes += 1
+        similar += len({plain_tools._slots(t["topic"]) for t in box}) == 1
+    assert 0.25 < renamed / (3 * boxes) < 0.55 and similar / boxes > 0.1  # 0.25% where boxes are drawn freely
+    cases = json.dumps(plain_tools.plain_tool_cases(30, PLAIN_SEED), sort_keys=True)
+    assert hashlib.sha256(cases.encode()).hexdigest()[:16] == "417d1a2325ac79b4"
+
+
 def _training_tools(n: int = 400) -> list[dict]:
     rng = random.Random(11)
     docs = [f(rng) for _ in range(n) for f in (plain_tools.plain_tool_chat, file_agent.file_agent_chat,

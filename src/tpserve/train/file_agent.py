@@ -13,7 +13,7 @@ import random
 
 from tpserve.train.chatdoc import EOT, pseudo_word, render_chat
 from tpserve.train.stdlib_text import stdlib_identifiers
-from tpserve.train.words import ANIMALS, CHORES, CITIES, FOODS, NAMES, NOUNS, PHRASES
+from tpserve.train.words import ANIMALS, CHORES, CITIES, FOODS, NAMES, NOUNS, OBJECTS, PHRASES
 
 # op: (usual names, descriptions, parameters as (label, argument names, required))
 OPS = {
@@ -59,6 +59,12 @@ def _setting(rng: random.Random, key: str):
     return rng.choice(NOUNS + CITIES + NAMES).lower()
 
 
+def _thing(rng: random.Random) -> str:
+    """Something to buy: a food, an object or a made-up word (edits copy it from the request, whatever it is)."""
+    r = rng.random()
+    return rng.choice(FOODS) if r < 0.5 else rng.choice(OBJECTS) if r < 0.75 else pseudo_word(rng)
+
+
 def _content(rng: random.Random, ext: str) -> str:
     if ext in (".ini", ".cfg", ".yaml"):
         keys = rng.sample(SETTINGS, rng.randint(1, 4))
@@ -75,7 +81,8 @@ def _content(rng: random.Random, ext: str) -> str:
         return f"INFO {rng.choice(NOUNS)} ready\nWARN {rng.choice(NOUNS)} slow\n"
     r = rng.random()
     if r < 0.35:
-        lines = rng.sample(CHORES, rng.randint(1, 3)) + [f"buy {f}" for f in rng.sample(FOODS, rng.randint(1, 2))]
+        lines = rng.sample(CHORES, rng.randint(1, 3)) + [f"buy {_thing(rng)}" for _ in range(rng.randint(1, 2))]
+        lines = list(dict.fromkeys(lines))
         rng.shuffle(lines)
         return "\n".join(lines) + "\n"
     if r < 0.7:
@@ -139,6 +146,8 @@ def task(rng: random.Random, files: dict, tools: dict) -> tuple[str, list, str, 
         why = (f"The files ending in {ext}: {', '.join(hits)}. That is {len(hits)}." if hits
                else f"No file ends in {ext}: 0.")
         answer = rng.choice([str(len(hits)), f"There are {len(hits)} {ext} files.", f"{len(hits)}."])
+        if hits and rng.random() < 0.5:  # the files named first: without reasoning, the count follows the list
+            answer = f"{', '.join(hits)}: {len(hits)} {ext} file{'s' if len(hits) > 1 else ''}."
         return ask + rng.choice([use, " Answer with the number."]), steps, why, answer, files
     if kind == "value":
         conf = [p for p in files if p.endswith((".ini", ".cfg", ".yaml", ".json"))]
@@ -177,7 +186,7 @@ def task(rng: random.Random, files: dict, tools: dict) -> tuple[str, list, str, 
     path = rng.choice(texts)
     old = rng.choice([line for line in files[path].splitlines() if line.strip()])
     words = old.split()
-    words[-1] = rng.choice(NOUNS + FOODS)
+    words[-1] = rng.choice(NOUNS + FOODS) if rng.random() < 0.6 else _thing(rng)
     new = " ".join(words)
     ask = rng.choice(["In {p}, replace '{o}' with '{n}'.", "In {p}, replace '{o}' with '{n}'. Change nothing else.",
                       "Change '{o}' to '{n}' in {p}.", "Edit {p}: '{o}' becomes '{n}'."]).format(p=path, o=old, n=new)

@@ -1,7 +1,9 @@
 """Chats that ask for a tool in plain words: several tools are declared, the request never names
 one, and the model picks the tool whose name and description fit (topics.py), fills its arguments
 from the words of the request, reads the tool's result and answers in a sentence. Some requests
-need no tool (arithmetic, a one-word answer): the model answers them directly.
+need no tool (arithmetic, a one-word answer): the model answers them directly. In training, some
+tools take made-up argument names (copied from the schema, not remembered) and half the toolboxes
+prefer tools that take the same kinds of values as their first (told apart only by their words).
 
 `plain_tool_cases` builds the acceptance check's prompts from the held-out topics and nouns, with
 tool names of the held-out styles (made-up words, or a held-out topic's name with a made-up suffix).
@@ -14,13 +16,16 @@ import random
 import re
 
 from tpserve.train import answers, topics
-from tpserve.train.chatdoc import EOT, pseudo_word, render_chat
+from tpserve.train.chatdoc import EOT, pseudo_word, render_chat, split_words
 from tpserve.train.stdlib_text import stdlib_identifiers
+from tpserve.train.words import NOUNS
 
 SUFFIXES = ("", "", "", "", " Use the tool.", " Use the tools.", " Please use a tool.", " Check with your tools.")
 SYSTEMS = ("You are a helpful assistant.", "You are a helpful assistant with access to tools.",
            "Answer briefly. Use a tool when one fits the request.", "You are a careful assistant.")
 NO_TOOL_SHARE = 0.18  # requests that no declared tool fits (answered directly)
+RENAMED_ARGS = 0.4  # training tools whose argument names are made up: copied from the schema, not remembered
+SIMILAR_BOX = 0.5  # training toolboxes that prefer tools taking the same kinds of values: words tell them apart
 
 
 def tool_name(rng: random.Random, topic: topics.Topic, held_out: bool) -> tuple[str, bool]:
@@ -45,16 +50,39 @@ def make_tool(rng: random.Random, topic: topics.Topic, held_out: bool) -> dict:
     if not descriptive or rng.random() < 0.88:
         fn["description"] = rng.choice(topic.descs) + rng.choice(["", "."])
     labels = {label: rng.choice(args) for label, args, _ in topic.params}
+    if not held_out and rng.random() < RENAMED_ARGS:
+        labels = dict(zip(labels, _other_args(rng, len(labels))))
     props = {labels[label]: topics.param_schema(slot, labels[label], rng) for label, _, slot in topic.params}
     fn["parameters"] = {"type": "object", "properties": props, "required": list(props)}
     return {"tool": {"type": "function", "function": fn}, "topic": topic, "labels": labels}
 
 
+def _other_args(rng: random.Random, n: int) -> list[str]:
+    """n distinct argument names from outside the topics: made-up words, standard-library
+    identifiers, training nouns with a suffix."""
+    out: list[str] = []
+    while len(out) < n:
+        r = rng.random()
+        name = pseudo_word(rng) if r < 0.4 else rng.choice(stdlib_identifiers()) if r < 0.7 else \
+            rng.choice(split_words(NOUNS, False)) + rng.choice(["", "_name", "_id", "_value"])
+        if name not in out:
+            out.append(name)
+    return out
+
+
+def _slots(topic: topics.Topic) -> tuple[str, ...]:
+    return tuple(slot for _, _, slot in topic.params)
+
+
 def toolbox(rng: random.Random, held_out: bool, n: int) -> list[dict]:
-    """n tools of different topics and names."""
+    """n tools of different topics and names; in training, half the boxes redraw (19 times in 20) a
+    topic that takes other kinds of values than the first's: where few topics share them, others fill the box."""
     out, keys, names = [], set(), set()
+    similar = not held_out and rng.random() < SIMILAR_BOX
     while len(out) < n:
         topic = topics.draw_topic(rng, held_out)
+        if similar and out and _slots(topic) != _slots(out[0]["topic"]) and rng.random() < 0.95:
+            continue
         t = make_tool(rng, topic, held_out)
         name = t["tool"]["function"]["name"]
         if topic.key in keys or name in names:

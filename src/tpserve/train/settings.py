@@ -21,7 +21,7 @@ class TrainSettings:
     mtp_weight: float = 0.3
     indexer_weight: float = 0.1
     bias_rate: float = 1e-3
-    docs: int = 80000
+    docs: int = 120000
     vocab_size: int = 4096
     save_every: int = 200
     stop_after: float | None = None  # seconds of this call: stop, save the state and export (resume later)

@@ -141,6 +141,17 @@ TOPICS = (
     _t("sunrise", "Sunrise and sunset times for a city | When the sun rises in a city", "sunrise sun_times",
        CITY, "When is sunrise in {city}? | What time does the sun rise in {city}? | When does the sun come up in "
        "{city}?", "The sun rises in {city} at {clock}."),
+    _t("order", "Check the status of a shop order by its order code | Order tracking: where an order is now",
+       "order_status get_order track_order", "order:order_id/order_code:code", "What is the status of order "
+       "{order}? | Has my order {order} shipped yet? | Check on my order {order}. | Is order {order} on its way?",
+       "Order {order} ships on {arrival}."),
+    _t("standings", "Where a sports team stands in its league | League table position of a team",
+       "standings league_table league_position", "team:team_name/squad:team", "Where are the {team} in the "
+       "league? | What place are the {team} in the league table? | How high are the {team} in the standings?",
+       "The {team} are in place {place} of the league."),
+    _t("store_hours", "Opening hours of a shop | When a store opens and closes", "store_hours shop_hours "
+       "opening_times", "store:shop_name/store_name:store", "When does {store} open? | What are the opening hours "
+       "of {store}? | Is {store} open right now?", "{store} opens at {clock}."),
     # held out (is_held_out(key)): the acceptance check's topics
     _t("route", "Get the driving route from one place to another | Driving directions along the best route "
        "between two cities", "get_route route best_route", TRIP,
@@ -201,6 +212,19 @@ FRAMES = (
        "on {day}?", "The {k} on {day} is {value}."),
 )
 
+# Frames over slots only training uses (a team, a shop, a code): values of every kind are copied in training.
+TRAIN_FRAMES = (
+    _t("{k}", "Get the {k} of a sports team | A sports team's {k}", "team_{k} {k}_of_team get_{k}",
+       "team:team/team_name:team", "What is the {k} of the {team}? | Look up the {k} for the {team}. | Find "
+       "the {team}'s {k}.", "The {team}'s {k} is {value}."),
+    _t("{k}", "The {k} at a shop | Look up the {k} of a store", "shop_{k} {k}_at_store store_{k}",
+       "store:store/shop_name:store", "What is the {k} at {store}? | Check the {k} of {store}. | Find the {k} "
+       "for {store}.", "The {k} at {store} is {value}."),
+    _t("{k}", "Look up a {k} by its reference code | The {k} with a given code", "{k}_by_code get_{k} find_{k}",
+       "code:code/reference:code", "Look up the {k} with code {code}. | Which {k} has the code {code}? | Find "
+       "{k} {code} for me.", "{k} {code} is {value}."),
+)
+
 
 def _clock(rng: random.Random) -> str:
     return f"{rng.randint(5, 22)}:{rng.choice([0, 15, 30, 45, rng.randint(0, 59)]):02d}"
@@ -241,6 +265,7 @@ RESULTS = {
     "spaces": lambda rng: rng.randint(0, 80), "traffic": lambda rng: rng.choice(["light", "heavy", "moderate"]),
     "line": lambda rng: rng.choice(PHRASES), "arrival": lambda rng: rng.choice(WEEKDAYS),
     "location": lambda rng: rng.choice(CITIES),
+    "place": lambda rng: rng.randint(1, 20),
     "value": lambda rng: rng.choice([rng.randint(0, 999), rng.choice(NOUNS + SKIES), f"${rng.randint(1, 99)}"]),
 }
 
@@ -258,10 +283,12 @@ def frame_topic(frame: Topic, noun: str) -> Topic:
 
 
 def draw_topic(rng: random.Random, held_out: bool) -> Topic:
-    """A hand-written topic three times in five, else a frame over a noun of the same split."""
+    """A hand-written topic three times in five, else a frame over a noun of the same split (training
+    draws from the training-only frames too)."""
     if rng.random() < 0.6:
         return rng.choice(hand_topics(held_out))
-    return frame_topic(rng.choice(FRAMES), rng.choice(split_words(NOUNS, held_out)))
+    frames = FRAMES if held_out else FRAMES + TRAIN_FRAMES
+    return frame_topic(rng.choice(frames), rng.choice(split_words(NOUNS, held_out)))
 
 
 def param_schema(slot: str, arg: str, rng: random.Random) -> dict:

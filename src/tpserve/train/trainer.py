@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
@@ -101,6 +101,7 @@ def train(out: str | Path, s: TrainSettings, progress: bool = True) -> dict:
     if not (out / "data.json").is_file():
         prepare(out, docs=s.docs, seed=s.seed, vocab_size=s.vocab_size, seq_len=s.seq_len)
     rows, info = load_rows(out)
+    s = replace(s, docs=info["docs"])  # the corpus trained on, where it was prepared beforehand
     if rows.shape[1] != s.seq_len:
         raise ValueError(f"seq_len: {s.seq_len} but {out / 'data.json'} has rows of {rows.shape[1]}")
     raw = presets.config_dict(s.preset, info["vocab_size"], info["eos_token_id"], info["pad_token_id"])
