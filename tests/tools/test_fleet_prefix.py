@@ -1,19 +1,18 @@
 """Prefix hit rates behind the router, on the CPU with the built-in demo model: the same multi-turn trace
-(`tpserve bench serve --dataset multiturn`'s code, called in process) against one replica alone, a `-dp 2`
-fleet routing cache_aware, and a round_robin front router (`--worker-urls`) over the same two replicas (one
-boot of two engines serves all three). cache_aware keeps >= 90% of the single replica's hit rate while both
-replicas serve conversations. Its router sends a request that begins with text sent before (over 30% of it) to
-that replica and anything else (a new conversation) to the least loaded one, so the conversations run at once
-to spread; each turn here repeats at least half of its text. round_robin's figure is printed, not asserted:
-where a turn lands depends on the order the conversations' turns arrive in."""
+(`tpserve bench serve --dataset multiturn`'s code, called in process) against one replica alone and a `-dp 2`
+fleet routing cache_aware (one boot of two engines serves both). cache_aware keeps >= 90% of the single
+replica's hit rate while both replicas serve conversations. Its router sends a request that begins with text
+sent before (over 30% of it) to that replica and anything else (a new conversation) to the least loaded one, so
+the conversations run at once to spread; each turn here repeats at least half of its text. (A round_robin front
+router over the same replicas is tested in test_fleet.py; its hit rate depends on the order the turns arrive in,
+so `bench/replicas_gpu.sh` measures it rather than a test.)"""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
-import httpx
 import pytest
-from test_fleet import AUTH, Fleet, wait_for
+from test_fleet import AUTH, Fleet
 
 from tpserve.engine.setup import builtin_demo_model
 from tpserve.tools.bench.multiturn import bench_multiturn
@@ -46,7 +45,7 @@ def trace(url: str) -> dict:
     return level
 
 
-def test_cache_aware_keeps_the_single_replica_hit_rate(fleet, tmp_path):
+def test_cache_aware_keeps_the_single_replica_hit_rate(fleet):
     urls = [r["url"] for r in fleet.status()["replicas"]]
     single = trace(urls[0])
 
@@ -54,19 +53,8 @@ def test_cache_aware_keeps_the_single_replica_hit_rate(fleet, tmp_path):
     aware = trace(fleet.url)
     served = {k: v - before[k] for k, v in fleet.counts().items()}
 
-    rr = Fleet(None, tmp_path / "front.log", "--worker-urls", *urls, "--router-policy", "round_robin")
-    try:
-        rr.wait_up()
-        wait_for(lambda: httpx.post(rr.url + "/v1/completions", headers=AUTH, timeout=60,
-                                    json={"model": MODEL, "prompt": "front", "max_tokens": 1}).status_code == 200,
-                 60, "the round_robin router to route")
-        robin = trace(rr.url)
-    finally:
-        rr.stop()
-
-    rates = {"single": single["hit_rate"], "cache_aware": aware["hit_rate"], "round_robin": robin["hit_rate"]}
+    rates = {"single": single["hit_rate"], "cache_aware": aware["hit_rate"]}
     print("prefix hit rates:", {k: round(v, 3) for k, v in rates.items()})
     assert rates["single"] >= 0.8, single["turns"]  # the trace itself reuses its history
     assert rates["cache_aware"] >= 0.9 * rates["single"], (aware["turns"], single["turns"])
     assert min(served.values()) > 0, served  # the conversations spread, not all on one replica
-    assert rates["round_robin"] is not None  # measured beside the others
