@@ -20,10 +20,11 @@ import pytest
 from interpreter_runs import ROOT, result
 
 # the GPU kernels proven in the interpreter: the workspace collectives (one-round, pipelined, fused,
-# the MoE fold, the ring) and the quantized GEMMs; and the attention kernels' specializations (CUDA binder)
+# the MoE fold, the ring) and the quantized GEMMs; the attention kernels' specializations (CUDA binder); fla-core's
+# recurrent KDA kernel as the short-prefill path
 INTERPRETED = ("tests/collectives/test_peer_workspace_interpreter.py", "tests/collectives/test_moe_combine_rs_interpreter.py",
                "tests/collectives/test_peer_workspace_ring_interpreter.py", "tests/kernels/quant/test_quant_triton.py",
-               "tests/kernels/attention/test_specialization.py")
+               "tests/kernels/attention/test_specialization.py", "tests/kernels/attention/test_kda_fla_interpreter.py")
 
 
 @pytest.mark.timeout(1300)  # the child's own limit is 600 s; it may wait for the one queued before it

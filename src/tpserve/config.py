@@ -89,6 +89,9 @@ class EngineConfig:
     kda_chunk_indices: str = _opt("host", "fla-core's KDA prefill chunk indices: host (the host reads the lengths, "
                                   "a wait on the device) or device (built on the device, no wait; self-tested)",
                                   switch=True, advanced=True, choices=("host", "device"))
+    kda_short_prefill: int = _opt(0, "fla-core KDA: prefill steps whose prefill sequences have at most this many "
+                                  "tokens each run the recurrent kernel (one launch) instead of chunk_kda (0: off)",
+                                  switch=True, advanced=True)
     kda_prep_backend: str = _opt("auto", "KDA short conv, forget gate and beta of decode / verify rows: triton "
                                  "(cuda), torch, or auto (triton on cuda)",
                                  switch=True, advanced=True, choices=("auto", "triton", "torch"))
@@ -175,6 +178,8 @@ class EngineConfig:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.kda_short_prefill < 0:
+            raise ValueError(f"kda_short_prefill must be >= 0, got {self.kda_short_prefill}")
         if self.moe_triton_max_tokens < 0:
             raise ValueError(f"moe_triton_max_tokens must be >= 0, got {self.moe_triton_max_tokens}")
         if self.tokenizer_cache_words < 0:

@@ -109,7 +109,7 @@ def resolve_runtime(ecfg: EngineConfig) -> Runtime:
     indexer_topk = (indexer if indexer_topk == "auto"
                     else _triton_or_torch("indexer_topk_backend", indexer_topk, device))
     decode_nvfp4, decode_fp8 = quant_decode(ecfg.quant_decode_backend, device, dtype)
-    kernels = Kernels(kda=backend, kda_chunk_indices=ecfg.kda_chunk_indices,
+    kernels = Kernels(kda=backend, kda_chunk_indices=ecfg.kda_chunk_indices, kda_short_prefill=ecfg.kda_short_prefill,
                       kda_prep=_triton_or_torch("kda_prep_backend", ecfg.kda_prep_backend, device),
                       mhc=_triton_or_torch("mhc_backend", ecfg.mhc_backend, device),
                       mhc_project=_triton_or_torch("mhc_project_backend", ecfg.mhc_project_backend, device),

@@ -26,6 +26,7 @@ class Kernels:
 
     kda: str = "torch"            # "fla": fla-core's Triton kernels; "torch": our chunked / recurrent forms
     kda_chunk_indices: str = "host"  # "device": fla-core builds chunk_kda's chunk indices on the device (use_graph)
+    kda_short_prefill: int = 0    # fla: prefill sequences of at most this many tokens through the recurrent kernel
     kda_prep: str = "torch"       # "triton": KDA short conv (decode / verify rows), forget gate, beta in Triton
     mhc: str = "torch"            # "triton": one fused kernel for the mHC weights; "torch": plain ops
     mhc_project: str = "torch"    # "triton": prefill steps' mHC stream norm + projection as one kernel (bf16, cuda)
@@ -54,7 +55,9 @@ class Kernels:
 
     def describe(self) -> str:
         moe = f"triton up to {self.moe_triton_max_tokens} tokens" if self.moe == "triton" else self.moe
-        return (f"kda={self.kda}, kda_prep={self.kda_prep}, mhc={self.mhc}, mhc_project={self.mhc_project}, "
+        kda = f"fla, recurrent prefill up to {self.kda_short_prefill} tokens" if (
+            self.kda == "fla" and self.kda_short_prefill) else self.kda
+        return (f"kda={kda}, kda_prep={self.kda_prep}, mhc={self.mhc}, mhc_project={self.mhc_project}, "
                 f"norm={self.norm}, act={self.act}, "
                 f"gemv={self.gemv}, moe={moe}, moe_route={self.moe_route}, quant_decode={self.quant_decode} "
                 f"(fp8 {self.quant_decode_fp8}), quant_gemv={self.quant_gemv}, "

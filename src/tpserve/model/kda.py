@@ -38,6 +38,7 @@ class KdaAttention(nn.Module):
         gate = ctx.ops.kda_gate_beta
         self.gate_beta = gate if cfg.linear_lower_bound is not None else gate.reference
         self.fla_options: dict | None = {}  # chunk_kda options chosen by the runner's self-test (None: torch chunks)
+        self.short_prefill = ctx.ops.kernels.kda_short_prefill
         self.heads = ctx.split(cfg.linear_num_heads, "linear_num_heads")
         self.q_proj, self.k_proj, self.v_proj = (column(ctx, d, qkv) for _ in range(3))
         local, k = qkv // ctx.world, cfg.linear_conv_kernel_dim
@@ -207,8 +208,12 @@ class KdaAttention(nn.Module):
             # one tensor for every layer: fla-core keeps what it derives from it on the host (its chunk indices)
             cu = batch.memoized(("kda_prefill_cu", nd),
                                 lambda: to_device([c - a for c in batch.cu_seqlens[nd:]], q.device, torch.long))
-            out, final = kda_fla.chunk(q[None, a:], k[None, a:], v[None, a:], g[None, a:], beta[None, a:],
-                                       states[slots], cu, self.fla_options)
+            rows = (q[None, a:], k[None, a:], v[None, a:], g[None, a:], beta[None, a:])
+            longest = max(e - s for s, e in zip(batch.cu_seqlens[nd:], batch.cu_seqlens[nd + 1:]))
+            if longest <= self.short_prefill:
+                out, final = kda_fla.recurrent_prefill(*rows, states[slots], cu)
+            else:
+                out, final = kda_fla.chunk(*rows, states[slots], cu, self.fla_options)
             states[slots] = final
             parts.append(out.squeeze(0))
         return parts[0] if len(parts) == 1 else torch.cat(parts)

@@ -90,3 +90,22 @@ def test_device_chunk_indices_give_the_host_form_bit_for_bit():
     o_host, s_host = kda_fla.chunk(*rows, states.clone(), cu, {})
     o_dev, s_dev = kda_fla.chunk(*rows, states.clone(), cu, {"use_graph": True})
     assert torch.equal(o_host, o_dev) and torch.equal(s_host, s_dev)
+
+
+def test_recurrent_prefill_equals_one_token_decode_steps():
+    """`--kda-short-prefill`: varlen prefill rows through the recurrent kernel give what one-token decode steps on
+    the same kernel give, outputs and final states: the same fp32 loop body, compiled for another mode, so at most
+    a contraction's rounding apart (1e-5 of the scale; the decode test's 2e-3 allows for the torch reference)."""
+    cuts = [0, 1, 9, 40]
+    rows = _rows(cuts[-1], 6)
+    pool = _pool(len(cuts) - 1)
+    init = pool[:len(cuts) - 1].clone()
+    o, final = kda_fla.recurrent_prefill(*(x[None] for x in rows), init.clone(), torch.tensor(cuts, device="cuda"))
+    for i, (a, b) in enumerate(zip(cuts, cuts[1:])):
+        steps = pool.clone()
+        steps[i] = init[i]
+        slot = torch.tensor([i], device="cuda")
+        for r in range(a, b):
+            want = kda_fla.fla_decode_inplace(*(x[r:r + 1] for x in rows), steps, slot)
+            assert (o[0, r] - want[0]).abs().max().item() <= 1e-5 * max(1.0, want.abs().max().item()), (i, r)
+        assert (final[i] - steps[i]).abs().max().item() <= 1e-5 * max(1.0, steps[i].abs().max().item()), i

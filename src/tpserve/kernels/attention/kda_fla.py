@@ -34,6 +34,18 @@ def fla_decode_inplace(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: tor
     return out.squeeze(1)
 
 
+def recurrent_prefill(q, k, v, g, beta, initial_state: torch.Tensor, cu: torch.Tensor):
+    """fla-core's recurrent kernel over the varlen rows cu (q ... [1, T, ...]) -> (out, final states), as
+    `chunk` returns them: one launch, where chunk_kda's several and its host work cost more than the
+    short sequences' token-by-token loop (--kda-short-prefill). The same loop body as decode's."""
+    from fla.ops.kda.fused_recurrent import fused_recurrent_kda_fwd
+
+    q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
+    return fused_recurrent_kda_fwd(q, k, v, g, beta, initial_state=initial_state, output_final_state=True,
+                                   inplace_final_state=False, cu_seqlens=cu, use_qk_l2norm_in_kernel=True,
+                                   out=torch.empty_like(v))  # every row written: no zero fill
+
+
 def _fla_rows(b: int, n: int, states: torch.Tensor, index: tuple[torch.Tensor, torch.Tensor], q, k, v, g,
               beta) -> torch.Tensor:
     """fla-core's recurrent kernel over b sequences of n rows each (rows [b*n, ...], sequence-major) in its
