@@ -209,8 +209,8 @@ class KdaAttention(nn.Module):
             cu = batch.memoized(("kda_prefill_cu", nd),
                                 lambda: to_device([c - a for c in batch.cu_seqlens[nd:]], q.device, torch.long))
             rows = (q[None, a:], k[None, a:], v[None, a:], g[None, a:], beta[None, a:])
-            longest = max(e - s for s, e in zip(batch.cu_seqlens[nd:], batch.cu_seqlens[nd + 1:]))
-            if longest <= self.short_prefill:
+            if self.short_prefill and batch.memoized(("kda_longest_prefill", nd), lambda: max(
+                    e - s for s, e in zip(batch.cu_seqlens[nd:], batch.cu_seqlens[nd + 1:]))) <= self.short_prefill:
                 out, final = kda_fla.recurrent_prefill(*rows, states[slots], cu)
             else:
                 out, final = kda_fla.chunk(*rows, states[slots], cu, self.fla_options)
