@@ -67,8 +67,7 @@ cfg = ModelConfig(hidden_size=32, linear_num_heads=H, linear_head_dim=D // 2, nu
                   layer_types=("linear_attention",), mlp_layer_types=("dense",), indexer_types=("full",))
 layer = KdaAttention(ShardContext.single(torch.float32), cfg, 0)
 randomize_(layer, seed=0)
-lens, slots = [5, 17], [2, 0]
-cu = [0, 5, 22]
+slots, cu = [2, 0], [0, 5, 22]  # 5 and 17 tokens
 t = cu[-1]
 batch = ForwardBatch(input_ids=torch.zeros(t, dtype=torch.long), positions=torch.arange(t), cu_seqlens=cu,
                      context_lens=[0, 0], slots=torch.tensor(slots), block_tables=torch.zeros(2, 1, dtype=torch.long),
