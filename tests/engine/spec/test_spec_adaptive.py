@@ -78,7 +78,7 @@ def test_adaptive_k_zero_for_long_runs_plain_steps_with_async_scheduling(plain):
     eng = llm.engine
     sp_ = eng.speculator
     sp_.policy.choose_k = lambda batch, running: 0
-    sp_.rates.override = lambda batch, k: k
+    sp_.rates.override = lambda batch, k, gain=None: k
     proposed, propose = [], sp_.propose
     sp_.propose = lambda *a, **kw: proposed.append(1) or propose(*a, **kw)
     sp = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)

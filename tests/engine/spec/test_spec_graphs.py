@@ -193,7 +193,7 @@ def test_adaptive_k_is_all_or_nothing_where_steps_are_padded(fused):
                          speculative_config=spec), None
     sp_ = llm.engine.speculator
     sp_.policy.choose_k = lambda num_seqs, keys: 1
-    sp_.rates.override = lambda batch, k: k
+    sp_.rates.override = lambda batch, k, gain=None: k
     chosen, propose = [], sp_._next_k
     sp_._next_k = lambda *a, **kw: chosen.append(propose(*a, **kw)) or chosen[-1]
     llm.generate(PROMPTS[:2], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
@@ -213,7 +213,7 @@ def test_fused_steps_skip_checks_that_fusable_made():
     llm, fused = fused_llm({"method": "mtp", "num_speculative_tokens": 3})
     sp_ = llm.engine.speculator
     sp_.policy.choose_k = lambda num_seqs, keys: 3  # (drafts on every step: fused steps throughout)
-    sp_.rates.override = lambda batch, k: k
+    sp_.rates.override = lambda batch, k, gain=None: k
     checked = []
     next_k = sp_._next_k
 

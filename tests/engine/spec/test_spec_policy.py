@@ -199,6 +199,23 @@ def test_request_estimates_shift_k():
     assert policy.choose_k(1, ["bad"]) == good_k
 
 
+def test_expected_emitted_is_one_plus_the_chance_of_each_draft_surviving():
+    """A step drafting k for each request emits, per request, 1 + sum_j prod_{i<=j} alpha_i (the global rates,
+    scaled per request by its own acceptance): the prior at first, less for a request seen to draft badly."""
+    policy = SpecPolicy(3)
+    alpha = [0.6, 0.6 * 0.9, 0.6 * 0.81]
+    one = 1 + alpha[0] + alpha[0] * alpha[1] + alpha[0] * alpha[1] * alpha[2]
+    assert policy.expected_emitted(1, [], 3) == pytest.approx(one)
+    assert policy.expected_emitted(4, ["a", "b"], 3) == pytest.approx(4 * one)
+    assert policy.expected_emitted(2, [], 0) == 2.0
+    assert policy.expected_emitted(1, [], 1) == pytest.approx(1 + alpha[0])
+    _train_acceptance(policy, [0.0] * 3, 20, random.Random(0), key="bad")
+    assert 1.0 < policy.expected_emitted(1, ["bad"], 3) < policy.expected_emitted(1, ["new"], 3)
+    with pytest.raises(ValueError, match="k: must be in 0..max_k"):
+        policy.expected_emitted(1, [], 4)
+    assert SpecPolicy(0).expected_emitted(3, [], 0) == 3.0
+
+
 def test_validation_names_the_field():
     bad = [(dict(max_k=8), "max_k"), (dict(max_k=-1), "max_k"), (dict(max_k=2.0), "max_k"),
            (dict(max_k=2, truncate_threshold=1.5), "truncate_threshold"),

@@ -62,6 +62,33 @@ def test_measured_rates_shrug_off_a_slow_first_drafting_step():
     assert all(r.override(1, 3) == 3 for _ in range(63))
 
 
+def test_drafting_rate_is_the_expected_tokens_over_the_measured_step_time():
+    """The drafting steps measured emitted one token each (a prompt the drafter guessed badly): by the window's
+    own tokens plain decoding leads. Given the tokens the running requests are expected to emit a drafting step
+    (`gain`), drafting's rate is that over its measured time a step: a request expected to draft well drafts, one
+    expected to draft badly does not."""
+    from tpserve.engine.spec.rates import MeasuredRates
+
+    r = MeasuredRates()
+    for _ in range(MeasuredRates.MIN_OBS):
+        r.observe(1, False, 1, 0.001)  # plain: 1,000 tok/s
+        r.observe(1, True, 1, 0.002)   # drafting: 2 ms a step, one token each: 500 tok/s
+    assert r.plain_leads(1) and r.measured_k(1, 7) == (0, 1)
+    assert r.measured_k(1, 7, gain=6.0) == (7, 1) and not r.plain_leads(1)  # 3,000 tok/s expected
+    assert r.snapshot()["batch<=1 spec"] == {"tok_s": 500.0, "steps": 4, "expected_tok_s": 3000.0}
+    assert r.measured_k(1, 7, gain=1.5) == (0, 1) and r.plain_leads(1)  # 750 tok/s expected
+    assert r.override(1, 3, gain=6.0) == 3 and not r.plain_leads(1)
+    assert r.measured_k(0, 7, gain=0.0) == (7, 1)  # (nothing running: the last gain stays)
+    for _ in range(MeasuredRates.MIN_OBS):  # bucket 16, measured at batch 16: plain 16 tokens, drafting 20, 10 ms
+        r.observe(16, False, 16, 0.01)
+        r.observe(16, True, 20, 0.01)
+    assert r.measured_k(16, 7)[0] == 7
+    # 10 requests left, expected to emit 11 a drafting step: 1,100 tok/s against plain's 10 a step, 1,000 tok/s
+    # (by the tokens the batch of 16 emitted, 2,000 against 1,600: the batch asked about is the one compared)
+    assert r.measured_k(10, 7, gain=11.0)[0] == 7 and not r.plain_leads(10)
+    assert r.measured_k(10, 7, gain=9.0)[0] == 0 and r.plain_leads(10)
+
+
 def test_rate_window_sums_as_when_every_step_kept_its_capped_time():
     """_RateWindow keeps no capped time per step (all steps in the window are capped at the current cap): its
     sums, cap and rate equal, bit for bit, those of a window that stores each step's capped time and updates it
@@ -355,6 +382,7 @@ def test_adaptive_ends_a_request_plainly_where_plain_steps_are_shorter(plain, fu
         rates.observe(1, False, 1, 0.001)
         rates.observe(1, True, 8, fused_ms / 1000)
     rates.observe = lambda *a: None  # (this CPU's own step times would move them)
+    spec.policy.expected_emitted = lambda batch, running, k: 8.0 * batch  # (as the planted drafting steps emit)
     seen, next_k = [], spec._next_k
 
     def spy(*a, **kw):

@@ -177,6 +177,7 @@ class SpecPolicy:
         # changes: exploring steps' observations, forgets), the cost fits' coefficients (new lists when refitted)
         # and the batch, so most steps ask the same question again
         self._version, self._last_choice = 0, None
+        self._last_gains: tuple | None = None  # expected_emitted's last batch and its gains
 
     # ------------------------------------------------------------------ steps
     def begin_step(self) -> StepChoice:
@@ -205,20 +206,36 @@ class SpecPolicy:
         self._last_choice = (key, best)
         return best
 
-    def _choose(self, num_seqs: int, seq_keys: list, step: list[float], draft: list[float]) -> int:
-        # Request s has rates glob_i * r_s (see _ratio), so its expected emitted tokens for k are
-        # 1 + sum_{j<=k} G_j r_s^j with G_j = prod_{i<=j} glob_i: sum the powers of r over the batch.
+    def expected_emitted(self, num_seqs: int, seq_keys: list, k: int) -> float:
+        """Expected tokens a step drafting k for each of these sequences emits (the acceptance estimates only)."""
+        if not 0 <= k <= self.max_k:
+            raise ValueError(f"k: must be in 0..max_k ({self.max_k}), got {k!r}")
+        key = (self._version, num_seqs, tuple(seq_keys))
+        if self._last_gains is None or self._last_gains[0] != key:
+            self._last_gains = (key, self._gains(num_seqs, seq_keys))
+        return self._last_gains[1][k]
+
+    def _gains(self, num_seqs: int, seq_keys: list) -> list[float]:
+        """Expected emitted tokens of the batch for k = 0..max_k. Request s has rates glob_i * r_s (see _ratio),
+        so its expected emitted tokens for k are 1 + sum_{j<=k} G_j r_s^j with G_j = prod_{i<=j} glob_i: sum
+        the powers of r over the batch."""
         glob = self.acceptance()
+        if not glob:  # (max_k 0)
+            return [float(num_seqs)]
         cap = 1.0 / max(max(glob), 1e-12)  # keeps every rate <= 1
         ratios = [min(own[3], cap) for own in map(self._req.get, seq_keys) if own is not None]
         unknown, powers, power_sums = num_seqs - len(ratios), ratios, [0.0]  # r = 1 for unknown keys
         for _ in range(self.max_k):
             power_sums.append(unknown + sum(powers))
             powers = list(map(mul, powers, ratios))
-        gains, g_prod = [float(num_seqs)], 1.0  # expected emitted tokens for k = 0..max_k
+        gains, g_prod = [float(num_seqs)], 1.0
         for j in range(1, self.max_k + 1):
             g_prod *= glob[j - 1]
             gains.append(gains[-1] + g_prod * power_sums[j])
+        return gains
+
+    def _choose(self, num_seqs: int, seq_keys: list, step: list[float], draft: list[float]) -> int:
+        gains = self._gains(num_seqs, seq_keys)
         best, best_rate = 0, gains[0] / self._step_cost(step, num_seqs)
         for k in range(1, self.max_k + 1):
             rate = gains[k] / (self._step_cost(step, num_seqs * (1 + k)) + self._draft_cost(draft, k, num_seqs))

@@ -71,7 +71,12 @@ class MeasuredRates:
 
     A mode's rate is tokens / seconds over its last steps, each step's time capped (`_RateWindow`): one drafting
     step emits 1..k+1 tokens, so single steps say little, and a compile or a GC pause in one step must not decide
-    the mode. The modes are compared once each has MIN_OBS steps; until then the policy's k, with a plain step
+    the mode. Where the speculator gives the tokens the running requests are expected to emit a drafting step
+    (`gain`: the policy's acceptance estimates, per request), the modes compare at the running batch: drafting's
+    rate is that gain over its measured time a step, plain decoding's the batch over its own. The windows then
+    hold the machine's costs, and the acceptance of whichever requests drafted last (a prompt the drafter guessed
+    badly) does not decide for the next ones.
+    The modes are compared once each has MIN_OBS steps; until then the policy's k, with a plain step
     whenever plain decoding has not run for PLAIN_PROBE steps. Then the slower mode runs again once it has not
     run for SPEC_PROBE steps (CLEAR_PROBE when the faster leads by more than CLEAR_LEAD, WIDE_PROBE by more than
     WIDE_LEAD; each probe costs a step or two in the slower mode): counted from its last measured step, so a
@@ -86,6 +91,7 @@ class MeasuredRates:
         self.last_seen: dict[tuple[int, bool], int] = {}  # the `step` count at the mode's last observation
         # bucket -> (slower mode's key, probe every, plain steps shorter than a drafting step)
         self._decision: dict[int, tuple[tuple[int, bool], int, int]] = {}
+        self._gain: dict[int, tuple[float, int]] = {}  # bucket -> the last (gain, batch) asked about
         self.step = 0
 
     @property
@@ -117,6 +123,9 @@ class MeasuredRates:
         if plain_win is None or spec_win is None or min(len(plain_win), len(spec_win)) < self.MIN_OBS:
             return
         plain, spec = plain_win.rate, spec_win.rate
+        if b in self._gain:  # at the batch asked about: its tokens a step over each mode's time a step
+            gain, batch = self._gain[b]
+            plain, spec = batch * len(plain_win) / plain_win.seconds, gain * len(spec_win) / spec_win.seconds
         lead = spec / plain if spec > plain else plain / spec  # (max / min)
         every = (self.SPEC_PROBE if lead <= self.CLEAR_LEAD else self.CLEAR_PROBE if lead <= self.WIDE_LEAD
                  else self.WIDE_PROBE)
@@ -124,11 +133,21 @@ class MeasuredRates:
         within = math.ceil((spec_win.seconds / len(spec_win)) / (plain_win.seconds / len(plain_win))) - 1
         self._decision[b] = (spec_key if spec < plain else plain_key, every, within)
 
-    def measured_k(self, batch: int, k: int) -> tuple[int, int] | None:
+    def _set_gain(self, batch: int, gain: float | None) -> None:
+        b, seen = _bucket(batch), (gain, batch)
+        if gain is not None and batch > 0 and seen != self._gain.get(b):  # (batch 0: nothing running)
+            self._gain[b] = seen
+            if b in self._decision:
+                self._decide(b)
+
+    def measured_k(self, batch: int, k: int, gain: float | None = None) -> tuple[int, int] | None:
         """Where both modes are measured in this batch's bucket: `override`'s k from the measurements alone, and
         the most plain steps that measure shorter than one drafting step (`_decide`); None where not (nothing
-        ticked then: the caller goes on to `override`)."""
-        decision = self._decision.get(_bucket(batch))
+        ticked then: the caller goes on to `override`). gain: the tokens a drafting step of k is expected to
+        emit for the running requests (None: as the measured drafting steps emitted)."""
+        b = _bucket(batch)
+        self._set_gain(batch, gain)
+        decision = self._decision.get(b)
         if decision is None:
             return None
         self.step += 1  # (tick)
@@ -143,11 +162,12 @@ class MeasuredRates:
         """A step the speculator was not asked about (Speculator.idle): the probes' clock counts it too."""
         self.step += 1
 
-    def override(self, batch: int, k: int) -> int:
+    def override(self, batch: int, k: int, gain: float | None = None) -> int:
         self.step += 1  # (tick)
         if k == 0:
             return 0
         b = _bucket(batch)
+        self._set_gain(batch, gain)
         decision = self._decision.get(b)
         if decision is None:  # not both measured: the policy's k, plain decoding now and then
             plain_key = (b, False)
@@ -162,8 +182,13 @@ class MeasuredRates:
         return (k if due else 0) if slower[1] else (0 if due else k)
 
     def snapshot(self) -> dict:
-        return {f"batch<={b} {'spec' if d else 'plain'}": {"tok_s": round(w.rate, 1), "steps": len(w)}
-                for (b, d), w in sorted(self.window.items())}
+        out = {}
+        for (b, d), w in sorted(self.window.items()):
+            row = out[f"batch<={b} {'spec' if d else 'plain'}"] = {"tok_s": round(w.rate, 1), "steps": len(w)}
+            if b in self._gain:  # the rates it decides by, at the batch last asked about (`_decide`)
+                gain, batch = self._gain[b]
+                row["expected_tok_s"] = round((gain if d else batch) * len(w) / w.seconds, 1)
+        return out
 
 
 class Calibration:

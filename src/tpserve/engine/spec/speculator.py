@@ -297,7 +297,9 @@ class Speculator:
         max_k, adaptive = self.spec.num_speculative_tokens, self.spec.adaptive
         # (after a fused step `fusable` read the limit and passed every sequence, and they still pass)
         padded = adaptive and (batch <= self.fused_limit if fused else self._padded(running, batch))
-        decided = self.rates.measured_k(batch, max_k) if padded else None
+        # the measurements give each mode's time a step; the acceptance estimates, what these requests would emit
+        decided = (self.rates.measured_k(batch, max_k, self.policy.expected_emitted(batch, running, max_k))
+                   if padded else None)
         if decided is not None:
             k, within = decided
             # `within` plain steps take less time than one fused step, which costs its max_k rows however few
@@ -305,7 +307,7 @@ class Speculator:
             return 0 if k and within >= 2 and 2 <= self._left(running) <= within else k
         k = self.policy.choose_k(batch, running)
         if adaptive:
-            k = self.rates.override(batch, k)
+            k = self.rates.override(batch, k, self.policy.expected_emitted(batch, running, k) if k else None)
         return max_k if padded and 0 < k < max_k else k
 
     def _left(self, running: list[Sequence]) -> int:
