@@ -101,6 +101,25 @@ def test_every_phase_runs_and_pools_are_full(path, caplog):
     stats = e.stats()
     assert stats["boot_seconds"] == pytest.approx(stats["boot_load_seconds"] + stats["boot_warmup_seconds"])
     assert e.grammar_compiler is not None  # built once, for the server's structured output
+    llm.shutdown()
+
+
+def test_the_boots_objects_leave_the_garbage_collectors_walks(path, caplog):
+    """After the warm-up the boot's objects are frozen (no full collection walks them during the first requests),
+    the log says how many; shutdown unfreezes them, so an engine built and dropped in one process is collected."""
+    import gc
+
+    with caplog.at_level(logging.INFO, logger="tpserve.warmup"):
+        llm = _llm(path, warmup=True)
+    frozen = llm.engine.boot.frozen
+    assert frozen > 0 and gc.get_freeze_count() > 0  # (some freed since by their counts)
+    assert any(r.getMessage() == f"warm-up: {frozen} objects of the boot frozen out of the garbage collector's walks"
+               for r in caplog.records)
+    llm.shutdown()
+    assert gc.get_freeze_count() == 0
+    plain = _llm(path, warmup=False)
+    assert plain.engine.boot.frozen == 0 and gc.get_freeze_count() == 0
+    plain.shutdown()
 
 
 def test_outputs_unchanged(path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import time
@@ -387,6 +388,8 @@ class LLMEngine:
 
     def shutdown(self) -> None:
         self.executor.shutdown()
+        if self.boot.frozen:  # (warmup.freeze_heap: what this engine held may be collected again)
+            gc.unfreeze()
 
 
 __all__ = ["LLMEngine", "EngineDeadError", "Status"]

@@ -12,6 +12,7 @@ met after it (a shape the warm-up missed).
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import time
@@ -84,6 +85,7 @@ class Boot:
     warmup: float = 0.0
     steps: dict[str, int] = field(default_factory=dict)
     watched: bool = False
+    frozen: int = 0  # objects moved out of the garbage collector's walks (`freeze_heap`)
 
     def stats(self) -> dict:
         out = {"boot_seconds": self.load + self.warmup, "boot_load_seconds": self.load,
@@ -106,13 +108,24 @@ def start(engine, t0: float) -> Boot:
         except BaseException:
             engine.shutdown()  # (TP workers, graphs)
             raise
+        boot.frozen = freeze_heap()
         boot.warmup = time.perf_counter() - t1
+        log.info("warm-up: %d objects of the boot frozen out of the garbage collector's walks", boot.frozen)
     WATCH.ready_at = WATCH.met
     up = _process_seconds()
     log.info("ready in %.1f s (load %.1f s, warm-up %s)%s", boot.load + boot.warmup, boot.load,
              f"{boot.warmup:.1f} s" if on else "off",
              "" if up is None else f"; the process started {up:.1f} s ago")
     return boot
+
+
+def freeze_heap() -> int:
+    """Collect, then move every object the boot made (modules, compiled kernels, the tokenizer) to the collector's
+    permanent generation, as vLLM does after start-up: the first full collection would otherwise walk them all
+    during the first requests (about 160 ms at 250,000 objects on a CPU core). LLMEngine.shutdown unfreezes."""
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()
 
 
 def _process_seconds() -> float | None:
