@@ -307,7 +307,8 @@ class Speculator:
             return 0 if k and within >= 2 and 2 <= self._left(running) <= within else k
         k = self.policy.choose_k(batch, running)
         if adaptive:
-            k = self.rates.override(batch, k, self.policy.expected_emitted(batch, running, k) if k else None)
+            drafts = max_k if padded else k  # (a padded step drafts max_k whatever k is)
+            k = self.rates.override(batch, k, self.policy.expected_emitted(batch, running, drafts) if k else None)
         return max_k if padded and 0 < k < max_k else k
 
     def _left(self, running: list[Sequence]) -> int:
