@@ -121,8 +121,8 @@ def start(engine, t0: float) -> Boot:
 
 def freeze_heap() -> int:
     """Collect, then move every object the boot made (modules, compiled kernels, the tokenizer) to the collector's
-    permanent generation, as vLLM does after start-up: the first full collection would otherwise walk them all
-    during the first requests (about 160 ms at 250,000 objects on a CPU core). LLMEngine.shutdown unfreezes."""
+    permanent generation, as vLLM does after start-up: a full collection while requests run would otherwise walk
+    them all (bench/gc_pause.py). LLMEngine.shutdown unfreezes."""
     gc.collect()
     gc.freeze()
     return gc.get_freeze_count()
