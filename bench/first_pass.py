@@ -12,7 +12,7 @@ for each mode runs `tpserve bench serve --passes 2` on it in a process of its ow
   no-warmup  --no-warmup, an empty Triton cache: the first requests compile what they meet
 Prints per mode the boot (engine load and warm-up, and since the process started), each pass's output tok/s and
 TTFT p99, pass 1 / pass 2 for both, and the kernel specializations first met during each pass (compiles the warm-up
-missed). `--size tiny --device cpu` runs the same on make-tiny widths (a test of this script).
+missed); then each pass's longest TTFTs with when their requests were sent (which requests waited). `--size tiny --device cpu` runs the same on make-tiny widths (a test of this script).
 """
 
 from __future__ import annotations
@@ -53,10 +53,17 @@ def run_mode(args, mode: str, cfg_dir: Path, extra: list[str]) -> dict:
     row = {"mode": mode, "boot": res.get("boot", {}), "process_ready_s": float(ready[-1][1]) if ready else None,
            "errors": res["errors"], "passes": [{"tok_per_s": p["levels"][0]["output_tok_per_s"],
                                                 "ttft_p99_ms": p["levels"][0]["ttft_ms"]["p99"],
-                                                "kernels_met": p.get("kernels_met")} for p in passes]}
+                                                "kernels_met": p.get("kernels_met"),
+                                                "slowest": _slowest(p["levels"][0])} for p in passes]}
     row["tok_per_s_ratio"] = res["first_pass"][0]["tok_per_s_ratio"]
     row["ttft_p99_ratio"] = res["first_pass"][0]["ttft_p99_ratio"]
     return row
+
+
+def _slowest(level: dict, n: int = 5) -> list[list[float]]:
+    """The n longest TTFTs of a pass as [sent ms after its first request, TTFT ms] (bench serve's timeline)."""
+    timed = [t[:2] for t in level.get("timeline_ms", []) if t[1] is not None]
+    return sorted(timed, key=lambda t: -t[1])[:n]
 
 
 def table(rows: list[dict]) -> str:
@@ -105,6 +112,10 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"{args.layers} ({args.size} widths, random weights) on {args.device}: concurrency {args.concurrency}, "
           f"{args.num_requests} requests a pass, {args.prompt_len}-token prompts, {args.max_tokens} output tokens")
     print(table(rows))
+    for r in rows:
+        for i, p in enumerate(r["passes"]):
+            print(f"{r['mode']} pass {i + 1}: longest TTFTs (sent ms, TTFT ms): "
+                  + ", ".join(f"({sent:.0f}, {ttft:.0f})" for sent, ttft in p["slowest"]))
     result = {"layers": args.layers, "size": args.size, "device": args.device, "modes": rows}
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))

@@ -44,6 +44,10 @@ def test_passes_compare_the_first_with_the_last(live, tmp_path, capsys):
     assert row["concurrency"] == 2
     assert row["tok_per_s_ratio"] == one["levels"][0]["output_tok_per_s"] / two["levels"][0]["output_tok_per_s"]
     assert row["ttft_p99_ratio"] == one["levels"][0]["ttft_ms"]["p99"] / two["levels"][0]["ttft_ms"]["p99"]
+    for one_pass in (one, two):  # each request in the order sent: [sent, TTFT, E2E] ms
+        timeline = one_pass["levels"][0]["timeline_ms"]
+        assert len(timeline) == 3 and timeline == sorted(timeline) and timeline[0][0] == 0
+        assert all(0 < ttft <= e2e for _, ttft, e2e in timeline)
     boot = res["boot"]  # the server's /metrics
     assert boot["boot_seconds"] == pytest.approx(boot["boot_load_seconds"] + boot["boot_warmup_seconds"])
     out = capsys.readouterr().out

@@ -37,7 +37,8 @@ async def one_request(client, url: str, model: str, prompt, max_tokens: int, col
         async with client.stream("POST", url + "/v1/completions", json=body) as r:
             if r.status_code != 200:
                 text = (await r.aread()).decode(errors="replace")
-                return {"error": f"HTTP {r.status_code}: {text[:160]}", "latency": time.perf_counter() - start}
+                return {"error": f"HTTP {r.status_code}: {text[:160]}", "latency": time.perf_counter() - start,
+                        "start": start}
             async for line in r.aiter_lines():
                 try:
                     kind, chunk = sse_event(line, done)
@@ -67,7 +68,7 @@ async def one_request(client, url: str, model: str, prompt, max_tokens: int, col
     elif error is None and n_out != max_tokens:
         error = f"returned {n_out} tokens, asked for {max_tokens} (ignore_eos)"
     cached = ((usage or {}).get("prompt_tokens_details") or {}).get("cached_tokens")
-    res = {"error": error, "latency": end - start, "ttft": stamps[0] - start if stamps else None,
+    res = {"error": error, "start": start, "latency": end - start, "ttft": stamps[0] - start if stamps else None,
            "itl": [b - a for a, b in zip(stamps, stamps[1:])], "output_tokens": n_out or 0,
            "prompt_tokens": (usage or {}).get("prompt_tokens", 0), "cached_tokens": cached, "text": "".join(texts)}
     if res["ttft"] is not None and n_out and n_out > 1:
@@ -126,6 +127,12 @@ def summarize(results: list[dict], duration: float, **setting) -> dict:
            "ttft_ms": pct(ttft), "tpot_ms": pct([r["tpot"] for r in ok if "tpot" in r]),
            "itl_ms": pct([x for r in ok for x in r["itl"]]), "e2e_ms": pct([r["latency"] for r in ok]),
            "cached_tokens_total": sum(r["cached_tokens"] or 0 for r in ok)}
+    sent = [r for r in results if "start" in r]
+    if sent:  # each request in the order sent: [sent, TTFT, E2E] in ms from the first sent (which wait, how long)
+        t0 = min(r["start"] for r in sent)
+        res["timeline_ms"] = sorted([round(1000 * (r["start"] - t0), 2),
+                                     None if r.get("ttft") is None else round(1000 * r["ttft"], 2),
+                                     round(1000 * r["latency"], 2)] for r in sent)
     if setting.get("cold"):
         res["cold_valid"] = not violations and len(ok) == len(results)
         res["cold_violations"] = violations[:5] + ([f"... {len(violations) - 5} more"] if len(violations) > 5 else [])
