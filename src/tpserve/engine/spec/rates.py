@@ -133,21 +133,21 @@ class MeasuredRates:
         within = math.ceil((spec_win.seconds / len(spec_win)) / (plain_win.seconds / len(plain_win))) - 1
         self._decision[b] = (spec_key if spec < plain else plain_key, every, within)
 
-    def _set_gain(self, batch: int, gain: float | None) -> None:
+    def _set_gain(self, batch: int, gain: float | None) -> int:
+        """-> the batch's bucket, its decision made again where the gain asked about changed."""
         b, seen = _bucket(batch), (gain, batch)
         if gain is not None and batch > 0 and seen != self._gain.get(b):  # (batch 0: nothing running)
             self._gain[b] = seen
             if b in self._decision:
                 self._decide(b)
+        return b
 
     def measured_k(self, batch: int, k: int, gain: float | None = None) -> tuple[int, int] | None:
         """Where both modes are measured in this batch's bucket: `override`'s k from the measurements alone, and
         the most plain steps that measure shorter than one drafting step (`_decide`); None where not (nothing
         ticked then: the caller goes on to `override`). gain: the tokens a drafting step of k is expected to
         emit for the running requests (None: as the measured drafting steps emitted)."""
-        b = _bucket(batch)
-        self._set_gain(batch, gain)
-        decision = self._decision.get(b)
+        decision = self._decision.get(self._set_gain(batch, gain))
         if decision is None:
             return None
         self.step += 1  # (tick)
@@ -166,8 +166,7 @@ class MeasuredRates:
         self.step += 1  # (tick)
         if k == 0:
             return 0
-        b = _bucket(batch)
-        self._set_gain(batch, gain)
+        b = self._set_gain(batch, gain)
         decision = self._decision.get(b)
         if decision is None:  # not both measured: the policy's k, plain decoding now and then
             plain_key = (b, False)
