@@ -77,6 +77,9 @@ class EngineConfig:
     warmup: bool | None = _opt(None, "compile and tune every kernel shape before the server reports ready "
                                "(default: on for cuda, off on cpu; docs/serving.md)", switch=True,
                                advanced=True)
+    warmup_routes: bool = _opt(True, "with the warm-up, one request down each generation route in process before "
+                               "the server accepts connections (the HTTP layer's first-use costs; docs/serving.md)",
+                               switch=True, advanced=True)
     merge_linears: bool = _opt(True, "run linears that share an input (gate + up, q + k + v, ...) as one GEMM "
                                "over stacked weights", switch=True, advanced=True)
     async_scheduling: bool = _opt(True, "launch the next decode step before the host reads this step's tokens "

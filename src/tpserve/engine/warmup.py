@@ -82,6 +82,7 @@ class Boot:
     """Start-up seconds (load: the engine built, warm-up: this module) and the warm-up's step counts."""
 
     load: float
+    on: bool = False  # the warm-up ran (--warmup; the server then warms its routes too: server/warmup.py)
     warmup: float = 0.0
     steps: dict[str, int] = field(default_factory=dict)
     watched: bool = False
@@ -101,6 +102,7 @@ def start(engine, t0: float) -> Boot:
     boot = Boot(time.perf_counter() - t0, watched=engine.device.type == "cuda" and WATCH.install())
     WATCH.ready_at = None
     on = engine.ecfg.warmup if engine.ecfg.warmup is not None else engine.device.type == "cuda"
+    boot.on = on
     if on:
         t1 = time.perf_counter()
         try:

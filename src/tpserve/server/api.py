@@ -38,6 +38,7 @@ from tpserve.server.serving_completion import completions
 from tpserve.server.serving_responses import create_response
 from tpserve.server.state import ApiError, ServerState, read_json  # noqa: F401  (ServerState re-exported)
 from tpserve.server.tokenize import detokenize_request, tokenize_request
+from tpserve.server.warmup import warm_routes
 
 log = logging.getLogger("tpserve.server")
 
@@ -103,6 +104,8 @@ def build_app(state: ServerState) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_: FastAPI):
         state.trimmer = MallocTrimmer(state.malloc_trim_interval).start()  # gives free heap pages back
+        if state.warm_routes:
+            await warm_routes(app, state)
         try:
             yield
         finally:

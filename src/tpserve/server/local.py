@@ -24,6 +24,7 @@ class LocalServer:
         except BaseException:
             sock.close()
             raise
+        state_options.setdefault("warm_routes", self.engine.engine.boot.on and cfg.warmup_routes)
         self.state = ServerState(self.engine, served_model_names or ["tiny"], api_key=api_key,
                                  sampling_defaults=generation_defaults(self.engine.engine.model_dir),
                                  **state_options)

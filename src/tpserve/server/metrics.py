@@ -14,7 +14,8 @@ BOOT_GAUGES = {"boot_seconds": "Seconds from the engine's start to ready",
 
 
 class ServerMetrics:
-    def __init__(self, stats_fn):
+    def __init__(self, stats_fn, *, skip_to_now: bool = False):
+        """skip_to_now: the engine's running totals so far count nowhere (the warm-up's requests)."""
         self.registry = CollectorRegistry()
         r = self.registry
         self._stats_fn = stats_fn
@@ -52,6 +53,8 @@ class ServerMetrics:
                                     "Drafted tokens accepted, by draft position", ["position"], registry=r)
         self._spec_seen: dict[str, float] = {}
         self.boot: dict[str, Gauge] = {}  # made once the engine reports them (engine/warmup.py)
+        if skip_to_now:
+            self._spec_seen = dict(self._totals(stats_fn()))
 
     def render(self) -> bytes:
         s = self._stats_fn()
@@ -65,13 +68,19 @@ class ServerMetrics:
                 if key not in self.boot:
                     self.boot[key] = Gauge(f"tpserve:{key}", text, registry=self.registry)
                 self.boot[key].set(s[key])
-        for key, counter in (*self.spec.items(), *self.prefix.items()):
-            self._advance(key, s.get(key, 0), counter)
         for key, gauge in self.prefix_gauges.items():
             gauge.set(s.get(key, 0))
-        for pos, value in enumerate(s.get("spec_decode_num_accepted_tokens_per_pos", [])):
-            self._advance(f"pos{pos}", value, self.spec_per_pos.labels(position=str(pos)))
+        for key, total in self._totals(s):
+            counter = self.spec.get(key) or self.prefix.get(key) or self.spec_per_pos.labels(position=key[3:])
+            self._advance(key, total, counter)
         return generate_latest(self.registry)
+
+    def _totals(self, s: dict):
+        """(key, the engine's running total) of each counter fed from the engine."""
+        for key in (*self.spec, *self.prefix):
+            yield key, s.get(key, 0)
+        for pos, value in enumerate(s.get("spec_decode_num_accepted_tokens_per_pos", [])):
+            yield f"pos{pos}", value
 
     def _advance(self, key: str, total: float, counter) -> None:
         """Counters only go up: add what the engine's total gained since the last scrape."""

@@ -102,7 +102,7 @@ def run(args) -> int:
     state = ServerState(async_engine, names, api_key=args.api_key,
                         sampling_defaults=generation_defaults(engine.model_dir),
                         max_request_bytes=args.max_request_bytes, metrics_public=args.metrics_public,
-                        malloc_trim_interval=trim_interval)
+                        malloc_trim_interval=trim_interval, warm_routes=engine.boot.on and cfg.warmup_routes)
     runner = ServerRunner(build_app(state), state, sock, host=args.host, port=args.port, log_level=args.log_level,
                           drain_timeout=args.drain_timeout)
     host = f"[{args.host}]" if ":" in args.host else args.host
