@@ -1,6 +1,7 @@
 """`tpserve bench serve`: a load test over the OpenAI API, shaped like `vllm bench serve`.
 
-Targets --url (any OpenAI-compatible server) or starts a server in this process. For each
+Targets --url (any OpenAI-compatible server) or starts `tpserve serve` as a process of its own
+(server_process.py). For each
 --concurrency level (a comma list sweeps) it sends --num-requests streaming completions
 (optionally arriving as a Poisson process, --request-rate) and reports TTFT, TPOT, ITL and
 E2E percentiles, throughput and errors. Every response is checked: a wrong token count, an
@@ -28,7 +29,8 @@ def register(sub, bench, tune) -> None:
 
     p = bench.add_parser("serve", help="load test: TTFT / TPOT / ITL / E2E percentiles")
     add_engine_args(p)
-    p.add_argument("--url", default=None, help="an already running server (default: start one here)")
+    p.add_argument("--url", default=None, help="an already running server (default: start `tpserve serve` with "
+                   "this command's model and engine flags, a process of its own)")
     p.add_argument("--api-key", default=None, help="bearer token for --url (default: $OPENAI_API_KEY)")
     p.add_argument("--served-model", default=None, help="model name to send (default: the first listed)")
     p.add_argument("--concurrency", default="64", help="max requests in flight; a comma list sweeps (1,4,16)")
@@ -233,9 +235,10 @@ def run(args) -> int:
         server = None
         url = args.url
         if url is None:
-            from tpserve.server.local import LocalServer
+            from tpserve.tools.bench.server_process import ServerProcess
 
-            server = LocalServer(engine_config_from_args(args))
+            engine_config_from_args(args)  # a bad flag fails here, before a process starts
+            server = ServerProcess(args)
             url = server.url
         client = Client(url, args.api_key, args.served_model)
         try:
