@@ -1,6 +1,6 @@
 """`bench serve` without --url: the server as a `tpserve serve` process of its own, as clients meet it. In the load
 generator's process the engine's host work would share the interpreter lock with the client's: on an H100 that
-made the demo model's decode steps 1.8x longer (BENCHMARKS.md, Serving)."""
+made the demo model's decode steps 1.8x longer (BENCHMARKS.md, First requests after boot)."""
 
 from __future__ import annotations
 
