@@ -1,4 +1,4 @@
-"""The first requests after ready against the later ones, with the routes' warm-up (server/warmup.py) and without:
+"""The first requests after ready against the later ones, with the routes' warm-up (server/route_warmup.py) and without:
 each start a fresh `tpserve serve --warmup` process, then streamed completions one at a time.
 
     python bench/first_request.py [--device cpu] [--model DIR] [--starts 3] [--requests 6] [--route completions|chat]

@@ -82,7 +82,7 @@ class Boot:
     """Start-up seconds (load: the engine built, warm-up: this module) and the warm-up's step counts."""
 
     load: float
-    on: bool = False  # the warm-up ran (--warmup; the server then warms its routes too: server/warmup.py)
+    on: bool = False  # the warm-up ran (--warmup; the server then warms its routes too: server/route_warmup.py)
     warmup: float = 0.0
     steps: dict[str, int] = field(default_factory=dict)
     watched: bool = False

@@ -38,7 +38,7 @@ from tpserve.server.serving_completion import completions
 from tpserve.server.serving_responses import create_response
 from tpserve.server.state import ApiError, ServerState, read_json  # noqa: F401  (ServerState re-exported)
 from tpserve.server.tokenize import detokenize_request, tokenize_request
-from tpserve.server.warmup import warm_routes
+from tpserve.server.route_warmup import warm_routes
 
 log = logging.getLogger("tpserve.server")
 

@@ -53,7 +53,7 @@ class ServerState:
     # seconds between glibc malloc_trim(0) calls while the app runs (0: off; server/memory.py)
     malloc_trim_interval: float = field(default_factory=trim_interval_from_env)
     trimmer: MallocTrimmer | None = None  # running between the app's startup and shutdown
-    warm_routes: bool = False  # at startup, one request down each generation route first (server/warmup.py)
+    warm_routes: bool = False  # at startup, one request down each generation route first (server/route_warmup.py)
 
     @property
     def tokenizer(self):

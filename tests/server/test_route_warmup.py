@@ -53,9 +53,9 @@ def test_no_route_warmup_without_the_warmup_or_with_the_switch_off(tiny, caplog)
 
 
 def test_a_refused_warmup_request_is_logged_and_the_server_serves(tiny, caplog, monkeypatch):
-    from tpserve.server import warmup
+    from tpserve.server import route_warmup
 
-    monkeypatch.setattr(warmup, "ROUTES", (("/v1/completions", {"prompt": "x", "max_tokens": -1}),
+    monkeypatch.setattr(route_warmup, "ROUTES", (("/v1/completions", {"prompt": "x", "max_tokens": -1}),
                                            ("/v1/no_such_route", {})))
     caplog.set_level(logging.INFO, logger="tpserve.warmup")
     s = LiveServer(str(tiny("default")), warmup=True)
