@@ -1,7 +1,7 @@
 """The HTTP layer's part of the warm-up: before the server accepts its first connection, one request down each
-generation route, in process through the app's own ASGI interface. What those routes build on first use (the web
-framework's route state, the async backend's import, the worker threads, the chat template) is then not paid by
-the first wave of clients (bench/first_pass.py). The metrics start after it: the requests count nowhere."""
+generation route, in process through the app's own ASGI interface: what those routes build on first use (the web
+framework's route state, the async backend's import, the worker threads, the chat template) is built then, not
+while the first clients wait (bench/first_request.py). The metrics start after it: the requests count nowhere."""
 
 from __future__ import annotations
 
