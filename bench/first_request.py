@@ -10,45 +10,23 @@ the difference (what the first client waits for the HTTP layer's first-use work)
 from __future__ import annotations
 
 import argparse
-import os
-import socket
 import statistics
-import subprocess
-import sys
 import time
+from types import SimpleNamespace
 
 import httpx
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tpserve.tools.bench.server_process import ServerProcess
 
 
 def one_start(args, warm_routes: bool) -> list[float]:
-    port = free_port()
-    cmd = [sys.executable, "-m", "tpserve.cli", "serve", "--device", args.device, "--port", str(port), "--warmup",
-           "--warmup-routes" if warm_routes else "--no-warmup-routes", "--log-level", "warning"]
-    proc = subprocess.Popen(cmd + ([args.model] if args.model else []), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, env={**os.environ, "TPSERVE_LOG_LEVEL": "WARNING"})
-    url = f"http://127.0.0.1:{port}"
+    server = ServerProcess(SimpleNamespace(model=args.model, device=args.device, warmup=True,
+                                           warmup_routes=warm_routes, log_level="warning"), args.boot_timeout)
     try:
-        deadline = time.time() + args.boot_timeout
-        while True:
-            try:
-                if httpx.get(url + "/health", timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.time() > deadline or proc.poll() is not None:
-                raise SystemExit(f"the server did not become ready (rc {proc.poll()})")
-            time.sleep(0.2)
-        model = httpx.get(url + "/v1/models").json()["data"][0]["id"]
-        return [ttft(url, model, args.route, i) for i in range(args.requests)]
+        model = httpx.get(server.url + "/v1/models").json()["data"][0]["id"]
+        return [ttft(server.url, model, args.route, i) for i in range(args.requests)]
     finally:
-        proc.terminate()
-        proc.wait(60)
+        server.close()
 
 
 def ttft(url: str, model: str, route: str, i: int) -> float:
