@@ -6,20 +6,14 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import threading
 
 import httpx
 
+from tpserve.engine.tp.launch import free_port
 from tpserve.tools.client import ToolError
 from tpserve.tools.fleet.replica import relay, replica_argv, wait_until_answers
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _access_log(line: str) -> bool:
