@@ -166,10 +166,14 @@ def test_mtp_draft_loop_runs(trained):
     path = trained / "model"
     model = TrainModel(ModelConfig.from_file(path))
     load_checkpoint_(model, path)
-    stats = draft_and_verify(model, list(range(5, 40)), max_new_tokens=6, k=3)
+    # 12 + 6 tokens: every position keeps all the pools it sees (index_topk 16 = 4 pools of 4), so no discrete
+    # selection turns the rounding of forwards of other lengths into another token (a near-untrained indexer's
+    # scores tie, many at relu's zero)
+    prompt = list(range(5, 17))
+    stats = draft_and_verify(model, prompt, max_new_tokens=6, k=3)
     assert stats["drafted"] >= 3 and 0 <= stats["accepted"] <= stats["drafted"]
     # the loop's output is the model's own greedy continuation, drafts or not
-    assert stats["tokens"] == draft_and_verify(model, list(range(5, 40)), max_new_tokens=6, k=0)["tokens"]
+    assert stats["tokens"] == draft_and_verify(model, prompt, max_new_tokens=6, k=0)["tokens"]
 
 
 def test_dense_moe_equals_the_expert_loop():
