@@ -26,7 +26,7 @@ import torch
 
 from tpserve import LLM, SamplingParams
 from tpserve.engine import sampler
-from tpserve.tools.bench.spec import decode_rate, step_times
+from tpserve.tools.bench.spec import Step, decode_rate, step_times
 from tpserve.tools.acceptance import mtp_prompts
 
 
@@ -89,12 +89,12 @@ def breakdown(llm: LLM, prompts: list[str], sp: SamplingParams, device: str, pre
                 nonlocal steps, tokens
                 snap = dict(timer.totals)
                 out = step()
-                seconds, prefill, new = timed_steps[-1] if timed_steps else (0.0, True, 0)
-                if prefill == prefill_steps:
+                last = timed_steps[-1] if timed_steps else Step(0.0, True, 0)
+                if last.prefill == prefill_steps:
                     for name, total in timer.totals.items():
                         decode[name] += total - snap.get(name, 0.0)
-                    decode["step"] += seconds
-                    steps, tokens = steps + 1, tokens + new
+                    decode["step"] += last.seconds
+                    steps, tokens = steps + 1, tokens + last.tokens
                 return out
             eng.step = step_with_phases
             llm.generate(prompts, sp)

@@ -74,7 +74,7 @@ def batch_steps(llm, prompts: list[str], sp) -> list[tuple[int, int]]:
             llm.generate(prompts, sp)
     finally:
         eng.step = step
-    return [(r, n) for r, (_, _, n) in zip(running, steps) if n]
+    return [(r, s.tokens) for r, s in zip(running, steps) if s.tokens]
 
 
 if __name__ == "__main__":

@@ -17,8 +17,8 @@ def test_step_times_mark_the_prefill_steps(tiny):
         # step's token counts at its launch, and a last call lands the step in flight); then the engine is as
         # before
         want = [(True, 1), (False, 1), (False, 1), (False, 1)] + ([(False, 0)] if async_scheduling else [])
-        assert [(prefill, tokens) for _, prefill, tokens in steps] == want
-        assert all(seconds > 0 for seconds, _, _ in steps)
+        assert [(s.prefill, s.tokens) for s in steps] == want
+        assert all(s.seconds > 0 and not s.drafted for s in steps)
         assert "step" not in vars(llm.engine) and "schedule" not in vars(llm.engine.scheduler)
         llm.shutdown()
 
@@ -45,6 +45,17 @@ def test_bench_spec_small_run(tiny, tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "| decode tok/s | decode speedup |" in printed and "| ms a call: prefill / decode / outside |" in printed
     assert "adaptive k's own measurements at batch 1: batch<=1 " in printed
+    # the decode steps, those that verified drafts and the others, as the bench timed them
+    for r in res["rows"]:
+        modes = r["decode_modes"]
+        assert modes["spec"]["tokens"] + modes["plain"]["tokens"] > 0
+        verified = modes["spec"]["steps"] > 0
+        assert verified == (r["mean_accepted_length"] is not None)
+        if r["setting"] == "off":
+            assert not verified
+        elif r["setting"].startswith("k="):  # (adaptive k drafts or not as its own timings have it)
+            assert verified
+    assert "its decode steps timed from outside the engine at batch 1: " in printed
 
 
 def test_bench_spec_passes_every_engine_switch_through(monkeypatch):

@@ -9,7 +9,9 @@ prefill also runs the MTP layer over every prompt position), the mean accepted l
 tokens equal plain decoding's, and the KDA state bytes per request (which speculation must leave
 unchanged). Every setting first runs one untimed pass of the same generate calls, so the timed
 passes see the adaptive policy as a long-running server does, after it has learned its costs and
-acceptance (it needs ~80 steps from a cold start). Optional PNG plot.
+acceptance (it needs ~80 steps from a cold start). For adaptive k it prints what the policy measured of its own
+steps beside its decode steps timed from outside the engine, drafting and plain apart (`decode_modes`). Optional
+PNG plot.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
+from typing import NamedTuple
 
 from tpserve.tools.common import add_engine_args, engine_config_from_args
 
@@ -51,12 +54,22 @@ def _state_bytes(llm) -> int:
     return total // slots
 
 
+class Step(NamedTuple):
+    """One engine step as `step_times` saw it."""
+
+    seconds: float
+    prefill: bool  # it held a prefill chunk
+    tokens: int  # tokens it emitted
+    drafted: bool = False  # it verified drafts
+
+
 @contextlib.contextmanager
 def step_times(engine):
-    """Time every engine step: yields a list that fills with (seconds, whether it held a prefill
-    chunk, tokens it emitted). With async scheduling a decode step's tokens count when it is launched (as
-    placeholders), and a call that only lands the step in flight counts its wait with no tokens."""
-    steps: list[tuple[float, bool, int]] = []
+    """Time every engine step: yields a list that fills with a `Step` each. With async scheduling a decode
+    step's tokens count when it is launched (as placeholders), and a call that only lands the step in flight
+    counts its wait with no tokens."""
+    steps: list[Step] = []
+    counters = engine.speculator.counters if engine.speculator is not None else None
     schedule, step = engine.scheduler.schedule, engine.step
     prefill = [False]
 
@@ -70,6 +83,7 @@ def step_times(engine):
 
     def timed_step():
         before = generated()
+        verified = counters.num_drafts if counters is not None else 0
         prefill[0] = False  # (a call that schedules nothing: it lands the async step in flight)
         t = time.perf_counter()
         out = step()
@@ -77,7 +91,8 @@ def step_times(engine):
         # finished requests leave the engine in the step that reports them (final-only requests report
         # nothing else): count them from their outputs, the rest from the engine's sequences
         gone = sum(len(c.token_ids) for o in out if o.finished for c in o.outputs)
-        steps.append((seconds, prefill[0], generated() + gone - before))
+        drafted = counters is not None and counters.num_drafts > verified
+        steps.append(Step(seconds, prefill[0], generated() + gone - before, drafted))
         return out
     engine.scheduler.schedule, engine.step = timed_schedule, timed_step
     try:
@@ -104,17 +119,29 @@ def rates_seen(llm) -> dict | None:
     return None if spec is None or not spec.spec.adaptive else spec.rates.snapshot()
 
 
-def decode_rate(steps: list[tuple[float, bool, int]]) -> float:
+def decode_rate(steps: list[Step]) -> float:
     """Tokens per second over the steps (from step_times) that held no prefill chunk."""
-    decode = [(s, n) for s, had_prefill, n in steps if not had_prefill]
-    return sum(n for _, n in decode) / max(sum(s for s, _ in decode), 1e-9)
+    decode = [s for s in steps if not s.prefill]
+    return sum(s.tokens for s in decode) / max(sum(s.seconds for s in decode), 1e-9)
 
 
-def time_split(steps: list[tuple[float, bool, int]], seconds: float, calls: int) -> dict:
+def decode_modes(steps: list[Step]) -> dict:
+    """The steps without a prefill chunk, those that verified drafts and the others apart: steps, tokens,
+    tokens per second (what adaptive k's own measurements estimate, here timed from outside the engine)."""
+    out = {}
+    for mode, drafted in (("spec", True), ("plain", False)):
+        picked = [s for s in steps if not s.prefill and s.drafted == drafted]
+        seconds = sum(s.seconds for s in picked)
+        out[mode] = {"steps": len(picked), "tokens": sum(s.tokens for s in picked),
+                     "tok_s": round(sum(s.tokens for s in picked) / seconds, 1) if seconds > 0 else None}
+    return out
+
+
+def time_split(steps: list[Step], seconds: float, calls: int) -> dict:
     """Milliseconds per generate call: in steps with a prefill chunk, in the other steps, and outside
     the engine's steps (adding requests, detokenizing, returning outputs)."""
-    prefill = sum(s for s, had_prefill, _ in steps if had_prefill)
-    decode = sum(s for s, had_prefill, _ in steps if not had_prefill)
+    prefill = sum(s.seconds for s in steps if s.prefill)
+    decode = sum(s.seconds for s in steps if not s.prefill)
     return {"prefill": 1e3 * prefill / calls, "decode": 1e3 * decode / calls,
             "outside": 1e3 * (seconds - prefill - decode) / calls}
 
@@ -173,7 +200,7 @@ def measure(args) -> dict:
                         outs = [o for g in groups for o in llm.generate(g, sp)]
                         dt = time.perf_counter() - t0
                     if best is None or dt < best:
-                        split = time_split(steps, dt, len(groups))
+                        split, modes = time_split(steps, dt, len(groups)), decode_modes(steps)
                     best = dt if best is None else min(best, dt)
                     rate = decode_rate(steps)
                     best_decode = rate if best_decode is None else max(best_decode, rate)
@@ -186,7 +213,7 @@ def measure(args) -> dict:
                        - stats0.get("spec_decode_num_accepted_tokens", 0))
                 rows.append({"setting": name, "batch": batch, "seconds": best,
                              "tok_s": sum(map(len, tokens)) / best,
-                             "decode_tok_s": best_decode, "ms_per_call": split,
+                             "decode_tok_s": best_decode, "ms_per_call": split, "decode_modes": modes,
                              "mean_accepted_length": 1 + acc / drafts if drafts else None,
                              "equal_to_plain": tokens == reference.get(batch),
                              "outputs_equal": sum(a == b for a, b in zip(tokens, reference.get(batch, []))),
@@ -223,7 +250,10 @@ def table(result: dict) -> str:
         for mode, v in r["measured_rates"].items()
         if mode.startswith(f"batch<={MeasuredRates.bucket(r['batch'])} "))
         for r in result["rows"] if r.get("measured_rates")]
-    return "\n".join(lines + [f"KDA path: {p}" for p in paths] + seen)
+    timed = [f"its decode steps timed from outside the engine at batch {r['batch']}: " + ", ".join(
+        f"{mode} {v['tok_s']} tok/s ({v['steps']} steps)" for mode, v in r["decode_modes"].items() if v["steps"])
+        for r in result["rows"] if r.get("measured_rates")]
+    return "\n".join(lines + [f"KDA path: {p}" for p in paths] + seen + timed)
 
 
 def plot(result: dict, path: str) -> None:
