@@ -119,9 +119,9 @@ def decode_ms(llm: LLM, prompts: list[str], sp: SamplingParams) -> tuple[float, 
     """(ms per decode step, ms per emitted token) over one generate call, prefill steps left out."""
     with step_times(llm.engine) as steps:
         llm.generate(prompts, sp)
-    decode = [(seconds, tokens) for seconds, prefill, tokens in steps if not prefill]
-    seconds = sum(s for s, _ in decode)
-    return 1e3 * seconds / max(len(decode), 1), 1e3 * seconds / max(sum(t for _, t in decode), 1)
+    decode = [s for s in steps if not s.prefill]
+    seconds = sum(s.seconds for s in decode)
+    return 1e3 * seconds / max(len(decode), 1), 1e3 * seconds / max(sum(s.tokens for s in decode), 1)
 
 
 def use_stand_in(llm: LLM, stand_in: StandInExecutor) -> None:

@@ -110,8 +110,8 @@ def untimed_ms_per_token(llm: LLM, prompts: list[str], sp: SamplingParams, prefi
     with step_times(llm.engine) as steps:
         llm.generate(prompts, sp)
     if prefill_steps:
-        timed = [(s, n) for s, prefill, n in steps if prefill]
-        return 1e3 * sum(s for s, _ in timed) / max(1, sum(n for _, n in timed))
+        timed = [s for s in steps if s.prefill]
+        return 1e3 * sum(s.seconds for s in timed) / max(1, sum(s.tokens for s in timed))
     rate = decode_rate(steps)
     return 1e3 / rate if rate else float("nan")
 
