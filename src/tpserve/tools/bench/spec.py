@@ -131,9 +131,9 @@ def decode_modes(steps: list[Step]) -> dict:
     out = {}
     for mode, drafted in (("spec", True), ("plain", False)):
         picked = [s for s in steps if not s.prefill and s.drafted == drafted]
-        seconds = sum(s.seconds for s in picked)
-        out[mode] = {"steps": len(picked), "tokens": sum(s.tokens for s in picked),
-                     "tok_s": round(sum(s.tokens for s in picked) / seconds, 1) if seconds > 0 else None}
+        tokens, seconds = sum(s.tokens for s in picked), sum(s.seconds for s in picked)
+        out[mode] = {"steps": len(picked), "tokens": tokens,
+                     "tok_s": round(tokens / seconds, 1) if seconds > 0 else None}
     return out
 
 
