@@ -18,6 +18,7 @@ def test_step_times_mark_the_prefill_steps(tiny):
         # before
         want = [(True, 1), (False, 1), (False, 1), (False, 1)] + ([(False, 0)] if async_scheduling else [])
         assert [(s.prefill, s.tokens) for s in steps] == want
+        assert all(s.seqs == 1 for s in steps)  # (the landing call: the step in flight's)
         assert all(s.seconds > 0 and not s.drafted for s in steps)
         assert "step" not in vars(llm.engine) and "schedule" not in vars(llm.engine.scheduler)
         llm.shutdown()
@@ -55,7 +56,21 @@ def test_bench_spec_small_run(tiny, tmp_path, capsys):
             assert not verified
         elif r["setting"].startswith("k="):  # (adaptive k drafts or not as its own timings have it)
             assert verified
-    assert "its decode steps timed from outside the engine at batch 1: " in printed
+    assert "its decode steps of batch <= 1 timed from outside the engine: " in printed
+    assert "; without the speculator: plain " in printed
+
+
+def test_decode_modes_compare_the_steps_of_the_batch_bucket():
+    """The steps of the batch's power-of-two bucket only (adaptive k compares the modes there): a tail step
+    of fewer sequences, or a prefill step, does not lower a mode's rate."""
+    from tpserve.tools.bench.spec import Step, decode_modes
+
+    steps = [Step(0.010, True, 16, False, 16), Step(0.002, False, 16, False, 16), Step(0.002, False, 12, False, 12),
+             Step(0.004, False, 64, True, 16), Step(0.002, False, 2, False, 2), Step(0.003, False, 9, True, 2)]
+    modes = decode_modes(steps, 16)
+    assert modes["plain"] == {"steps": 2, "tokens": 28, "tok_s": 7000.0, "ms_per_step": 2.0}
+    assert modes["spec"] == {"steps": 1, "tokens": 64, "tok_s": 16000.0, "ms_per_step": 4.0}
+    assert decode_modes(steps, 2)["spec"]["tokens"] == 9
 
 
 def test_bench_spec_passes_every_engine_switch_through(monkeypatch):

@@ -61,6 +61,7 @@ class Step(NamedTuple):
     prefill: bool  # it held a prefill chunk
     tokens: int  # tokens it emitted
     drafted: bool = False  # it verified drafts
+    seqs: int = 0  # sequences it ran (a call that only lands the step in flight: that step's)
 
 
 @contextlib.contextmanager
@@ -71,11 +72,13 @@ def step_times(engine):
     steps: list[Step] = []
     counters = engine.speculator.counters if engine.speculator is not None else None
     schedule, step = engine.scheduler.schedule, engine.step
-    prefill = [False]
+    prefill, seqs = [False], [0]
 
     def timed_schedule():
         scheduled = schedule()
         prefill[0] = any(not s.decode for s in scheduled)
+        if scheduled:
+            seqs[0] = len(scheduled)
         return scheduled
 
     def generated() -> int:  # output tokens of the requests the engine holds
@@ -92,7 +95,7 @@ def step_times(engine):
         # nothing else): count them from their outputs, the rest from the engine's sequences
         gone = sum(len(c.token_ids) for o in out if o.finished for c in o.outputs)
         drafted = counters is not None and counters.num_drafts > verified
-        steps.append(Step(seconds, prefill[0], generated() + gone - before, drafted))
+        steps.append(Step(seconds, prefill[0], generated() + gone - before, drafted, seqs[0]))
         return out
     engine.scheduler.schedule, engine.step = timed_schedule, timed_step
     try:
@@ -125,15 +128,21 @@ def decode_rate(steps: list[Step]) -> float:
     return sum(s.tokens for s in decode) / max(sum(s.seconds for s in decode), 1e-9)
 
 
-def decode_modes(steps: list[Step]) -> dict:
-    """The steps without a prefill chunk, those that verified drafts and the others apart: steps, tokens,
-    tokens per second (what adaptive k's own measurements estimate, here timed from outside the engine)."""
+def decode_modes(steps: list[Step], batch: int) -> dict:
+    """The steps without a prefill chunk that ran as many sequences as `batch` up to its power-of-two bucket
+    (where adaptive k compares the modes), those that verified drafts and the others apart: steps, tokens,
+    tokens per second and ms a step (what adaptive k's own measurements estimate, here timed from outside the
+    engine)."""
+    from tpserve.engine.spec.rates import MeasuredRates
+
+    bucket = MeasuredRates.bucket(batch)
     out = {}
     for mode, drafted in (("spec", True), ("plain", False)):
-        picked = [s for s in steps if not s.prefill and s.drafted == drafted]
+        picked = [s for s in steps if not s.prefill and s.drafted == drafted and MeasuredRates.bucket(s.seqs) == bucket]
         tokens, seconds = sum(s.tokens for s in picked), sum(s.seconds for s in picked)
         out[mode] = {"steps": len(picked), "tokens": tokens,
-                     "tok_s": round(tokens / seconds, 1) if seconds > 0 else None}
+                     "tok_s": round(tokens / seconds, 1) if seconds > 0 else None,
+                     "ms_per_step": round(1e3 * seconds / len(picked), 3) if picked else None}
     return out
 
 
@@ -200,7 +209,7 @@ def measure(args) -> dict:
                         outs = [o for g in groups for o in llm.generate(g, sp)]
                         dt = time.perf_counter() - t0
                     if best is None or dt < best:
-                        split, modes = time_split(steps, dt, len(groups)), decode_modes(steps)
+                        split, modes = time_split(steps, dt, len(groups)), decode_modes(steps, batch)
                     best = dt if best is None else min(best, dt)
                     rate = decode_rate(steps)
                     best_decode = rate if best_decode is None else max(best_decode, rate)
@@ -250,9 +259,14 @@ def table(result: dict) -> str:
         for mode, v in r["measured_rates"].items()
         if mode.startswith(f"batch<={MeasuredRates.bucket(r['batch'])} "))
         for r in result["rows"] if r.get("measured_rates")]
-    timed = [f"its decode steps timed from outside the engine at batch {r['batch']}: " + ", ".join(
-        f"{mode} {v['tok_s']} tok/s ({v['steps']} steps)" for mode, v in r["decode_modes"].items() if v["steps"])
-        for r in result["rows"] if r.get("measured_rates")]
+    def modes(r: dict) -> str:
+        return ", ".join(f"{mode} {v['tok_s']} tok/s ({v['steps']} steps, {v['ms_per_step']} ms a step)"
+                         for mode, v in r["decode_modes"].items() if v["steps"])
+
+    offs = {r["batch"]: r for r in result["rows"] if r["setting"] == "off"}
+    timed = [f"its decode steps of batch <= {MeasuredRates.bucket(r['batch'])} timed from outside the engine: "
+             + modes(r) + (f"; without the speculator: {modes(offs[r['batch']])}" if r["batch"] in offs else "")
+             for r in result["rows"] if r.get("measured_rates")]
     return "\n".join(lines + [f"KDA path: {p}" for p in paths] + seen + timed)
 
 
