@@ -75,7 +75,8 @@ def test_drafting_rate_is_the_expected_tokens_over_the_measured_step_time():
         r.observe(1, True, 1, 0.002)   # drafting: 2 ms a step, one token each: 500 tok/s
     assert r.plain_leads(1) and r.measured_k(1, 7) == (0, 1)
     assert r.measured_k(1, 7, gain=6.0) == (7, 1) and not r.plain_leads(1)  # 3,000 tok/s expected
-    assert r.snapshot()["batch<=1 spec"] == {"tok_s": 500.0, "steps": 4, "expected_tok_s": 3000.0}
+    assert r.snapshot()["batch<=1 spec"] == {"tok_s": 500.0, "steps": 4, "ms_per_step": 2.0, "expected_tok_s": 3000.0,
+                                             "at_batch": 1}
     assert r.measured_k(1, 7, gain=1.5) == (0, 1) and r.plain_leads(1)  # 750 tok/s expected
     assert r.override(1, 3, gain=6.0) == 3 and not r.plain_leads(1)
     assert r.measured_k(0, 7, gain=0.0) == (7, 1)  # (nothing running: the last gain stays)

@@ -183,10 +183,12 @@ class MeasuredRates:
     def snapshot(self) -> dict:
         out = {}
         for (b, d), w in sorted(self.window.items()):
-            row = out[f"batch<={b} {'spec' if d else 'plain'}"] = {"tok_s": round(w.rate, 1), "steps": len(w)}
+            row = out[f"batch<={b} {'spec' if d else 'plain'}"] = {"tok_s": round(w.rate, 1), "steps": len(w),
+                                                                   "ms_per_step": round(1e3 * w.seconds / len(w), 3)}
             if b in self._gain:  # the rates it decides by, at the batch last asked about (`_decide`)
                 gain, batch = self._gain[b]
                 row["expected_tok_s"] = round((gain if d else batch) * len(w) / w.seconds, 1)
+                row["at_batch"] = batch
         return out
 
 

@@ -253,9 +253,9 @@ def table(result: dict) -> str:
     from tpserve.engine.spec.rates import MeasuredRates
 
     seen = [f"adaptive k's own measurements at batch {r['batch']}: " + ", ".join(
-        f"{mode} {v['tok_s']} tok/s ({v['steps']} steps"
-        + (f"; {v['expected_tok_s']} at the last batch, its acceptance expected)" if "expected_tok_s" in v
-           else ")")
+        f"{mode} {v['tok_s']} tok/s ({v['steps']} steps, {v['ms_per_step']} ms a step"
+        + (f"; {v['expected_tok_s']} at the last batch asked about, {v['at_batch']}, its acceptance expected)"
+           if "expected_tok_s" in v else ")")
         for mode, v in r["measured_rates"].items()
         if mode.startswith(f"batch<={MeasuredRates.bucket(r['batch'])} "))
         for r in result["rows"] if r.get("measured_rates")]
