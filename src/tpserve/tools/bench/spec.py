@@ -259,6 +259,7 @@ def table(result: dict) -> str:
         for mode, v in r["measured_rates"].items()
         if mode.startswith(f"batch<={MeasuredRates.bucket(r['batch'])} "))
         for r in result["rows"] if r.get("measured_rates")]
+
     def modes(r: dict) -> str:
         return ", ".join(f"{mode} {v['tok_s']} tok/s ({v['steps']} steps, {v['ms_per_step']} ms a step)"
                          for mode, v in r["decode_modes"].items() if v["steps"])
