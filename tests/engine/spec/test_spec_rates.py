@@ -384,6 +384,7 @@ def test_adaptive_ends_a_request_plainly_where_plain_steps_are_shorter(plain, fu
         rates.observe(1, True, 8, fused_ms / 1000)
     rates.observe = lambda *a: None  # (this CPU's own step times would move them)
     spec.policy.expected_emitted = lambda batch, running, k: 8.0 * batch  # (as the planted drafting steps emit)
+    spec._prompt_pass_pays = lambda seq, rows: True  # (the planted steps are not this CPU's: its prompt passes are)
     seen, next_k = [], spec._next_k
 
     def spy(*a, **kw):
@@ -401,4 +402,56 @@ def test_adaptive_ends_a_request_plainly_where_plain_steps_are_shorter(plain, fu
     ends = [k for left, k in seen if 2 <= left <= 3]
     assert ends and all(k == (0 if fused_ms > 3 else 3) for k in ends), seen
     assert all(k == 3 for left, k in seen if left >= 4), seen
+    llm.shutdown()
+
+
+def test_saved_per_token_compares_the_modes_until_drafting_is_stale():
+    """Seconds drafting saves per emitted token at a batch's bucket (the prompt pass's pay-back): 1/plain - 1/spec
+    at the gain asked about; None before both modes are measured, and once drafting has not been measured for its
+    probe interval (it must run to be measured again)."""
+    from tpserve.engine.spec.rates import MeasuredRates
+
+    r = MeasuredRates()
+    for _ in range(MeasuredRates.MIN_OBS):
+        r.observe(16, False, 16, 0.001)  # plain: 16,000 tok/s
+        assert r.saved_per_token(16) is None
+        r.observe(16, True, 40, 0.002)  # drafting: 20,000 tok/s
+    assert r.saved_per_token(16) == pytest.approx(1 / 16_000 - 1 / 20_000)
+    assert r.measured_k(16, 7, gain=24.0) == (0, 1)  # 12,000 tok/s expected: drafting costs
+    assert r.saved_per_token(12) == pytest.approx(1 / 16_000 - 1 / 12_000) and r.saved_per_token(4) is None
+    for _ in range(MeasuredRates.CLEAR_PROBE - 2):  # (a 1.33x lead: drafting re-measured every CLEAR_PROBE steps)
+        r.tick()
+    assert r.saved_per_token(16) is not None
+    r.tick()
+    assert r.saved_per_token(16) is None
+
+
+@pytest.mark.parametrize("row_ms,drafts", [(1000.0, False), (1e-6, True)])
+def test_a_prompt_pass_runs_only_where_drafting_pays_for_it(plain, row_ms, drafts):
+    """Adaptive k runs a prompt's MTP pass where the time drafting is measured to save per token, over the tokens
+    the request may still emit, pays for the pass's rows: planted rates (plain 1 ms a token, drafting 8 tokens in
+    3.5 ms) save 0.56 ms a token, so a pass of 1 s a row does not pay (the request decodes plainly and the
+    speculator steps aside) and one of 1 ns a row does. Tokens stay plain decoding's either way."""
+    from tpserve.engine.spec.rates import MeasuredRates
+
+    llm, _ = fused_llm({"method": "mtp", "num_speculative_tokens": 3})
+    spec = llm.engine.speculator
+    spec.rates = rates = MeasuredRates()
+    for _ in range(8):
+        rates.observe(1, False, 1, 0.001)
+        rates.observe(1, True, 8, 0.0035)
+    rates.observe = lambda *a: None  # (this CPU's own step times would move them)
+    spec.policy.expected_emitted = lambda batch, running, k: 8.0 * batch
+    measure = type(spec).propose
+
+    def planted(self, *a, **kw):  # each decision sees the planted cost of a row's pass
+        self.pass_row_seconds = row_ms / 1000
+        return measure(self, *a, **kw)
+    spec.propose = planted.__get__(spec)
+    sp = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    before = spec.counters.num_drafts
+    got, want = (m.generate([PROMPTS[0]], sp)[0].outputs[0].token_ids for m in (llm, plain))
+    assert got == want
+    assert (spec.counters.num_drafts > before) == drafts
+    assert (spec.idle_since is not None) == (not drafts)  # no request able to draft: steps run without it
     llm.shutdown()

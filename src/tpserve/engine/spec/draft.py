@@ -67,6 +67,7 @@ class Drafter:
                  generator: torch.Generator, max_model_len: int, max_k: int):
         self.executor, self.scheduler, self.policy, self.calibration = executor, scheduler, policy, calibration
         self.generator, self.max_model_len, self.max_k = generator, max_model_len, max_k
+        self.rows = 0  # the rows the last `draft` caught up
 
     def budget(self, seq: Sequence, k: int) -> int:
         """Drafts this sequence may take next step (room before max_tokens / max_model_len, blocks)."""
@@ -81,13 +82,16 @@ class Drafter:
             k -= 1
         return max(k, 0)
 
-    def draft(self, scheduled: list[Scheduled], starts: list[int], k: int, explore: bool) -> tuple[int, int] | None:
+    def draft(self, scheduled: list[Scheduled], starts: list[int], k: int, explore: bool,
+              prompt_pass=None) -> tuple[int, int] | None:
         """The catch-up over the positions this step made real (from `starts`), then up to k drafts per
         sequence -> (the most drafts a sequence asked for, sequences drafting); None: nothing caught up.
         Where a chain graph runs, a drafting prompt's rows before its last catch up first, on their own: its last
         row then drafts as a decode row does (all depths in one replay, not an eager pass and one call a depth;
-        without graphs that would be one more eager pass)."""
-        plan, rows, drafting, head, head_rows = self._catch_up(scheduled, starts, k)
+        without graphs that would be one more eager pass). prompt_pass(seq, rows) -> whether a prompt's MTP pass
+        over its rows runs (else it decodes plainly); None: every prompt's does. self.rows: the rows caught up."""
+        plan, rows, drafting, head, head_rows = self._catch_up(scheduled, starts, k, prompt_pass)
+        self.rows = len(plan.ids) + len(head.ids)
         if not plan.ids:
             return None
         if head.ids:
@@ -111,7 +115,7 @@ class Drafter:
                 at.append(i)
         self._take_chain(drafting, draws, at, explore)
 
-    def _catch_up(self, scheduled: list[Scheduled], starts: list[int], k: int):
+    def _catch_up(self, scheduled: list[Scheduled], starts: list[int], k: int, prompt_pass=None):
         """The catch-up plan (the positions each sequence made real, with the main model's hidden rows), its
         source rows, the sequences that draft after it, and the plan (and rows) of drafting prompts' rows
         before their last."""
@@ -119,7 +123,11 @@ class Drafter:
         head, head_rows, split = MtpPlan(), [], self.executor.chain_depths(None) > 0
         for s, start in zip(scheduled, starts):
             seq = s.seq
-            if seq.status is Status.RUNNING and seq.mtp_computed == start and seq.num_computed > start:
+            current = seq.status is Status.RUNNING and seq.mtp_computed == start and seq.num_computed > start
+            if current and not s.decode and prompt_pass is not None and \
+                    not prompt_pass(seq, seq.num_tokens - start):
+                seq.mtp_computed = -1  # drafting would not pay for its prompt's pass: it decodes plainly
+            elif current:
                 want = self.budget(seq, k)
                 last = seq.num_computed - 1
                 if want > 0 and not s.decode and split:

@@ -116,16 +116,35 @@ class MeasuredRates:
         if recapped or decision is None or decision[0] == key:  # the faster mode's rate moves little step to step
             self._decide(b)
 
-    def _decide(self, b: int) -> None:
-        """Bucket b's slower mode and how often it is re-measured, once both modes are measured."""
-        plain_key, spec_key = (b, False), (b, True)
-        plain_win, spec_win = self.window.get(plain_key), self.window.get(spec_key)
+    def _compared(self, b: int) -> tuple[float, float] | None:
+        """Bucket b's (plain, drafting) tok/s as the modes are compared, or None before both have MIN_OBS steps."""
+        plain_win, spec_win = self.window.get((b, False)), self.window.get((b, True))
         if plain_win is None or spec_win is None or min(len(plain_win), len(spec_win)) < self.MIN_OBS:
-            return
-        plain, spec = plain_win.rate, spec_win.rate
+            return None
         if b in self._gain:  # at the batch asked about: its tokens a step over each mode's time a step
             gain, batch = self._gain[b]
-            plain, spec = batch * len(plain_win) / plain_win.seconds, gain * len(spec_win) / spec_win.seconds
+            return batch * len(plain_win) / plain_win.seconds, gain * len(spec_win) / spec_win.seconds
+        return plain_win.rate, spec_win.rate
+
+    def saved_per_token(self, batch: int) -> float | None:
+        """Seconds drafting saves per token the batch emits, against plain decoding, in this batch's bucket as the
+        modes are compared (negative: it costs); None where not both measured, or where drafting was last
+        measured longer ago than its probe interval (stale: it must run to be measured again)."""
+        b = _bucket(batch)
+        compared, decision = self._compared(b), self._decision.get(b)
+        if compared is None or decision is None or self.step - self.last_seen[(b, True)] >= decision[1]:
+            return None
+        plain, spec = compared
+        return 1.0 / plain - 1.0 / spec if min(plain, spec) > 0 else None
+
+    def _decide(self, b: int) -> None:
+        """Bucket b's slower mode and how often it is re-measured, once both modes are measured."""
+        compared = self._compared(b)
+        if compared is None:
+            return
+        plain, spec = compared
+        plain_key, spec_key = (b, False), (b, True)
+        plain_win, spec_win = self.window[plain_key], self.window[spec_key]
         lead = spec / plain if spec > plain else plain / spec  # (max / min)
         every = (self.SPEC_PROBE if lead <= self.CLEAR_LEAD else self.CLEAR_PROBE if lead <= self.WIDE_LEAD
                  else self.WIDE_PROBE)

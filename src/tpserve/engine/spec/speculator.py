@@ -90,6 +90,7 @@ class Speculator:
         self.pending_rate: tuple | None = None  # a fused step's MeasuredRates observation, filed by `while_waiting`
         self.mark: float | None = None  # when `_next_k` last ran (None: steps without the speculator since)
         self.wait_seconds = 0.0  # a plain step's wait for its forward (`verify`)
+        self.pass_row_seconds: float | None = None  # a prompt row's MTP pass, measured (`propose`)
 
     def set_adaptive(self, on: bool, fixed_k: int | None = None) -> None:
         """Switch between adaptive k and a fixed k in a running engine (bench/spec_ab.py --one-engine).
@@ -220,15 +221,30 @@ class Speculator:
         k = self._next_k(scheduled, step_seconds, step_tokens)
         if k is None:
             return
-        drafted = self.drafter.draft(scheduled, starts, k, self.choice.explore)
+        prompts = not all(s.decode for s in scheduled)
+        t1 = time.perf_counter()
+        drafted = self.drafter.draft(scheduled, starts, k, self.choice.explore,
+                                     self._prompt_pass_pays if prompts and self.spec.adaptive else None)
         if drafted is None:
             return
         deepest, num_drafting = drafted
         self.last_draft_seconds = time.perf_counter() - t0
-        if not all(s.decode for s in scheduled):  # the catch-up ran over prompt rows too: not what a decode
-            self.last_draft_seconds = None  # step's drafts cost (the next step's measured rate would carry it)
+        if prompts:  # the catch-up ran over prompt rows too: not what a decode step's drafts cost (the next
+            self.last_draft_seconds = None  # step's measured rate would carry it), but a prompt row's pass (with
+            seconds = (time.perf_counter() - t1) / max(self.drafter.rows, 1)  # any decode rows': over, not under)
+            old = self.pass_row_seconds
+            self.pass_row_seconds = seconds if old is None else 0.75 * old + 0.25 * seconds
         elif deepest > 0 and self.spec.adaptive:
             self.policy.observe_draft(deepest, max(self.last_draft_seconds, 1e-9), num_drafting)
+
+    def _prompt_pass_pays(self, seq: Sequence, rows: int) -> bool:
+        """Whether a prompt's MTP pass over its `rows` is paid back: by the time drafting is measured to save per
+        token at the running batch (MeasuredRates.saved_per_token), over the tokens the request may still emit.
+        It runs where either is not measured, where drafting is due to be measured again, and for a fixed k."""
+        saved = self.rates.saved_per_token(len(self.scheduler.running))
+        if saved is None or self.pass_row_seconds is None or fixed(seq):
+            return True
+        return room(seq, self.max_model_len) * saved > rows * self.pass_row_seconds
 
     def _next_k(self, scheduled: list[Scheduled], step_seconds: float, step_tokens: int,
                 fused: bool = False) -> int | None:
@@ -253,11 +269,12 @@ class Speculator:
         # (above the graphs only requests with a fixed k draft: `Drafter.budget`)
         k = self.last_k = 0 if above_graphs else self._choose_k(batch, running, fused)
         self.idle_steps = self.idle_steps + 1 if k == 0 else 0
-        stop = self.idle_steps > IDLE_STEPS or (k == 0 and self.rates.plain_leads(batch))
+        none_can = running and not any(seq.mtp_computed >= 0 for seq in running)  # (e.g. no prompt pass paid)
+        stop = self.idle_steps > IDLE_STEPS or (k == 0 and self.rates.plain_leads(batch)) or none_can
         if stop and not any(fixed(seq) for seq in running):
             # speculation has not paid for a while (large batches), or this batch size measures plain decoding
-            # faster and drafting is not due for a probe: the MTP catch-up stops too (a prompt's MTP pass is
-            # skipped); requests that arrive later draft when k > 0 again
+            # faster and drafting is not due for a probe, or no running request can draft: the MTP catch-up
+            # stops too (a prompt's MTP pass is skipped); requests that arrive later draft when k > 0 again
             for seq in running:
                 seq.mtp_computed = -1
             self._stop_drafting(above_graphs=False)
