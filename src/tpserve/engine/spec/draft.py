@@ -67,7 +67,7 @@ class Drafter:
                  generator: torch.Generator, max_model_len: int, max_k: int):
         self.executor, self.scheduler, self.policy, self.calibration = executor, scheduler, policy, calibration
         self.generator, self.max_model_len, self.max_k = generator, max_model_len, max_k
-        self.rows = 0  # the rows the last `draft` caught up
+        self.prompt_rows = self.rows = 0  # the rows the last `draft` caught up: of prompts, of all
 
     def budget(self, seq: Sequence, k: int) -> int:
         """Drafts this sequence may take next step (room before max_tokens / max_model_len, blocks)."""
@@ -89,7 +89,7 @@ class Drafter:
         Where a chain graph runs, a drafting prompt's rows before its last catch up first, on their own: its last
         row then drafts as a decode row does (all depths in one replay, not an eager pass and one call a depth;
         without graphs that would be one more eager pass). prompt_pass(seq, rows) -> whether a prompt's MTP pass
-        over its rows runs (else it decodes plainly); None: every prompt's does. self.rows: the rows caught up."""
+        over its rows runs (else it decodes plainly); None: every prompt's does."""
         plan, rows, drafting, head, head_rows = self._catch_up(scheduled, starts, k, prompt_pass)
         self.rows = len(plan.ids) + len(head.ids)
         if not plan.ids:
@@ -120,6 +120,7 @@ class Drafter:
         source rows, the sequences that draft after it, and the plan (and rows) of drafting prompts' rows
         before their last."""
         plan, rows, drafting, base = MtpPlan(), [], [], 0
+        self.prompt_rows = 0
         head, head_rows, split = MtpPlan(), [], self.executor.chain_depths(None) > 0
         for s, start in zip(scheduled, starts):
             seq = s.seq
@@ -128,6 +129,8 @@ class Drafter:
                     not prompt_pass(seq, seq.num_tokens - start):
                 seq.mtp_computed = -1  # drafting would not pay for its prompt's pass: it decodes plainly
             elif current:
+                if not s.decode:
+                    self.prompt_rows += seq.num_computed - start
                 want = self.budget(seq, k)
                 last = seq.num_computed - 1
                 if want > 0 and not s.decode and split:

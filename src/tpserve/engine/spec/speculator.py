@@ -230,10 +230,11 @@ class Speculator:
         deepest, num_drafting = drafted
         self.last_draft_seconds = time.perf_counter() - t0
         if prompts:  # the catch-up ran over prompt rows too: not what a decode step's drafts cost (the next
-            self.last_draft_seconds = None  # step's measured rate would carry it), but a prompt row's pass (with
-            seconds = (time.perf_counter() - t1) / max(self.drafter.rows, 1)  # any decode rows': over, not under)
-            old = self.pass_row_seconds
-            self.pass_row_seconds = seconds if old is None else 0.75 * old + 0.25 * seconds
+            self.last_draft_seconds = None  # step's measured rate would carry it), but a prompt row's pass where
+            if self.drafter.prompt_rows:  # one ran (with any decode rows' beside it: over, not under)
+                seconds = (time.perf_counter() - t1) / self.drafter.rows
+                old = self.pass_row_seconds
+                self.pass_row_seconds = seconds if old is None else 0.75 * old + 0.25 * seconds
         elif deepest > 0 and self.spec.adaptive:
             self.policy.observe_draft(deepest, max(self.last_draft_seconds, 1e-9), num_drafting)
 
