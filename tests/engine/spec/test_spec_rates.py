@@ -426,6 +426,24 @@ def test_saved_per_token_compares_the_modes_until_drafting_is_stale():
     assert r.saved_per_token(16) is None
 
 
+def test_a_prompt_pass_costs_a_fixed_part_and_a_part_a_row():
+    """A pass's estimate: the larger of the least pass time and the least time a row times its rows (a short
+    prompt pays the launches, a long one its rows); one slow pass (a kernel's first load) moves neither, and the
+    estimate rises once the window holds only dearer passes."""
+    from tpserve.engine.spec.rates import PassCost
+
+    cost = PassCost()
+    assert cost.estimate(10) is None
+    cost.observe(0.013, 10)  # 13 ms for 10 rows
+    cost.observe(0.0141, 300)  # 14.1 ms for 300 rows: 47 us a row
+    cost.observe(0.500, 100)  # a slow first pass
+    assert cost.estimate(10) == pytest.approx(0.013) and cost.estimate(1000) == pytest.approx(0.047)
+    for _ in range(PassCost.WINDOW):
+        cost.observe(0.020, 100)
+    assert cost.estimate(10) == pytest.approx(0.020) and cost.estimate(1000) == pytest.approx(0.2)
+    assert cost.snapshot()["measured"] == PassCost.WINDOW and cost.snapshot()["pass_ms"] == 20.0
+
+
 @pytest.mark.parametrize("row_ms,drafts", [(1000.0, False), (1e-6, True)])
 def test_a_prompt_pass_runs_only_where_drafting_pays_for_it(plain, row_ms, drafts):
     """Adaptive k runs a prompt's MTP pass where the time drafting is measured to save per token, over the tokens
@@ -442,12 +460,8 @@ def test_a_prompt_pass_runs_only_where_drafting_pays_for_it(plain, row_ms, draft
         rates.observe(1, True, 8, 0.0035)
     rates.observe = lambda *a: None  # (this CPU's own step times would move them)
     spec.policy.expected_emitted = lambda batch, running, k: 8.0 * batch
-    measure = type(spec).propose
-
-    def planted(self, *a, **kw):  # each decision sees the planted cost of a row's pass
-        self.pass_row_seconds = row_ms / 1000
-        return measure(self, *a, **kw)
-    spec.propose = planted.__get__(spec)
+    spec.pass_cost.observe(row_ms / 1000, 1)
+    spec.pass_cost.observe = lambda seconds, rows: None  # each decision sees the planted cost of a row's pass
     sp = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     before = spec.counters.num_drafts
     got, want = (m.generate([PROMPTS[0]], sp)[0].outputs[0].token_ids for m in (llm, plain))

@@ -43,9 +43,12 @@ def test_bench_spec_small_run(tiny, tmp_path, capsys):
     assert off["speedup"] == off["decode_speedup"] == 1.0
     assert [r["measured_rates"] is None for r in res["rows"]] == [True, True, False]  # adaptive k's own rates
     assert all(v["steps"] > 0 and v["tok_s"] > 0 for v in res["rows"][2]["measured_rates"].values())
+    passes = res["rows"][2]["prompt_passes"]  # the timed run's prompts each asked the pay-back rule
+    assert passes["ran"] + passes["skipped"] == res["prompts"] and passes["measured"] >= 1
     printed = capsys.readouterr().out
     assert "| decode tok/s | decode speedup |" in printed and "| ms a call: prefill / decode / outside |" in printed
     assert "adaptive k's own measurements at batch 1: batch<=1 " in printed
+    assert "adaptive k's prompts at batch 1 (timed runs): MTP pass run " in printed
     # the decode steps, those that verified drafts and the others, as the bench timed them
     for r in res["rows"]:
         modes = r["decode_modes"]

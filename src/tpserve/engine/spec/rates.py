@@ -211,6 +211,34 @@ class MeasuredRates:
         return out
 
 
+class PassCost:
+    """What a prompt's MTP pass (its catch-up and first drafts) costs, from the last WINDOW passes measured (seconds,
+    rows): a fixed part (launches) plus a part a row, so at least the least pass time and at least the least time a
+    row times the rows; the larger of the two is the estimate. Wall time only gains from noise and one-time work
+    (a kernel's first load), so one slow pass does not stop the later ones. `ran` and `skipped` count the prompts
+    the pay-back rule let run or sent to plain decoding."""
+
+    WINDOW = 16
+
+    def __init__(self):
+        self.seen: deque[tuple[float, int]] = deque(maxlen=self.WINDOW)
+        self.ran = self.skipped = 0
+
+    def observe(self, seconds: float, rows: int) -> None:
+        self.seen.append((seconds, max(rows, 1)))
+
+    def estimate(self, rows: int) -> float | None:
+        """Seconds a pass over `rows` is expected to take, None before any was measured."""
+        if not self.seen:
+            return None
+        return max(min(t for t, _ in self.seen), rows * min(t / r for t, r in self.seen))
+
+    def snapshot(self) -> dict:
+        least = self.seen and (1e3 * min(t for t, _ in self.seen), 1e3 * min(t / r for t, r in self.seen))
+        return {"pass_ms": round(least[0], 3) if least else None, "row_ms": round(least[1], 4) if least else None,
+                "measured": len(self.seen), "ran": self.ran, "skipped": self.skipped}
+
+
 class Calibration:
     """How far the drafter's own probabilities are from the measured acceptance: factor = accepted /
     sum of the probabilities of the drafts verified (exploration steps only, so truncation does not

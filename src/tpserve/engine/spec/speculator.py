@@ -26,7 +26,7 @@ from tpserve.engine.spec import accept
 from tpserve.engine.spec.accept import SpecCounters
 from tpserve.engine.spec.draft import Drafter, fixed, room
 from tpserve.engine.spec.policy import SpecPolicy
-from tpserve.engine.spec.rates import Calibration, MeasuredRates
+from tpserve.engine.spec.rates import Calibration, MeasuredRates, PassCost
 from tpserve.model.config import ModelConfig
 
 IDLE_STEPS = 8  # after this many steps in a row with k = 0 the MTP layer stops running
@@ -90,7 +90,7 @@ class Speculator:
         self.pending_rate: tuple | None = None  # a fused step's MeasuredRates observation, filed by `while_waiting`
         self.mark: float | None = None  # when `_next_k` last ran (None: steps without the speculator since)
         self.wait_seconds = 0.0  # a plain step's wait for its forward (`verify`)
-        self.pass_row_seconds: float | None = None  # a prompt row's MTP pass, measured (`propose`)
+        self.pass_cost = PassCost()  # a prompt row's MTP pass, measured (`propose`)
 
     def set_adaptive(self, on: bool, fixed_k: int | None = None) -> None:
         """Switch between adaptive k and a fixed k in a running engine (bench/spec_ab.py --one-engine).
@@ -230,22 +230,22 @@ class Speculator:
         deepest, num_drafting = drafted
         self.last_draft_seconds = time.perf_counter() - t0
         if prompts:  # the catch-up ran over prompt rows too: not what a decode step's drafts cost (the next
-            self.last_draft_seconds = None  # step's measured rate would carry it), but a prompt row's pass where
-            if self.drafter.prompt_rows:  # one ran (with any decode rows' beside it: over, not under)
-                seconds = (time.perf_counter() - t1) / self.drafter.rows
-                old = self.pass_row_seconds
-                self.pass_row_seconds = seconds if old is None else 0.75 * old + 0.25 * seconds
+            self.last_draft_seconds = None  # step's measured rate would carry it), but a prompt's pass where one
+            if self.drafter.prompt_rows:  # ran (with any decode rows' beside it: over, not under)
+                self.pass_cost.observe(time.perf_counter() - t1, self.drafter.rows)
         elif deepest > 0 and self.spec.adaptive:
             self.policy.observe_draft(deepest, max(self.last_draft_seconds, 1e-9), num_drafting)
 
     def _prompt_pass_pays(self, seq: Sequence, rows: int) -> bool:
         """Whether a prompt's MTP pass over its `rows` is paid back: by the time drafting is measured to save per
-        token at the running batch (MeasuredRates.saved_per_token), over the tokens the request may still emit.
-        It runs where either is not measured, where drafting is due to be measured again, and for a fixed k."""
+        token at the running batch (MeasuredRates.saved_per_token), over the tokens the request may still emit,
+        against the pass's estimated cost (PassCost). It runs where either is not measured, where drafting is due to be measured again, and for a fixed k."""
         saved = self.rates.saved_per_token(len(self.scheduler.running))
-        if saved is None or self.pass_row_seconds is None or fixed(seq):
-            return True
-        return room(seq, self.max_model_len) * saved > rows * self.pass_row_seconds
+        cost = self.pass_cost.estimate(rows)
+        pays = saved is None or cost is None or fixed(seq) or room(seq, self.max_model_len) * saved > cost
+        self.pass_cost.ran += pays
+        self.pass_cost.skipped += not pays
+        return pays
 
     def _next_k(self, scheduled: list[Scheduled], step_seconds: float, step_tokens: int,
                 fused: bool = False) -> int | None:

@@ -122,6 +122,12 @@ def rates_seen(llm) -> dict | None:
     return None if spec is None or not spec.spec.adaptive else spec.rates.snapshot()
 
 
+def prompt_passes_seen(llm) -> dict | None:
+    """Adaptive k's prompt MTP passes: how many its pay-back rule ran and skipped, their least measured costs."""
+    spec = llm.engine.speculator
+    return None if spec is None or not spec.spec.adaptive else spec.pass_cost.snapshot()
+
+
 def decode_rate(steps: list[Step]) -> float:
     """Tokens per second over the steps (from step_times) that held no prefill chunk."""
     decode = [s for s in steps if not s.prefill]
@@ -203,6 +209,7 @@ def measure(args) -> dict:
                 for g in groups:
                     llm.generate(g, sp)
                 best, best_decode, outs, stats0 = None, None, None, llm.engine.stats()
+                passes0 = prompt_passes_seen(llm)
                 for _ in range(args.repeats):
                     with step_times(llm.engine) as steps:
                         t0 = time.perf_counter()
@@ -213,7 +220,9 @@ def measure(args) -> dict:
                     best = dt if best is None else min(best, dt)
                     rate = decode_rate(steps)
                     best_decode = rate if best_decode is None else max(best_decode, rate)
-                stats = llm.engine.stats()
+                stats, passes = llm.engine.stats(), prompt_passes_seen(llm)
+                if passes:  # the timed runs' prompts
+                    passes.update(ran=passes["ran"] - passes0["ran"], skipped=passes["skipped"] - passes0["skipped"])
                 tokens = [o.outputs[0].token_ids for o in outs]
                 if spec is None:
                     reference[batch] = tokens
@@ -227,7 +236,7 @@ def measure(args) -> dict:
                              "equal_to_plain": tokens == reference.get(batch),
                              "outputs_equal": sum(a == b for a, b in zip(tokens, reference.get(batch, []))),
                              "outputs": len(tokens), "kda_state_bytes_per_request": state, "kda_path": kda_path,
-                             "measured_rates": rates_seen(llm)})
+                             "measured_rates": rates_seen(llm), "prompt_passes": passes})
                 bar.update(1)
             llm.shutdown()
             del llm
@@ -268,7 +277,10 @@ def table(result: dict) -> str:
     timed = [f"its decode steps of batch <= {MeasuredRates.bucket(r['batch'])} timed from outside the engine: "
              + modes(r) + (f"; without the speculator: {modes(offs[r['batch']])}" if r["batch"] in offs else "")
              for r in result["rows"] if r.get("measured_rates")]
-    return "\n".join(lines + [f"KDA path: {p}" for p in paths] + seen + timed)
+    passes = [f"adaptive k's prompts at batch {r['batch']} (timed runs): MTP pass run {p['ran']}, skipped {p['skipped']} "
+              f"(decoded plainly); of its last {p['measured']} passes, the least {p['pass_ms']} ms, {p['row_ms']} ms a row"
+              for r in result["rows"] if (p := r.get("prompt_passes"))]
+    return "\n".join(lines + [f"KDA path: {p}" for p in paths] + seen + passes + timed)
 
 
 def plot(result: dict, path: str) -> None:
