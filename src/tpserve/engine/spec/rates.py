@@ -234,9 +234,11 @@ class PassCost:
         return max(min(t for t, _ in self.seen), rows * min(t / r for t, r in self.seen))
 
     def snapshot(self) -> dict:
-        least = self.seen and (1e3 * min(t for t, _ in self.seen), 1e3 * min(t / r for t, r in self.seen))
-        return {"pass_ms": round(least[0], 3) if least else None, "row_ms": round(least[1], 4) if least else None,
-                "measured": len(self.seen), "ran": self.ran, "skipped": self.skipped}
+        out = {"pass_ms": None, "row_ms": None, "measured": len(self.seen), "ran": self.ran, "skipped": self.skipped}
+        if self.seen:
+            out.update(pass_ms=round(1e3 * min(t for t, _ in self.seen), 3),
+                       row_ms=round(1e3 * min(t / r for t, r in self.seen), 4))
+        return out
 
 
 class Calibration:

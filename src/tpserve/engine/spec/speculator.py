@@ -90,7 +90,7 @@ class Speculator:
         self.pending_rate: tuple | None = None  # a fused step's MeasuredRates observation, filed by `while_waiting`
         self.mark: float | None = None  # when `_next_k` last ran (None: steps without the speculator since)
         self.wait_seconds = 0.0  # a plain step's wait for its forward (`verify`)
-        self.pass_cost = PassCost()  # a prompt row's MTP pass, measured (`propose`)
+        self.pass_cost = PassCost()  # a prompt's MTP pass, measured (`propose`)
 
     def set_adaptive(self, on: bool, fixed_k: int | None = None) -> None:
         """Switch between adaptive k and a fixed k in a running engine (bench/spec_ab.py --one-engine).
@@ -239,7 +239,8 @@ class Speculator:
     def _prompt_pass_pays(self, seq: Sequence, rows: int) -> bool:
         """Whether a prompt's MTP pass over its `rows` is paid back: by the time drafting is measured to save per
         token at the running batch (MeasuredRates.saved_per_token), over the tokens the request may still emit,
-        against the pass's estimated cost (PassCost). It runs where either is not measured, where drafting is due to be measured again, and for a fixed k."""
+        against the pass's estimated cost (PassCost). It runs where either is not measured, where drafting is due
+        to be measured again, and for a fixed k."""
         saved = self.rates.saved_per_token(len(self.scheduler.running))
         cost = self.pass_cost.estimate(rows)
         pays = saved is None or cost is None or fixed(seq) or room(seq, self.max_model_len) * saved > cost
