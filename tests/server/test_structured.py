@@ -151,6 +151,81 @@ def test_parallel_tool_calls_false_makes_one_call():
     assert '"days" </arg_key>' in one and "%json" in one and '("c" | "f")' in one
 
 
+STRICT = [{"type": "function", "function": {**TOOLS[0]["function"], "strict": True}}, TOOLS[1]]
+CALL = ("<tool_call>get_weather<arg_key>unit</arg_key><arg_value>c</arg_value><arg_key>days</arg_key>"
+        "<arg_value>3</arg_value></tool_call>")
+
+
+def strict_run(compiler, text: str, mode: str) -> str:
+    """How the auto tool_choice grammar of STRICT (reasoning `mode`) takes `text`: "whole", "prefix" (every token,
+    not an end; a call cut off) or "refused"."""
+    import llguidance
+
+    from tpserve.server.structured import strict_tools_grammar, tag_token_ids, think_token_ids
+
+    gc, tok = compiler
+    grammar = strict_tools_grammar(STRICT, several=True, tokens=tag_token_ids(tok), mode=mode,
+                                   think_ids=think_token_ids(tok))
+    matcher = llguidance.LLMatcher(gc.tokenizer, gc.lark(grammar, "strict_tools").grammar)
+    ids = tok.encode(text, add_special_tokens=False)
+    if matcher.validate_tokens(ids) < len(ids):
+        return "refused"
+    return "whole" if matcher.consume_tokens(ids) and matcher.is_accepting() else "prefix"
+
+
+@pytest.mark.parametrize("mode,want", [
+    ("off", {"text": "whole", "call": "whole", "closes": "refused", "opens": "refused"}),
+    ("open", {"text": "whole", "call": "refused", "closes": "whole", "opens": "refused"}),
+    ("auto", {"text": "whole", "call": "whole", "closes": "refused", "opens": "whole"}),
+])
+def test_strict_tools_take_any_text_then_only_valid_calls(compiler, mode, want):
+    """tool_choice "auto" with a strict tool: reasoning as the prompt left it (off; open, and closed before any
+    answer; auto, the output may open it), free text, then calls that name a declared tool, the strict tool's arguments by
+    its schema, another tool's any."""
+    got = {"text": strict_run(compiler, "It is sunny.", mode), "call": strict_run(compiler, "Let me see." + CALL, mode),
+           "closes": strict_run(compiler, "hmm</think>ok" + CALL, mode),
+           "opens": strict_run(compiler, "<think>hmm</think>ok" + CALL, mode)}
+    assert got == want
+    answer = "" if mode != "open" else "hmm</think>"
+    for bad in ("<tool_call>get_wether</tool_call>", "<tool_call>get_weather<arg_key>town</arg_key>",
+                "<tool_call>get_weather<arg_key>unit</arg_key><arg_value>k</arg_value>"):
+        assert strict_run(compiler, answer + bad, mode) == "refused", bad
+    assert strict_run(compiler, answer + "<tool_call>noop<arg_key>x</arg_key><arg_value>y</arg_value></tool_call>",
+                      mode) == "whole"
+
+
+def test_strict_tools_need_the_call_tags_as_special_tokens():
+    """With text tags free text could write a call the grammar never checked: no constraint then (as no strict)."""
+    from types import SimpleNamespace
+
+    from tpserve.server.parsers import resolve_tool_choice
+    from tpserve.server.reasoning import ReasoningMode
+    from tpserve.server.structured import strict_tools_constraint
+
+    state = SimpleNamespace(tokenizer=SimpleNamespace(get_added_vocab=lambda: {}))
+    req = SimpleNamespace(parallel_tool_calls=None)
+    assert strict_tools_constraint(state, req, resolve_tool_choice(STRICT, "auto"), ReasoningMode.OFF) is None
+
+
+@pytest.mark.parametrize("thinking", [False, True])
+def test_strict_tool_calls_through_the_server_are_valid(server, thinking):
+    """A random model pushed to call (logit_bias on the call tag, and on the end of reasoning when thinking is on)
+    calls once, validly, as the strict grammar holds it."""
+    tok = server.engine.tokenizer
+    bias = {str(tok.convert_tokens_to_ids(t)): 100 for t in ("<tool_call>", "</think>")}
+    r = post(server, "/v1/chat/completions", {"messages": USER, "tools": STRICT, "max_tokens": 60, "seed": 5,
+                                              "logit_bias": bias, "parallel_tool_calls": False,
+                                              "chat_template_kwargs": {"enable_thinking": thinking}})
+    choice = r.json()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls", choice
+    (call,) = choice["message"]["tool_calls"]
+    args = json.loads(call["function"]["arguments"])
+    if call["function"]["name"] == "get_weather":
+        assert set(args) <= {"unit", "days"} and args.get("unit", "c") in ("c", "f")
+    else:
+        assert call["function"]["name"] == "noop"
+
+
 @pytest.fixture(scope="module")
 def compiler(tiny):
     from transformers import AutoTokenizer

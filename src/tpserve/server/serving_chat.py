@@ -20,7 +20,7 @@ from tpserve.server.responses import (ChatCompletionChoice, ChatCompletionRespon
 from tpserve.server.serving_common import (chat_logprobs, cut_at_drain, merged, request_id, sampling_params, sse,
                                           sse_error)
 from tpserve.server.state import ApiError, ServerState, until_disconnect
-from tpserve.server.structured import constraint_for_chat, logit_bias
+from tpserve.server.structured import constraint_for_chat, logit_bias, strict_tools_constraint
 from tpserve.server.tokenize import message_chars
 
 
@@ -73,11 +73,13 @@ async def start_chat(state: ServerState, req: ChatCompletionRequest, rid: str | 
         return text, encode(tok, text, add_special_tokens=False)
 
     prompt, ids = await state.off_loop(render)
+    mode = reasoning_mode_for_prompt(prompt, thinking_enabled(req.reasoning_effort, enable_thinking))
+    if constraint is None:
+        constraint = await state.off_loop(strict_tools_constraint, state, req, policy, mode)
     params = sampling_params(req, state.sampling_defaults, logit_bias=bias, structured_outputs=constraint)
     rid = rid or request_id("chatcmpl")
     stream = state.engine.add(rid, ids, params, prompt, cache_salt=req.cache_salt)
     timer = RequestTimer(state.metrics, stream.arrival, len(ids))
-    mode = reasoning_mode_for_prompt(prompt, thinking_enabled(req.reasoning_effort, enable_thinking))
     return ChatRun(rid, model, stream, timer, ids, params, mode, policy)
 
 

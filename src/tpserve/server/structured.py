@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tpserve.engine.logits_process import GrammarCompiler, StructuredOutput
+from tpserve.server.reasoning import THINK_END, THINK_START, ReasoningMode
 from tpserve.server.tool_calls import schema_types
 from tpserve.server.state import ApiError, ServerState
 
@@ -130,6 +131,25 @@ def constraint_for_chat(state: ServerState, req, policy) -> StructuredOutput | N
     return request_constraint(state, req)
 
 
+def strict_tools_constraint(state: ServerState, req, policy, mode: ReasoningMode) -> StructuredOutput | None:
+    """For tool_choice "auto" where a tool is `strict` (and nothing else constrains the output), as OpenAI's
+    strict function calling: the output's reasoning (as `mode`, the rendered prompt's) and text are free, and
+    any calls after them valid (strict_tools_grammar). None otherwise."""
+    tools = policy.template_tools
+    if not policy.parse_tools or not tools or not any((t.get("function") or {}).get("strict") for t in tools):
+        return None
+    tokenizer = state.tokenizer
+    tokens = tag_token_ids(tokenizer)
+    if tokens is None:  # text tags: free text could not be kept from writing a call
+        return None
+    try:
+        grammar = strict_tools_grammar(tools, several=req.parallel_tool_calls is not False, tokens=tokens, mode=mode,
+                                       think_ids=think_token_ids(tokenizer))
+        return grammar_compiler(state).lark(grammar, "strict_tools")
+    except ValueError as exc:
+        raise ApiError(400, f"tools: a strict tool's parameters cannot be used: {exc}", param="tools") from None
+
+
 TAGS = ("<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>")
 
 
@@ -137,6 +157,12 @@ def tag_token_ids(tokenizer) -> dict[str, int] | None:
     """{tag: id} when every tool-call tag is one added token of the tokenizer, else None (text tags)."""
     added = tokenizer.get_added_vocab() if hasattr(tokenizer, "get_added_vocab") else {}
     return {t: added[t] for t in TAGS} if all(t in added for t in TAGS) else None
+
+
+def think_token_ids(tokenizer) -> tuple[int, int] | None:
+    """(<think>, </think>) when both are added tokens of the tokenizer, else None (text tags)."""
+    added = tokenizer.get_added_vocab() if hasattr(tokenizer, "get_added_vocab") else {}
+    return (added[THINK_START], added[THINK_END]) if THINK_START in added and THINK_END in added else None
 
 
 def _lit(text: str) -> str:
@@ -155,6 +181,28 @@ def _value_rule(schema: Any) -> str:
 
 def tool_call_grammar(tools: list[dict], *, several: bool, tokens: Mapping[str, int] | None = None) -> str:
     """Lark (llguidance dialect) for one (or, with `several`, one or more) GLM tool calls."""
+    rules, any_call = _call_rules(tools, tokens, strict_only=False)
+    start = f'start: {any_call} ("\\n"? {any_call})*' if several else f"start: {any_call}"
+    return "\n".join([start, *rules]) + "\n"
+
+
+def strict_tools_grammar(tools: list[dict], *, several: bool, tokens: Mapping[str, int], mode: ReasoningMode,
+                         think_ids: tuple[int, int] | None = None) -> str:
+    """Lark for tool_choice "auto" with `strict` tools: reasoning as `mode` has it (OPEN: the prompt opened it, and
+    it closes before any text or call; AUTO: the output may open it), any text, then no call or valid calls. A
+    call names a declared tool; a strict tool's arguments follow its schema, another's are any keys and values.
+    The call tags are special tokens (`tokens`): free text cannot produce them, only the call rules do."""
+    rules, any_call = _call_rules(tools, tokens, strict_only=True)
+    think, end = (f"<[{think_ids[0]}]>", f"<[{think_ids[1]}]>") if think_ids else (_lit(THINK_START), _lit(THINK_END))
+    answer = "TEXT " + (f'({any_call} ("\\n"? {any_call})*)?' if several else f"{any_call}?")
+    start = {ReasoningMode.OFF: answer, ReasoningMode.OPEN: f"TEXT ({end} {answer})?",
+             ReasoningMode.AUTO: f"({think} TEXT {end})? {answer}"}[ReasoningMode(mode)]
+    return "\n".join([f"start: {start}", "TEXT: /(?s:.*)/", *rules]) + "\n"
+
+
+def _call_rules(tools: list[dict], tokens: Mapping[str, int] | None, strict_only: bool) -> tuple[list[str], str]:
+    """The rules of each tool's call and their alternatives: arguments by the tool's schema (with `strict_only`,
+    only for tools marked `strict`; the others' any keys and values)."""
     tag = {name: f"<{name}>" for name in ("tool_call", "/tool_call", "arg_key", "/arg_key", "arg_value",
                                            "/arg_value")}
     if tokens is not None:  # the tags are single special tokens: reference them by id
@@ -167,6 +215,10 @@ def tool_call_grammar(tools: list[dict], *, several: bool, tokens: Mapping[str, 
         props = props if isinstance(props, Mapping) else {}
         required = set(params.get("required") or ()) if isinstance(params, Mapping) else set()
         pairs = []
+        if strict_only and not function.get("strict"):
+            props = {}
+            pairs.append(f'("\\n"? {tag["arg_key"]} /[^<]+/ {tag["/arg_key"]} "\\n"? {tag["arg_value"]} /[^<]*/ '
+                         f'{tag["/arg_value"]})*')
         for j, (key, schema) in enumerate(props.items()):
             rules.append(f"v_{i}_{j}: {_value_rule(schema)}")
             pair = (f'"\\n"? {tag["arg_key"]} {_lit(key)} {tag["/arg_key"]} "\\n"? {tag["arg_value"]} v_{i}_{j} '
@@ -175,6 +227,4 @@ def tool_call_grammar(tools: list[dict], *, several: bool, tokens: Mapping[str, 
         rules.append(f'call_{i}: {tag["tool_call"]} {_lit(function["name"])} {" ".join(pairs)} "\\n"? '
                      f'{tag["/tool_call"]}')
         calls.append(f"call_{i}")
-    any_call = "(" + " | ".join(calls) + ")"
-    start = f'start: {any_call} ("\\n"? {any_call})*' if several else f"start: {any_call}"
-    return "\n".join([start, *rules]) + "\n"
+    return rules, "(" + " | ".join(calls) + ")"

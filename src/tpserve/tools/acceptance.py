@@ -15,7 +15,8 @@ clients      `tpserve smoke`, `tpserve quality count` (chat and --raw) and `tpse
 mtp          MTP acceptance at k=3, greedy, on structured prompts (counting, JSON, tool calls), with the
              plain torch drafting loop over the training forward (train/mtp_eval.py).
 gsm8k        GSM8K 5-shot on the first 100 test questions (shots: the first 5 training questions).
-Also `--only count_sweep`: the counting check for every target from 2 to 300 (reasoning off), not
+Also `--only count_sweep`: the counting check for every target from 2 to 300 (reasoning off), and
+`--only plain_tools_strict`: plain_tools with every tool `strict` (the server constrains the calls), not
 run by default. Writes OUT/acceptance.json and OUT/acceptance.png.
 """
 
@@ -34,7 +35,7 @@ from tpserve.tools.served_checks import (TOOL_SEED, Served, check_clients, check
                                          check_tools, held_out_tool_cases)
 
 SERVED = {"tools": check_tools, "plain_tools": check_plain_tools, "one_word": check_one_word,
-          "clients": check_clients}
+          "clients": check_clients, "plain_tools_strict": lambda served: check_plain_tools(served, strict=True)}
 
 
 def builtin_dir() -> Path:

@@ -124,8 +124,11 @@ def check_tools(served: Served) -> dict:
             "stream_equal": sum(r["same"] for r in results), "cases": results}
 
 
-def check_plain_tools(served: Served, n: int = TOOL_PROMPTS) -> dict:
+def check_plain_tools(served: Served, n: int = TOOL_PROMPTS, strict: bool = False) -> dict:
     cases = plain_tools.plain_tool_cases(n, PLAIN_SEED)
+    if strict:  # OpenAI's strict function calling: the server holds every call to a declared tool and its schema
+        cases = [{**c, "tools": [{**t, "function": {**t["function"], "strict": True}} for t in c["tools"]]}
+                 for c in cases]
     results = _all(served.url, cases, "plain-words tool prompts")
     for case, r in zip(cases, results):
         want = case["want"]
