@@ -226,6 +226,16 @@ def test_strict_tool_calls_through_the_server_are_valid(server, thinking):
         assert call["function"]["name"] == "noop"
 
 
+def test_a_strict_tool_whose_schema_cannot_be_held_is_a_400(server):
+    bad = {"type": "function", "function": {"name": "f", "strict": True, "parameters": {
+        "type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}}}
+    r = post(server, "/v1/chat/completions", {"messages": USER, "tools": [bad], "max_tokens": 4})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools", r.text
+    r = post(server, "/v1/chat/completions", {"messages": USER, "tools": [{"type": "function", "function": {
+        **bad["function"], "strict": False}}], "max_tokens": 4})
+    assert r.status_code == 200, r.text  # not strict: not held, as before
+
+
 @pytest.fixture(scope="module")
 def compiler(tiny):
     from transformers import AutoTokenizer
