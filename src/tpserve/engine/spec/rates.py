@@ -234,10 +234,12 @@ class PassCost:
         return max(min(t for t, _ in self.seen), rows * min(t / r for t, r in self.seen))
 
     def snapshot(self) -> dict:
-        out = {"pass_ms": None, "row_ms": None, "measured": len(self.seen), "ran": self.ran, "skipped": self.skipped}
+        out = {"pass_ms": None, "row_ms": None, "row_ms_most": None, "measured": len(self.seen), "ran": self.ran,
+               "skipped": self.skipped}
         if self.seen:
-            out.update(pass_ms=round(1e3 * min(t for t, _ in self.seen), 3),
-                       row_ms=round(1e3 * min(t / r for t, r in self.seen), 4))
+            per_row = [t / r for t, r in self.seen]
+            out.update(pass_ms=round(1e3 * min(t for t, _ in self.seen), 3), row_ms=round(1e3 * min(per_row), 4),
+                       row_ms_most=round(1e3 * max(per_row), 4))
         return out
 
 
