@@ -20,7 +20,7 @@ from tpserve.server.responses import (ChatCompletionChoice, ChatCompletionRespon
 from tpserve.server.serving_common import (chat_logprobs, cut_at_drain, merged, request_id, sampling_params, sse,
                                           sse_error)
 from tpserve.server.state import ApiError, ServerState, until_disconnect
-from tpserve.server.structured import constraint_for_chat, logit_bias, strict_tools_constraint
+from tpserve.server.structured import constraint_for_chat, logit_bias, strict_tools, strict_tools_constraint
 from tpserve.server.tokenize import message_chars
 
 
@@ -74,7 +74,7 @@ async def start_chat(state: ServerState, req: ChatCompletionRequest, rid: str | 
 
     prompt, ids = await state.off_loop(render)
     mode = reasoning_mode_for_prompt(prompt, thinking_enabled(req.reasoning_effort, enable_thinking))
-    if constraint is None:
+    if constraint is None and strict_tools(policy):  # (its grammar compiles off the event loop)
         constraint = await state.off_loop(strict_tools_constraint, state, req, policy, mode)
     params = sampling_params(req, state.sampling_defaults, logit_bias=bias, structured_outputs=constraint)
     rid = rid or request_id("chatcmpl")

@@ -131,14 +131,18 @@ def constraint_for_chat(state: ServerState, req, policy) -> StructuredOutput | N
     return request_constraint(state, req)
 
 
+def strict_tools(policy) -> bool:
+    """Whether the request's calls are parsed and a tool is `strict` (what strict_tools_constraint holds)."""
+    return policy.parse_tools and any((t.get("function") or {}).get("strict") for t in policy.template_tools or ())
+
+
 def strict_tools_constraint(state: ServerState, req, policy, mode: ReasoningMode) -> StructuredOutput | None:
     """For tool_choice "auto" where a tool is `strict` (and nothing else constrains the output), as OpenAI's
     strict function calling: the output's reasoning (as `mode`, the rendered prompt's) and text are free, and
     any calls after them valid (strict_tools_grammar). None otherwise."""
-    tools = policy.template_tools
-    if not policy.parse_tools or not tools or not any((t.get("function") or {}).get("strict") for t in tools):
+    if not strict_tools(policy):
         return None
-    tokenizer = state.tokenizer
+    tools, tokenizer = policy.template_tools, state.tokenizer
     tokens = tag_token_ids(tokenizer)
     if tokens is None:  # text tags: free text could not be kept from writing a call
         return None
