@@ -469,3 +469,27 @@ def test_a_prompt_pass_runs_only_where_drafting_pays_for_it(plain, row_ms, draft
     assert (spec.counters.num_drafts > before) == drafts
     assert (spec.idle_since is not None) == (not drafts)  # no request able to draft: steps run without it
     llm.shutdown()
+
+
+def test_prompts_admitted_over_several_steps_are_priced_at_the_batch_they_decode_in(plain):
+    """A prompt's pass is priced at the batch it will decode in (running and waiting requests), not at the batch
+    running when it was admitted: four prompts admitted one a step (a budget of 4 tokens) meet planted rates at
+    batch 4 with plain decoding 5x faster, and no pass runs; priced at batches 1 and 2 (nothing measured there)
+    the first prompts' would. Tokens stay plain decoding's."""
+    from tpserve.engine.spec.rates import MeasuredRates
+
+    llm, _ = fused_llm({"method": "mtp", "num_speculative_tokens": 3}, max_num_batched_tokens=4)
+    spec = llm.engine.speculator
+    spec.rates = rates = MeasuredRates()
+    for _ in range(8):
+        rates.observe(4, False, 4, 0.001)
+        rates.observe(4, True, 8, 0.01)
+    rates.observe = lambda *a: None
+    spec.policy.expected_emitted = lambda batch, running, k: 2.0 * batch
+    spec.pass_cost.observe(1e-6, 1)
+    spec.pass_cost.observe = lambda seconds, rows: None
+    sp = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    got = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, sp)]
+    assert got == [o.outputs[0].token_ids for o in plain.generate(PROMPTS, sp)]
+    assert spec.pass_cost.ran == 0 and spec.pass_cost.skipped >= 1  # (then none can draft: the speculator steps aside)
+    llm.shutdown()

@@ -238,10 +238,12 @@ class Speculator:
 
     def _prompt_pass_pays(self, seq: Sequence, rows: int) -> bool:
         """Whether a prompt's MTP pass over its `rows` is paid back: by the time drafting is measured to save per
-        token at the running batch (MeasuredRates.saved_per_token), over the tokens the request may still emit,
-        against the pass's estimated cost (PassCost). It runs where either is not measured, where drafting is due
-        to be measured again, and for a fixed k."""
-        saved = self.rates.saved_per_token(len(self.scheduler.running))
+        token at the batch the request will decode in (MeasuredRates.saved_per_token), over the tokens it may
+        still emit, against the pass's estimated cost (PassCost). It runs where either is not measured, where
+        drafting is due to be measured again, and for a fixed k. The batch counts the waiting requests too:
+        prompts admitted over several steps decode together, not at the batch running when each was admitted."""
+        sched = self.scheduler
+        saved = self.rates.saved_per_token(min(len(sched.running) + len(sched.waiting), sched.max_num_seqs))
         cost = self.pass_cost.estimate(rows)
         pays = saved is None or cost is None or fixed(seq) or room(seq, self.max_model_len) * saved > cost
         self.pass_cost.ran += pays
