@@ -14,6 +14,9 @@ from helpers import make_checkpoint  # noqa: E402
 # whenever a core it waits for is busy with another of these processes.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+# TP ranks and workers start as forks of a server that imported torch and the engine once (engine/tp/launch.py
+# `mp_context`): milliseconds a rank instead of seconds
+os.environ.setdefault("TPSERVE_MP_START", "forkserver")
 
 
 @pytest.fixture(scope="session")

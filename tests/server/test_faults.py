@@ -16,11 +16,20 @@ from helpers import wait_healthy
 from tpserve.engine.tp.launch import free_port
 
 
-def spawned_workers(pid: int) -> list[int]:
+def _children(pid: int) -> list[int]:
     kids = []
     for task in Path(f"/proc/{pid}/task").iterdir():
         kids += [int(k) for k in (task / "children").read_text().split()]
-    return [k for k in kids if b"spawn_main" in Path(f"/proc/{k}/cmdline").read_bytes()]
+    return kids
+
+
+def spawned_workers(pid: int) -> list[int]:
+    """The server's TP workers: its spawned children, or its fork server's (engine/tp/launch.py `mp_context`)."""
+    workers = []
+    for k in _children(pid):
+        cmdline = Path(f"/proc/{k}/cmdline").read_bytes()
+        workers += [k] if b"spawn_main" in cmdline else _children(k) if b"forkserver" in cmdline else []
+    return workers
 
 
 def test_killed_tp_worker_fails_requests_and_exits_nonzero(tiny):

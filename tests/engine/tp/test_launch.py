@@ -57,3 +57,30 @@ def test_bad_arguments():
         spawn_ranks(_echo, 0, "x")
     with pytest.raises(ValueError):
         spawn_ranks(_echo, 1, "x", backend="mpi")
+
+
+def _env(rank: int, world: int) -> tuple:
+    import os
+
+    return os.environ.get("TPSERVE_LAUNCH_PROBE"), os.environ.get("TPSERVE_LAUNCH_CHILD"), os.getppid()
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_ranks_see_the_environment_as_it_is_when_they_start(method, monkeypatch):
+    """Both start methods give each rank the parent's environment at start, with `env` on top: a fork server
+    started before a variable was set still passes it (its own environment is older). Fork-server ranks are its
+    children, not ours."""
+    import os
+
+    monkeypatch.setenv("TPSERVE_MP_START", method)
+    spawn_ranks(_echo, 1, "start the fork server", timeout=120)
+    monkeypatch.setenv("TPSERVE_LAUNCH_PROBE", method)
+    got = spawn_ranks(_env, 2, env={"TPSERVE_LAUNCH_CHILD": "yes"}, timeout=120)
+    assert [g[:2] for g in got] == [(method, "yes")] * 2 and "TPSERVE_LAUNCH_CHILD" not in os.environ
+    assert all((ppid == os.getpid()) == (method == "spawn") for *_, ppid in got)
+
+
+def test_an_unknown_start_method_is_refused(monkeypatch):
+    monkeypatch.setenv("TPSERVE_MP_START", "fork")
+    with pytest.raises(ValueError, match="TPSERVE_MP_START must be one of spawn, forkserver, got 'fork'"):
+        spawn_ranks(_echo, 1, "x", timeout=10)

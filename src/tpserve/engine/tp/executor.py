@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from tpserve.config import EngineConfig
 from tpserve.collectives.comm import Communicator
-from tpserve.engine.tp.launch import free_port
+from tpserve.engine.tp.launch import free_port, mp_context, set_environ
 from tpserve.collectives.ncclenv import ensure_nccl_cumem
 from tpserve.engine.executor import EngineDeadError, cache_budget
 from tpserve.engine.tp import plan_wire
@@ -133,7 +133,9 @@ def worker_loop(state: RankState) -> None:
 
 
 def _spawned_worker(rank: int, world: int, init_method: str, ecfg: EngineConfig, model_dir: str,
-                    cfg: ModelConfig, device: str, dtype: torch.dtype, kernels: Kernels) -> None:
+                    cfg: ModelConfig, device: str, dtype: torch.dtype, kernels: Kernels,
+                    environ: dict[str, str]) -> None:
+    set_environ(environ)
     os.environ["TPSERVE_WORKER"] = "1"
     logging.basicConfig(level=os.environ.get("TPSERVE_LOG_LEVEL", "WARNING"))
     torch.set_num_threads(max(1, torch.get_num_threads() // world))
@@ -164,11 +166,11 @@ class TPExecutor:
             if device.type == "cuda" and torch.cuda.device_count() < self.world_size:
                 raise ValueError(f"tensor_parallel_size={self.world_size} needs {self.world_size} GPUs, "
                                  f"{torch.cuda.device_count()} visible")
-            ctx = mp.get_context("spawn")
+            ctx = mp_context()
             for rank in range(1, self.world_size):
                 p = ctx.Process(target=_spawned_worker, name=f"tpserve-rank{rank}", daemon=True,
                                 args=(rank, self.world_size, init_method, ecfg, model_dir, cfg, device.type, dtype,
-                                      kernels))
+                                      kernels, dict(os.environ)))
                 p.start()
                 self.procs.append(p)
         try:

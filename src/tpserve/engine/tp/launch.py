@@ -1,7 +1,7 @@
 """Start one process per rank on this machine (tests, `tpserve bench/tune collectives`).
 
 `spawn_ranks(fn, world_size, *args)` starts `world_size` fresh interpreters (the spawn start
-method: no inherited CUDA state), initialises torch.distributed in each over a tcp:// address on a
+method: no inherited CUDA state; `mp_context`), initialises torch.distributed in each over a tcp:// address on a
 free loopback port, runs `fn(rank, world_size, *args)` and returns the ranks' return values in
 rank order. An exception in any rank is re-raised here as `RankFailed` carrying that rank's
 traceback; the other ranks are killed at once (they would block in their next collective). A
@@ -20,6 +20,8 @@ import traceback
 from typing import Any, Callable
 
 DEFAULT_TIMEOUT_S = 600.0
+START_METHODS = ("spawn", "forkserver")
+PRELOAD = ["torch", "tpserve.engine.engine"]  # what a fork server imports once for every rank it starts
 
 
 class RankFailed(RuntimeError):
@@ -34,9 +36,33 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
+def mp_context():
+    """The multiprocessing context ranks start in (here and engine/tp/executor.py): "spawn", fresh interpreters
+    (the default), or with TPSERVE_MP_START=forkserver forks of a server process that imported PRELOAD once, so a
+    rank starts in milliseconds instead of the seconds an import of torch takes (the CPU test suite sets it).
+    A fork server's children start with its environment: ranks apply the parent's (`set_environ`)."""
+    import torch.multiprocessing as mp
+
+    method = os.environ.get("TPSERVE_MP_START", "spawn")
+    if method not in START_METHODS:
+        raise ValueError(f"TPSERVE_MP_START must be one of {', '.join(START_METHODS)}, got {method!r}")
+    ctx = mp.get_context(method)
+    if method == "forkserver":
+        ctx.set_forkserver_preload(PRELOAD)  # (no effect once the server runs)
+    return ctx
+
+
+def set_environ(environ: dict[str, str]) -> None:
+    """A rank's environment made the parent's as it was when the rank started (what spawn gives)."""
+    if environ != os.environ:
+        os.environ.clear()
+        os.environ.update(environ)
+
+
 def _rank_main(fn: Callable[..., Any], rank: int, world_size: int, port: int, backend: str,
-               timeout_s: float, results: Any, args: tuple) -> None:
+               timeout_s: float, results: Any, args: tuple, environ: dict[str, str]) -> None:
     """Body of one rank's process: init, run, report, tear down."""
+    set_environ(environ)
     try:
         import torch
         import torch.distributed as dist
@@ -76,18 +102,17 @@ def spawn_ranks(fn: Callable[..., Any], world_size: int, *args: Any, backend: st
         raise ValueError(f"spawn_ranks: backend must be 'gloo' or 'nccl', got {backend!r}")
     if timeout <= 0:
         raise ValueError(f"spawn_ranks: timeout must be > 0, got {timeout}")
-    import torch.multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
+    ctx = mp_context()
     results = ctx.Queue()
     port = free_port()
     saved = {k: os.environ.get(k) for k in (env or {})}
     procs = []
     try:
-        os.environ.update(env or {})  # spawn copies the parent's environment at start()
+        os.environ.update(env or {})
+        environ = dict(os.environ)
         for rank in range(world_size):
             proc = ctx.Process(target=_rank_main, name=f"tpserve-rank{rank}", daemon=True,
-                               args=(fn, rank, world_size, port, backend, timeout, results, args))
+                               args=(fn, rank, world_size, port, backend, timeout, results, args, environ))
             proc.start()
             procs.append(proc)
     finally:
