@@ -28,8 +28,9 @@ def test_bench_spec_small_run(tiny, tmp_path, capsys):
     from tpserve.cli import main
 
     out = tmp_path / "spec.json"
+    trace = tmp_path / "trace.jsonl"
     rc = main(["bench", "spec", "--model", str(tiny("mtp")), "--device", "cpu", "--batch", "1", "--k", "1",
-               "--max-tokens", "4", "--repeats", "1", "--json", str(out)])
+               "--max-tokens", "4", "--repeats", "1", "--json", str(out), "--trace", str(trace)])
     res = json.loads(out.read_text())
     assert rc == 0
     assert [r["setting"] for r in res["rows"]] == ["off", "k=1", "adaptive (k<=1)"]
@@ -61,6 +62,15 @@ def test_bench_spec_small_run(tiny, tmp_path, capsys):
             assert verified
     assert "its decode steps of batch <= 1 timed from outside the engine: " in printed
     assert "; without the speculator: plain " in printed
+    # --trace: adaptive k's timed steps only, one line each, the prompt passes counted as the row has them
+    steps = [json.loads(line) for line in trace.read_text().splitlines()]
+    assert {s["setting"] for s in steps} == {"adaptive (k<=1)"} and [s["step"] for s in steps] == list(range(len(steps)))
+    adaptive = res["rows"][2]
+    assert sum(s["tokens"] for s in steps) == res["prompts"] * 4
+    assert sum(s["drafted"] and not s["prefill"] for s in steps) == adaptive["decode_modes"]["spec"]["steps"]
+    asked = [s["passes_ran"] + s["passes_skipped"] for s in steps]  # (the first step's prompt asked in it)
+    assert steps[0]["prefill"] and asked[-1] - asked[0] == passes["ran"] + passes["skipped"] - 1
+    assert all(s["next_k"] in (0, 1) and isinstance(s["rates"], dict) for s in steps)
 
 
 def test_decode_modes_compare_the_steps_of_the_batch_bucket():

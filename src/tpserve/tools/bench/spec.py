@@ -36,6 +36,9 @@ def register(sub, bench, tune) -> None:
                         "runs eager steps)")
     p.add_argument("--json", dest="json_out", default=None)
     p.add_argument("--plot", default=None, metavar="PNG", help="tok/s per setting and batch size")
+    p.add_argument("--trace", default=None, metavar="JSONL",
+                   help="adaptive k's timed steps, one JSON line each: mode, tokens, time, the k it chose next, its "
+                        "rates at the running batch, prompt passes run and skipped (a dict a step: timings move)")
     p.set_defaults(func=run)
 
 
@@ -62,13 +65,14 @@ class Step(NamedTuple):
     tokens: int  # tokens it emitted
     drafted: bool = False  # it verified drafts
     seqs: int = 0  # sequences it ran (a call that only lands the step in flight: that step's)
+    state: dict | None = None  # adaptive k's state after it (`step_times`' probe)
 
 
 @contextlib.contextmanager
-def step_times(engine):
-    """Time every engine step: yields a list that fills with a `Step` each. With async scheduling a decode
-    step's tokens count when it is launched (as placeholders), and a call that only lands the step in flight
-    counts its wait with no tokens."""
+def step_times(engine, probe=None):
+    """Time every engine step: yields a list that fills with a `Step` each (with `probe()` taken after it, where
+    given). With async scheduling a decode step's tokens count when it is launched (as placeholders), and a call
+    that only lands the step in flight counts its wait with no tokens."""
     steps: list[Step] = []
     counters = engine.speculator.counters if engine.speculator is not None else None
     schedule, step = engine.scheduler.schedule, engine.step
@@ -95,7 +99,8 @@ def step_times(engine):
         # nothing else): count them from their outputs, the rest from the engine's sequences
         gone = sum(len(c.token_ids) for o in out if o.finished for c in o.outputs)
         drafted = counters is not None and counters.num_drafts > verified
-        steps.append(Step(seconds, prefill[0], generated() + gone - before, drafted, seqs[0]))
+        steps.append(Step(seconds, prefill[0], generated() + gone - before, drafted, seqs[0],
+                          probe() if probe is not None else None))
         return out
     engine.scheduler.schedule, engine.step = timed_schedule, timed_step
     try:
@@ -126,6 +131,16 @@ def prompt_passes_seen(llm) -> dict | None:
     """Adaptive k's prompt MTP passes: how many its pay-back rule ran and skipped, their least measured costs."""
     spec = llm.engine.speculator
     return None if spec is None or not spec.spec.adaptive else spec.pass_cost.snapshot()
+
+
+def adaptive_state(engine) -> dict:
+    """What adaptive k decides by after a step (the `--trace` probe): the k it chose for the next step, whether the
+    speculator stepped aside, the running batch, its rates at that batch's bucket and the prompt passes so far."""
+    spec, running = engine.speculator, len(engine.scheduler.running)
+    bucket = spec.rates.bucket(max(running, 1))
+    rates = {key: row for key, row in spec.rates.snapshot().items() if key.startswith(f"batch<={bucket} ")}
+    return {"next_k": spec.last_k, "aside": spec.idle_since is not None, "running": running, "rates": rates,
+            "passes_ran": spec.pass_cost.ran, "passes_skipped": spec.pass_cost.skipped}
 
 
 def decode_rate(steps: list[Step]) -> float:
@@ -187,6 +202,7 @@ def measure(args) -> dict:
     from tpserve.tools.acceptance import mtp_prompts
 
     base = engine_config_from_args(args)
+    trace = open(args.trace, "w") if getattr(args, "trace", None) else None
     sp = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
     rows, reference = [], {}
     settings = _settings(sorted(set(args.k)), args.fixed)
@@ -210,11 +226,18 @@ def measure(args) -> dict:
                     llm.generate(g, sp)
                 best, best_decode, outs, stats0 = None, None, None, llm.engine.stats()
                 passes0 = prompt_passes_seen(llm)
-                for _ in range(args.repeats):
-                    with step_times(llm.engine) as steps:
+                probe = (lambda e=llm.engine: adaptive_state(e)) if trace is not None and passes0 else None
+                for repeat in range(args.repeats):
+                    with step_times(llm.engine, probe) as steps:
                         t0 = time.perf_counter()
                         outs = [o for g in groups for o in llm.generate(g, sp)]
                         dt = time.perf_counter() - t0
+                    if probe is not None:
+                        for n, s in enumerate(steps):
+                            trace.write(json.dumps({"setting": name, "batch": batch, "run": repeat, "step": n,
+                                                    "seqs": s.seqs, "prefill": s.prefill, "drafted": s.drafted,
+                                                    "tokens": s.tokens, "ms": round(1e3 * s.seconds, 3),
+                                                    **s.state}) + "\n")
                     if best is None or dt < best:
                         split, modes = time_split(steps, dt, len(groups)), decode_modes(steps, batch)
                     best = dt if best is None else min(best, dt)
@@ -241,6 +264,8 @@ def measure(args) -> dict:
             llm.shutdown()
             del llm
             _release_memory()
+    if trace is not None:
+        trace.close()
     for r in rows:
         plain = next(x for x in rows if x["batch"] == r["batch"] and x["setting"] == "off")
         r["speedup"] = r["tok_s"] / plain["tok_s"]
