@@ -64,7 +64,8 @@ def test_bench_spec_small_run(tiny, tmp_path, capsys):
     assert "; without the speculator: plain " in printed
     # --trace: adaptive k's timed steps only, one line each, the prompt passes counted as the row has them
     steps = [json.loads(line) for line in trace.read_text().splitlines()]
-    assert {s["setting"] for s in steps} == {"adaptive (k<=1)"} and [s["step"] for s in steps] == list(range(len(steps)))
+    assert {s["setting"] for s in steps} == {"adaptive (k<=1)"}
+    assert [s["step"] for s in steps] == list(range(len(steps)))
     adaptive = res["rows"][2]
     assert sum(s["tokens"] for s in steps) == res["prompts"] * 4
     assert sum(s["drafted"] and not s["prefill"] for s in steps) == adaptive["decode_modes"]["spec"]["steps"]
