@@ -157,16 +157,22 @@ def strict_tools_constraint(state: ServerState, req, policy, mode: ReasoningMode
 TAGS = ("<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>")
 
 
+def _added_ids(tokenizer, names: tuple[str, ...]) -> list[int] | None:
+    """The ids of `names` when each is one added token of the tokenizer, else None (text tags)."""
+    added = tokenizer.get_added_vocab() if hasattr(tokenizer, "get_added_vocab") else {}
+    return [added[n] for n in names] if all(n in added for n in names) else None
+
+
 def tag_token_ids(tokenizer) -> dict[str, int] | None:
     """{tag: id} when every tool-call tag is one added token of the tokenizer, else None (text tags)."""
-    added = tokenizer.get_added_vocab() if hasattr(tokenizer, "get_added_vocab") else {}
-    return {t: added[t] for t in TAGS} if all(t in added for t in TAGS) else None
+    ids = _added_ids(tokenizer, TAGS)
+    return None if ids is None else dict(zip(TAGS, ids))
 
 
 def think_token_ids(tokenizer) -> tuple[int, int] | None:
     """(<think>, </think>) when both are added tokens of the tokenizer, else None (text tags)."""
-    added = tokenizer.get_added_vocab() if hasattr(tokenizer, "get_added_vocab") else {}
-    return (added[THINK_START], added[THINK_END]) if THINK_START in added and THINK_END in added else None
+    ids = _added_ids(tokenizer, (THINK_START, THINK_END))
+    return None if ids is None else (ids[0], ids[1])
 
 
 def _lit(text: str) -> str:

@@ -202,7 +202,9 @@ def measure(args) -> dict:
     from tpserve.tools.acceptance import mtp_prompts
 
     base = engine_config_from_args(args)
-    trace = open(args.trace, "w") if getattr(args, "trace", None) else None
+    trace = getattr(args, "trace", None)
+    if trace:
+        open(trace, "w").close()  # (each timed run's steps are appended)
     sp = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
     rows, reference = [], {}
     settings = _settings(sorted(set(args.k)), args.fixed)
@@ -226,18 +228,18 @@ def measure(args) -> dict:
                     llm.generate(g, sp)
                 best, best_decode, outs, stats0 = None, None, None, llm.engine.stats()
                 passes0 = prompt_passes_seen(llm)
-                probe = (lambda e=llm.engine: adaptive_state(e)) if trace is not None and passes0 else None
+                probe = (lambda e=llm.engine: adaptive_state(e)) if trace and passes0 else None
                 for repeat in range(args.repeats):
                     with step_times(llm.engine, probe) as steps:
                         t0 = time.perf_counter()
                         outs = [o for g in groups for o in llm.generate(g, sp)]
                         dt = time.perf_counter() - t0
                     if probe is not None:
-                        for n, s in enumerate(steps):
-                            trace.write(json.dumps({"setting": name, "batch": batch, "run": repeat, "step": n,
-                                                    "seqs": s.seqs, "prefill": s.prefill, "drafted": s.drafted,
-                                                    "tokens": s.tokens, "ms": round(1e3 * s.seconds, 3),
-                                                    **s.state}) + "\n")
+                        with open(trace, "a") as f:
+                            f.writelines(json.dumps({"setting": name, "batch": batch, "run": repeat, "step": n,
+                                                     "seqs": s.seqs, "prefill": s.prefill, "drafted": s.drafted,
+                                                     "tokens": s.tokens, "ms": round(1e3 * s.seconds, 3),
+                                                     **s.state}) + "\n" for n, s in enumerate(steps))
                     if best is None or dt < best:
                         split, modes = time_split(steps, dt, len(groups)), decode_modes(steps, batch)
                     best = dt if best is None else min(best, dt)
@@ -264,8 +266,6 @@ def measure(args) -> dict:
             llm.shutdown()
             del llm
             _release_memory()
-    if trace is not None:
-        trace.close()
     for r in rows:
         plain = next(x for x in rows if x["batch"] == r["batch"] and x["setting"] == "off")
         r["speedup"] = r["tok_s"] / plain["tok_s"]
