@@ -34,7 +34,9 @@ lookup (every prompt row must be computed).
 
 The MTP drafter's cache row p depends on token p + 1, so the last MTP row of a block shared by two
 continuations holds the first one's value: the second never rewrites it (`mtp_computed` starts at the hit),
-so only the quality of the drafts read there can differ; verified tokens are exact either way.
+so only the quality of the drafts read there can differ; verified tokens are exact either way. A block whose
+MTP rows were never computed (its sequence skipped its prompt's MTP pass, or had stopped drafting, when it
+filled) is marked so (`Entry.mtp`): a hit on it decodes plainly, as its drafts would read rows never written.
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ class Entry:
     block: int
     ckpt: int | None = None
     live: bool = True  # False once evicted or reset: children registered under it are unreachable
+    mtp: bool = False  # its MTP drafter rows are real (the registering sequence's catch-up covered the block)
     id: int = field(default_factory=lambda: next(_IDS))
 
 
@@ -337,7 +340,7 @@ class PrefixCache:
                 st.broken = True
             elif e is None:
                 e = Entry(key, parent.id if parent else 0, tokens, seq.cache_salt if parent is None else None,
-                          seq.blocks[i])
+                          seq.blocks[i], mtp=seq.mtp_computed >= (i + 1) * self.bs)
                 self.index[key] = e
                 self.by_block[e.block] = e
                 self.blocks.mark_cached(e.block)

@@ -119,7 +119,8 @@ class Scheduler:
             seq.slot = self.slots.allocate(1)[0]
             held = self.prefix.admit(seq, run) if self.prefix is not None else []  # (before allocate: held)
             seq.blocks = held + self.blocks.allocate(need)
-            seq.num_computed = seq.mtp_computed = start
+            seq.num_computed = start
+            seq.mtp_computed = start if all(e.mtp for e in run) else -1  # (-1: it decodes plainly)
             if not run or not self.prefix.needs_state:
                 self.fresh_slots.append(seq.slot)
             seq.status = Status.RUNNING

@@ -38,3 +38,25 @@ def test_spec_decoding_from_the_prefix_cache_gives_plain_tokens():
     fused.engine.executor.runner.setup_graphs(4, None, enforce_eager=False, pad_on_cpu=True,
                                               num_speculative_tokens=3, draft_graph="fused")
     assert _turns(fused, sp) == (got, cached)
+
+
+def test_a_hit_on_blocks_without_mtp_rows_decodes_plainly():
+    """A request that skipped its prompt's MTP pass leaves cached blocks whose drafter rows were never written: a
+    later request resuming from them must not draft from those rows (it decodes plainly, its tokens unchanged);
+    resuming from blocks whose rows were computed, it drafts."""
+    sp = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    tok_ids = LLM(Model.path, enable_prefix_caching=False, **KW).get_tokenizer().encode(
+        "Count from 1 to 60: " + ", ".join(str(i) for i in range(1, 25)) + ",")
+    want = LLM(Model.path, enable_prefix_caching=False, **KW).generate([{"prompt_token_ids": tok_ids}], sp)
+    for skip, drafts in ((True, False), (False, True)):
+        llm = LLM(Model.path, speculative_config=SPEC, **KW)
+        drafter = llm.engine.speculator.drafter
+        draft = drafter.draft
+        drafter.draft = lambda scheduled, starts, k, explore, prompt_pass=None: draft(
+            scheduled, starts, k, explore, (lambda seq, rows: False) if skip else prompt_pass)
+        llm.generate([{"prompt_token_ids": tok_ids}], sp)
+        drafter.draft = draft
+        before = llm.engine.stats()["spec_decode_num_drafts"]
+        out = llm.generate([{"prompt_token_ids": tok_ids}], sp)[0]
+        assert out.num_cached_tokens >= 32 and out.outputs[0].token_ids == want[0].outputs[0].token_ids
+        assert (llm.engine.stats()["spec_decode_num_drafts"] > before) == drafts

@@ -407,7 +407,7 @@ def test_adaptive_ends_a_request_plainly_where_plain_steps_are_shorter(plain, fu
 
 def test_saved_per_token_compares_the_modes_until_drafting_is_stale():
     """Seconds drafting saves per emitted token at a batch's bucket (the prompt pass's pay-back): 1/plain - 1/spec
-    at the gain asked about; None before both modes are measured, and once drafting has not been measured for its
+    at the gain asked about (or one given, which is not kept); None before both modes are measured, and once drafting has not been measured for its
     probe interval (it must run to be measured again)."""
     from tpserve.engine.spec.rates import MeasuredRates
 
@@ -416,6 +416,8 @@ def test_saved_per_token_compares_the_modes_until_drafting_is_stale():
         r.observe(16, False, 16, 0.001)  # plain: 16,000 tok/s
         assert r.saved_per_token(16) is None
         r.observe(16, True, 40, 0.002)  # drafting: 20,000 tok/s
+    assert r.saved_per_token(16) == pytest.approx(1 / 16_000 - 1 / 20_000)
+    assert r.saved_per_token(16, gain=60.0) == pytest.approx(1 / 16_000 - 1 / 30_000)  # (asked: nothing kept)
     assert r.saved_per_token(16) == pytest.approx(1 / 16_000 - 1 / 20_000)
     assert r.measured_k(16, 7, gain=24.0) == (0, 1)  # 12,000 tok/s expected: drafting costs
     assert r.saved_per_token(12) == pytest.approx(1 / 16_000 - 1 / 12_000) and r.saved_per_token(4) is None
@@ -427,29 +429,34 @@ def test_saved_per_token_compares_the_modes_until_drafting_is_stale():
 
 
 def test_a_prompt_pass_costs_a_fixed_part_and_a_part_a_row():
-    """A pass's estimate: the larger of the least pass time and the least time a row times its rows (a short
-    prompt pays the launches, a long one its rows); one slow pass (a kernel's first load) moves neither, and the
-    estimate rises once the window holds only dearer passes."""
+    """A pass's estimate: the least pass time plus the least time a row beyond it, over the passes at least twice as
+    long as the least one's; one slow pass (a kernel's first load) moves neither. Before a long pass is measured a
+    row costs nothing beyond the fixed part (a long prompt's pass runs and is measured, not skipped for good)."""
     from tpserve.engine.spec.rates import PassCost
 
     cost = PassCost()
     assert cost.estimate(10) is None
     cost.observe(0.013, 10)  # 13 ms for 10 rows
-    cost.observe(0.0141, 300)  # 14.1 ms for 300 rows: 47 us a row
+    assert cost.estimate(400) == pytest.approx(0.013)  # (short passes only: their time a row is mostly launches)
+    cost.observe(0.0141, 300)  # 14.1 ms for 300 rows: 1.1 ms over the fixed part, 3.7 us a row
     cost.observe(0.500, 100)  # a slow first pass
-    assert cost.estimate(10) == pytest.approx(0.013) and cost.estimate(1000) == pytest.approx(0.047)
+    assert cost.estimate(10) == pytest.approx(0.013 + 0.0011 / 30)
+    assert cost.estimate(3000) == pytest.approx(0.013 + 0.011)
     for _ in range(PassCost.WINDOW):
         cost.observe(0.020, 100)
-    assert cost.estimate(10) == pytest.approx(0.020) and cost.estimate(1000) == pytest.approx(0.2)
-    assert cost.snapshot()["measured"] == PassCost.WINDOW and cost.snapshot()["pass_ms"] == 20.0
+    assert cost.estimate(10) == pytest.approx(0.020) and cost.estimate(1000) == pytest.approx(0.020)
+    cost.observe(0.030, 1000)
+    assert cost.estimate(2000) == pytest.approx(0.040)
+    snap = cost.snapshot()
+    assert snap["measured"] == PassCost.WINDOW and snap["pass_ms"] == 20.0 and snap["rows_most"] == 1000
 
 
 @pytest.mark.parametrize("row_ms,drafts", [(1000.0, False), (1e-6, True)])
 def test_a_prompt_pass_runs_only_where_drafting_pays_for_it(plain, row_ms, drafts):
     """Adaptive k runs a prompt's MTP pass where the time drafting is measured to save per token, over the tokens
     the request may still emit, pays for the pass's rows: planted rates (plain 1 ms a token, drafting 8 tokens in
-    3.5 ms) save 0.56 ms a token, so a pass of 1 s a row does not pay (the request decodes plainly and the
-    speculator steps aside) and one of 1 ns a row does. Tokens stay plain decoding's either way."""
+    3.5 ms) save 0.56 ms a token, so a pass of 1 s does not pay (the request decodes plainly and the speculator
+    steps aside) and one of 1 ns does. Tokens stay plain decoding's either way."""
     from tpserve.engine.spec.rates import MeasuredRates
 
     llm, _ = fused_llm({"method": "mtp", "num_speculative_tokens": 3})

@@ -116,22 +116,26 @@ class MeasuredRates:
         if recapped or decision is None or decision[0] == key:  # the faster mode's rate moves little step to step
             self._decide(b)
 
-    def _compared(self, b: int) -> tuple[float, float] | None:
-        """Bucket b's (plain, drafting) tok/s as the modes are compared, or None before both have MIN_OBS steps."""
+    def _compared(self, b: int, asked: tuple[float, int] | None = None) -> tuple[float, float] | None:
+        """Bucket b's (plain, drafting) tok/s as the modes are compared (at `asked`, a (gain, batch), where given,
+        else at the last one asked about), or None before both have MIN_OBS steps."""
         plain_win, spec_win = self.window.get((b, False)), self.window.get((b, True))
         if plain_win is None or spec_win is None or min(len(plain_win), len(spec_win)) < self.MIN_OBS:
             return None
-        if b in self._gain:  # at the batch asked about: its tokens a step over each mode's time a step
-            gain, batch = self._gain[b]
+        asked = asked or self._gain.get(b)
+        if asked is not None:  # at the batch asked about: its tokens a step over each mode's time a step
+            gain, batch = asked
             return batch * len(plain_win) / plain_win.seconds, gain * len(spec_win) / spec_win.seconds
         return plain_win.rate, spec_win.rate
 
-    def saved_per_token(self, batch: int) -> float | None:
+    def saved_per_token(self, batch: int, gain: float | None = None) -> float | None:
         """Seconds drafting saves per token the batch emits, against plain decoding, in this batch's bucket as the
-        modes are compared (negative: it costs); None where not both measured, or where drafting was last
+        modes are compared (negative: it costs); gain: the tokens a drafting step of this batch is expected to
+        emit (None: as last asked about). None where not both measured, or where drafting was last
         measured longer ago than its probe interval (stale: it must run to be measured again)."""
         b = _bucket(batch)
-        compared, decision = self._compared(b), self._decision.get(b)
+        compared = self._compared(b, (gain, batch) if gain is not None and batch > 0 else None)
+        decision = self._decision.get(b)
         if compared is None or decision is None or self.step - self.last_seen[(b, True)] >= decision[1]:
             return None
         plain, spec = compared
@@ -213,10 +217,12 @@ class MeasuredRates:
 
 class PassCost:
     """What a prompt's MTP pass (its catch-up and first drafts) costs, from the last WINDOW passes measured (seconds,
-    rows): a fixed part (launches) plus a part a row, so at least the least pass time and at least the least time a
-    row times the rows; the larger of the two is the estimate. Wall time only gains from noise and one-time work
-    (a kernel's first load), so one slow pass does not stop the later ones. `ran` and `skipped` count the prompts
-    the pay-back rule let run or sent to plain decoding."""
+    rows): a fixed part (launches), the least pass time, plus a part a row, the least (time - fixed part) / rows over
+    the passes at least twice as long as the least one's (a short pass's time says nothing of a row's). Where no such
+    pass was measured the part a row is taken as 0: a long prompt's pass then runs and is measured, where pricing it
+    as the short passes' time a row would skip it for good (skipped passes are not measured). Least times: wall time
+    only gains from noise and one-time work (a kernel's first load), so one slow pass does not stop the later ones.
+    `ran` and `skipped` count the prompts the pay-back rule let run or sent to plain decoding."""
 
     WINDOW = 16
 
@@ -227,19 +233,26 @@ class PassCost:
     def observe(self, seconds: float, rows: int) -> None:
         self.seen.append((seconds, max(rows, 1)))
 
-    def estimate(self, rows: int) -> float | None:
-        """Seconds a pass over `rows` is expected to take, None before any was measured."""
+    def parts(self) -> tuple[float, float] | None:
+        """(fixed seconds, seconds a row), None before any pass was measured."""
         if not self.seen:
             return None
-        return max(min(t for t, _ in self.seen), rows * min(t / r for t, r in self.seen))
+        fixed, rows = min(self.seen)
+        per_row = [(t - fixed) / r for t, r in self.seen if r >= 2 * rows]
+        return fixed, min(per_row, default=0.0)
+
+    def estimate(self, rows: int) -> float | None:
+        """Seconds a pass over `rows` is expected to take, None before any was measured."""
+        parts = self.parts()
+        return None if parts is None else parts[0] + parts[1] * rows
 
     def snapshot(self) -> dict:
-        out = {"pass_ms": None, "row_ms": None, "row_ms_most": None, "measured": len(self.seen), "ran": self.ran,
+        out = {"pass_ms": None, "row_ms": None, "rows_most": None, "measured": len(self.seen), "ran": self.ran,
                "skipped": self.skipped}
-        if self.seen:
-            per_row = [t / r for t, r in self.seen]
-            out.update(pass_ms=round(1e3 * min(t for t, _ in self.seen), 3), row_ms=round(1e3 * min(per_row), 4),
-                       row_ms_most=round(1e3 * max(per_row), 4))
+        parts = self.parts()
+        if parts is not None:
+            out.update(pass_ms=round(1e3 * parts[0], 3), row_ms=round(1e3 * parts[1], 5),
+                       rows_most=max(r for _, r in self.seen))
         return out
 
 

@@ -241,9 +241,13 @@ class Speculator:
         token at the batch the request will decode in (MeasuredRates.saved_per_token), over the tokens it may
         still emit, against the pass's estimated cost (PassCost). It runs where either is not measured, where
         drafting is due to be measured again, and for a fixed k. The batch counts the waiting requests too:
-        prompts admitted over several steps decode together, not at the batch running when each was admitted."""
+        prompts admitted over several steps decode together, not at the batch running when each was admitted.
+        Drafting's tokens a step are the acceptance estimates' for that batch, new requests at the global rates
+        (not the requests last asked about: one that drafted badly says little of the next prompt)."""
         sched = self.scheduler
-        saved = self.rates.saved_per_token(min(len(sched.running) + len(sched.waiting), sched.max_num_seqs))
+        batch = min(len(sched.running) + len(sched.waiting), sched.max_num_seqs)
+        gain = self.policy.expected_emitted(batch, sched.running, self.spec.num_speculative_tokens)
+        saved = self.rates.saved_per_token(batch, gain)
         cost = self.pass_cost.estimate(rows)
         pays = saved is None or cost is None or fixed(seq) or room(seq, self.max_model_len) * saved > cost
         self.pass_cost.ran += pays

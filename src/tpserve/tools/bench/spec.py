@@ -303,8 +303,8 @@ def table(result: dict) -> str:
              + modes(r) + (f"; without the speculator: {modes(offs[r['batch']])}" if r["batch"] in offs else "")
              for r in result["rows"] if r.get("measured_rates")]
     passes = [f"adaptive k's prompts at batch {r['batch']} (timed runs): MTP pass run {p['ran']}, "
-              f"skipped {p['skipped']} (decoded plainly); of its last {p['measured']} passes, the least "
-              f"{p['pass_ms']} ms, {p['row_ms']}-{p['row_ms_most']} ms a row"
+              f"skipped {p['skipped']} (decoded plainly); from its last {p['measured']} passes (up to "
+              f"{p['rows_most']} rows), {p['pass_ms']} ms + {p['row_ms']} ms a row"
               for r in result["rows"] if (p := r.get("prompt_passes"))]
     return "\n".join(lines + [f"KDA path: {p}" for p in paths] + seen + passes + timed)
 
