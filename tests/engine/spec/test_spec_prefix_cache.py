@@ -53,7 +53,7 @@ def test_a_hit_on_blocks_without_mtp_rows_decodes_plainly():
         drafter = llm.engine.speculator.drafter
         draft = drafter.draft
         drafter.draft = lambda scheduled, starts, k, explore, prompt_pass=None: draft(
-            scheduled, starts, k, explore, (lambda seq, rows: False) if skip else prompt_pass)
+            scheduled, starts, k, explore, (lambda prompts: set()) if skip else prompt_pass)
         llm.generate([{"prompt_token_ids": tok_ids}], sp)
         drafter.draft = draft
         before = llm.engine.stats()["spec_decode_num_drafts"]

@@ -4,6 +4,7 @@ which steps are observed, when, and how the measurements override k."""
 import time
 
 import pytest
+import torch
 from spec_cases import PROMPTS, SPEC, Model, fused_llm
 
 from tpserve import LLM, SamplingParams
@@ -384,7 +385,7 @@ def test_adaptive_ends_a_request_plainly_where_plain_steps_are_shorter(plain, fu
         rates.observe(1, True, 8, fused_ms / 1000)
     rates.observe = lambda *a: None  # (this CPU's own step times would move them)
     spec.policy.expected_emitted = lambda batch, running, k: 8.0 * batch  # (as the planted drafting steps emit)
-    spec._prompt_pass_pays = lambda seq, rows: True  # (the planted steps are not this CPU's: its prompt passes are)
+    spec._prompt_passes = lambda prompts: {seq for seq, _ in prompts}  # (the planted steps are not this CPU's)
     seen, next_k = [], spec._next_k
 
     def spy(*a, **kw):
@@ -449,6 +450,39 @@ def test_a_prompt_pass_costs_a_fixed_part_and_a_part_a_row():
     assert cost.estimate(2000) == pytest.approx(0.040)
     snap = cost.snapshot()
     assert snap["measured"] == PassCost.WINDOW and snap["pass_ms"] == 20.0 and snap["rows_most"] == 1000
+
+
+def test_a_steps_prompts_pay_their_rows_each_and_the_pass_together():
+    """A step's prompts share one MTP pass: each must pay for its own rows, and together they pay the pass's fixed
+    part. Planted: drafting saves 1 ms a token, a pass costs 10 ms + 20 us a row. One prompt of 20 rows and 8
+    tokens to emit saves 8 ms: alone it does not pay the 10.4 ms; two together do (16 ms against 10.8); a prompt of
+    500 rows (10 ms of rows for 8 ms saved) never pays its rows; a seeded sampled request (fixed k) runs its pass
+    always, and then a 20-row prompt beside it pays only its rows."""
+    from tpserve.engine.request import Sequence
+
+    llm, _ = fused_llm({"method": "mtp", "num_speculative_tokens": 3})
+    spec = llm.engine.speculator
+    spec.rates.saved_per_token = lambda batch, gain=None: 1e-3
+    spec.pass_cost.observe(0.010, 1)
+    spec.pass_cost.observe(0.030, 1001)
+
+    def seq(rid, seed=None):
+        params = SamplingParams(temperature=0 if seed is None else 1.0, seed=seed, max_tokens=8)
+        out = Sequence(rid, 0, [1, 2, 3], params, 8, frozenset())
+        if seed is not None:
+            out.generator = torch.Generator().manual_seed(seed)
+        return out
+
+    a, b, c, d = seq("a"), seq("b"), seq("c"), seq("d", seed=1)
+    assert spec._prompt_passes([(a, 20)]) == set()
+    assert spec._prompt_passes([(a, 20), (b, 20)]) == {a, b}
+    assert spec._prompt_passes([(a, 20), (b, 20), (c, 500)]) == {a, b}
+    assert spec._prompt_passes([(d, 20), (a, 20)]) == {d, a}
+    assert spec._prompt_passes([(d, 20), (c, 500)]) == {d}
+    assert (spec.pass_cost.ran, spec.pass_cost.skipped) == (7, 3)
+    spec.rates.saved_per_token = lambda batch, gain=None: None  # (not measured: every pass runs)
+    assert spec._prompt_passes([(c, 500)]) == {c}
+    llm.shutdown()
 
 
 @pytest.mark.parametrize("row_ms,drafts", [(1000.0, False), (1e-6, True)])

@@ -88,8 +88,8 @@ class Drafter:
         sequence -> (the most drafts a sequence asked for, sequences drafting); None: nothing caught up.
         Where a chain graph runs, a drafting prompt's rows before its last catch up first, on their own: its last
         row then drafts as a decode row does (all depths in one replay, not an eager pass and one call a depth;
-        without graphs that would be one more eager pass). prompt_pass(seq, rows) -> whether a prompt's MTP pass
-        over its rows runs (else it decodes plainly); None: every prompt's does."""
+        without graphs that would be one more eager pass). prompt_pass([(seq, rows), ...]) -> the prompts of the
+        step whose MTP pass over their rows runs (the others decode plainly); None: every prompt's does."""
         plan, rows, drafting, head, head_rows = self._catch_up(scheduled, starts, k, prompt_pass)
         self.rows = len(plan.ids) + len(head.ids)
         if not plan.ids:
@@ -122,11 +122,13 @@ class Drafter:
         plan, rows, drafting, base = MtpPlan(), [], [], 0
         self.prompt_rows = 0
         head, head_rows, split = MtpPlan(), [], self.executor.chain_depths(None) > 0
-        for s, start in zip(scheduled, starts):
+        current = [s.seq.status is Status.RUNNING and s.seq.mtp_computed == start and s.seq.num_computed > start
+                   for s, start in zip(scheduled, starts)]
+        passes = None if prompt_pass is None else prompt_pass(
+            [(s.seq, s.seq.num_tokens - start) for s, start, c in zip(scheduled, starts, current) if c and not s.decode])
+        for s, start, current in zip(scheduled, starts, current):
             seq = s.seq
-            current = seq.status is Status.RUNNING and seq.mtp_computed == start and seq.num_computed > start
-            if current and not s.decode and prompt_pass is not None and \
-                    not prompt_pass(seq, seq.num_tokens - start):
+            if current and not s.decode and passes is not None and seq not in passes:
                 seq.mtp_computed = -1  # drafting would not pay for its prompt's pass: it decodes plainly
             elif current:
                 if not s.decode:

@@ -224,7 +224,7 @@ class Speculator:
         prompts = not all(s.decode for s in scheduled)
         t1 = time.perf_counter()
         drafted = self.drafter.draft(scheduled, starts, k, self.choice.explore,
-                                     self._prompt_pass_pays if prompts and self.spec.adaptive else None)
+                                     self._prompt_passes if prompts and self.spec.adaptive else None)
         if drafted is None:
             return
         deepest, num_drafting = drafted
@@ -236,23 +236,33 @@ class Speculator:
         elif deepest > 0 and self.spec.adaptive:
             self.policy.observe_draft(deepest, max(self.last_draft_seconds, 1e-9), num_drafting)
 
-    def _prompt_pass_pays(self, seq: Sequence, rows: int) -> bool:
-        """Whether a prompt's MTP pass over its `rows` is paid back: by the time drafting is measured to save per
-        token at the batch the request will decode in (MeasuredRates.saved_per_token), over the tokens it may
-        still emit, against the pass's estimated cost (PassCost). It runs where either is not measured, where
-        drafting is due to be measured again, and for a fixed k. The batch counts the waiting requests too:
-        prompts admitted over several steps decode together, not at the batch running when each was admitted.
-        Drafting's tokens a step are the acceptance estimates' for that batch, new requests at the global rates
-        (not the requests last asked about: one that drafted badly says little of the next prompt)."""
+    def _prompt_passes(self, prompts: list[tuple[Sequence, int]]) -> set[Sequence]:
+        """The prompts of this step whose MTP pass over their rows is paid back, by the time drafting is measured to
+        save per token at the batch the request will decode in (MeasuredRates.saved_per_token) over the tokens it
+        may still emit, against the pass's estimated cost (PassCost): each prompt pays for its own rows, and
+        together they pay the step's pass its fixed part (one pass runs for them all). Every pass runs where
+        either is not measured and where drafting is due to be measured again; a fixed k's always, and then the
+        others pay only their rows. The batch counts the waiting requests too: prompts admitted over several steps
+        decode together, not at the batch running when each was admitted. Drafting's tokens a step are the
+        acceptance estimates' for that batch, new requests at the global rates (not the requests last asked about:
+        one that drafted badly says little of the next prompt)."""
         sched = self.scheduler
         batch = min(len(sched.running) + len(sched.waiting), sched.max_num_seqs)
         gain = self.policy.expected_emitted(batch, sched.running, self.spec.num_speculative_tokens)
-        saved = self.rates.saved_per_token(batch, gain)
-        cost = self.pass_cost.estimate(rows)
-        pays = saved is None or cost is None or fixed(seq) or room(seq, self.max_model_len) * saved > cost
-        self.pass_cost.ran += pays
-        self.pass_cost.skipped += not pays
-        return pays
+        saved, parts = self.rates.saved_per_token(batch, gain), self.pass_cost.parts()
+        if saved is None or parts is None:
+            run = {seq for seq, _ in prompts}
+        else:
+            fixed_part, per_row = parts
+            run = {seq for seq, _ in prompts if fixed(seq)}
+            net = {seq: room(seq, self.max_model_len) * saved - per_row * rows for seq, rows in prompts
+                   if seq not in run}
+            paying = {seq for seq, n in net.items() if n > 0}
+            if run or sum(net[seq] for seq in paying) > fixed_part:
+                run |= paying
+        self.pass_cost.ran += len(run)
+        self.pass_cost.skipped += len(prompts) - len(run)
+        return run
 
     def _next_k(self, scheduled: list[Scheduled], step_seconds: float, step_tokens: int,
                 fused: bool = False) -> int | None:
