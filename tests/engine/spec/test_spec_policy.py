@@ -159,6 +159,7 @@ def test_choose_k_large_when_fixed_cost_dominates_zero_when_tokens_dominate():
     _train_costs(per_token, 0.5e-3, 1e-7, 300e-6, 1e-4, 2e-4, rng)
     _non_explore(per_token)
     assert per_token.choose_k(64, []) == 0
+    assert per_token.choose_k(64, [], least=1) == 1  # its best k that drafts: the one that costs least
     assert per_token.choose_k(1, []) >= 1  # at batch 1 the fixed part still dominates
 
 

@@ -452,6 +452,30 @@ def test_a_prompt_pass_costs_a_fixed_part_and_a_part_a_row():
     assert snap["measured"] == PassCost.WINDOW and snap["pass_ms"] == 20.0 and snap["rows_most"] == 1000
 
 
+def test_measured_rates_draft_where_the_cost_model_would_not(plain):
+    """Off the fused steps the policy's cost model picks k; where it gives 0 but both modes are measured with
+    drafting ahead (planted: plain 1 ms a token, drafting 8 tokens in 3.5 ms), the step drafts its best k of at
+    least 1. Tokens stay plain decoding's."""
+    from tpserve.engine.spec.rates import MeasuredRates
+
+    llm = LLM(Model.path, device="cpu", kv_cache_memory="16MiB", block_size=16, max_num_seqs=8,
+              speculative_config={"method": "mtp", "num_speculative_tokens": 3})
+    spec = llm.engine.speculator
+    spec.rates = rates = MeasuredRates()
+    for _ in range(8):
+        rates.observe(1, False, 1, 0.001)
+        rates.observe(1, True, 8, 0.0035)
+    rates.observe = lambda *a: None
+    spec.policy.expected_emitted = lambda batch, running, k: 8.0 * batch
+    spec.policy.choose_k = lambda batch, running, least=0: 2 if least else 0  # (a cost model that has k = 0)
+    spec._prompt_passes = lambda prompts: {seq for seq, _ in prompts}
+    sp = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    got, want = (m.generate([PROMPTS[0]], sp)[0].outputs[0].token_ids for m in (llm, plain))
+    assert got == want
+    assert spec.counters.num_drafts > 0
+    llm.shutdown()
+
+
 def test_a_steps_prompts_pay_their_rows_each_and_the_pass_together():
     """A step's prompts share one MTP pass: each must pay for its own rows, and together they pay the pass's fixed
     part. Planted: drafting saves 1 ms a token, a pass costs 10 ms + 20 us a row. One prompt of 20 rows and 8

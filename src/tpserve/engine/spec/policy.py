@@ -186,9 +186,10 @@ class SpecPolicy:
         self._explore = self.max_k > 0 and self._step % self.explore_every == 0
         return StepChoice(self._step, self._explore)
 
-    def choose_k(self, num_seqs: int, seq_keys: list) -> int:
-        """k in 0..max_k for this step's batch (max_k on the current step if it explores; fixed_k when not
-        adaptive). seq_keys: the keys of the sequences with estimates; missing ones use the global."""
+    def choose_k(self, num_seqs: int, seq_keys: list, least: int = 0) -> int:
+        """k in least..max_k for this step's batch (max_k on the current step if it explores; fixed_k when not
+        adaptive). seq_keys: the keys of the sequences with estimates; missing ones use the global. least 1: the
+        best k that drafts (where measurements have drafting ahead of plain decoding)."""
         if num_seqs < 0 or len(seq_keys) > num_seqs:
             raise ValueError(f"num_seqs: must be >= len(seq_keys) ({len(seq_keys)}), got {num_seqs}")
         if not self.adaptive:
@@ -199,10 +200,10 @@ class SpecPolicy:
             return 0
         # the fits _choose reads (a refit where one is due: as often as if every step computed its choice)
         step, draft = self._step_fit.coef(fresh=False), self._draft_fit.coef(fresh=False)
-        key = (self._version, step, draft, num_seqs, tuple(seq_keys))
+        key = (self._version, step, draft, num_seqs, tuple(seq_keys), least)
         if self._last_choice is not None and self._last_choice[0] == key:
             return self._last_choice[1]
-        best = self._choose(num_seqs, seq_keys, step, draft)
+        best = self._choose(num_seqs, seq_keys, step, draft, least)
         self._last_choice = (key, best)
         return best
 
@@ -234,10 +235,10 @@ class SpecPolicy:
             gains.append(gains[-1] + g_prod * power_sums[j])
         return gains
 
-    def _choose(self, num_seqs: int, seq_keys: list, step: list[float], draft: list[float]) -> int:
+    def _choose(self, num_seqs: int, seq_keys: list, step: list[float], draft: list[float], least: int = 0) -> int:
         gains = self._gains(num_seqs, seq_keys)
-        best, best_rate = 0, gains[0] / self._step_cost(step, num_seqs)
-        for k in range(1, self.max_k + 1):
+        best, best_rate = 0, (gains[0] / self._step_cost(step, num_seqs) if least == 0 else 0.0)
+        for k in range(max(least, 1), self.max_k + 1):
             rate = gains[k] / (self._step_cost(step, num_seqs * (1 + k)) + self._draft_cost(draft, k, num_seqs))
             if rate > best_rate * (1 + 1e-9):
                 best, best_rate = k, rate

@@ -81,7 +81,8 @@ class MeasuredRates:
     run for SPEC_PROBE steps (CLEAR_PROBE when the faster leads by more than CLEAR_LEAD, WIDE_PROBE by more than
     WIDE_LEAD; each probe costs a step or two in the slower mode): counted from its last measured step, so a
     probe that found no sequence able to draft (their MTP stopped) stays due until one can (the next request).
-    k = 0 where drafting is measured slower, the policy's k where faster."""
+    k = 0 where drafting is measured slower, the policy's k where faster (its best k of at least 1 where its cost
+    model gives 0: the speculator's `_choose_k`)."""
 
     PLAIN_PROBE, SPEC_PROBE, CLEAR_PROBE, CLEAR_LEAD, WIDE_PROBE, WIDE_LEAD = 8, 64, 256, 1.25, 1024, 1.5
     MIN_OBS, WINDOW = 4, _RateWindow.WINDOW
@@ -180,6 +181,11 @@ class MeasuredRates:
         """Whether both modes are measured in this batch's bucket and drafting is the slower."""
         decision = self._decision.get(_bucket(batch))
         return decision is not None and decision[0][1]
+
+    def drafting_leads(self, batch: int) -> bool:
+        """Whether both modes are measured in this batch's bucket and plain decoding is the slower."""
+        decision = self._decision.get(_bucket(batch))
+        return decision is not None and not decision[0][1]
 
     def tick(self) -> None:
         """A step the speculator was not asked about (Speculator.idle): the probes' clock counts it too."""

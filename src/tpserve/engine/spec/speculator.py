@@ -341,6 +341,8 @@ class Speculator:
             # tokens the batch may still keep (taken at its best, every draft accepted: this errs toward drafting)
             return 0 if k and within >= 2 and 2 <= self._left(running) <= within else k
         k = self.policy.choose_k(batch, running)
+        if adaptive and k == 0 and self.rates.drafting_leads(batch):  # (the cost model's 0 measured wrong here)
+            k = self.policy.choose_k(batch, running, least=1)
         if adaptive:
             drafts = max_k if padded else k  # (a padded step drafts max_k whatever k is)
             k = self.rates.override(batch, k, self.policy.expected_emitted(batch, running, drafts) if k else None)
