@@ -246,6 +246,8 @@ class Speculator:
         decode together, not at the batch running when each was admitted. Drafting's tokens a step are the
         acceptance estimates' for that batch, new requests at the global rates (not the requests last asked about:
         one that drafted badly says little of the next prompt)."""
+        if not prompts:
+            return set()
         sched = self.scheduler
         batch = min(len(sched.running) + len(sched.waiting), sched.max_num_seqs)
         gain = self.policy.expected_emitted(batch, sched.running, self.spec.num_speculative_tokens)
