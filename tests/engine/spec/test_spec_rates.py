@@ -369,22 +369,30 @@ def test_fused_steps_file_their_measured_rates_while_the_next_step_runs(plain):
     llm.shutdown()
 
 
+def _plant_rates(spec, batch: int, plain_s: float, spec_tokens: int, spec_s: float, gain: float) -> None:
+    """Measured rates fixed for the test: 8 plain steps of `batch` tokens in plain_s and 8 drafting ones of
+    spec_tokens in spec_s (this CPU's own step times would move them); drafting expected to emit `gain` tokens a
+    sequence (as the planted drafting steps emit)."""
+    from tpserve.engine.spec.rates import MeasuredRates
+
+    spec.rates = rates = MeasuredRates()
+    for _ in range(8):
+        rates.observe(batch, False, batch, plain_s)
+        rates.observe(batch, True, spec_tokens, spec_s)
+    rates.observe = lambda *a: None
+    spec.policy.expected_emitted = lambda n, running, k: gain * n
+
+
 @pytest.mark.parametrize("fused_ms", [3.5, 1.5])
 def test_adaptive_ends_a_request_plainly_where_plain_steps_are_shorter(plain, fused_ms):
     """Where the next step would be fused (k is 0 or the largest) and the request may emit at most `left` more
     tokens, adaptive k runs plain steps when `left` of them measure shorter than one fused step, which costs its
     rows and depths however few tokens it may keep: with plain steps of 1 ms, fused steps of 3.5 ms end a request
     plainly from 3 tokens before its end, fused steps of 1.5 ms never. Tokens stay plain decoding's."""
-    from tpserve.engine.spec.rates import MeasuredRates
-
     llm, _ = fused_llm({"method": "mtp", "num_speculative_tokens": 3})
     spec = llm.engine.speculator
-    spec.rates = rates = MeasuredRates()
-    for _ in range(8):  # drafting over twice plain's rate either way: a plain probe only every 1024th step
-        rates.observe(1, False, 1, 0.001)
-        rates.observe(1, True, 8, fused_ms / 1000)
-    rates.observe = lambda *a: None  # (this CPU's own step times would move them)
-    spec.policy.expected_emitted = lambda batch, running, k: 8.0 * batch  # (as the planted drafting steps emit)
+    # drafting over twice plain's rate either way: a plain probe only every 1024th step
+    _plant_rates(spec, 1, 0.001, 8, fused_ms / 1000, 8.0)
     spec._prompt_passes = lambda prompts: {seq for seq, _ in prompts}  # (the planted steps are not this CPU's)
     seen, next_k = [], spec._next_k
 
@@ -456,17 +464,10 @@ def test_measured_rates_draft_where_the_cost_model_would_not(plain):
     """Off the fused steps the policy's cost model picks k; where it gives 0 but both modes are measured with
     drafting ahead (planted: plain 1 ms a token, drafting 8 tokens in 3.5 ms), the step drafts its best k of at
     least 1. Tokens stay plain decoding's."""
-    from tpserve.engine.spec.rates import MeasuredRates
-
     llm = LLM(Model.path, device="cpu", kv_cache_memory="16MiB", block_size=16, max_num_seqs=8,
               speculative_config={"method": "mtp", "num_speculative_tokens": 3})
     spec = llm.engine.speculator
-    spec.rates = rates = MeasuredRates()
-    for _ in range(8):
-        rates.observe(1, False, 1, 0.001)
-        rates.observe(1, True, 8, 0.0035)
-    rates.observe = lambda *a: None
-    spec.policy.expected_emitted = lambda batch, running, k: 8.0 * batch
+    _plant_rates(spec, 1, 0.001, 8, 0.0035, 8.0)
     spec.policy.choose_k = lambda batch, running, least=0: 2 if least else 0  # (a cost model that has k = 0)
     spec._prompt_passes = lambda prompts: {seq for seq, _ in prompts}
     sp = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
@@ -515,16 +516,9 @@ def test_a_prompt_pass_runs_only_where_drafting_pays_for_it(plain, row_ms, draft
     the request may still emit, pays for the pass's rows: planted rates (plain 1 ms a token, drafting 8 tokens in
     3.5 ms) save 0.56 ms a token, so a pass of 1 s does not pay (the request decodes plainly and the speculator
     steps aside) and one of 1 ns does. Tokens stay plain decoding's either way."""
-    from tpserve.engine.spec.rates import MeasuredRates
-
     llm, _ = fused_llm({"method": "mtp", "num_speculative_tokens": 3})
     spec = llm.engine.speculator
-    spec.rates = rates = MeasuredRates()
-    for _ in range(8):
-        rates.observe(1, False, 1, 0.001)
-        rates.observe(1, True, 8, 0.0035)
-    rates.observe = lambda *a: None  # (this CPU's own step times would move them)
-    spec.policy.expected_emitted = lambda batch, running, k: 8.0 * batch
+    _plant_rates(spec, 1, 0.001, 8, 0.0035, 8.0)
     spec.pass_cost.observe(row_ms / 1000, 1)
     spec.pass_cost.observe = lambda seconds, rows: None  # each decision sees the planted cost of a row's pass
     sp = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
@@ -541,16 +535,9 @@ def test_prompts_admitted_over_several_steps_are_priced_at_the_batch_they_decode
     running when it was admitted: four prompts admitted one a step (a budget of 4 tokens) meet planted rates at
     batch 4 with plain decoding 5x faster, and no pass runs; priced at batches 1 and 2 (nothing measured there)
     the first prompts' would. Tokens stay plain decoding's."""
-    from tpserve.engine.spec.rates import MeasuredRates
-
     llm, _ = fused_llm({"method": "mtp", "num_speculative_tokens": 3}, max_num_batched_tokens=4)
     spec = llm.engine.speculator
-    spec.rates = rates = MeasuredRates()
-    for _ in range(8):
-        rates.observe(4, False, 4, 0.001)
-        rates.observe(4, True, 8, 0.01)
-    rates.observe = lambda *a: None
-    spec.policy.expected_emitted = lambda batch, running, k: 2.0 * batch
+    _plant_rates(spec, 4, 0.001, 8, 0.01, 2.0)
     spec.pass_cost.observe(1e-6, 1)
     spec.pass_cost.observe = lambda seconds, rows: None
     sp = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
