@@ -416,8 +416,8 @@ def test_adaptive_ends_a_request_plainly_where_plain_steps_are_shorter(plain, fu
 
 def test_saved_per_token_compares_the_modes_until_drafting_is_stale():
     """Seconds drafting saves per emitted token at a batch's bucket (the prompt pass's pay-back): 1/plain - 1/spec
-    at the gain asked about (or one given, which is not kept); None before both modes are measured, and once drafting has not been measured for its
-    probe interval (it must run to be measured again)."""
+    at the gain asked about (or one given, which is not kept); None before both modes are measured, and once
+    drafting has not been measured for its probe interval (it must run to be measured again)."""
     from tpserve.engine.spec.rates import MeasuredRates
 
     r = MeasuredRates()

@@ -122,11 +122,13 @@ class Drafter:
         plan, rows, drafting, base = MtpPlan(), [], [], 0
         self.prompt_rows = 0
         head, head_rows, split = MtpPlan(), [], self.executor.chain_depths(None) > 0
-        current = [s.seq.status is Status.RUNNING and s.seq.mtp_computed == start and s.seq.num_computed > start
-                   for s, start in zip(scheduled, starts)]
-        passes = None if prompt_pass is None else prompt_pass(
-            [(s.seq, s.seq.num_tokens - start) for s, start, c in zip(scheduled, starts, current) if c and not s.decode])
-        for s, start, current in zip(scheduled, starts, current):
+        caught = [s.seq.status is Status.RUNNING and s.seq.mtp_computed == start and s.seq.num_computed > start
+                  for s, start in zip(scheduled, starts)]  # its MTP cache is current up to this step's rows
+        passes = None
+        if prompt_pass is not None:
+            passes = prompt_pass([(s.seq, s.seq.num_tokens - start) for s, start, c in zip(scheduled, starts, caught)
+                                  if c and not s.decode])
+        for s, start, current in zip(scheduled, starts, caught):
             seq = s.seq
             if current and not s.decode and passes is not None and seq not in passes:
                 seq.mtp_computed = -1  # drafting would not pay for its prompt's pass: it decodes plainly
