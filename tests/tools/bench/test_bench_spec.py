@@ -74,6 +74,21 @@ def test_bench_spec_small_run(tiny, tmp_path, capsys):
     assert all(s["next_k"] in (0, 1) and isinstance(s["rates"], dict) for s in steps)
 
 
+def test_bench_spec_alternates_the_settings_timed_runs(tiny, monkeypatch):
+    """Every setting's engine lives through the run and their timed runs alternate (off, adaptive, off, adaptive),
+    so a drift during the run does not fall on one setting."""
+    import tpserve.tools.bench.spec as bench
+    from tpserve.cli import main
+
+    timed, step_times = [], bench.step_times
+    monkeypatch.setattr(bench, "step_times",
+                        lambda engine, probe=None: timed.append(engine) or step_times(engine, probe))
+    assert main(["bench", "spec", "--model", str(tiny("mtp")), "--device", "cpu", "--batch", "1", "--k", "1",
+                 "--no-fixed", "--max-tokens", "2", "--repeats", "2"]) == 0
+    assert len(timed) == 4 and timed[0] is timed[2] and timed[1] is timed[3] and timed[0] is not timed[1]
+    assert timed[0].speculator is None and timed[1].speculator is not None
+
+
 def test_decode_modes_compare_the_steps_of_the_batch_bucket():
     """The steps of the batch's power-of-two bucket only (adaptive k compares the modes there): a tail step
     of fewer sequences, or a prefill step, does not lower a mode's rate."""

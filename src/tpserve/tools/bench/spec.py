@@ -9,7 +9,8 @@ prefill also runs the MTP layer over every prompt position), the mean accepted l
 tokens equal plain decoding's, and the KDA state bytes per request (which speculation must leave
 unchanged). Every setting first runs one untimed pass of the same generate calls, so the timed
 passes see the adaptive policy as a long-running server does, after it has learned its costs and
-acceptance (it needs ~80 steps from a cold start). For adaptive k it prints what the policy measured of its own
+acceptance (it needs ~80 steps from a cold start). The settings' engines live side by side and their
+timed runs alternate (best of --repeats each), so a drift during the run does not fall on one of them. For adaptive k it prints what the policy measured of its own
 steps beside its decode steps timed from outside the engine, drafting and plain apart (`decode_modes`). Optional
 PNG plot.
 """
@@ -206,66 +207,78 @@ def measure(args) -> dict:
     if trace:
         open(trace, "w").close()  # (each timed run's steps are appended)
     sp = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
-    rows, reference = [], {}
     settings = _settings(sorted(set(args.k)), args.fixed)
-    with tqdm(total=len(settings) * len(args.batch), desc="bench spec") as bar:
+    kw = engine_options(base)  # every switch given on the command line reaches the engines
+    kw["max_num_seqs"] = max(max(args.batch), kw["max_num_seqs"] or 0)
+    if kw["warmup"] is None:  # the untimed pass below compiles what the timed ones meet
+        kw["warmup"] = False
+    on_gpu = kw["device"] == "cuda" or (kw["device"] == "auto" and torch.cuda.is_available())
+    if kw["kv_cache_memory"] is None and on_gpu:
+        kw["kv_cache_memory"] = 2 * 2**30  # every setting's engine lives in this process at once
+    rows, reference, engines = [], {}, []
+    with tqdm(total=len(settings) + len(args.batch) * (1 + args.repeats), desc="bench spec") as bar:
         for name, spec in settings:
-            kw = engine_options(base)  # every switch given on the command line reaches the engines
-            kw["max_num_seqs"] = max(max(args.batch), kw["max_num_seqs"] or 0)
-            if kw["warmup"] is None:  # the untimed pass below compiles what the timed ones meet
-                kw["warmup"] = False
-            on_gpu = kw["device"] == "cuda" or (kw["device"] == "auto" and torch.cuda.is_available())
-            if kw["kv_cache_memory"] is None and on_gpu:
-                kw["kv_cache_memory"] = 2 * 2**30  # several engines live in this process, one after another
             llm = LLM(**{k: v for k, v in kw.items() if v is not None}, speculative_config=spec)
-            state = _state_bytes(llm)
             kda_path = getattr(getattr(llm.engine.executor, "runner", None), "kda_report", None)
-            for batch in args.batch:
-                groups = structured_groups(batch)
+            engines.append((name, spec, llm, _state_bytes(llm), kda_path))
+            bar.update(1)
+        for batch in args.batch:
+            groups = structured_groups(batch)
+            runs = {}
+            for name, _, llm, _, _ in engines:
                 # warm-up: one untimed pass of the same calls (kernels, graphs, and what the adaptive
                 # policy learns: costs and acceptance; from a cold start it spends ~80 steps on it)
                 for g in groups:
                     llm.generate(g, sp)
-                best, best_decode, outs, stats0 = None, None, None, llm.engine.stats()
                 passes0 = prompt_passes_seen(llm)
-                probe = (lambda e=llm.engine: adaptive_state(e)) if trace and passes0 else None
-                for repeat in range(args.repeats):
-                    with step_times(llm.engine, probe) as steps:
+                runs[name] = {"best": None, "best_decode": None, "stats0": llm.engine.stats(), "passes0": passes0,
+                              "probe": (lambda e=llm.engine: adaptive_state(e)) if trace and passes0 else None}
+            bar.update(1)
+            for repeat in range(args.repeats):
+                # the settings' timed runs alternate, so a drift (clocks, a machine's first minutes) falls on all
+                for name, _, llm, _, _ in engines:
+                    run = runs[name]
+                    with step_times(llm.engine, run["probe"]) as steps:
                         t0 = time.perf_counter()
                         outs = [o for g in groups for o in llm.generate(g, sp)]
                         dt = time.perf_counter() - t0
-                    if probe is not None:
+                    if run["probe"] is not None:
                         with open(trace, "a") as f:
                             f.writelines(json.dumps({"setting": name, "batch": batch, "run": repeat, "step": n,
                                                      "seqs": s.seqs, "prefill": s.prefill, "drafted": s.drafted,
                                                      "tokens": s.tokens, "ms": round(1e3 * s.seconds, 3),
                                                      **s.state}) + "\n" for n, s in enumerate(steps))
-                    if best is None or dt < best:
-                        split, modes = time_split(steps, dt, len(groups)), decode_modes(steps, batch)
-                    best = dt if best is None else min(best, dt)
+                    if run["best"] is None or dt < run["best"]:
+                        run.update(best=dt, split=time_split(steps, dt, len(groups)), modes=decode_modes(steps, batch))
                     rate = decode_rate(steps)
-                    best_decode = rate if best_decode is None else max(best_decode, rate)
-                stats, passes = llm.engine.stats(), prompt_passes_seen(llm)
+                    run["best_decode"] = rate if run["best_decode"] is None else max(run["best_decode"], rate)
+                    run["outs"] = outs
+                bar.update(1)
+            for name, spec, llm, state, kda_path in engines:
+                run = runs[name]
+                stats, passes, passes0 = llm.engine.stats(), prompt_passes_seen(llm), run["passes0"]
                 if passes:  # the timed runs' prompts
                     passes.update(ran=passes["ran"] - passes0["ran"], skipped=passes["skipped"] - passes0["skipped"])
-                tokens = [o.outputs[0].token_ids for o in outs]
+                tokens = [o.outputs[0].token_ids for o in run["outs"]]
                 if spec is None:
                     reference[batch] = tokens
+                stats0 = run["stats0"]
                 drafts = stats.get("spec_decode_num_drafts", 0) - stats0.get("spec_decode_num_drafts", 0)
                 acc = (stats.get("spec_decode_num_accepted_tokens", 0)
                        - stats0.get("spec_decode_num_accepted_tokens", 0))
-                rows.append({"setting": name, "batch": batch, "seconds": best,
-                             "tok_s": sum(map(len, tokens)) / best,
-                             "decode_tok_s": best_decode, "ms_per_call": split, "decode_modes": modes,
+                rows.append({"setting": name, "batch": batch, "seconds": run["best"],
+                             "tok_s": sum(map(len, tokens)) / run["best"],
+                             "decode_tok_s": run["best_decode"], "ms_per_call": run["split"],
+                             "decode_modes": run["modes"],
                              "mean_accepted_length": 1 + acc / drafts if drafts else None,
                              "equal_to_plain": tokens == reference.get(batch),
                              "outputs_equal": sum(a == b for a, b in zip(tokens, reference.get(batch, []))),
                              "outputs": len(tokens), "kda_state_bytes_per_request": state, "kda_path": kda_path,
                              "measured_rates": rates_seen(llm), "prompt_passes": passes})
-                bar.update(1)
-            llm.shutdown()
-            del llm
-            _release_memory()
+    for _, _, llm, _, _ in engines:
+        llm.shutdown()
+    del engines
+    _release_memory()
     for r in rows:
         plain = next(x for x in rows if x["batch"] == r["batch"] and x["setting"] == "off")
         r["speedup"] = r["tok_s"] / plain["tok_s"]
