@@ -45,9 +45,9 @@ def test_a_hit_on_blocks_without_mtp_rows_decodes_plainly():
     later request resuming from them must not draft from those rows (it decodes plainly, its tokens unchanged);
     resuming from blocks whose rows were computed, it drafts."""
     sp = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-    tok_ids = LLM(Model.path, enable_prefix_caching=False, **KW).get_tokenizer().encode(
-        "Count from 1 to 60: " + ", ".join(str(i) for i in range(1, 25)) + ",")
-    want = LLM(Model.path, enable_prefix_caching=False, **KW).generate([{"prompt_token_ids": tok_ids}], sp)
+    plain = LLM(Model.path, enable_prefix_caching=False, **KW)
+    tok_ids = plain.get_tokenizer().encode("Count from 1 to 60: " + ", ".join(str(i) for i in range(1, 25)) + ",")
+    want = plain.generate([{"prompt_token_ids": tok_ids}], sp)
     for skip, drafts in ((True, False), (False, True)):
         llm = LLM(Model.path, speculative_config=SPEC, **KW)
         drafter = llm.engine.speculator.drafter
