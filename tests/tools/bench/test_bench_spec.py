@@ -60,6 +60,14 @@ def test_bench_spec_small_run(tiny, tmp_path, capsys):
             assert not verified
         elif r["setting"].startswith("k="):  # (adaptive k drafts or not as its own timings have it)
             assert verified
+    # at batch 1, request by request: drafting steps, their tokens, plain steps (every request's 3 tokens after
+    # its prefill step's)
+    assert res["rows"][0]["per_request"] is None
+    for r in res["rows"][1:]:
+        assert len(r["per_request"]) == res["prompts"] and all(t + p == 3 for _, t, p in r["per_request"])
+        assert sum(d for d, _, _ in r["per_request"]) == r["decode_modes"]["spec"]["steps"]
+    assert "k=1 at batch 1, request by request (its best timed run; drafting steps / their tokens / plain steps): " \
+        in printed
     assert "its decode steps of batch <= 1 timed from outside the engine: " in printed
     assert "; without the speculator: plain " in printed
     # --trace: adaptive k's timed steps only, one line each, the prompt passes counted as the row has them

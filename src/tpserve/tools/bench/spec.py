@@ -168,6 +168,23 @@ def decode_modes(steps: list[Step], batch: int) -> dict:
     return out
 
 
+def per_request(steps: list[Step]) -> list[tuple[int, int, int]]:
+    """At batch 1 (each prefill step begins the next request): per request, its decode steps that verified drafts,
+    their tokens, and its plain decode steps."""
+    out: list[list[int]] = []
+    for s in steps:
+        if s.prefill:
+            out.append([0, 0, 0])
+        elif out and s.tokens:  # (a call that only lands the step in flight emits nothing)
+            row = out[-1]
+            if s.drafted:
+                row[0] += 1
+                row[1] += s.tokens
+            else:
+                row[2] += 1
+    return [tuple(r) for r in out]
+
+
 def time_split(steps: list[Step], seconds: float, calls: int) -> dict:
     """Milliseconds per generate call: in steps with a prefill chunk, in the other steps, and outside
     the engine's steps (adding requests, detokenizing, returning outputs)."""
@@ -236,7 +253,7 @@ def measure(args) -> dict:
             bar.update(1)
             for repeat in range(args.repeats):
                 # the settings' timed runs alternate, so a drift (clocks, a machine's first minutes) falls on all
-                for name, _, llm, _, _ in engines:
+                for name, spec, llm, _, _ in engines:
                     run = runs[name]
                     with step_times(llm.engine, run["probe"]) as steps:
                         t0 = time.perf_counter()
@@ -249,7 +266,8 @@ def measure(args) -> dict:
                                                      "tokens": s.tokens, "ms": round(1e3 * s.seconds, 3),
                                                      **s.state}) + "\n" for n, s in enumerate(steps))
                     if run["best"] is None or dt < run["best"]:
-                        run.update(best=dt, split=time_split(steps, dt, len(groups)), modes=decode_modes(steps, batch))
+                        run.update(best=dt, split=time_split(steps, dt, len(groups)), modes=decode_modes(steps, batch),
+                                   requests=per_request(steps) if batch == 1 and spec is not None else None)
                     rate = decode_rate(steps)
                     run["best_decode"] = rate if run["best_decode"] is None else max(run["best_decode"], rate)
                     run["outs"] = outs
@@ -269,7 +287,7 @@ def measure(args) -> dict:
                 rows.append({"setting": name, "batch": batch, "seconds": run["best"],
                              "tok_s": sum(map(len, tokens)) / run["best"],
                              "decode_tok_s": run["best_decode"], "ms_per_call": run["split"],
-                             "decode_modes": run["modes"],
+                             "decode_modes": run["modes"], "per_request": run["requests"],
                              "mean_accepted_length": 1 + acc / drafts if drafts else None,
                              "equal_to_plain": tokens == reference.get(batch),
                              "outputs_equal": sum(a == b for a, b in zip(tokens, reference.get(batch, []))),
@@ -319,7 +337,10 @@ def table(result: dict) -> str:
               f"skipped {p['skipped']} (decoded plainly); from its last {p['measured']} passes (up to "
               f"{p['rows_most']} rows), {p['pass_ms']} ms + {p['row_ms']} ms a row"
               for r in result["rows"] if (p := r.get("prompt_passes"))]
-    return "\n".join(lines + [f"KDA path: {p}" for p in paths] + seen + passes + timed)
+    requests = [f"{r['setting']} at batch 1, request by request (its best timed run; drafting steps / their tokens / "
+                "plain steps): " + ", ".join("/".join(map(str, q)) for q in r["per_request"])
+                for r in result["rows"] if r.get("per_request")]
+    return "\n".join(lines + [f"KDA path: {p}" for p in paths] + seen + passes + timed + requests)
 
 
 def plot(result: dict, path: str) -> None:
