@@ -29,7 +29,9 @@ def register(sub, bench, tune) -> None:
     p = bench.add_parser("spec", help="speculative against plain decoding: tok/s, accepted length")
     add_engine_args(p, model_positional=False)
     p.add_argument("--batch", type=int, nargs="*", default=[1, 64], help="concurrent requests")
-    p.add_argument("--k", type=int, nargs="*", default=[1, 2, 3, 5, 7], help="fixed draft counts to compare")
+    p.add_argument("--k", type=int, nargs="*", default=[1, 2, 3, 5, 7],
+                   help="fixed draft counts to compare (every setting's engine is held at once: for a model that fits "
+                        "only a few times, fewer of them or --no-fixed)")
     p.add_argument("--max-tokens", type=int, default=96)
     p.add_argument("--repeats", type=int, default=2, help="timed runs per setting (best taken)")
     p.add_argument("--no-fixed", dest="fixed", action="store_false",
