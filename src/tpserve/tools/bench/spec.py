@@ -1,18 +1,16 @@
 """`tpserve bench spec`: speculative decoding (MTP drafts) against plain decoding, in one run.
 
-On the built-in demo model (or --model with MTP weights) and its structured prompts (counting,
-JSON, tool calls: tools/acceptance.py; each at least once, in generate calls of --batch requests),
-greedy, at each --batch: plain decoding, every fixed k of
---k (adaptive off, no truncation) and the adaptive policy. Reports output tok/s and the speedup over
-plain, end to end and for decoding alone (the steps without a prefill chunk: with speculation the
-prefill also runs the MTP layer over every prompt position), the mean accepted length, whether the
-tokens equal plain decoding's, and the KDA state bytes per request (which speculation must leave
-unchanged). Every setting first runs one untimed pass of the same generate calls, so the timed
-passes see the adaptive policy as a long-running server does, after it has learned its costs and
-acceptance (it needs ~80 steps from a cold start). The settings' engines live side by side and their
-timed runs alternate (best of --repeats each), so a drift during the run does not fall on one of them. For adaptive k it prints what the policy measured of its own
-steps beside its decode steps timed from outside the engine, drafting and plain apart (`decode_modes`). Optional
-PNG plot.
+On the built-in demo model (or --model with MTP weights) and its structured prompts (counting, JSON, tool calls:
+tools/acceptance.py; each at least once, in generate calls of --batch requests), greedy, at each --batch: plain
+decoding, every fixed k of --k (adaptive off, no truncation) and the adaptive policy. Reports output tok/s and the
+speedup over plain, end to end and for decoding alone (the steps without a prefill chunk: with speculation the
+prefill also runs the MTP layer over every prompt position), the mean accepted length, whether the tokens equal
+plain decoding's, and the KDA state bytes per request (which speculation must leave unchanged). Every setting first
+runs one untimed pass of the same generate calls, so the timed passes see the adaptive policy as a long-running
+server does, after it has learned its costs and acceptance (it needs ~80 steps from a cold start). The settings'
+engines live side by side and their timed runs alternate (best of --repeats each), so a drift during the run does
+not fall on one of them. For adaptive k it prints what the policy measured of its own steps beside its decode steps
+timed from outside the engine, drafting and plain apart (`decode_modes`). Optional PNG plot.
 """
 
 from __future__ import annotations
@@ -237,14 +235,12 @@ def measure(args) -> dict:
     rows, reference, engines = [], {}, []
     with tqdm(total=len(settings) + len(args.batch) * (1 + args.repeats), desc="bench spec") as bar:
         for name, spec in settings:
-            llm = LLM(**{k: v for k, v in kw.items() if v is not None}, speculative_config=spec)
-            kda_path = getattr(getattr(llm.engine.executor, "runner", None), "kda_report", None)
-            engines.append((name, spec, llm, _state_bytes(llm), kda_path))
+            engines.append((name, spec, LLM(**{k: v for k, v in kw.items() if v is not None}, speculative_config=spec)))
             bar.update(1)
         for batch in args.batch:
             groups = structured_groups(batch)
             runs = {}
-            for name, _, llm, _, _ in engines:
+            for name, _, llm in engines:
                 # warm-up: one untimed pass of the same calls (kernels, graphs, and what the adaptive
                 # policy learns: costs and acceptance; from a cold start it spends ~80 steps on it)
                 for g in groups:
@@ -255,7 +251,7 @@ def measure(args) -> dict:
             bar.update(1)
             for repeat in range(args.repeats):
                 # the settings' timed runs alternate, so a drift (clocks, a machine's first minutes) falls on all
-                for name, spec, llm, _, _ in engines:
+                for name, spec, llm in engines:
                     run = runs[name]
                     with step_times(llm.engine, run["probe"]) as steps:
                         t0 = time.perf_counter()
@@ -274,7 +270,7 @@ def measure(args) -> dict:
                     run["best_decode"] = rate if run["best_decode"] is None else max(run["best_decode"], rate)
                     run["outs"] = outs
                 bar.update(1)
-            for name, spec, llm, state, kda_path in engines:
+            for name, spec, llm in engines:
                 run = runs[name]
                 stats, passes, passes0 = llm.engine.stats(), prompt_passes_seen(llm), run["passes0"]
                 if passes:  # the timed runs' prompts
@@ -293,9 +289,10 @@ def measure(args) -> dict:
                              "mean_accepted_length": 1 + acc / drafts if drafts else None,
                              "equal_to_plain": tokens == reference.get(batch),
                              "outputs_equal": sum(a == b for a, b in zip(tokens, reference.get(batch, []))),
-                             "outputs": len(tokens), "kda_state_bytes_per_request": state, "kda_path": kda_path,
+                             "outputs": len(tokens), "kda_state_bytes_per_request": _state_bytes(llm),
+                             "kda_path": getattr(getattr(llm.engine.executor, "runner", None), "kda_report", None),
                              "measured_rates": rates_seen(llm), "prompt_passes": passes})
-    for _, _, llm, _, _ in engines:
+    for _, _, llm in engines:
         llm.shutdown()
     del engines
     _release_memory()
