@@ -35,9 +35,15 @@ def test_sweep_cold_prefill_plot(live, tmp_path, capsys):
     assert "cold prefill: VALID" in out and "GPU guard: no GPU" in out
 
 
-def test_passes_compare_the_first_with_the_last(live, tmp_path, capsys):
-    rc, res = _bench(live.url, tmp_path, "--concurrency", "2", "--num-requests", "3", "--passes", "2")
+def test_passes_compare_the_first_with_the_last(live, tmp_path, capsys, monkeypatch):
+    import time
+
+    slept, sleep = [], time.sleep
+    monkeypatch.setattr(time, "sleep", lambda s: slept.append(s) or sleep(min(s, 0.01)))
+    rc, res = _bench(live.url, tmp_path, "--concurrency", "2", "--num-requests", "3", "--passes", "2",
+                     "--pause", "30")
     assert rc == 0, res["errors"]
+    assert slept.count(30.0) == 1  # before the second pass only
     one, two = res["passes"]
     assert one["levels"] == res["levels"] and two["levels"][0]["completed"] == 3
     (row,) = res["first_pass"]

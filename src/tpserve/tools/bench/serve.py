@@ -50,6 +50,8 @@ def register(sub, bench, tune) -> None:
     p.add_argument("--prompt-seed", type=int, default=0, help="seed of the prompts and the Poisson arrivals")
     p.add_argument("--passes", type=int, default=1, help="run the sweep N times on one server and compare the first "
                    "pass with the last (fresh prompts of the same shape each pass)")
+    p.add_argument("--pause", type=float, default=0.0, help="seconds the server idles before each pass after the "
+                   "first (an idle host or GPU may start slower: a pause tells that from first-use costs)")
     p.add_argument("--json", dest="json_out", default=None, help="write the results as JSON here ('-': stdout)")
     p.add_argument("--plot", default=None, help="write a PNG (latency percentiles and throughput per level)")
     p.set_defaults(func=run)
@@ -169,6 +171,7 @@ def server_metrics(url: str, headers: dict) -> dict:
 
 def bench(url: str, args, headers: dict, model: str) -> dict:
     import asyncio
+    import time
 
     from tpserve.tools.bench.datasets import load_prompts, salt
     from tpserve.tools.bench.load import run_level
@@ -177,6 +180,8 @@ def bench(url: str, args, headers: dict, model: str) -> dict:
     passes = []
     with GpuGuard() as guard:
         for i in range(args.passes):
+            if i and args.pause:
+                time.sleep(args.pause)
             levels, start = [], server_metrics(url, headers)
             for k, conc in enumerate(_levels(args.concurrency)):
                 if args.dataset == "multiturn":
@@ -228,6 +233,8 @@ def run(args) -> int:
         raise ValueError(f"--turns and --turn-len must be at least 1, got {args.turns} and {args.turn_len}")
     if args.passes < 1:
         raise ValueError(f"--passes must be at least 1, got {args.passes}")
+    if not 0 <= args.pause < float("inf"):
+        raise ValueError(f"--pause must be a number of seconds >= 0, got {args.pause}")
     _levels(args.concurrency)
 
     @friendly
