@@ -36,7 +36,10 @@ The MTP drafter's cache row p depends on token p + 1, so the last MTP row of a b
 continuations holds the first one's value: the second never rewrites it (`mtp_computed` starts at the hit),
 so only the quality of the drafts read there can differ; verified tokens are exact either way. A block whose
 MTP rows were never computed (its sequence skipped its prompt's MTP pass, or had stopped drafting, when it
-filled) is marked so (`Entry.mtp`): a hit on it decodes plainly, as its drafts would read rows never written.
+filled) is marked so (`Entry.mtp`). A request that is to draft (the scheduler asks the speculator: `mtp_wanted`)
+resumes only from the blocks before the first such one (`with_mtp`) and computes the rest again, its MTP pass
+included; its blocks then take the entries' place (`_register`), so the next hit on them drafts. Otherwise it takes
+the whole hit and decodes plainly, as its drafts would read rows never written.
 """
 
 from __future__ import annotations
@@ -162,6 +165,15 @@ class PrefixCache:
                 break
             run.append(e)
         st.branch = len(run) * self.bs  # (a later request with the same prefix and another suffix resumes here)
+        if self.needs_state:
+            while run and run[-1].ckpt is None:
+                run.pop()
+        return run
+
+    def with_mtp(self, run: list[Entry]) -> list[Entry]:
+        """The part of a hit (`match`) before its first block without MTP rows, ending at a checkpoint."""
+        n = next((i for i, e in enumerate(run) if not e.mtp), len(run))
+        run = run[:n]
         if self.needs_state:
             while run and run[-1].ckpt is None:
                 run.pop()
@@ -347,6 +359,8 @@ class PrefixCache:
                 st.entries.append(e)
             elif (e.parent == (parent.id if parent else 0) and e.tokens == tokens
                   and (parent is not None or e.salt == seq.cache_salt)):
+                if not e.mtp and seq.mtp_computed >= (i + 1) * self.bs and e.block != seq.blocks[i]:
+                    self._replace_block(e, seq.blocks[i])  # the same content, with its MTP rows
                 st.entries.append(e)  # the same content cached from another sequence: its children follow it
             else:
                 st.broken = True  # a hash collision: this chain is not entered further
@@ -366,6 +380,14 @@ class PrefixCache:
             else:
                 self.ckpts.free.append(ckpt)
         st.pending = keep
+
+    def _replace_block(self, e: Entry, block: int) -> None:
+        """e's content now lives in `block`, with its MTP rows; the old block stays with its holders, uncached."""
+        del self.by_block[e.block]
+        self.blocks.uncache(e.block)
+        e.block, e.mtp = block, True
+        self.by_block[block] = e
+        self.blocks.mark_cached(block)
 
     def _evicted(self, block: int) -> None:
         e = self.by_block.pop(block)

@@ -52,6 +52,7 @@ class Sequence:
     draft_probs: list | None = None  # sampled requests: the draft distribution q of each draft [V]
     draft_sure: list[float] = field(default_factory=list)  # the drafter's probability of each draft
     mtp_computed: int = 0            # positions whose MTP drafter cache rows are real
+    mtp_recompute: bool = False      # its prefix hit was cut to blocks with MTP rows: its prompt's pass runs
     # prefix caching (engine/prefix_cache.py)
     cache_salt: str | None = None    # requests with different salts share no cached block or state
     num_cached_tokens: int = 0       # prompt tokens found in the prefix cache when first scheduled

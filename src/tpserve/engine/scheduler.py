@@ -9,11 +9,14 @@ recomputed from its prompt and the tokens it already generated.
 With prefix caching (engine/prefix_cache.py) a waiting sequence starts after the longest cached run of
 its blocks that ends at a state checkpoint (its blocks shared, its KDA state restored by a copy before
 the step's forward), and a prefill chunk that passes a position where a checkpoint is kept writes it too.
+With speculation, a run whose blocks lack MTP rows is cut before them where the speculator wants the
+sequence to draft (`mtp_wanted`).
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tpserve.engine.cache import BlockPool, SlotPool
@@ -49,6 +52,9 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.fresh_slots: list[int] = []  # slots handed out since the last step (to be zeroed)
         self.num_preemptions = 0
+        # speculation: (seq, start, hit) -> whether it computes again from start (its hit's blocks with MTP rows)
+        # to hit (the blocks without them), so that it drafts
+        self.mtp_wanted: Callable[[Sequence, int, int], bool] | None = None
 
     # ------------------------------------------------------------------ queue
     def add(self, seq: Sequence) -> None:
@@ -109,6 +115,11 @@ class Scheduler:
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and self.slots.num_free:
             seq = self.waiting[0]
             run = self.prefix.match(seq) if self.prefix is not None else []
+            seq.mtp_recompute = False
+            if run and self.mtp_wanted is not None and not all(e.mtp for e in run):
+                trimmed = self.prefix.with_mtp(run)
+                if self.mtp_wanted(seq, len(trimmed) * self.block_size, len(run) * self.block_size):
+                    run, seq.mtp_recompute = trimmed, True
             start = len(run) * self.block_size
             n = min(seq.num_tokens - start, budget)
             need = self._blocks_for(start + n) - len(run)

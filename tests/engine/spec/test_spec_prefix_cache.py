@@ -40,23 +40,50 @@ def test_spec_decoding_from_the_prefix_cache_gives_plain_tokens():
     assert _turns(fused, sp) == (got, cached)
 
 
-def test_a_hit_on_blocks_without_mtp_rows_decodes_plainly():
-    """A request that skipped its prompt's MTP pass leaves cached blocks whose drafter rows were never written: a
-    later request resuming from them must not draft from those rows (it decodes plainly, its tokens unchanged);
-    resuming from blocks whose rows were computed, it drafts."""
+def _skip_first_pass(llm, tok_ids, sp):
+    """Serve tok_ids once with its prompt's MTP pass skipped: its cached blocks have no MTP rows."""
+    drafter = llm.engine.speculator.drafter
+    draft = drafter.draft
+    drafter.draft = lambda scheduled, starts, k, explore, prompt_pass=None: draft(
+        scheduled, starts, k, explore, lambda prompts: set())
+    llm.generate([{"prompt_token_ids": tok_ids}], sp)
+    drafter.draft = draft
+
+
+def _served(llm, tok_ids, sp):
+    """-> (output, whether it drafted)."""
+    before = llm.engine.stats()["spec_decode_num_drafts"]
+    out = llm.generate([{"prompt_token_ids": tok_ids}], sp)[0]
+    return out, llm.engine.stats()["spec_decode_num_drafts"] > before
+
+
+def test_a_hit_on_blocks_without_mtp_rows_computes_them_again_or_decodes_plainly():
+    """A request that skipped its prompt's MTP pass leaves cached blocks whose drafter rows were never written. A
+    later request that is to draft resumes only before them and computes them again, its pass included; its blocks
+    replace the cached ones, so the next request resumes from the whole prompt and drafts. One that is not to draft
+    (the speculator says recomputing does not pay) takes the whole hit and decodes plainly: drafts must not read
+    rows never written. Tokens equal plain decoding's throughout."""
     sp = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     plain = LLM(Model.path, enable_prefix_caching=False, **KW)
     tok_ids = plain.get_tokenizer().encode("Count from 1 to 60: " + ", ".join(str(i) for i in range(1, 25)) + ",")
-    want = plain.generate([{"prompt_token_ids": tok_ids}], sp)
-    for skip, drafts in ((True, False), (False, True)):
-        llm = LLM(Model.path, speculative_config=SPEC, **KW)
-        drafter = llm.engine.speculator.drafter
-        draft = drafter.draft
-        drafter.draft = lambda scheduled, starts, k, explore, prompt_pass=None: draft(
-            scheduled, starts, k, explore, (lambda prompts: set()) if skip else prompt_pass)
-        llm.generate([{"prompt_token_ids": tok_ids}], sp)
-        drafter.draft = draft
-        before = llm.engine.stats()["spec_decode_num_drafts"]
-        out = llm.generate([{"prompt_token_ids": tok_ids}], sp)[0]
-        assert out.num_cached_tokens >= 32 and out.outputs[0].token_ids == want[0].outputs[0].token_ids
-        assert (llm.engine.stats()["spec_decode_num_drafts"] > before) == drafts
+    want = plain.generate([{"prompt_token_ids": tok_ids}], sp)[0].outputs[0].token_ids
+
+    llm = LLM(Model.path, speculative_config=SPEC, **KW)  # a fixed k: recomputing is wanted
+    _skip_first_pass(llm, tok_ids, sp)
+    out, drafted = _served(llm, tok_ids, sp)
+    assert out.num_cached_tokens == 0 and drafted and out.outputs[0].token_ids == want
+    out, drafted = _served(llm, tok_ids, sp)
+    assert out.num_cached_tokens >= 32 and drafted and out.outputs[0].token_ids == want
+    e = llm.engine
+    assert e.block_pool.num_free == e.block_pool.num_blocks
+
+    llm = LLM(Model.path, speculative_config=SPEC, **KW)
+    llm.engine.scheduler.mtp_wanted = lambda seq, start, hit: False
+    _skip_first_pass(llm, tok_ids, sp)
+    out, drafted = _served(llm, tok_ids, sp)
+    assert out.num_cached_tokens >= 32 and not drafted and out.outputs[0].token_ids == want
+
+    llm = LLM(Model.path, speculative_config=SPEC, **KW)  # the pass ran: the hit has MTP rows
+    llm.generate([{"prompt_token_ids": tok_ids}], sp)
+    out, drafted = _served(llm, tok_ids, sp)
+    assert out.num_cached_tokens >= 32 and drafted and out.outputs[0].token_ids == want

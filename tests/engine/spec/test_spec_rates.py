@@ -545,3 +545,66 @@ def test_prompts_admitted_over_several_steps_are_priced_at_the_batch_they_decode
     assert got == [o.outputs[0].token_ids for o in plain.generate(PROMPTS, sp)]
     assert spec.pass_cost.ran == 0 and spec.pass_cost.skipped >= 1  # (then none can draft: the speculator steps aside)
     llm.shutdown()
+
+
+def test_a_hit_without_mtp_rows_is_computed_again_where_drafting_pays_for_it():
+    """A waiting request whose prefix hit lacks MTP rows past `start` computes them again (trunk and MTP pass) where
+    drafting's saving over the tokens it may emit pays for them. Planted: drafting saves 1 ms a token, an MTP pass
+    costs 10 ms + 20 us a row, the trunk 100 us a row. 40 tokens to emit save 40 ms: recomputing 48 rows of a
+    64-token prompt costs 10 + 1.3 + 4.8 ms and pays, 320 of a 336-token one 10 + 6.7 + 32 ms and does not. A
+    seeded sampled request (fixed k) always recomputes, nothing does above the verify graphs (nothing drafts
+    there), and where the trunk's cost is not measured yet the request recomputes (and so measures it). A request
+    that recomputes runs its pass whatever the pay-back rule says."""
+    from tpserve.engine.request import Sequence
+
+    llm, _ = fused_llm({"method": "mtp", "num_speculative_tokens": 3})
+    spec = llm.engine.speculator
+    assert llm.engine.scheduler.mtp_wanted == spec._recompute_pays
+    spec.rates.saved_per_token = lambda batch, gain=None: 1e-3
+    spec.pass_cost.observe(0.010, 1)
+    spec.pass_cost.observe(0.030, 1001)
+
+    def seq(rid, n, seed=None):
+        params = SamplingParams(temperature=0 if seed is None else 1.0, seed=seed, max_tokens=40)
+        out = Sequence(rid, 0, list(range(1, n + 1)), params, 40, frozenset())
+        if seed is not None:
+            out.generator = torch.Generator().manual_seed(seed)
+        return out
+
+    short, long = seq("a", 64), seq("b", 336)
+    assert spec._recompute_pays(short, 0, 48)  # (trunk not measured)
+    spec.prefill_cost.observe(0.0, 1)
+    spec.prefill_cost.observe(0.1, 1001)
+    assert spec._recompute_pays(short, 0, 48) and not spec._recompute_pays(long, 16, 336)
+    assert spec._recompute_pays(seq("c", 336, seed=1), 16, 336)
+    limit = spec.executor.verify_graph_batch
+    spec.executor.verify_graph_batch = lambda: 0
+    assert not spec._recompute_pays(short, 0, 48)
+    spec.executor.verify_graph_batch = limit
+    long.mtp_recompute = True
+    assert spec._prompt_passes([(long, 320)]) == {long}
+    llm.shutdown()
+
+
+def test_steps_and_passes_that_compile_a_kernel_are_not_measured(monkeypatch):
+    """A Triton kernel compiled (or loaded) during a step or a prompt's MTP pass makes its time mostly the build:
+    the pass costs and rates leave it out. Planted: every MTP pass meets a new kernel; prompt steps (the trunk's
+    cost a row) are measured, the passes are not."""
+    from tpserve.engine.warmup import WATCH
+
+    llm, _ = fused_llm({"method": "mtp", "num_speculative_tokens": 3})
+    spec = llm.engine.speculator
+    draft = spec.drafter.draft
+
+    def compiling(*a, **kw):
+        monkeypatch.setattr(WATCH, "met", WATCH.met + 1)
+        return draft(*a, **kw)
+
+    spec.drafter.draft = compiling
+    sp = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    llm.generate(PROMPTS[:2], sp)
+    assert spec.pass_cost.ran >= 1 and not spec.pass_cost.seen and spec.prefill_cost.seen
+    spec.drafter.draft = draft
+    llm.generate([PROMPTS[2]], sp)
+    assert spec.pass_cost.seen
+    llm.shutdown()

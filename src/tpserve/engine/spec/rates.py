@@ -222,12 +222,13 @@ class MeasuredRates:
 
 
 class PassCost:
-    """What a prompt's MTP pass (its catch-up and first drafts) costs, from the last WINDOW passes measured (seconds,
-    rows): a fixed part (launches), the least pass time, plus a part a row, the least (time - fixed part) / rows over
-    the passes at least twice as long as the least one's (a short pass's time says nothing of a row's). Where no such
-    pass was measured the part a row is taken as 0: a long prompt's pass then runs and is measured, where pricing it
-    as the short passes' time a row would skip it for good (skipped passes are not measured). Least times: wall time
-    only gains from noise and one-time work (a kernel's first load), so one slow pass does not stop the later ones.
+    """What a pass over some rows costs (a prompt's MTP pass, its catch-up and first drafts; or a step with prompt
+    rows), from the last WINDOW passes measured (seconds, rows): a fixed part (launches), the least pass time, plus
+    a part a row, the least (time - fixed part) / rows over the passes at least twice as long as the least one's (a
+    short pass's time says nothing of a row's). Where no such pass was measured the part a row is taken as 0: a long
+    prompt's pass then runs and is measured, where pricing it as the short passes' time a row would skip it for good
+    (skipped passes are not measured). Least times: wall time only gains from noise, so one slow pass does not stop
+    the later ones; passes that compiled a kernel are not measured (the speculator's `_compiled`).
     `ran` and `skipped` count the prompts the pay-back rule let run or sent to plain decoding."""
 
     WINDOW = 16

@@ -27,6 +27,7 @@ from tpserve.engine.spec.accept import SpecCounters
 from tpserve.engine.spec.draft import Drafter, fixed, room
 from tpserve.engine.spec.policy import SpecPolicy
 from tpserve.engine.spec.rates import Calibration, MeasuredRates, PassCost
+from tpserve.engine.warmup import WATCH
 from tpserve.model.config import ModelConfig
 
 IDLE_STEPS = 8  # after this many steps in a row with k = 0 the MTP layer stops running
@@ -91,6 +92,9 @@ class Speculator:
         self.mark: float | None = None  # when `_next_k` last ran (None: steps without the speculator since)
         self.wait_seconds = 0.0  # a plain step's wait for its forward (`verify`)
         self.pass_cost = PassCost()  # a prompt's MTP pass, measured (`propose`)
+        self.prefill_cost = PassCost()  # a step with prompt rows (the trunk's), measured (`propose`)
+        self.kernels_met = WATCH.met  # Triton kernels met so far: a step that compiled one is not measured
+        scheduler.mtp_wanted = self._recompute_pays
 
     def set_adaptive(self, on: bool, fixed_k: int | None = None) -> None:
         """Switch between adaptive k and a fixed k in a running engine (bench/spec_ab.py --one-engine).
@@ -218,10 +222,12 @@ class Speculator:
     def propose(self, scheduled: list[Scheduled], starts: list[int], step_seconds: float, step_tokens: int) -> None:
         """After a step's tokens are emitted and committed: choose k, then draft the next step's tokens."""
         t0 = time.perf_counter()
+        prompts = not all(s.decode for s in scheduled)
+        if prompts and self.spec.adaptive and not self._compiled():
+            self.prefill_cost.observe(step_seconds, step_tokens)
         k = self._next_k(scheduled, step_seconds, step_tokens)
         if k is None:
             return
-        prompts = not all(s.decode for s in scheduled)
         t1 = time.perf_counter()
         drafted = self.drafter.draft(scheduled, starts, k, self.choice.explore,
                                      self._prompt_passes if prompts and self.spec.adaptive else None)
@@ -231,7 +237,7 @@ class Speculator:
         self.last_draft_seconds = time.perf_counter() - t0
         if prompts:  # the catch-up ran over prompt rows too: not what a decode step's drafts cost (the next
             self.last_draft_seconds = None  # step's measured rate would carry it), but a prompt's pass where one
-            if self.drafter.prompt_rows:  # ran (with any decode rows' beside it: over, not under)
+            if self.drafter.prompt_rows and not self._compiled():  # ran (with any decode rows' beside it: over)
                 self.pass_cost.observe(time.perf_counter() - t1, self.drafter.rows)
         elif deepest > 0 and self.spec.adaptive:
             self.policy.observe_draft(deepest, max(self.last_draft_seconds, 1e-9), num_drafting)
@@ -256,7 +262,7 @@ class Speculator:
             run = {seq for seq, _ in prompts}
         else:
             fixed_part, per_row = parts
-            run = {seq for seq, _ in prompts if fixed(seq)}
+            run = {seq for seq, _ in prompts if fixed(seq) or seq.mtp_recompute}
             net = {seq: room(seq, self.max_model_len) * saved - per_row * rows for seq, rows in prompts
                    if seq not in run}
             paying = {seq for seq, n in net.items() if n > 0}
@@ -265,6 +271,34 @@ class Speculator:
         self.pass_cost.ran += len(run)
         self.pass_cost.skipped += len(prompts) - len(run)
         return run
+
+    def _recompute_pays(self, seq: Sequence, start: int, hit: int) -> bool:
+        """Whether a waiting request whose prefix hit of `hit` positions has MTP rows only before `start` (see
+        engine/prefix_cache.py) computes the rest again from `start`, so that it drafts: with a fixed k, or where drafting is
+        measured to save more over the tokens it may emit than the recomputed rows (the trunk's time a row, from
+        prompt steps) and its MTP pass (`PassCost`) cost, or either is not measured yet; not above the verify
+        graphs, where nothing drafts. Otherwise it takes the whole hit and decodes plainly. Its pass then runs
+        whatever the pay-back rule says (`_prompt_passes`)."""
+        if fixed(seq) or not self.spec.adaptive:
+            return True
+        sched = self.scheduler
+        batch = max(min(len(sched.running) + len(sched.waiting), sched.max_num_seqs), 1)  # (seq is waiting)
+        limit = self.executor.verify_graph_batch()
+        if limit is not None and batch > limit:
+            return False
+        gain = self.policy.expected_emitted(batch, sched.running, self.spec.num_speculative_tokens)
+        saved, parts, trunk = self.rates.saved_per_token(batch, gain), self.pass_cost.parts(), self.prefill_cost.parts()
+        if saved is None or parts is None or trunk is None:
+            return True
+        cost = parts[0] + parts[1] * (seq.num_tokens - start) + trunk[1] * (hit - start)
+        return room(seq, self.max_model_len) * saved > cost
+
+    def _compiled(self) -> bool:
+        """Whether a Triton kernel was compiled (or loaded) since the last call: what ran meanwhile is not
+        measured (its time is mostly the build)."""
+        met = WATCH.met
+        changed, self.kernels_met = met != self.kernels_met, met
+        return changed
 
     def _next_k(self, scheduled: list[Scheduled], step_seconds: float, step_tokens: int,
                 fused: bool = False) -> int | None:
@@ -282,7 +316,7 @@ class Speculator:
         self.idle_since = None
         running = [s.seq for s in scheduled if s.seq.status is Status.RUNNING]
         # steps with prefill chunks say nothing of decode costs or rates; a fixed k uses neither
-        if adaptive and (fused or all(s.decode for s in scheduled)):
+        if adaptive and (fused or all(s.decode for s in scheduled)) and not self._compiled():
             self._observe(batch, scheduled, step_seconds, step_tokens, fused, cycle)
         self.emitted, self.last_draft_seconds, self.step_drafted, self.wait_seconds = 0, 0.0, False, 0.0
         self.choice = self.policy.begin_step()
