@@ -2,6 +2,7 @@
 published layout (tests/helpers.py "mtp")."""
 
 import json
+import time
 
 
 def test_step_times_mark_the_prefill_steps(tiny):
@@ -21,11 +22,19 @@ def test_step_times_mark_the_prefill_steps(tiny):
         assert all(s.seqs == 1 for s in steps)  # (the landing call: the step in flight's)
         assert all(s.seconds > 0 and not s.drafted for s in steps)
         assert "step" not in vars(llm.engine) and "schedule" not in vars(llm.engine.scheduler)
+        assert all(s.probe_seconds == 0 and s.state is None for s in steps)
+        with step_times(llm.engine, lambda: time.sleep(0.01) or {"k": 1}) as steps:  # (a probe's own time)
+            llm.generate("one two three", sp)
+        assert all(s.state == {"k": 1} and s.probe_seconds >= 0.01 for s in steps)
         llm.shutdown()
 
 
-def test_bench_spec_small_run(tiny, tmp_path, capsys):
+def test_bench_spec_small_run(tiny, tmp_path, capsys, monkeypatch):
+    import tpserve.tools.bench.spec as bench
     from tpserve.cli import main
+
+    state = bench.adaptive_state  # the trace's probe, made slow: its time stays out of the timed calls
+    monkeypatch.setattr(bench, "adaptive_state", lambda engine: time.sleep(0.05) or state(engine))
 
     out = tmp_path / "spec.json"
     trace = tmp_path / "trace.jsonl"
@@ -80,6 +89,7 @@ def test_bench_spec_small_run(tiny, tmp_path, capsys):
     asked = [s["passes_ran"] + s["passes_skipped"] for s in steps]  # (the first step's prompt asked in it)
     assert steps[0]["prefill"] and asked[-1] - asked[0] == passes["ran"] + passes["skipped"] - 1
     assert all(s["next_k"] in (0, 1) and isinstance(s["rates"], dict) for s in steps)
+    assert adaptive["ms_per_call"]["outside"] < 50  # (each call has 4 or more probed steps)
 
 
 def test_bench_spec_alternates_the_settings_timed_runs(tiny, monkeypatch):

@@ -39,7 +39,7 @@ def register(sub, bench, tune) -> None:
     p.add_argument("--plot", default=None, metavar="PNG", help="tok/s per setting and batch size")
     p.add_argument("--trace", default=None, metavar="JSONL",
                    help="adaptive k's timed steps, one JSON line each: mode, tokens, time, the k it chose next, its "
-                        "rates at the running batch, prompt passes run and skipped (a dict a step: timings move)")
+                        "rates at the running batch, prompt passes run and skipped (reading them is not timed)")
     p.set_defaults(func=run)
 
 
@@ -67,6 +67,7 @@ class Step(NamedTuple):
     drafted: bool = False  # it verified drafts
     seqs: int = 0  # sequences it ran (a call that only lands the step in flight: that step's)
     state: dict | None = None  # adaptive k's state after it (`step_times`' probe)
+    probe_seconds: float = 0.0  # the probe's own time (left out of the call's: only the traced engine runs it)
 
 
 @contextlib.contextmanager
@@ -100,8 +101,10 @@ def step_times(engine, probe=None):
         # nothing else): count them from their outputs, the rest from the engine's sequences
         gone = sum(len(c.token_ids) for o in out if o.finished for c in o.outputs)
         drafted = counters is not None and counters.num_drafts > verified
-        steps.append(Step(seconds, prefill[0], generated() + gone - before, drafted, seqs[0],
-                          probe() if probe is not None else None))
+        t = time.perf_counter()
+        state = probe() if probe is not None else None
+        steps.append(Step(seconds, prefill[0], generated() + gone - before, drafted, seqs[0], state,
+                          time.perf_counter() - t if probe is not None else 0.0))
         return out
     engine.scheduler.schedule, engine.step = timed_schedule, timed_step
     try:
@@ -256,7 +259,7 @@ def measure(args) -> dict:
                     with step_times(llm.engine, run["probe"]) as steps:
                         t0 = time.perf_counter()
                         outs = [o for g in groups for o in llm.generate(g, sp)]
-                        dt = time.perf_counter() - t0
+                        dt = time.perf_counter() - t0 - sum(s.probe_seconds for s in steps)
                     if run["probe"] is not None:
                         with open(trace, "a") as f:
                             f.writelines(json.dumps({"setting": name, "batch": batch, "run": repeat, "step": n,
