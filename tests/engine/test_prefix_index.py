@@ -287,3 +287,48 @@ def test_copy_waves_keep_the_order_of_dependent_copies():
     assert copy_waves([(1, 10), (10, 3)]) == [([1], [10]), ([10], [3])]
     assert copy_waves([(1, 10), (2, 10)]) == [([1], [10]), ([2], [10])]
     assert copy_waves([(1, 10), (3, 1)]) == [([1], [10]), ([3], [1])]
+
+
+def test_blocks_recomputed_with_mtp_rows_replace_the_cached_ones():
+    """A prompt cached without MTP rows: a request that is not to draft takes the whole hit (and holds those
+    blocks); one that is to draft resumes before them and computes them again; its blocks, with MTP rows, then
+    replace the cached ones while the first still holds the old ones, which go back to the free list when it
+    stops. The next request that is to draft takes the whole hit, on the new blocks."""
+
+    class MtpDevice(FakeDevice):  # a sequence's MTP rows follow its computed rows where it drafts
+        def step(self):
+            done = super().step()
+            for seq in self.sched.running + done:
+                if seq.mtp_computed >= 0:
+                    seq.mtp_computed = seq.num_computed
+            return done
+
+    sched, cache = _sched()
+    dev = MtpDevice(sched)
+    prompt = list(range(10, 23))  # 13 tokens: 3 full blocks, a checkpoint at 12
+    plain = _seq(prompt, rid="plain")
+    sched.add(plain)
+    dev.step()
+    plain.mtp_computed = -1  # it skipped its MTP pass: its blocks are registered without MTP rows
+    dev.run([])
+    old = [e.block for e in (cache.index[k] for k in plain.prefix.keys[:3])]
+    assert not any(cache.by_block[b].mtp for b in old)
+    sched.mtp_wanted = lambda seq, start, hit: seq.request_id != "holder"
+    holder = _seq(prompt + [1, 2, 3, 4], rid="holder", max_tokens=20)
+    sched.add(holder)
+    dev.step()
+    assert holder.num_cached_tokens == 12 and holder.mtp_computed == -1 and not holder.mtp_recompute
+    drafter = _seq(prompt + [5], rid="drafter")
+    dev.run([drafter])  # (the holder runs on meanwhile)
+    assert drafter.num_cached_tokens == 0 and drafter.mtp_recompute
+    entries = [cache.index[k] for k in plain.prefix.keys[:3]]
+    assert all(e.mtp for e in entries) and not set(e.block for e in entries) & set(old)
+    assert not set(old) & set(cache.by_block)
+    again = _seq(prompt + [6], rid="again")
+    sched.add(again)
+    dev.step()
+    assert again.num_cached_tokens == 12 and again.mtp_computed == 14 and not again.mtp_recompute
+    dev.run([])
+    assert _full(sched, cache)
+    sched.blocks.free(sched.blocks.allocate(sched.blocks.num_free))  # every idle cached block evicted: the old
+    assert not cache.index  # ones are no longer the index's
