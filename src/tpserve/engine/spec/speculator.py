@@ -274,11 +274,11 @@ class Speculator:
 
     def _recompute_pays(self, seq: Sequence, start: int, hit: int) -> bool:
         """Whether a waiting request whose prefix hit of `hit` positions has MTP rows only before `start` (see
-        engine/prefix_cache.py) computes the rest again from `start`, so that it drafts: with a fixed k, or where drafting is
-        measured to save more over the tokens it may emit than the recomputed rows (the trunk's time a row, from
-        prompt steps) and its MTP pass (`PassCost`) cost, or either is not measured yet; not above the verify
-        graphs, where nothing drafts. Otherwise it takes the whole hit and decodes plainly. Its pass then runs
-        whatever the pay-back rule says (`_prompt_passes`)."""
+        engine/prefix_cache.py) computes the rest again from `start`, so that it drafts: with a fixed k, or where
+        drafting is measured to save more over the tokens it may emit than the recomputed rows (the trunk's time a
+        row, from prompt steps) and its MTP pass (`PassCost`) cost, or either is not measured yet; not above the
+        verify graphs, where nothing drafts. Otherwise it takes the whole hit and decodes plainly. Its pass then
+        runs whatever the pay-back rule says (`_prompt_passes`)."""
         if fixed(seq) or not self.spec.adaptive:
             return True
         sched = self.scheduler
