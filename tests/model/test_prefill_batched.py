@@ -49,3 +49,24 @@ def test_prefills_together_match_the_oracle_and_one_at_a_time(tiny, monkeypatch,
                                        atol=1e-5, rtol=1e-5)
         for prompt, out in zip(prompts, tokens):
             assert out == reference_greedy(path, prompt, len(out)), f"prompt of {len(prompt)}"
+
+
+def test_dense_prefill_attention_never_takes_cudnn(tiny, monkeypatch):
+    """The dense prefill's SDPA runs with cuDNN's backend off (model/mla.DENSE_SDPA): cuDNN builds a plan for every
+    new shape, so each new prompt length would wait for one (0.4-0.6 s on an H100)."""
+    enabled = []
+    sdpa = mla.F.scaled_dot_product_attention
+
+    def recorded(*a, **kw):
+        enabled.append(torch.backends.cuda.cudnn_sdp_enabled())
+        return sdpa(*a, **kw)
+
+    monkeypatch.setattr(mla.F, "scaled_dot_product_attention", recorded)
+    assert torch.backends.cuda.cudnn_sdp_enabled()  # (on by default: what the context turns off)
+    llm = LLM(str(tiny("default")), device="cpu", kv_cache_memory="8MiB", mla_prefill="dense")
+    try:
+        llm.generate([{"prompt_token_ids": p} for p in random_prompts((7, 12), seed=3)], PARAMS)
+    finally:
+        llm.shutdown()
+    assert enabled and not any(enabled)
+    assert torch.backends.cuda.cudnn_sdp_enabled()  # (restored after each call)

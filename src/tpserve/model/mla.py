@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from tpserve.model import merged
 from tpserve.model.batch import CacheTensors, ForwardBatch
@@ -23,6 +24,9 @@ from tpserve.model.layers import RMSNorm, ShardContext, column, replicated, row
 QUERY_BLOCK = 1024  # prefill queries attended per SDPA call
 SPARSE_QUERY_BLOCK = 256  # sparse prefill queries per gather of their selected latent rows (torch form)
 FUSED_QUERY_BLOCK = 4096  # sparse prefill queries per kernel call (Triton: nothing gathered; bounds q / o in latent)
+# dense prefill's SDPA backends: not cuDNN's, which builds a plan for every new shape (on an H100 0.4-0.6 s a call the
+# first time a prompt length is met: every new length would wait for it); the efficient kernel takes masks
+DENSE_SDPA = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]
 # dense prefill (--prefill-together): a step's prefill sequences whose contexts total at most this many positions
 # attend in one SDPA call a query block (their keys side by side, each query masked to its own sequence's
 # selection), not one call each: a step of many short prompts was bound by the host's launches
@@ -130,8 +134,9 @@ class MlaAttention(nn.Module):
             b = min(a + QUERY_BLOCK, n)
             mask = torch.zeros(b - a, total + 1, dtype=torch.bool, device=q.device)
             mask.scatter_(1, cols[a:b], True)
-            o = F.scaled_dot_product_attention(q[a:b].transpose(0, 1).unsqueeze(0), k, v,
-                                               attn_mask=mask[None, None, :, :total], scale=self.scaling)
+            with sdpa_kernel(DENSE_SDPA):
+                o = F.scaled_dot_product_attention(q[a:b].transpose(0, 1).unsqueeze(0), k, v,
+                                                   attn_mask=mask[None, None, :, :total], scale=self.scaling)
             out[a:b] = o[0].transpose(0, 1).reshape(b - a, self.heads * self.v_dim)
         return out
 
