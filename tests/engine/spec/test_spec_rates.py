@@ -608,3 +608,22 @@ def test_steps_and_passes_that_compile_a_kernel_are_not_measured(monkeypatch):
     llm.generate([PROMPTS[2]], sp)
     assert spec.pass_cost.seen
     llm.shutdown()
+
+
+def test_steps_run_aside_measure_plain_decoding_at_their_batch():
+    """Once the speculator steps aside, each plain step's whole cycle is filed as plain decoding at its batch (what
+    stepping aside gives); the drafting window is untouched. Planted: plain decoding 1 ms a token against drafting
+    5 ms, so a new request skips its pass and every step after its prefill runs aside: this CPU's plain steps (far
+    over 1 ms) join the plain window."""
+    llm = LLM(Model.path, device="cpu", kv_cache_memory="16MiB", block_size=16, max_num_seqs=8,
+              speculative_config={"method": "mtp", "num_speculative_tokens": 2})
+    spec = llm.engine.speculator
+    for _ in range(4):
+        spec.rates.observe(1, False, 1, 0.001)
+        spec.rates.observe(1, True, 2, 0.01)
+    plain, drafting = spec.rates.window[(1, False)], spec.rates.window[(1, True)]
+    before = list(drafting.step_seconds)
+    llm.generate([PROMPTS[0]], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
+    aside = [s for s in plain.step_seconds if s > 0.002]
+    assert len(aside) >= 8 and list(drafting.step_seconds) == before
+    llm.shutdown()

@@ -68,6 +68,7 @@ class MeasuredRates:
     host's work between steps included: a drafting step's holds the drafting pass that made its drafts; a plain
     step's leaves out the MTP catch-up, as plain decoding does once the MTP layer stops, and counts its host work
     as overlapped with the forward where plain decoding runs with async scheduling (the speculator's `_observe`).
+    Steps run while the speculator stands aside are plain decoding as it is then, and are measured too (`idle`).
 
     A mode's rate is tokens / seconds over its last steps, each step's time capped (`_RateWindow`): one drafting
     step emits 1..k+1 tokens, so single steps say little, and a compile or a GC pause in one step must not decide

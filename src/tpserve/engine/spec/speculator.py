@@ -94,6 +94,7 @@ class Speculator:
         self.pass_cost = PassCost()  # a prompt's MTP pass, measured (`propose`)
         self.prefill_cost = PassCost()  # a step with prompt rows (the trunk's), measured (`propose`)
         self.kernels_met = WATCH.met  # Triton kernels met so far: a step that compiled one is not measured
+        self.aside_mark: tuple[float, int] | None = None  # (when, batch) of the last step `idle` let run aside
         scheduler.mtp_wanted = self._recompute_pays
 
     def set_adaptive(self, on: bool, fixed_k: int | None = None) -> None:
@@ -138,7 +139,12 @@ class Speculator:
         """Whether the coming step may run as plain decoding without the speculator, so with async scheduling
         (engine/overlap.py) as an engine without speculation: drafting stopped for every running request
         (`_stop_drafting`: the batch is above the verify graphs, or k = 0 for IDLE_STEPS steps) and no
-        request was added since. Saves verify's and propose's passes over the sequences."""
+        request was added since. Saves verify's and propose's passes over the sequences. Under adaptive k, each
+        such step's whole cycle (call to call, one token for each running request while none finishes or joins)
+        is measured as plain decoding at its batch: what stepping aside gives, where plain steps taken beside the
+        speculator carry its host work and no async scheduling."""
+        batch, now, last = len(self.scheduler.running), time.perf_counter(), self.aside_mark
+        self.aside_mark = None
         if self.idle_since is None:  # (drafting not stopped)
             return False
         if self.idle_since != self.num_added:  # a request added: the policy decides afresh
@@ -146,8 +152,12 @@ class Speculator:
             return False
         if self.idle_above_graphs:
             limit = self.executor.verify_graph_batch()
-            if limit is None or len(self.scheduler.running) <= limit:
+            if limit is None or batch <= limit:
                 return False
+        if self.spec.adaptive and last is not None and last[1] == batch and not self._compiled():
+            self.rates.observe(batch, False, batch, now - last[0])
+        if not self.scheduler.waiting:  # (else one may join in this step: a prefill chunk in its cycle)
+            self.aside_mark = (now, batch)
         self.idle_steps += 1
         self.mark = None
         self.rates.tick()  # (a probe due then comes with the next request)
