@@ -264,10 +264,7 @@ class Speculator:
         one that drafted badly says little of the next prompt)."""
         if not prompts:
             return set()
-        sched = self.scheduler
-        batch = min(len(sched.running) + len(sched.waiting), sched.max_num_seqs)
-        gain = self.policy.expected_emitted(batch, sched.running, self.spec.num_speculative_tokens)
-        saved, parts = self.rates.saved_per_token(batch, gain), self.pass_cost.parts()
+        saved, parts = self._saved_per_token(self._coming_batch()), self.pass_cost.parts()
         if saved is None or parts is None:
             run = {seq for seq, _ in prompts}
         else:
@@ -291,17 +288,28 @@ class Speculator:
         runs whatever the pay-back rule says (`_prompt_passes`)."""
         if fixed(seq) or not self.spec.adaptive:
             return True
-        sched = self.scheduler
-        batch = max(min(len(sched.running) + len(sched.waiting), sched.max_num_seqs), 1)  # (seq is waiting)
+        batch = max(self._coming_batch(), 1)  # (seq is waiting)
         limit = self.executor.verify_graph_batch()
         if limit is not None and batch > limit:
             return False
-        gain = self.policy.expected_emitted(batch, sched.running, self.spec.num_speculative_tokens)
-        saved, parts, trunk = self.rates.saved_per_token(batch, gain), self.pass_cost.parts(), self.prefill_cost.parts()
+        parts, trunk = self.pass_cost.parts(), self.prefill_cost.parts()
+        saved = self._saved_per_token(batch)
         if saved is None or parts is None or trunk is None:
             return True
         cost = parts[0] + parts[1] * (seq.num_tokens - start) + trunk[1] * (hit - start)
         return room(seq, self.max_model_len) * saved > cost
+
+    def _coming_batch(self) -> int:
+        """The batch a request admitted now decodes in: the running and waiting requests (prompts admitted over
+        several steps decode together), at most max_num_seqs."""
+        sched = self.scheduler
+        return min(len(sched.running) + len(sched.waiting), sched.max_num_seqs)
+
+    def _saved_per_token(self, batch: int) -> float | None:
+        """Seconds drafting is measured to save per token at `batch` (MeasuredRates.saved_per_token), the running
+        requests at their acceptance estimates and new ones at the global rates."""
+        gain = self.policy.expected_emitted(batch, self.scheduler.running, self.spec.num_speculative_tokens)
+        return self.rates.saved_per_token(batch, gain)
 
     def _compiled(self) -> bool:
         """Whether a Triton kernel was compiled (or loaded) since the last call: what ran meanwhile is not
