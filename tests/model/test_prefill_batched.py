@@ -53,7 +53,7 @@ def test_prefills_together_match_the_oracle_and_one_at_a_time(tiny, monkeypatch,
 
 def test_dense_prefill_attention_never_takes_cudnn(tiny, monkeypatch):
     """The dense prefill's SDPA runs with cuDNN's backend off (model/mla.DENSE_SDPA): cuDNN builds a plan for every
-    new shape, so each new prompt length would wait for one (0.4-0.6 s on an H100)."""
+    new shape, so each new prompt length would wait for one (0.4-0.65 s a call on an H100)."""
     enabled = []
     sdpa = mla.F.scaled_dot_product_attention
 

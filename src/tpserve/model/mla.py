@@ -24,8 +24,8 @@ from tpserve.model.layers import RMSNorm, ShardContext, column, replicated, row
 QUERY_BLOCK = 1024  # prefill queries attended per SDPA call
 SPARSE_QUERY_BLOCK = 256  # sparse prefill queries per gather of their selected latent rows (torch form)
 FUSED_QUERY_BLOCK = 4096  # sparse prefill queries per kernel call (Triton: nothing gathered; bounds q / o in latent)
-# dense prefill's SDPA backends: not cuDNN's, which builds a plan for every new shape (on an H100 0.4-0.6 s a call the
-# first time a prompt length is met: every new length would wait for it); the efficient kernel takes masks
+# dense prefill's SDPA backends: not cuDNN's, which builds a plan for every new shape (on an H100 0.4-0.65 s a
+# call the first time a prompt length is met: every new length would wait for it); the efficient kernel takes masks
 DENSE_SDPA = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]
 # dense prefill (--prefill-together): a step's prefill sequences whose contexts total at most this many positions
 # attend in one SDPA call a query block (their keys side by side, each query masked to its own sequence's
@@ -130,14 +130,14 @@ class MlaAttention(nn.Module):
         kv = self.kv_b_proj(latent_flat[rows].to(q.dtype)).view(total, self.heads, self.nope + self.v_dim)
         k, v = (x.transpose(0, 1).unsqueeze(0) for x in kv.split([self.nope, self.v_dim], dim=-1))
         out = torch.empty(n, self.heads * self.v_dim, dtype=q.dtype, device=q.device)
-        for a in range(0, n, QUERY_BLOCK):  # bounded memory for long prompts
-            b = min(a + QUERY_BLOCK, n)
-            mask = torch.zeros(b - a, total + 1, dtype=torch.bool, device=q.device)
-            mask.scatter_(1, cols[a:b], True)
-            with sdpa_kernel(DENSE_SDPA):
+        with sdpa_kernel(DENSE_SDPA):
+            for a in range(0, n, QUERY_BLOCK):  # bounded memory for long prompts
+                b = min(a + QUERY_BLOCK, n)
+                mask = torch.zeros(b - a, total + 1, dtype=torch.bool, device=q.device)
+                mask.scatter_(1, cols[a:b], True)
                 o = F.scaled_dot_product_attention(q[a:b].transpose(0, 1).unsqueeze(0), k, v,
                                                    attn_mask=mask[None, None, :, :total], scale=self.scaling)
-            out[a:b] = o[0].transpose(0, 1).reshape(b - a, self.heads * self.v_dim)
+                out[a:b] = o[0].transpose(0, 1).reshape(b - a, self.heads * self.v_dim)
         return out
 
     def _sparse(self, q: torch.Tensor, sel: torch.Tensor, token_seq: torch.Tensor, block_tables: torch.Tensor,
